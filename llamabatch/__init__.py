@@ -1,0 +1,30 @@
+"""llamabatch: continuous batching for many prompts on one local GGUF model.
+
+    from llamabatch import Engine, EngineConfig, SamplingParams
+
+    with Engine(EngineConfig(n_parallel=8)) as engine:
+        for r in engine.generate(["Once upon a time"], SamplingParams(max_tokens=32)):
+            print(r.text)
+"""
+from __future__ import annotations
+
+import logging
+
+from .config import EngineConfig
+from .engine import Engine, EngineStats, RequestHandle
+from .errors import (ContextOverflow, DecodeError, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError,
+                     QueueFull)
+from .params import SamplingParams
+from .results import Delta, Result, Timings, Usage
+from .telemetry import RequestRecord, TickRecord
+
+__version__ = "0.1.0"
+
+# A library logs; the application decides where it goes (the CLI shows it with --debug).
+logging.getLogger("llamabatch").addHandler(logging.NullHandler())
+
+__all__ = [
+    "Engine", "EngineConfig", "EngineStats", "RequestHandle", "SamplingParams", "Result", "Delta", "Usage",
+    "Timings", "TickRecord", "RequestRecord", "LlamaBatchError", "InvalidRequest", "ContextOverflow", "QueueFull",
+    "ModelLoadError", "DecodeError", "EngineClosed", "__version__",
+]

@@ -1,0 +1,44 @@
+"""Typed errors raised by the library. Only `llamabatch.cli` turns them into exit codes."""
+from __future__ import annotations
+
+
+class LlamaBatchError(Exception):
+    """Base of every error llamabatch raises on purpose."""
+
+    code = "error"
+
+
+class InvalidRequest(LlamaBatchError, ValueError):
+    """A request's prompt or parameters are wrong; other requests are unaffected."""
+
+    code = "invalid_request"
+
+
+class ContextOverflow(InvalidRequest):
+    """The prompt (plus at least one generated token) does not fit in a slot's context."""
+
+    code = "context_overflow"
+
+
+class QueueFull(LlamaBatchError):
+    """`max_queue` requests are already waiting; the caller may retry later."""
+
+    code = "queue_full"
+
+
+class ModelLoadError(LlamaBatchError):
+    """The model file is missing, not GGUF, or llama.cpp cannot load it."""
+
+    code = "model_load_error"
+
+
+class DecodeError(LlamaBatchError):
+    """llama_decode failed for a batch; only the requests in that batch fail."""
+
+    code = "decode_error"
+
+
+class EngineClosed(LlamaBatchError):
+    """A request was submitted to an engine that has been closed."""
+
+    code = "engine_closed"

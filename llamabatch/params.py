@@ -1,0 +1,168 @@
+"""SamplingParams: per-request sampling and stopping settings, validated once at the edge."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import InvalidRequest
+
+DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    Every field maps onto a llama.cpp sampler (the chain is built in C, in `runner.py`)
+    or onto a stop rule handled by the engine. `temperature=0` means greedy.
+    """
+
+    max_tokens: int = 256
+    min_tokens: int = 0
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: list(DEFAULT_DRY_BREAKERS))
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: str | None = None
+    json_schema: dict | str | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    timeout: float | None = None
+    logprobs: int | None = None
+
+    def replace(self, **changes: Any) -> "SamplingParams":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0 and self.mirostat == 0
+
+    def validate(self) -> "SamplingParams":
+        """Raise InvalidRequest naming the first bad field; return self when all are fine."""
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer >= 1", self.max_tokens)
+        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens, "min_tokens", "an integer >= 0", self.min_tokens)
+        _check(self.temperature >= 0, "temperature", "a number >= 0", self.temperature)
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)", self.top_k)
+        _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(0 <= self.min_p <= 1, "min_p", "a number in [0, 1]", self.min_p)
+        _check(0 < self.typical_p <= 1, "typical_p", "a number in (0, 1]", self.typical_p)
+        _check(self.repeat_penalty > 0, "repeat_penalty", "a number > 0", self.repeat_penalty)
+        _check(-2 <= self.presence_penalty <= 2, "presence_penalty", "a number in [-2, 2]", self.presence_penalty)
+        _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "a number in [-2, 2]", self.frequency_penalty)
+        _check(isinstance(self.penalty_last_n, int) and self.penalty_last_n >= -1, "penalty_last_n", "an integer >= -1", self.penalty_last_n)
+        _check(self.dry_multiplier >= 0, "dry_multiplier", "a number >= 0", self.dry_multiplier)
+        _check(self.dry_base >= 1, "dry_base", "a number >= 1", self.dry_base)
+        _check(0 <= self.xtc_probability <= 1, "xtc_probability", "a number in [0, 1]", self.xtc_probability)
+        _check(0 <= self.xtc_threshold <= 1, "xtc_threshold", "a number in [0, 1]", self.xtc_threshold)
+        _check(self.mirostat in (0, 2), "mirostat", "0 (off) or 2 (mirostat v2)", self.mirostat)
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**32), "seed", "an integer in [0, 2^32)", self.seed)
+        _check(self.timeout is None or self.timeout > 0, "timeout", "a number of seconds > 0", self.timeout)
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs", "an integer in [0, 20]", self.logprobs)
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
+        _check(not (self.grammar and self.json_schema), "grammar", "either grammar or json_schema, not both", "both")
+        for tok, bias in self.logit_bias.items():
+            _check(isinstance(tok, int) and tok >= 0, "logit_bias", "a map of token id -> bias", tok)
+            _check(isinstance(bias, (int, float)) and not isinstance(bias, bool), "logit_bias", "a map of token id -> number", bias)
+        return self
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base: "SamplingParams | None" = None) -> "SamplingParams":
+        """Build from JSON-like data (a JSONL line, a TOML table), checking types.
+
+        Unknown keys are ignored by the caller's choice: pass only sampling keys. `base`
+        supplies defaults that `data` overrides. `stop` may be a string or a list.
+        """
+        values = dataclasses.asdict(base) if base is not None else {}
+        for key, raw in data.items():
+            if key not in FIELD_TYPES:
+                raise InvalidRequest(f"unknown sampling parameter {key!r}")
+            values[key] = _coerce(key, raw)
+        return cls(**values).validate()
+
+
+def _check(ok: bool, name: str, allowed: str, got: Any) -> None:
+    if not ok:
+        raise InvalidRequest(f"{name} must be {allowed}, got {got!r}")
+
+
+def _number(key: str, raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise InvalidRequest(f"{key} must be a number, got {raw!r}")
+    return float(raw)
+
+
+def _integer(key: str, raw: Any) -> int:
+    if isinstance(raw, bool) or not (isinstance(raw, int) or (isinstance(raw, float) and raw.is_integer())):
+        raise InvalidRequest(f"{key} must be an integer, got {raw!r}")
+    return int(raw)
+
+
+def _coerce(key: str, raw: Any) -> Any:
+    kind = FIELD_TYPES[key]
+    if raw is None and key in NULLABLE:
+        return None
+    if kind is int:
+        return _integer(key, raw)
+    if kind is float:
+        return _number(key, raw)
+    if kind is bool:
+        if not isinstance(raw, bool):
+            raise InvalidRequest(f"{key} must be true or false, got {raw!r}")
+        return raw
+    if key == "stop":
+        if isinstance(raw, str):
+            return [raw]
+        if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+            return list(raw)
+        raise InvalidRequest(f"stop must be a string or a list of strings, got {raw!r}")
+    if key == "dry_sequence_breakers":
+        if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+            return list(raw)
+        raise InvalidRequest(f"dry_sequence_breakers must be a list of strings, got {raw!r}")
+    if key == "logit_bias":
+        if not isinstance(raw, dict):
+            raise InvalidRequest(f"logit_bias must be an object of token id -> bias, got {raw!r}")
+        out = {}
+        for tok, bias in raw.items():
+            try:
+                tok_id = int(tok)
+            except (TypeError, ValueError):
+                raise InvalidRequest(f"logit_bias keys must be token ids, got {tok!r}") from None
+            out[tok_id] = _number("logit_bias", bias)
+        return out
+    if key == "grammar":
+        if not isinstance(raw, str):
+            raise InvalidRequest(f"grammar must be a GBNF string, got {type(raw).__name__}")
+        return raw
+    if key == "json_schema":
+        if not isinstance(raw, (dict, str)):
+            raise InvalidRequest(f"json_schema must be an object or a JSON string, got {type(raw).__name__}")
+        return raw
+    return raw
+
+
+FIELD_TYPES: dict[str, type] = {
+    f.name: (int if f.type in ("int", "int | None") else float if f.type in ("float", "float | None")
+             else bool if f.type == "bool" else object)
+    for f in dataclasses.fields(SamplingParams)
+}
+NULLABLE = {f.name for f in dataclasses.fields(SamplingParams) if "None" in str(f.type)}

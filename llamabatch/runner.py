@@ -1,0 +1,325 @@
+"""LlamaRunner: the one module that imports llama_cpp.
+
+It owns the model, the context, one reusable llama_batch and one sampler chain per slot.
+Each tick it turns a StepPlan into exactly one llama_decode and samples, inside
+llama.cpp, the rows that asked for logits. Logits are never copied into Python unless a
+request asked for logprobs.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import math
+import os
+import random
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import llama_cpp
+from llama_cpp import llama_cpp as C
+
+from .config import EngineConfig
+from .errors import InvalidRequest, ModelLoadError
+from .params import SamplingParams
+from .plan import StepPlan, StepResult
+
+log = logging.getLogger("llamabatch.runner")
+
+# llama.cpp logs a lot to stderr; keep the last lines so a load failure can name its cause,
+# and forward them to Python logging (shown with --debug) instead of printing.
+_recent_log: deque[str] = deque(maxlen=40)
+# ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+_GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    line = text.decode("utf-8", "replace").rstrip()
+    if line:
+        _recent_log.append(line)
+        log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", line)
+
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            C.llama_backend_init()
+            _backend_ready = True
+
+
+class _Sampler:
+    """A request's sampler chain (and, for min_tokens, a twin that cannot pick end-of-generation)."""
+
+    def __init__(self, chain: Any, no_eog_chain: Any, seed: int):
+        self.chain = chain
+        self.no_eog_chain = no_eog_chain
+        self.seed = seed
+
+
+class LlamaRunner:
+    def __init__(self, config: EngineConfig, model_path: str):
+        _init_backend()
+        self.config = config
+        self.model_path = model_path
+        self._closed = False
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
+        _recent_log.clear()
+        self.model = C.llama_model_load_from_file(model_path.encode(), mparams)
+        if not self.model:
+            raise ModelLoadError(f"{model_path}: llama.cpp could not load the model ({_last_error()})")
+        self.vocab = C.llama_model_get_vocab(self.model)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self.n_slots = config.n_parallel
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = config.total_ctx
+        cparams.n_batch = config.n_batch
+        cparams.n_ubatch = config.n_batch
+        cparams.n_seq_max = config.n_parallel
+        cparams.n_threads = config.n_threads
+        cparams.n_threads_batch = config.n_threads
+        # Prefix reuse trims a slot's KV back to the shared prefix. With a sliding-window
+        # cache (Gemma 3: 512 tokens) cells before the window are gone even though seq_rm
+        # reports success, so keep the full-size SWA cache whenever caching is on.
+        cparams.swa_full = bool(config.cache_prompt)
+        # One KV stream per slot: each slot gets n_ctx / n_parallel cells and attends only to
+        # its own cells, so a busy slot's long history does not slow the others.
+        cparams.kv_unified = os.environ.get("LLAMABATCH_KV_UNIFIED", "0") == "1"
+        cparams.no_perf = True
+        self.ctx = C.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            C.llama_model_free(self.model)
+            raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of {config.total_ctx} tokens ({_last_error()})")
+        self.mem = C.llama_get_memory(self.ctx)
+        self.slot_ctx = C.llama_n_ctx_seq(self.ctx) if not cparams.kv_unified else config.total_ctx // config.n_parallel
+        self.n_batch = config.n_batch
+        self.batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._slot_samplers: list[_Sampler | None] = [None] * self.n_slots
+        self._piece_cache: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._eog_ids = [t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)]
+        self.metadata = self._read_metadata()
+
+    # -- model facts -------------------------------------------------------------------
+
+    def _read_metadata(self) -> dict[str, str]:
+        out = {}
+        buf = ctypes.create_string_buffer(4096)
+        for i in range(C.llama_model_meta_count(self.model)):
+            n = C.llama_model_meta_key_by_index(self.model, i, buf, len(buf))
+            key = buf.value.decode("utf-8", "replace") if n >= 0 else ""
+            n = C.llama_model_meta_val_str_by_index(self.model, i, buf, len(buf))
+            if key and n >= 0:
+                out[key] = buf.value.decode("utf-8", "replace")
+        template = C.llama_model_chat_template(self.model, None)
+        if template:
+            out["tokenizer.chat_template"] = template.decode("utf-8", "replace")
+        return out
+
+    def token_text(self, token: int) -> str:
+        return self._piece(token, special=True).decode("utf-8", "replace")
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (C.llama_token * cap)()
+        n = C.llama_tokenize(self.vocab, data, len(data), arr, cap, True, special)
+        if n < 0:
+            arr = (C.llama_token * -n)()
+            n = C.llama_tokenize(self.vocab, data, len(data), arr, -n, True, special)
+        return list(arr[:n])
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        n = C.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def token_bytes(self, token: int) -> bytes:
+        # Pieces of generated text; control tokens render as nothing (special=False).
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            piece = self._piece_cache[token] = self._piece(token, special=False)
+        return piece
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    # -- samplers ----------------------------------------------------------------------
+
+    def build_sampler(self, params: SamplingParams, seed: int) -> _Sampler:
+        chain = self._chain(params, seed, block_eog=params.ignore_eos)
+        no_eog = self._chain(params, seed, block_eog=True) if params.min_tokens > 0 and not params.ignore_eos else None
+        return _Sampler(chain, no_eog, seed)
+
+    def _chain(self, p: SamplingParams, seed: int, block_eog: bool) -> Any:
+        sparams = C.llama_sampler_chain_default_params()
+        sparams.no_perf = True
+        chain = C.llama_sampler_chain_init(sparams)
+        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        try:
+            grammar = p.grammar
+            if p.json_schema is not None:
+                schema = p.json_schema if isinstance(p.json_schema, str) else json.dumps(p.json_schema)
+                try:
+                    grammar = llama_cpp.llama_grammar.json_schema_to_gbnf(schema)
+                except Exception as exc:  # the converter raises many kinds for bad schemas
+                    raise InvalidRequest(f"json_schema cannot be turned into a grammar: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            if grammar:
+                g = C.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+                if not g:
+                    raise InvalidRequest(f"grammar does not parse ({_last_error()})")
+                add(g)
+            bias = dict(p.logit_bias)
+            if block_eog:
+                bias.update({t: -math.inf for t in self._eog_ids})
+            if bias:
+                bad = [t for t in bias if t >= self.n_vocab]
+                if bad:
+                    raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+                arr = (C.llama_logit_bias * len(bias))(*[C.llama_logit_bias(t, b) for t, b in bias.items()])
+                add(C.llama_sampler_init_logit_bias(self.n_vocab, len(bias), arr))
+            if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                add(C.llama_sampler_init_penalties(p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+            if p.dry_multiplier > 0:
+                breakers = [b.encode() for b in p.dry_sequence_breakers]
+                arr = (ctypes.c_char_p * len(breakers))(*breakers)
+                add(C.llama_sampler_init_dry(self.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                             p.dry_penalty_last_n, arr, len(breakers)))
+            if p.greedy:
+                add(C.llama_sampler_init_greedy())
+            elif p.mirostat == 2:
+                add(C.llama_sampler_init_temp(p.temperature))
+                add(C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+            else:
+                if p.top_n_sigma > 0:
+                    add(C.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+                if p.top_k > 0:
+                    add(C.llama_sampler_init_top_k(p.top_k))
+                if p.typical_p < 1.0:
+                    add(C.llama_sampler_init_typical(p.typical_p, 1))
+                if p.top_p < 1.0:
+                    add(C.llama_sampler_init_top_p(p.top_p, 1))
+                if p.min_p > 0:
+                    add(C.llama_sampler_init_min_p(p.min_p, 1))
+                if p.xtc_probability > 0:
+                    add(C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, seed))
+                add(C.llama_sampler_init_temp(p.temperature))
+                add(C.llama_sampler_init_dist(seed))
+        except BaseException:
+            C.llama_sampler_free(chain)
+            raise
+        return chain
+
+    def free_sampler(self, sampler: _Sampler | None) -> None:
+        if sampler is None:
+            return
+        C.llama_sampler_free(sampler.chain)
+        if sampler.no_eog_chain:
+            C.llama_sampler_free(sampler.no_eog_chain)
+
+    def attach(self, slot: int, sampler: _Sampler) -> None:
+        self._slot_samplers[slot] = sampler
+
+    # -- KV cache ----------------------------------------------------------------------
+
+    def keep_prefix(self, slot: int, n_keep: int) -> int:
+        if n_keep > 0 and C.llama_memory_seq_rm(self.mem, slot, n_keep, -1):
+            # Trust, but verify: a sliding-window cache can report success after the cells
+            # the continuation needs have already been evicted.
+            if C.llama_memory_seq_pos_min(self.mem, slot) <= 0:
+                return n_keep
+        # Partial trims unsupported (recurrent/hybrid models) or the prefix is gone: reset.
+        C.llama_memory_seq_rm(self.mem, slot, -1, -1)
+        return 0
+
+    # -- one tick ----------------------------------------------------------------------
+
+    def execute(self, plan: StepPlan, logprobs: dict[int, int] | None = None) -> StepResult:
+        batch = self.batch
+        token, pos, n_seq, seq_ids, want = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
+        rows: list[tuple[int, int, bool]] = []  # (slot, row, suppress_eog)
+        i = 0
+        for chunk in plan.chunks:
+            slot, p0 = chunk.slot, chunk.start_pos
+            for j, tok in enumerate(chunk.tokens):
+                token[i] = tok
+                pos[i] = p0 + j
+                n_seq[i] = 1
+                seq_ids[i][0] = slot
+                want[i] = 0
+                i += 1
+            if chunk.wants_logits:
+                want[i - 1] = 1
+                rows.append((slot, i - 1, chunk.suppress_eog))
+        batch.n_tokens = i
+        t0 = time.perf_counter()
+        status = C.llama_decode(self.ctx, batch)
+        C.llama_synchronize(self.ctx)
+        t1 = time.perf_counter()
+        result = StepResult(status=status, eval_ms=(t1 - t0) * 1000)
+        if status != 0:
+            return result
+        for slot, row, suppress_eog in rows:
+            sampler = self._slot_samplers[slot]
+            tok = C.llama_sampler_sample(sampler.chain, self.ctx, row)
+            if suppress_eog and sampler.no_eog_chain and tok in self._eog_set:
+                tok = C.llama_sampler_sample(sampler.no_eog_chain, self.ctx, row)
+            result.sampled[slot] = tok
+            if logprobs and slot in logprobs:
+                result.logprobs[slot] = self._logprobs(row, tok, logprobs[slot])
+        result.sample_ms = (time.perf_counter() - t1) * 1000
+        return result
+
+    @property
+    def _eog_set(self) -> set[int]:
+        s = getattr(self, "_eog_set_cache", None)
+        if s is None:
+            s = self._eog_set_cache = set(self._eog_ids)
+        return s
+
+    def _logprobs(self, row: int, chosen: int, top_n: int) -> dict[str, Any]:
+        import numpy as np  # only for requests that asked for logprobs
+
+        ptr = C.llama_get_logits_ith(self.ctx, row)
+        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
+        mx = logits.max()
+        logz = mx + math.log(float(np.exp(logits - mx).sum()))
+        out: dict[str, Any] = {"token": self.token_text(chosen), "id": chosen, "logprob": float(logits[chosen] - logz)}
+        if top_n:
+            top = np.argpartition(-logits, top_n)[:top_n]
+            top = top[np.argsort(-logits[top])]
+            out["top_logprobs"] = [{"token": self.token_text(int(t)), "id": int(t), "logprob": float(logits[t] - logz)} for t in top]
+        return out
+
+    def close(self) -> None:
+        """Free everything exactly once, whatever happens after."""
+        if self._closed:
+            return
+        self._closed = True
+        C.llama_batch_free(self.batch)
+        C.llama_free(self.ctx)
+        C.llama_model_free(self.model)
+
+
+def _last_error() -> str:
+    for line in reversed(_recent_log):
+        low = line.lower()
+        if "error" in low or "failed" in low or "invalid" in low or "unknown" in low:
+            return line.strip()
+    return _recent_log[-1].strip() if _recent_log else "no details from llama.cpp"
+
+
+def random_seed() -> int:
+    return random.SystemRandom().randrange(0, 2**32 - 1)

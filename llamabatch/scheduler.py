@@ -1,0 +1,183 @@
+"""Slots, the waiting queue, admission and the per-tick plan. Never imports llama_cpp.
+
+The scheduler is the one owner of "what is in each slot's KV cache" (`Slot.cached`);
+the runner applies the trims it decides. Token bytes and end-of-generation checks come
+in as callables so tests can drive it with a scripted fake vocabulary.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .detok import IncrementalDetokenizer
+from .plan import Chunk, StepPlan, StepResult
+from .policies import POLICIES
+from .prefix import SlotView, choose_slot
+from .sequence import Sequence, Status
+
+
+@dataclass(eq=False)
+class Slot:
+    slot_id: int
+    cached: list[int] = field(default_factory=list)  # tokens whose KV sits in this slot, by position
+    last_used: float = 0.0
+    seq: Sequence | None = None
+
+    @property
+    def state(self) -> str:
+        if self.seq is None:
+            return "idle"
+        return "generating" if self.seq.status == Status.GENERATING else "prefilling"
+
+
+@dataclass
+class SeqEvent:
+    """What a tick did to one sequence: text to stream and whether it just finished."""
+
+    seq: Sequence
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+
+
+class Scheduler:
+    def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
+                 cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool]):
+        self.slots = [Slot(i) for i in range(n_slots)]
+        self.waiting: deque[Sequence] = deque()
+        self.slot_ctx = slot_ctx
+        self.n_batch = n_batch
+        self.chunk_size = chunk_size
+        self.policy = POLICIES[policy]
+        self.cache_prompt = cache_prompt
+        self.token_bytes = token_bytes
+        self.is_eog = is_eog
+        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self._admitted = 0
+
+    # -- queue and admission -------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def running(self) -> list[Sequence]:
+        return [s.seq for s in self.slots if s.seq is not None]
+
+    def admit(self) -> list[tuple[Sequence, int, int]]:
+        """Give idle slots to waiting requests, FIFO. Returns (seq, slot, reusable_tokens);
+        the caller trims the KV (runner.keep_prefix) and then calls `start`."""
+        out = []
+        idle = [s for s in self.slots if s.seq is None]
+        while self.waiting and idle:
+            seq = self.waiting.popleft()
+            views = [SlotView(s.slot_id, s.cached, s.last_used) for s in idle]
+            slot_id, reuse = choose_slot(seq.prompt, views, cache_prompt=self.cache_prompt)
+            slot = self.slots[slot_id]
+            idle.remove(slot)
+            slot.seq = seq  # reserved now so the same slot is not handed out twice
+            out.append((seq, slot_id, reuse))
+        return out
+
+    def start(self, seq: Sequence, slot_id: int, kept: int) -> None:
+        """The slot's KV now holds exactly `kept` tokens of seq's prompt prefix."""
+        slot = self.slots[slot_id]
+        slot.cached = slot.cached[:kept]
+        slot.seq = seq
+        seq.slot = slot_id
+        seq.num_computed = seq.num_cached = kept
+        seq.status = Status.PREFILLING
+        seq.admitted_at = time.perf_counter()
+        seq.admit_order = self._admitted
+        self._admitted += 1
+        self._detok[seq.request_id] = IncrementalDetokenizer(seq.params.stop)
+
+    # -- one tick --------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        running = self.running
+        decodes = [s for s in running if s.status == Status.GENERATING]
+        prefills = sorted((s for s in running if s.status == Status.PREFILLING), key=lambda s: s.admit_order)
+        allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
+        chunks = []
+        for seq, n in allocation:
+            tokens = seq.pending_tokens(n)
+            chunks.append(Chunk(slot=seq.slot, request_id=seq.request_id, tokens=tokens,
+                                start_pos=seq.num_computed, wants_logits=seq.num_computed + n == seq.num_tokens,
+                                is_decode=seq.status == Status.GENERATING,
+                                suppress_eog=len(seq.output) < seq.params.min_tokens))
+        return StepPlan(chunks)
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[SeqEvent]:
+        """Account for an evaluated plan: KV bookkeeping, new tokens, stops, finishes."""
+        events = []
+        for chunk in plan.chunks:
+            slot = self.slots[chunk.slot]
+            seq = slot.seq
+            if seq is None or seq.request_id != chunk.request_id:
+                continue  # finished (cancelled) while the tick ran
+            seq.num_computed += len(chunk.tokens)
+            slot.cached.extend(chunk.tokens)
+            if chunk.wants_logits and chunk.slot in result.sampled:
+                events.append(self._accept(seq, result.sampled[chunk.slot], result.logprobs.get(chunk.slot)))
+        return events
+
+    def _accept(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:
+        now = time.perf_counter()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            seq.status = Status.GENERATING
+        detok = self._detok[seq.request_id]
+        event = SeqEvent(seq)
+        if self.is_eog(token) and not seq.params.ignore_eos:
+            # the end-of-generation token is not part of the answer
+            event.text = detok.finish()
+            self.finish(seq, "stop")
+            event.finished = True
+            return event
+        seq.output.append(token)
+        event.tokens.append(token)
+        if logprob is not None and seq.logprobs is not None:
+            seq.logprobs.append(logprob)
+        event.text = detok.push(self.token_bytes(token))
+        if detok.stopped:
+            seq.stop_hit = detok.stop_hit
+            self.finish(seq, "stop")
+        elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.slot_ctx:
+            event.text += detok.finish()
+            self.finish(seq, "length")
+        event.finished = seq.finished
+        return event
+
+    def text_of(self, seq: Sequence) -> str:
+        detok = self._detok.get(seq.request_id)
+        return detok.text if detok else ""
+
+    # -- endings -------------------------------------------------------------------------
+
+    def finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> str:
+        """Give seq its terminal status and free its slot. Returns any held-back text."""
+        tail = ""
+        detok = self._detok.pop(seq.request_id, None)
+        if detok is not None and not detok.stopped and reason in ("cancelled", "timeout"):
+            tail = detok.finish()
+        if detok is not None:
+            seq.text = detok.text
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.error, seq.error_code = error, code
+        seq.finished_at = time.perf_counter()
+        if seq.slot is not None:
+            slot = self.slots[seq.slot]
+            if slot.seq is seq:
+                slot.seq = None
+                slot.last_used = seq.finished_at
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        return tail
+
+    def forget_slot(self, slot_id: int) -> None:
+        """The slot's KV was wiped (decode failure): nothing in it can be reused."""
+        self.slots[slot_id].cached = []

@@ -1,0 +1,82 @@
+"""One request's state inside the engine: status, tokens and their accounting, timestamps."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .params import SamplingParams
+
+
+class Status(enum.IntEnum):
+    WAITING = 0
+    PREFILLING = 1
+    GENERATING = 2
+    FINISHED = 3
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request from admission to its terminal outcome.
+
+    One accounting rule covers prefill, chunked prefill, prefix-cache hits and decode:
+    `num_computed` tokens of `tokens` are in the slot's KV cache; the gap up to
+    `num_tokens` is what still has to be evaluated (vLLM v1's idea).
+    """
+
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    sampler: Any = None  # the runner's sampler chain, built at submit time
+    status: Status = Status.WAITING
+    slot: int | None = None
+    output: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0  # prompt tokens reused from the prefix cache
+    finish_reason: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    cancel_requested: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    deadline: float | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    admit_order: int = 0  # FIFO rank among running prefills
+    text: str = ""  # final text, set when finished
+    stop_hit: str | None = None  # the stop string that ended it
+
+    def __post_init__(self) -> None:
+        if self.params.timeout:
+            self.deadline = self.submitted_at + self.params.timeout
+        if self.params.logprobs is not None:
+            self.logprobs = []
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def num_pending(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    def pending_tokens(self, limit: int) -> list[int]:
+        """The next `limit` tokens that are not yet in the KV cache."""
+        start = self.num_computed
+        if start >= len(self.prompt):
+            return self.output[start - len(self.prompt):start - len(self.prompt) + limit]
+        end = min(self.num_tokens, start + limit)
+        if end <= len(self.prompt):
+            return self.prompt[start:end]
+        return self.prompt[start:] + self.output[: end - len(self.prompt)]
+
+    @property
+    def finished(self) -> bool:
+        return self.status == Status.FINISHED

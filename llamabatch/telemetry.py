@@ -1,0 +1,125 @@
+"""Telemetry as data: per-tick and per-request records, running totals, subscribers.
+
+The engine never prints. Front ends (bench tables, progress bars, serve-stdin stats)
+subscribe callbacks or read `Telemetry.snapshot()`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger("llamabatch.telemetry")
+
+
+@dataclass
+class TickRecord:
+    tick: int
+    batch_size: int
+    decode_tokens: int
+    prefill_tokens: int
+    active_slots: int
+    queue_depth: int
+    eval_ms: float  # llama_decode (synchronised)
+    sample_ms: float  # llama_sampler_sample for every row, in C
+    overhead_ms: float  # everything else: scheduling, batch filling, detokenizing, delivery
+    wall_ms: float
+    at: float = field(default_factory=time.perf_counter)
+
+    kind = "tick"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "at"}
+
+
+@dataclass
+class RequestRecord:
+    kind: str  # "start" | "done" | "exception"
+    request_id: int
+    finish_reason: str | None = None
+    usage: Any = None
+    timings: Any = None
+    error: str | None = None
+    at: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Totals:
+    submitted: int = 0
+    finished: int = 0  # stop or length
+    cancelled: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    ticks: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    eval_ms: float = 0.0
+    sample_ms: float = 0.0
+    overhead_ms: float = 0.0
+
+
+Subscriber = Callable[[Any], None]
+
+
+class Telemetry:
+    def __init__(self, keep_ticks: int = 4096):
+        self.totals = Totals()
+        self.recent_ticks: deque[TickRecord] = deque(maxlen=keep_ticks)
+        self._subscribers: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self.started_at = time.perf_counter()
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(record)` for every TickRecord and RequestRecord, on the engine thread."""
+        with self._lock:
+            self._subscribers = [*self._subscribers, callback]
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers = [s for s in self._subscribers if s is not callback]
+
+        return unsubscribe
+
+    def _emit(self, record: Any) -> None:
+        for callback in self._subscribers:
+            try:
+                callback(record)
+            except Exception:  # a faulty subscriber must not take the engine down
+                log.exception("telemetry subscriber failed")
+
+    def record_tick(self, record: TickRecord) -> None:
+        t = self.totals
+        t.ticks += 1
+        t.decode_tokens += record.decode_tokens
+        t.prefill_tokens += record.prefill_tokens
+        t.eval_ms += record.eval_ms
+        t.sample_ms += record.sample_ms
+        t.overhead_ms += record.overhead_ms
+        self.recent_ticks.append(record)
+        if self._subscribers:
+            self._emit(record)
+
+    def record_request(self, record: RequestRecord) -> None:
+        t = self.totals
+        if record.kind != "start":
+            reason = record.finish_reason
+            if reason in ("stop", "length"):
+                t.finished += 1
+            elif reason == "cancelled":
+                t.cancelled += 1
+            elif reason == "timeout":
+                t.timed_out += 1
+            else:
+                t.failed += 1
+            if record.usage is not None:
+                t.prompt_tokens += record.usage.prompt_tokens
+                t.cached_tokens += record.usage.cached_tokens
+                t.generated_tokens += record.usage.completion_tokens
+        if self._subscribers:
+            self._emit(record)
