@@ -1,0 +1,46 @@
+"""The `llamabatch` command: a thin Typer front end over the engine."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from .. import __version__
+from .common import setup_logging
+
+app = typer.Typer(
+    name="llamabatch",
+    help="Continuous batching for many prompts on one local GGUF model.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"llamabatch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama.cpp logs on stderr.")] = False,
+) -> None:
+    """Continuous batching for many prompts on one local GGUF model."""
+    setup_logging(debug)
+
+
+def _register() -> None:
+    # Each command lives in its own module; importing registers it on `app`.
+    from . import bench, chat, run, serve  # noqa: F401
+
+
+_register()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,177 @@
+"""The options every command shares, declared once and resolved in one place.
+
+Each shared option defaults to None ("not given on the command line") so settings can be
+layered: flags > LLAMABATCH_* environment > config file > built-in defaults. `resolve`
+returns the EngineConfig, the default SamplingParams and where each value came from.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from ..config import POLICIES, EngineConfig
+from ..errors import InvalidRequest
+from ..params import SamplingParams
+
+ENGINE = "Engine"
+SAMPLING = "Sampling"
+
+
+def _opt(*decls: str, help: str, panel: str, **kw: Any) -> Any:
+    # "[default: x]" would be read as rich markup and vanish: escape the bracket
+    return typer.Option(*decls, help=help.replace("[", "\\["), rich_help_panel=panel, show_default=False, **kw)
+
+
+# name -> (annotation, where the value goes). Keys are the config-file / env spelling.
+SHARED_OPTIONS: dict[str, Any] = {
+    "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF model file [default: bundled Gemma 3 270M]", panel=ENGINE)],
+    "n_parallel": Annotated[Optional[int], _opt("--n-parallel", help="Slots: sequences decoded together [default: 8]", panel=ENGINE)],
+    "n_ctx": Annotated[Optional[int], _opt("--n-ctx", help="Total context, split evenly between slots [default: 4096 per slot]", panel=ENGINE)],
+    "n_batch": Annotated[Optional[int], _opt("--n-batch", help="Most tokens in one forward pass [default: 512]", panel=ENGINE)],
+    "chunk_size": Annotated[Optional[int], _opt("--chunk-size", help="Most prompt tokens per slot per tick [default: 256]", panel=ENGINE)],
+    "threads": Annotated[Optional[int], _opt("--threads", "-t", help="CPU threads [default: all cores, at most 8]", panel=ENGINE)],
+    "policy": Annotated[Optional[str], _opt("--policy", help=f"Batch policy: {', '.join(POLICIES)} [default: decode-maximal]", panel=ENGINE)],
+    "cache_prompt": Annotated[Optional[bool], _opt("--cache-prompt/--no-cache-prompt", help="Reuse cached prompt prefixes [default: on]", panel=ENGINE)],
+    "n_gpu_layers": Annotated[Optional[int], _opt("--n-gpu-layers", help="Layers offloaded to the GPU, -1 = all [default: 0]", panel=ENGINE)],
+    "chat_template": Annotated[Optional[str], _opt("--chat-template", help="Built-in template NAME or a Jinja FILE for chat messages", panel=ENGINE)],
+    "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
+    "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
+    "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],
+    "top_p": Annotated[Optional[float], _opt("--top-p", help="[default: 0.95]", panel=SAMPLING)],
+    "min_p": Annotated[Optional[float], _opt("--min-p", help="[default: 0.05]", panel=SAMPLING)],
+    "repeat_penalty": Annotated[Optional[float], _opt("--repeat-penalty", help="[default: 1.0, off]", panel=SAMPLING)],
+    "seed": Annotated[Optional[int], _opt("--seed", help="Sampling seed [default: random per request]", panel=SAMPLING)],
+    "stop": Annotated[Optional[list[str]], _opt("--stop", help="Stop string (repeatable)", panel=SAMPLING)],
+    "grammar_file": Annotated[Optional[str], _opt("--grammar-file", help="GBNF grammar file constraining output", panel=SAMPLING)],
+    "json_schema": Annotated[Optional[str], _opt("--json-schema", help="JSON schema (inline JSON or a file) constraining output", panel=SAMPLING)],
+}
+
+ENGINE_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
+               "n_gpu_layers", "chat_template")
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop",
+                 "grammar_file", "json_schema")
+
+
+@dataclass
+class SharedOptions:
+    """The shared options as given on the command line (None = not given)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    command: str = ""
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values.get(key)
+
+
+def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add every shared option to a Typer command; the command receives them as `opts`."""
+    sig = inspect.signature(func)
+    own = [p for p in sig.parameters.values() if p.name != "opts"]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+             for name, ann in SHARED_OPTIONS.items()]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        shared = {name: kwargs.pop(name, None) for name in SHARED_OPTIONS}
+        if shared.get("stop") == []:
+            shared["stop"] = None  # a list option with nothing given is "not given"
+        return func(*args, opts=SharedOptions(shared, func.__name__.replace("_", "-")), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
+    return wrapper
+
+
+@dataclass
+class Resolved:
+    engine: EngineConfig
+    sampling: SamplingParams
+    sources: dict[str, str]  # key -> "flag" | "env LLAMABATCH_X" | "file:line" | "default"
+
+
+def env_name(key: str) -> str:
+    return "LLAMABATCH_" + key.upper()
+
+
+def _from_env(key: str, kind: Any) -> Any:
+    raw = os.environ.get(env_name(key))
+    if raw is None or raw == "":
+        return None
+    try:
+        if kind is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        if kind == "list":
+            return [s for s in raw.split(",") if s]
+        return raw
+    except ValueError:
+        raise InvalidRequest(f"{env_name(key)}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+
+
+def _kind(key: str) -> Any:
+    if key == "stop":
+        return "list"
+    if key == "cache_prompt":
+        return bool
+    defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}
+    t = str(defaults.get(key, "str"))
+    return int if t.startswith("int") else float if t.startswith("float") else str
+
+
+def resolve(opts: SharedOptions, file_values: dict[str, tuple[Any, str]] | None = None) -> Resolved:
+    """Merge the layers for every shared key: flag > env > config file > default."""
+    file_values = file_values or {}
+    chosen: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key in SHARED_OPTIONS:
+        flag = opts[key]
+        if flag is not None:
+            chosen[key], sources[key] = flag, "flag"
+            continue
+        env = _from_env(key, _kind(key))
+        if env is not None:
+            chosen[key], sources[key] = env, f"env {env_name(key)}"
+        elif key in file_values:
+            chosen[key], sources[key] = file_values[key]
+        else:
+            sources[key] = "default"
+    engine = EngineConfig(**{k: chosen[k] for k in ENGINE_KEYS if k in chosen}).validate()
+    sampling_values = {k: chosen[k] for k in SAMPLING_KEYS if k in chosen and k not in ("grammar_file", "json_schema")}
+    if "grammar_file" in chosen:
+        sampling_values["grammar"] = _read_text(chosen["grammar_file"], "--grammar-file")
+    if "json_schema" in chosen:
+        sampling_values["json_schema"] = _json_schema(chosen["json_schema"])
+    sampling = SamplingParams.from_dict(sampling_values)
+    return Resolved(engine, sampling, sources)
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidRequest(f"{what} {path}: {exc.strerror or exc}") from None
+
+
+def _json_schema(value: str) -> dict:
+    text = value if value.lstrip().startswith("{") else _read_text(value, "--json-schema")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"--json-schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise InvalidRequest("--json-schema must be a JSON object")
+    return schema

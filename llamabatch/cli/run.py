@@ -1,0 +1,16 @@
+"""`llamabatch run`."""
+from __future__ import annotations
+
+from .app import app
+from .common import EXIT_USAGE, say
+from .options import SharedOptions, with_shared_options
+
+import typer
+
+
+@app.command("run")
+@with_shared_options
+def run_command(opts: SharedOptions) -> None:
+    """Not yet available."""
+    say("llamabatch run: not yet available")
+    raise typer.Exit(EXIT_USAGE)

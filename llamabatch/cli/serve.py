@@ -1,0 +1,16 @@
+"""`llamabatch serve-stdin`."""
+from __future__ import annotations
+
+from .app import app
+from .common import EXIT_USAGE, say
+from .options import SharedOptions, with_shared_options
+
+import typer
+
+
+@app.command("serve-stdin")
+@with_shared_options
+def serve_command(opts: SharedOptions) -> None:
+    """Not yet available."""
+    say("llamabatch serve-stdin: not yet available")
+    raise typer.Exit(EXIT_USAGE)
