@@ -77,7 +77,13 @@ class RequestHandle:
                 self._deltas.append(delta)
                 self._cond.notify_all()
         if self._callback is not None:
-            self._callback(self, delta)
+            self._call(delta)
+
+    def _call(self, item: Any) -> None:
+        try:
+            self._callback(self, item)  # type: ignore[misc]
+        except Exception:  # a caller's bug must not stop the engine serving everyone else
+            log.exception("callback for request %s failed", self.request_id)
 
     def _finish(self, result: Result) -> None:
         with self._cond:
@@ -87,7 +93,7 @@ class RequestHandle:
             self._deltas.append(_END)
             self._cond.notify_all()
         if self._callback is not None:
-            self._callback(self, result)
+            self._call(result)
 
 
 @dataclass
@@ -195,8 +201,8 @@ class Engine:
         with self._cond:
             request_id = self._next_id
             self._next_id += 1
+            self.telemetry.totals.submitted += 1
         handle = RequestHandle(self, request_id, stream, callback)
-        self.telemetry.totals.submitted += 1
         try:
             params = (params or self.default_params).validate()
             tokens = self._prompt_tokens(prompt)
@@ -214,7 +220,7 @@ class Engine:
                 raise EngineClosed("the engine is closed")
             if self.config.max_queue and self._waiting_count >= self.config.max_queue:
                 self.runner.free_sampler(sampler)
-                self.telemetry.totals.submitted -= 1
+                self.telemetry.totals.submitted -= 1  # rejected: never entered the engine
                 raise QueueFull(f"queue is full ({self.config.max_queue} requests waiting)")
             self._waiting_count += 1
             self._handles[request_id] = handle
@@ -234,9 +240,14 @@ class Engine:
                     handles.append(self.submit(prompt, p, stream=False))
                     break
                 except QueueFull:  # a bounded queue: wait for an earlier request, then retry
-                    next(h for h in handles if not h.done).result(timeout=1.0) if any(not h.done for h in handles) else time.sleep(0.01)
-                except TimeoutError:
-                    pass
+                    pending = [h for h in handles if not h.done]
+                    if pending:
+                        try:
+                            pending[0].result(timeout=1.0)
+                        except TimeoutError:
+                            pass
+                    else:
+                        time.sleep(0.01)
         return [h.result() for h in handles]
 
     def stats(self) -> EngineStats:
