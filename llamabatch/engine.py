@@ -177,7 +177,9 @@ class Engine:
 
             meta = getattr(self.runner, "metadata", {})
             self._chat_template = from_gguf(meta.get("tokenizer.chat_template"), meta.get("general.architecture"),
-                                            bos_token="<bos>", eos_token="<eos>", choice=self.config.chat_template)
+                                            bos_token=getattr(self.runner, "bos_text", ""),
+                                            eos_token=getattr(self.runner, "eos_text", ""),
+                                            choice=self.config.chat_template)
         return self._chat_template
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
@@ -206,6 +208,9 @@ class Engine:
         try:
             params = (params or self.default_params).validate()
             tokens = self._prompt_tokens(prompt)
+            if _is_chat(prompt) and self.chat_template.stop:
+                # formats without special tokens (the plain transcript) need their own stops
+                params = params.replace(stop=[*params.stop, *(s for s in self.chat_template.stop if s not in params.stop)])
             seed = params.seed if params.seed is not None else (
                 self.config.seed if self.config.seed is not None else random.SystemRandom().randrange(2**32))
             sampler = self.runner.build_sampler(params, seed)
@@ -287,7 +292,7 @@ class Engine:
             if not prompt:
                 raise InvalidRequest("prompt is empty")
             tokens = self.runner.tokenize(prompt, special=False)
-        elif isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+        elif _is_chat(prompt):
             tokens = self.runner.tokenize(self.render_chat(prompt), special=True)
         elif isinstance(prompt, (list, tuple)):
             if not prompt:
@@ -448,6 +453,10 @@ class Engine:
         if not self._closed:
             self._closed = True
             self.runner.close()
+
+
+def _is_chat(prompt: Prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
 def _result_of(seq: Sequence) -> Result:

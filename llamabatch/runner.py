@@ -108,6 +108,9 @@ class LlamaRunner:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._eog_ids = [t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)]
         self.metadata = self._read_metadata()
+        # the text of BOS/EOS, for chat templates that mention them
+        self.bos_text = self.token_text(C.llama_vocab_bos(self.vocab)) if C.llama_vocab_bos(self.vocab) >= 0 else ""
+        self.eos_text = self.token_text(C.llama_vocab_eos(self.vocab)) if C.llama_vocab_eos(self.vocab) >= 0 else ""
 
     # -- model facts -------------------------------------------------------------------
 
