@@ -1,0 +1,227 @@
+"""A scripted stand-in for LlamaRunner: the engine's tick loop tested without a model.
+
+Vocabulary: one token per character, token id = the character's code point. Two control
+tokens (EOG, FILL) and 256 raw-byte tokens (BYTE_BASE + b) for UTF-8 split tests.
+
+The fake keeps its own copy of every slot's "KV cache" (the tokens at positions 0..n-1)
+and checks each plan against it, so tests can assert that the engine never evaluates a
+token at the wrong position, never overfills a slot and never exceeds n_batch. Every
+executed plan is recorded (deep-copied) with the status it got.
+
+Replies are scripted per prompt: `reply(prompt_text) -> str | list[int]` gives the tokens
+a request samples, one per wanted row; after the reply comes EOG (or FILL tokens when the
+request ignores EOG; FILL also replaces EOG while min_tokens suppresses it).
+"""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from llamabatch.errors import InvalidRequest
+from llamabatch.plan import StepPlan, StepResult
+
+EOG = 1  # end of generation
+FILL = ord("~")  # sampled where EOG is blocked (ignore_eos, min_tokens)
+BYTE_BASE = 0x110000  # tokens BYTE_BASE..BYTE_BASE+255 are single raw bytes
+N_VOCAB = BYTE_BASE + 256
+
+
+def text_tokens(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def byte_tokens(data: bytes) -> list[int]:
+    """Tokens that spell `data` one raw byte each (a multi-byte character split across tokens)."""
+    return [BYTE_BASE + b for b in data]
+
+
+def token_piece(tok: int) -> bytes:
+    if tok >= BYTE_BASE:
+        return bytes([tok - BYTE_BASE])
+    if tok == EOG:
+        return b""
+    return chr(tok).encode("utf-8")
+
+
+def detokenize(tokens: list[int]) -> str:
+    return b"".join(token_piece(t) for t in tokens).decode("utf-8", "replace")
+
+
+@dataclass(eq=False)
+class FakeSampler:
+    params: Any
+    seed: int
+    reply: list[int] | None = None  # fixed on the first sample, from the slot's prompt
+    emitted: int = 0
+    freed: int = 0
+    prompt_text: str | None = None
+
+
+@dataclass
+class ExecutedPlan:
+    call: int  # 1-based execute() call number
+    plan: StepPlan
+    status: int
+    sampled: dict[int, int] = field(default_factory=dict)
+
+
+class FakeRunner:
+    """Implements the Runner protocol in llamabatch/plan.py with scripted behaviour.
+
+    reply:        prompt text -> reply (str or token list); default echoes "<prompt>!".
+    status:       {call_no: status} or a callable (call_no, plan) -> status; 0 when absent.
+    partial_trim: False makes keep_prefix(slot, n>0) reset the slot and return 0, like a
+                  recurrent model that cannot trim part of a sequence.
+    hook:         called as hook(call_no, plan) at the start of every execute(), on the
+                  engine thread; tests use it to block a tick or to submit mid-tick.
+    step_delay:   seconds each execute() sleeps (for cancel/timeout tests).
+    """
+
+    def __init__(self, n_slots: int = 4, slot_ctx: int = 64, *, n_batch: int | None = None,
+                 reply: Callable[[str], str | list[int]] | None = None,
+                 status: dict[int, int] | Callable[[int, StepPlan], int] | None = None,
+                 partial_trim: bool = True, hook: Callable[[int, StepPlan], None] | None = None,
+                 step_delay: float = 0.0, metadata: dict[str, str] | None = None):
+        self.n_slots = n_slots
+        self.slot_ctx = slot_ctx
+        self.n_batch = n_batch
+        self.n_vocab = N_VOCAB
+        self.metadata = metadata if metadata is not None else {"general.architecture": "fake"}
+        self.model_path = "/models/fake-model.gguf"
+        self.reply = reply or (lambda prompt: prompt + "!")
+        self.status = status or {}
+        self.partial_trim = partial_trim
+        self.hook = hook
+        self.step_delay = step_delay
+        self.kv: list[list[int]] = [[] for _ in range(n_slots)]
+        self.attached: list[FakeSampler | None] = [None] * n_slots
+        self.plans: list[ExecutedPlan] = []
+        self.keep_prefix_calls: list[tuple[int, int, int]] = []  # (slot, asked, kept)
+        self.samplers: list[FakeSampler] = []
+        self.violations: list[str] = []
+        self.close_calls = 0
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    # -- model facts -------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, special: bool) -> list[int]:
+        return text_tokens(text)
+
+    def token_bytes(self, token: int) -> bytes:
+        return token_piece(token)
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    # -- samplers ----------------------------------------------------------------------
+
+    def build_sampler(self, params: Any, seed: int) -> FakeSampler:
+        if params.grammar == "BAD":
+            raise InvalidRequest("grammar does not parse (fake: BAD)")
+        sampler = FakeSampler(params, seed)
+        with self._lock:
+            self.samplers.append(sampler)
+        return sampler
+
+    def free_sampler(self, sampler: FakeSampler | None) -> None:
+        if sampler is not None:
+            sampler.freed += 1
+
+    def attach(self, slot: int, sampler: FakeSampler) -> None:
+        self.attached[slot] = sampler
+
+    # -- KV cache ----------------------------------------------------------------------
+
+    def keep_prefix(self, slot: int, n_keep: int) -> int:
+        kv = self.kv[slot]
+        if n_keep > len(kv):
+            self.violations.append(f"keep_prefix({slot}, {n_keep}) but the slot holds {len(kv)} tokens")
+        if n_keep > 0 and self.partial_trim:
+            kept = min(n_keep, len(kv))
+        else:
+            kept = 0
+        del kv[kept:]
+        self.keep_prefix_calls.append((slot, n_keep, kept))
+        return kept
+
+    # -- one tick ----------------------------------------------------------------------
+
+    def _status_for(self, call: int, plan: StepPlan) -> int:
+        if callable(self.status):
+            return self.status(call, plan)
+        return self.status.get(call, 0)
+
+    def execute(self, plan: StepPlan, logprobs: dict[int, int] | None = None) -> StepResult:
+        self.calls += 1
+        call = self.calls
+        if self.hook is not None:
+            self.hook(call, plan)
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        self._check(plan)
+        status = self._status_for(call, plan)
+        record = ExecutedPlan(call, copy.deepcopy(plan), status)
+        self.plans.append(record)
+        result = StepResult(status=status, eval_ms=0.5)
+        if status != 0:
+            return result  # llama_decode failed: nothing entered the cache
+        for chunk in plan.chunks:
+            self.kv[chunk.slot].extend(chunk.tokens)
+        for chunk in plan.chunks:
+            if chunk.wants_logits:
+                tok = self._sample(chunk.slot, chunk.suppress_eog)
+                result.sampled[chunk.slot] = tok
+                if logprobs and chunk.slot in logprobs:
+                    result.logprobs[chunk.slot] = {"token": detokenize([tok]), "id": tok, "logprob": -0.5}
+        record.sampled = dict(result.sampled)
+        result.sample_ms = 0.1
+        return result
+
+    def _check(self, plan: StepPlan) -> None:
+        if self.n_batch is not None and plan.n_tokens > self.n_batch:
+            self.violations.append(f"plan of {plan.n_tokens} tokens exceeds n_batch {self.n_batch}")
+        seen = set()
+        for chunk in plan.chunks:
+            if chunk.slot in seen:
+                self.violations.append(f"slot {chunk.slot} appears twice in one plan")
+            seen.add(chunk.slot)
+            if not chunk.tokens:
+                self.violations.append(f"empty chunk for slot {chunk.slot}")
+            if chunk.start_pos != len(self.kv[chunk.slot]):
+                self.violations.append(f"slot {chunk.slot}: chunk starts at {chunk.start_pos} but the cache "
+                                       f"holds {len(self.kv[chunk.slot])} tokens")
+            if chunk.start_pos + len(chunk.tokens) > self.slot_ctx:
+                self.violations.append(f"slot {chunk.slot}: chunk runs past slot_ctx {self.slot_ctx}")
+            if self.attached[chunk.slot] is None:
+                self.violations.append(f"slot {chunk.slot} has no sampler attached")
+
+    def _sample(self, slot: int, suppress_eog: bool) -> int:
+        sampler = self.attached[slot]
+        if sampler is None:
+            return EOG
+        if sampler.freed:
+            self.violations.append(f"slot {slot} sampled with a freed sampler")
+        if sampler.reply is None:
+            sampler.prompt_text = detokenize(self.kv[slot])
+            reply = self.reply(sampler.prompt_text)
+            sampler.reply = text_tokens(reply) if isinstance(reply, str) else list(reply)
+        if sampler.emitted < len(sampler.reply):
+            tok = sampler.reply[sampler.emitted]
+        else:
+            tok = EOG
+        if tok == EOG and (sampler.params.ignore_eos or suppress_eog):
+            tok = FILL
+        sampler.emitted += 1
+        return tok
+
+    def close(self) -> None:
+        self.close_calls += 1
+
+    # -- helpers for tests ---------------------------------------------------------------
+
+    def plans_with(self, request_id: int) -> list[ExecutedPlan]:
+        return [p for p in self.plans if any(c.request_id == request_id for c in p.plan.chunks)]
