@@ -1,0 +1,280 @@
+"""The serve-stdin I/O loop: a reader thread, one writer thread, the engine between them.
+
+    stdin  --reader thread-->  parse_line  -->  engine.submit(callback=...)
+    engine thread: Deltas and Results  -->  Output queue  --writer thread-->  stdout
+    main thread: waits for EOF / a signal / a broken pipe, then shuts down in order
+
+Why this shape:
+- Reading stdin never waits on generation: the reader only parses and submits.
+- The engine thread never waits on a slow reader of stdout: callbacks put finished lines
+  on an unbounded queue (a bounded one would stall every request's generation).
+- One writer thread owns the output fd, so lines of concurrent requests never mix.
+- Reads and writes use os.read / os.write on raw fds, never sys.stdin / sys.stdout, so a
+  daemon thread blocked in I/O holds no Python buffer lock at interpreter exit.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import queue
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from ..engine import Engine, RequestHandle
+from ..errors import EngineClosed, QueueFull
+from ..protocol import (BadLine, Cancel, RequestId, Stats, Submit, error_event, encode, parse_line, ready_event,
+                        stats_event, terminal_event, token_event)
+from ..results import Delta, Result
+from ..telemetry import TickRecord
+
+log = logging.getLogger("llamabatch.serve")
+
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what `seq 1e9 | head -1` reports for seq: pipefail scripts know it
+_CLOSE = None
+
+
+class Output:
+    """The single writer of protocol lines. `send` never blocks; a broken pipe is remembered."""
+
+    def __init__(self, fd: int, on_broken: Callable[[], None] = lambda: None):
+        self._fd = fd
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()  # unbounded on purpose
+        self._on_broken = on_broken
+        self.broken = False
+        self._thread = threading.Thread(target=self._run, name="llamabatch-serve-writer", daemon=True)
+        self._thread.start()
+
+    def send(self, event: dict[str, Any]) -> None:
+        if not self.broken:
+            self._queue.put(encode(event))
+
+    def close(self, give_up: Callable[[], bool] = lambda: False) -> None:
+        """Write everything queued, then stop. `give_up()` true ends the wait early (a second signal)."""
+        self._queue.put(_CLOSE)
+        while self._thread.is_alive() and not give_up():
+            self._thread.join(0.1)
+
+    def _run(self) -> None:
+        while True:
+            data = self._queue.get()
+            if data is _CLOSE:
+                return
+            if self.broken:
+                continue  # nobody is reading: drop, but keep consuming until _CLOSE
+            try:
+                view = memoryview(data)
+                while view:  # os.write may write less than asked on a pipe
+                    view = view[os.write(self._fd, view):]
+            except OSError as exc:
+                if exc.errno not in (errno.EPIPE, errno.EBADF, errno.ECONNRESET, errno.EINVAL):
+                    log.error("writing stdout failed: %s", exc)
+                self.broken = True
+                self._on_broken()
+
+
+@dataclass
+class Flight:
+    """A request that has been accepted and has not had its terminal event yet."""
+
+    id: RequestId
+    line: int
+    stream: bool  # send token events
+    handle: RequestHandle | None = None
+
+
+class Server:
+    """Turns input lines into engine work and engine events into output lines."""
+
+    def __init__(self, engine: Engine, output: Output):
+        self.engine = engine
+        self.output = output
+        self.wake = threading.Event()  # something the main loop waits for may have happened
+        self.eof = False
+        self._flights: dict[RequestId, Flight] = {}
+        self._flights_lock = threading.Lock()
+        # Held while one line is handled, so shutdown can wait for a half-handled line and then
+        # be sure the reader submits and writes nothing more.
+        self._line_lock = threading.Lock()
+        self._stopping = False
+        self._max_decode_tokens = 0
+        self._last_tick: TickRecord | None = None
+        self._unsubscribe = engine.subscribe(self._on_record)
+
+    @property
+    def in_flight(self) -> int:
+        with self._flights_lock:
+            return len(self._flights)
+
+    def stop_reading(self) -> None:
+        """After this returns, no further line is handled (lines still unread are never answered)."""
+        with self._line_lock:
+            self._stopping = True
+
+    def close(self) -> None:
+        self._unsubscribe()
+
+    # -- the reader thread ----------------------------------------------------------------------
+
+    def read_from(self, fd: int) -> None:
+        try:
+            for number, raw in enumerate(_lines(fd), start=1):
+                with self._line_lock:
+                    if self._stopping:
+                        return
+                    self.handle_line(raw, number)
+        finally:
+            self.eof = True
+            self.wake.set()
+
+    def handle_line(self, raw: bytes, number: int) -> None:
+        try:
+            command = parse_line(raw, number, self.engine.default_params)
+            if isinstance(command, Submit):
+                self._submit(command)
+            elif isinstance(command, Cancel):
+                self._cancel(command)
+            elif isinstance(command, Stats):
+                self.output.send(self._stats(command))
+        except BadLine as bad:
+            self.output.send(bad.event())
+        except Exception as exc:  # a bug here must cost one line, never the other requests
+            log.exception("line %d failed", number)
+            self.output.send(error_event(None, "internal_error", f"line {number}: {type(exc).__name__}: {exc}",
+                                         line=number))
+
+    def _submit(self, command: Submit) -> None:
+        flight = Flight(command.id, command.line, command.stream)
+        with self._flights_lock:
+            earlier = self._flights.get(command.id)
+            if earlier is not None:
+                raise BadLine("duplicate_id", f"id {command.id!r} is already in flight (line {earlier.line})",
+                              command.line, command.id)
+            self._flights[command.id] = flight
+        callback = functools.partial(self._on_item, flight)
+        try:
+            # A request the engine rejects at once (prompt too long...) gets its Result through
+            # the callback before submit returns: the flight is registered first for that reason.
+            # stream=False: Deltas still reach the callback; the handle need not keep them too.
+            flight.handle = self.engine.submit(command.prompt, command.params, stream=False, callback=callback)
+        except QueueFull as exc:
+            self._forget(flight)
+            raise BadLine(exc.code, str(exc), command.line, command.id) from None
+        except EngineClosed as exc:
+            self._forget(flight)
+            raise BadLine(exc.code, "the server is shutting down", command.line, command.id) from None
+
+    def _cancel(self, command: Cancel) -> None:
+        with self._flights_lock:
+            flight = self._flights.get(command.id)
+        if flight is None or flight.handle is None:
+            raise BadLine("unknown_id", f"no request with id {command.id!r} is in flight", command.line,
+                          command.id, op="cancel")
+        flight.handle.cancel()  # its terminal event comes from the engine: done, finish_reason "cancelled"
+
+    def _stats(self, command: Stats) -> dict[str, Any]:
+        last = self._last_tick
+        telemetry = {
+            "in_flight": self.in_flight,
+            "decode_tokens": self.engine.telemetry.totals.decode_tokens,
+            "prefill_tokens": self.engine.telemetry.totals.prefill_tokens,
+            "max_decode_tokens_per_tick": self._max_decode_tokens,
+            "last_tick": last.to_dict() if last is not None else None,
+        }
+        return stats_event(self.engine.stats().to_dict(), telemetry, command.id)
+
+    def _forget(self, flight: Flight) -> None:
+        with self._flights_lock:
+            if self._flights.get(flight.id) is flight:
+                del self._flights[flight.id]
+
+    # -- the engine thread (keep quick) ----------------------------------------------------------
+
+    def _on_item(self, flight: Flight, handle: RequestHandle, item: Delta | Result) -> None:
+        if isinstance(item, Delta):
+            if item.text and flight.stream:
+                self.output.send(token_event(flight.id, item.text))
+            return
+        # Queue the terminal event before the flight disappears: once in_flight reads 0, every
+        # terminal event is ahead of the writer's close marker.
+        self.output.send(terminal_event(flight.id, item, flight.line))
+        self._forget(flight)
+        self.wake.set()
+
+    def _on_record(self, record: Any) -> None:
+        if isinstance(record, TickRecord):
+            self._last_tick = record
+            if record.decode_tokens > self._max_decode_tokens:
+                self._max_decode_tokens = record.decode_tokens
+
+
+def _lines(fd: int) -> Iterator[bytes]:
+    """Lines of fd as they arrive (a last line without newline counts); ends at EOF or a read error."""
+    pending: list[bytes] = []  # pieces of a line not yet ended (joined once, not per read)
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError as exc:
+            log.debug("reading stdin failed: %s", exc)
+            chunk = b""
+        if not chunk:
+            if pending:
+                yield b"".join(pending)
+            return
+        *ended, rest = chunk.split(b"\n")
+        for piece in ended:
+            pending.append(piece)
+            yield b"".join(pending)
+            pending = []
+        if rest:
+            pending.append(rest)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int:
+    """Serve until EOF (drain or cancel what is in flight), a signal, or a broken stdout.
+
+    Closes the engine (its close() cancels whatever is still running, and those requests'
+    terminal events are written) and returns the exit code. Call from the main thread.
+    """
+    signals: list[int] = []
+    woken = threading.Event()
+    output = Output(out_fd, on_broken=woken.set)
+    server = Server(engine, output)
+    server.wake = woken
+    output.send(ready_event(engine.model_name, engine.config.n_parallel, engine.config.total_ctx, engine.slot_ctx))
+
+    def on_signal(signum: int, frame: Any) -> None:
+        # Only records it: a handler runs between two bytecodes of the main thread, possibly
+        # inside a lock, so it must not take one. The main loop polls the list.
+        signals.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    try:
+        reader = threading.Thread(target=server.read_from, args=(in_fd,), name="llamabatch-serve-reader",
+                                  daemon=True)  # may stay blocked in os.read: must not keep the process alive
+        reader.start()
+        while True:
+            if signals or output.broken:
+                break
+            if server.eof and (on_eof == "cancel" or server.in_flight == 0):
+                break
+            woken.wait(0.1)
+            woken.clear()
+        server.stop_reading()
+        server.close()
+        engine.close()  # cancels what is left; each gets its terminal event through the callback
+        output.close(give_up=lambda: len(signals) > 1)  # a second signal: stop waiting for a stuck reader
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signals:
+        return 128 + signals[0]
+    if output.broken:
+        return EXIT_BROKEN_PIPE
+    return 0

@@ -1,0 +1,213 @@
+"""The serve-stdin JSONL protocol: parsing one input line, building one output event.
+
+Pure functions and plain dataclasses, no I/O and no threads, so every rule is unit-testable.
+The I/O loop that uses them lives in `llamabatch/cli/serve_loop.py`.
+
+Input lines are requests (`{"id", "prompt" | "messages", "stream", <sampling fields>}`) or
+control ops (`{"op": "cancel", "id"}`, `{"op": "stats"}`). A line that can't be used raises
+BadLine, which carries what the error event needs: the id when one was readable, the line
+number always.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+from .errors import InvalidRequest
+from .params import SamplingParams
+from .results import Result
+
+# Keys of a request line that are not sampling parameters.
+REQUEST_KEYS = ("id", "prompt", "messages", "stream")
+OPS = ("cancel", "stats")
+
+RequestId = Union[str, int]
+
+
+@dataclass
+class Submit:
+    id: RequestId
+    prompt: Any  # text, token ids or chat messages: the engine checks the content
+    params: SamplingParams
+    stream: bool
+    line: int
+
+
+@dataclass
+class Cancel:
+    id: RequestId
+    line: int
+
+
+@dataclass
+class Stats:
+    line: int
+    id: RequestId | None = None  # echoed back when given, so a client can match the answer
+
+
+Command = Union[Submit, Cancel, Stats]
+
+
+class BadLine(Exception):
+    """An input line that gets an error event instead of being run."""
+
+    def __init__(self, code: str, message: str, line: int, id: RequestId | None = None, op: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.line = line
+        self.id = id
+        self.op = op
+
+    def event(self) -> dict[str, Any]:
+        return error_event(self.id, self.code, self.message, line=self.line, op=self.op)
+
+
+def parse_line(text: str | bytes, line: int, defaults: SamplingParams) -> Command | None:
+    """One input line -> a command, or None for a blank line. Raises BadLine.
+
+    `defaults` are the resolved sampling settings (flags, env, config file) that a
+    request's own fields override.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadLine("invalid_json", f"line {line} is not UTF-8: {exc.reason} at byte {exc.start}", line) from None
+    if not text.strip():
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadLine("invalid_json", f"line {line} is not JSON: {exc.msg} at column {exc.colno}", line) from None
+    if not isinstance(data, dict):
+        raise BadLine("invalid_json", f"line {line} must be a JSON object, got {_json_kind(data)}", line)
+    if "op" in data:
+        return _parse_op(data, line)
+    return _parse_request(data, line, defaults)
+
+
+def _parse_op(data: dict[str, Any], line: int) -> Command:
+    op = data["op"]
+    if op not in OPS:
+        raise BadLine("unknown_op", f"unknown op {op!r} (known: {', '.join(OPS)})", line,
+                      _readable_id(data), op=op if isinstance(op, str) else None)
+    extra = sorted(k for k in data if k not in ("op", "id"))
+    if extra:
+        raise BadLine("invalid_request", f"op {op!r} takes only 'id', got {', '.join(map(repr, extra))}", line,
+                      _readable_id(data), op=op)
+    if op == "cancel":
+        if "id" not in data:
+            raise BadLine("invalid_request", "op 'cancel' needs the 'id' of the request to cancel", line, op=op)
+        return Cancel(_check_id(data["id"], line, op), line)
+    return Stats(line, _check_id(data["id"], line, op) if "id" in data else None)
+
+
+def _parse_request(data: dict[str, Any], line: int, defaults: SamplingParams) -> Submit:
+    request_id = _check_id(data["id"], line) if "id" in data else f"line-{line}"
+
+    def bad(message: str) -> BadLine:
+        return BadLine("invalid_request", message, line, request_id)
+
+    has_prompt, has_messages = "prompt" in data, "messages" in data
+    if has_prompt == has_messages:
+        raise bad("a request needs exactly one of 'prompt' or 'messages'" if not has_prompt
+                  else "a request takes 'prompt' or 'messages', not both")
+    if has_prompt:
+        prompt = data["prompt"]
+        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_int(t) for t in prompt))):
+            raise bad(f"prompt must be a string or a list of token ids, got {_json_kind(prompt)}")
+    else:
+        prompt = data["messages"]
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+            raise bad("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad(f"stream must be true or false, got {json.dumps(stream)}")
+    sampling = {k: v for k, v in data.items() if k not in REQUEST_KEYS}
+    try:
+        params = SamplingParams.from_dict(sampling, base=defaults)
+    except InvalidRequest as exc:
+        raise bad(str(exc)) from None
+    return Submit(request_id, prompt, params, stream, line)
+
+
+def _check_id(value: Any, line: int, op: str | None = None) -> RequestId:
+    # Strings and integers, echoed back exactly as given; anything else can't be matched reliably.
+    if isinstance(value, str) and value:
+        return value
+    if _is_int(value):
+        return value
+    raise BadLine("invalid_request", f"id must be a non-empty string or an integer, got {json.dumps(value)}",
+                  line, op=op)
+
+
+def _readable_id(data: dict[str, Any]) -> RequestId | None:
+    value = data.get("id")
+    return value if (isinstance(value, str) and value) or _is_int(value) else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def ready_event(model: str, n_parallel: int, n_ctx: int, slot_ctx: int) -> dict[str, Any]:
+    return {"event": "ready", "model": model, "n_parallel": n_parallel, "n_ctx": n_ctx, "slot_ctx": slot_ctx}
+
+
+def token_event(request_id: RequestId, text: str) -> dict[str, Any]:
+    return {"id": request_id, "event": "token", "text": text}
+
+
+def error_event(request_id: RequestId | None, code: str, message: str, *, line: int | None = None,
+                op: str | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = {}
+    if request_id is not None:
+        event["id"] = request_id
+    event["event"] = "error"
+    if op is not None:
+        event["op"] = op  # answers a control line: not a request's terminal event
+    event["error"] = {"code": code, "message": message}
+    if line is not None:
+        event["line"] = line
+    return event
+
+
+def terminal_event(request_id: RequestId, result: Result, line: int | None = None) -> dict[str, Any]:
+    """A request's one terminal event: `done` (stop, length, cancelled, timeout) or `error`."""
+    if result.finish_reason == "error":
+        return error_event(request_id, result.error_code or "error", result.error or "request failed", line=line)
+    event: dict[str, Any] = {
+        "id": request_id, "event": "done", "text": result.text, "finish_reason": result.finish_reason,
+        "usage": result.usage.to_dict(), "timings": result.timings.to_dict(), "seed": result.seed,
+    }
+    if result.stop is not None:
+        event["stop"] = result.stop
+    if result.logprobs is not None:
+        event["logprobs"] = result.logprobs
+    return event
+
+
+def stats_event(stats: dict[str, Any], telemetry: dict[str, Any], request_id: RequestId | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = {} if request_id is None else {"id": request_id}
+    event["event"] = "stats"
+    event.update(stats)
+    event.update(telemetry)
+    return event
+
+
+def encode(event: dict[str, Any]) -> bytes:
+    """One output line. ensure_ascii keeps it plain ASCII: no encoding surprises in any reader,
+    and JSON's escapes round-trip every string (lone surrogates too)."""
+    return (json.dumps(event, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
