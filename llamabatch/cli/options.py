@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import os
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, Callable, Optional
 
@@ -72,7 +73,11 @@ class SharedOptions:
 def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Add every shared option to a Typer command; the command receives them as `opts`."""
     sig = inspect.signature(func)
-    own = [p for p in sig.parameters.values() if p.name != "opts"]
+    # With `from __future__ import annotations` the command's own annotations are strings, and
+    # Typer does not evaluate strings found in an explicit __signature__: evaluate them here, or
+    # its Annotated[..., typer.Option(...)] declarations (names, help, min=...) are lost.
+    hints = typing.get_type_hints(func, include_extras=True)
+    own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values() if p.name != "opts"]
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
              for name, ann in SHARED_OPTIONS.items()]
 
@@ -150,6 +155,10 @@ def resolve(opts: SharedOptions, file_values: dict[str, tuple[Any, str]] | None 
             sources[key] = "default"
     engine = EngineConfig(**{k: chosen[k] for k in ENGINE_KEYS if k in chosen}).validate()
     sampling_values = {k: chosen[k] for k in SAMPLING_KEYS if k in chosen and k not in ("grammar_file", "json_schema")}
+    # Sampling fields without a flag (presence_penalty, timeout, ...) can come from the config file only.
+    extra = {k: v for k, v in file_values.items() if k not in SHARED_OPTIONS}
+    sources.update({k: where for k, (_, where) in extra.items()})
+    sampling_values = {k: v for k, (v, _) in extra.items()} | sampling_values
     if "grammar_file" in chosen:
         sampling_values["grammar"] = _read_text(chosen["grammar_file"], "--grammar-file")
     if "json_schema" in chosen:
