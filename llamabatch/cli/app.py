@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import __version__
-from .common import setup_logging
+from .common import setup_logging, state
 
 app = typer.Typer(
     name="llamabatch",
@@ -29,14 +29,22 @@ def root(
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama.cpp logs on stderr.")] = False,
+    config: Annotated[Optional[str], typer.Option(
+        "--config", metavar="FILE",
+        help="Config file to read (also $LLAMABATCH_CONFIG) \\[default: ./llamabatch.toml, "
+             "else ~/.config/llamabatch/config.toml]")] = None,
 ) -> None:
     """Continuous batching for many prompts on one local GGUF model."""
     setup_logging(debug)
+    state.config_path = config
 
 
 def _register() -> None:
     # Each command lives in its own module; importing registers it on `app`.
     from . import bench, chat, run, serve  # noqa: F401
+    from .config_cmd import config_app
+
+    app.add_typer(config_app, name="config")
 
 
 _register()

@@ -16,6 +16,7 @@ from .options import Resolved, SharedOptions, resolve
 
 class State:
     debug = False
+    config_path: str | None = None  # the global --config FILE
 
 
 state = State()

@@ -1,13 +1,68 @@
-"""The config-file layer of option resolution (flags > env > file > defaults)."""
+"""The config-file layer of option resolution (flags > env > file > defaults).
+
+Which file applies comes from the global `--config` (kept in `common.state`), then
+$LLAMABATCH_CONFIG, then ./llamabatch.toml, then the per-user file; `config_file.py`
+reads and checks it. A bad file raises ConfigFileError (an InvalidRequest), which
+`cli_errors()` turns into one line and exit 2.
+"""
 from __future__ import annotations
 
+import os
 from typing import Any
+
+from ..config_file import COMMAND_RULES, ConfigFile, Location, load, locate
+from .common import state
+
+# A command may read the file up to twice (shared options, then its own keys): keep the
+# parsed file while it is unchanged on disk.
+_cache: dict[tuple[str, int, int], ConfigFile] = {}
+
+
+def config_location() -> Location:
+    """Which file applies now (see config_file.locate)."""
+    return locate(state.config_path)
+
+
+def current_config() -> ConfigFile | None:
+    """The checked config file that applies, or None when there is none."""
+    path = config_location().path
+    if path is None:
+        return None
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    if key not in _cache:
+        _cache.clear()
+        _cache[key] = load(path)
+    return _cache[key]
 
 
 def file_values_for(command: str) -> dict[str, tuple[Any, str]]:
     """Values from the config file for `command`: key -> (value, "file:line").
 
-    No config file is read yet (issue: configuration file); every key falls through to
-    the environment or the built-in default.
+    Top-level engine keys and [sampling], overridden by the command's own table.
     """
-    return {}
+    config = current_config()
+    return config.values_for(command) if config else {}
+
+
+def command_setting(command: str, key: str, default: Any = None) -> Any:
+    """A command-only key (config_file.COMMAND_RULES, e.g. run's `order`) from the
+    command's table, else `default`. The caller gives its flag precedence:
+
+        order = order_flag if order_flag is not None else command_setting("run", "order", "input")
+
+    Raises ConfigFileError for a bad file; call it inside `cli_errors()`.
+    """
+    if key not in COMMAND_RULES.get(command, {}):
+        # A programming error, not a user one: the key must be declared to be checked.
+        raise KeyError(f"{command!r} has no config key {key!r}; declare it in config_file.COMMAND_RULES")
+    config = current_config()
+    setting = config.command_value(command, key) if config else None
+    return default if setting is None else setting.value
+
+
+def command_setting_source(command: str, key: str) -> str | None:
+    """"file:line" where a command-only key is set, or None."""
+    config = current_config()
+    setting = config.command_value(command, key) if config else None
+    return setting.where(config.path) if setting and config else None
