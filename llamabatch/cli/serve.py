@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from enum import Enum
-from typing import Annotated
 
 import typer
 
@@ -21,30 +20,39 @@ class OnEof(str, Enum):
 @app.command("serve-stdin")
 @with_shared_options
 def serve_stdin(
-    max_queue: Annotated[int, typer.Option("--max-queue", min=0, help="Most requests waiting for a slot; "
-                                           "one more gets an error event with code queue_full. 0 = no limit.")] = 0,
-    on_eof: Annotated[OnEof, typer.Option("--on-eof", help="At end of input: drain = finish what is in flight, "
-                                          "cancel = cancel it.")] = OnEof.drain,
+    # Default-value style, not Annotated: with_shared_options hands Typer a signature whose
+    # annotations are still strings (from __future__ import annotations), and Typer would not
+    # see an Option inside a string annotation.
+    max_queue: int = typer.Option(0, "--max-queue", min=0, help="Most requests waiting for a slot; one more gets "
+                                  "an error event with code queue_full at once. 0 = no limit."),
+    on_eof: OnEof = typer.Option(OnEof.drain, "--on-eof", help="At end of input: drain = finish what is in "
+                                 "flight, then exit; cancel = cancel it, then exit."),
     *,
     opts: SharedOptions,
 ) -> None:
-    """Read JSON-line requests from stdin as they arrive, run them concurrently, write JSON-line events.
+    """Serve requests from stdin as a JSON-lines co-process: requests in, events out, one per line.
 
-    Request: {"id": "a1", "prompt": "..."} or {"id": "a1", "messages": [...]}, plus any sampling
-    field and "stream": true for token events. Control: {"op": "cancel", "id": "a1"}, {"op": "stats"}.
-    Events: ready, token, done, error, stats; one JSON object per line, flushed per line.
+    Requests join the running batch as they arrive: {"id": "a1", "prompt": "..."} or {"id": "a1", "messages": [...]}
+
+    A request may set any sampling field, and "stream": true for token events.
+
+    Control lines: {"op": "cancel", "id": "a1"} and {"op": "stats"}.
+
+    Events: ready (model loaded), token, done, error, stats. Every request ends with exactly one done or error.
     """
     from .serve_loop import serve
 
     resolved = resolve_options(opts)
     with cli_errors():
-        config = resolved.engine.replace(max_queue=max_queue).validate()
-        resolved.engine = config
+        resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
         # The protocol owns stdout. Keep a private copy of it for events and point fd 1 at
         # stderr, so nothing else (a stray print, a C library's printf) can corrupt the stream.
         events_fd = os.dup(1)
         os.dup2(2, 1)
         engine = open_engine(resolved)
-        code = serve(engine, 0, events_fd, on_eof.value)
-        os.close(events_fd)
+        try:
+            code = serve(engine, 0, events_fd, on_eof.value)
+        finally:
+            engine.close()  # serve closes it too; this covers a failure inside serve
+            os.close(events_fd)
     raise typer.Exit(code)
