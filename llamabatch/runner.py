@@ -162,8 +162,14 @@ class LlamaRunner:
     # -- samplers ----------------------------------------------------------------------
 
     def build_sampler(self, params: SamplingParams, seed: int) -> _Sampler:
-        chain = self._chain(params, seed, block_eog=params.ignore_eos)
-        no_eog = self._chain(params, seed, block_eog=True) if params.min_tokens > 0 and not params.ignore_eos else None
+        # A grammar decides where output ends: once it is complete it allows only EOG, and
+        # banning EOG there (ignore_eos, min_tokens) leaves no valid token at all, which makes
+        # llama.cpp's grammar throw and abort the whole process. So constrained requests
+        # never ban EOG; an EOG they sample ends them with "stop".
+        constrained = bool(params.grammar) or params.json_schema is not None
+        chain = self._chain(params, seed, block_eog=params.ignore_eos and not constrained)
+        no_eog = (self._chain(params, seed, block_eog=True)
+                  if params.min_tokens > 0 and not params.ignore_eos and not constrained else None)
         return _Sampler(chain, no_eog, seed)
 
     def _chain(self, p: SamplingParams, seed: int, block_eog: bool) -> Any:
@@ -194,7 +200,11 @@ class LlamaRunner:
                 arr = (C.llama_logit_bias * len(bias))(*[C.llama_logit_bias(t, b) for t, b in bias.items()])
                 add(C.llama_sampler_init_logit_bias(self.n_vocab, len(bias), arr))
             if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
-                add(C.llama_sampler_init_penalties(p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+                # this llama.cpp takes n_vocab first; -1 means the whole slot (llama.cpp itself
+                # would read -1 as 0, i.e. penalties off)
+                last_n = p.penalty_last_n if p.penalty_last_n >= 0 else self.slot_ctx
+                add(C.llama_sampler_init_penalties(self.n_vocab, last_n, p.repeat_penalty, p.frequency_penalty,
+                                                   p.presence_penalty))
             if p.dry_multiplier > 0:
                 breakers = [b.encode() for b in p.dry_sequence_breakers]
                 arr = (ctypes.c_char_p * len(breakers))(*breakers)
@@ -276,21 +286,19 @@ class LlamaRunner:
             return result
         for slot, row, suppress_eog in rows:
             sampler = self._slot_samplers[slot]
-            tok = C.llama_sampler_sample(sampler.chain, self.ctx, row)
-            if suppress_eog and sampler.no_eog_chain and tok in self._eog_set:
+            if suppress_eog and sampler.no_eog_chain:
+                # min_tokens not reached: the twin that cannot pick EOG samples every token of
+                # this phase (so its own history is whole), and the main chain is told each
+                # token so its penalties and mirostat state stay in step for later.
                 tok = C.llama_sampler_sample(sampler.no_eog_chain, self.ctx, row)
+                C.llama_sampler_accept(sampler.chain, tok)
+            else:
+                tok = C.llama_sampler_sample(sampler.chain, self.ctx, row)
             result.sampled[slot] = tok
             if logprobs and slot in logprobs:
                 result.logprobs[slot] = self._logprobs(row, tok, logprobs[slot])
         result.sample_ms = (time.perf_counter() - t1) * 1000
         return result
-
-    @property
-    def _eog_set(self) -> set[int]:
-        s = getattr(self, "_eog_set_cache", None)
-        if s is None:
-            s = self._eog_set_cache = set(self._eog_ids)
-        return s
 
     def _logprobs(self, row: int, chosen: int, top_n: int) -> dict[str, Any]:
         import numpy as np  # only for requests that asked for logprobs
@@ -326,3 +334,43 @@ def _last_error() -> str:
 
 def random_seed() -> int:
     return random.SystemRandom().randrange(0, 2**32 - 1)
+
+
+def sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
+                        n_batch: int, n_gpu_layers: int, params: SamplingParams,
+                        on_request: Any = None) -> list[dict[str, Any]]:
+    """`llamabatch bench --baseline`: llama-cpp-python's high-level Llama.create_completion
+    over the same prompt token ids, one request at a time, with the same sampling settings.
+
+    Returns one record per prompt: seconds (wall time of the call), prompt_tokens,
+    completion_tokens, finish_reason. Model load is not timed.
+    """
+    _init_backend()  # keeps llama.cpp's log lines off stderr, as for the engine
+    seed = params.seed if params.seed is not None else random_seed()
+    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                          n_threads_batch=threads, n_gpu_layers=-1 if n_gpu_layers == -1 else n_gpu_layers,
+                          seed=seed, verbose=False)
+    records = []
+    try:
+        # Untimed warm-up, as the engine gets one: the first decode pages in the weights. Its
+        # token starts no prompt, so it leaves no reusable prefix behind.
+        firsts = {p[0] for p in prompts if p}
+        warm = next((t for p in prompts for t in p if t not in firsts), None)
+        if warm is not None:
+            llm.create_completion([warm], max_tokens=1, temperature=params.temperature, seed=seed)
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            out = llm.create_completion(list(prompt), max_tokens=max_tokens, temperature=params.temperature,
+                                        top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+                                        typical_p=params.typical_p, repeat_penalty=params.repeat_penalty,
+                                        seed=seed)
+            seconds = time.perf_counter() - t0
+            usage = out["usage"]
+            records.append({"seconds": seconds, "prompt_tokens": usage["prompt_tokens"],
+                            "completion_tokens": usage["completion_tokens"],
+                            "finish_reason": out["choices"][0]["finish_reason"]})
+            if on_request is not None:
+                on_request(usage["completion_tokens"])
+    finally:
+        llm.close()
+    return records

@@ -131,8 +131,10 @@ class Scheduler:
             seq.status = Status.GENERATING
         detok = self._detok[seq.request_id]
         event = SeqEvent(seq)
-        if self.is_eog(token) and not seq.params.ignore_eos:
-            # the end-of-generation token is not part of the answer
+        if self.is_eog(token):
+            # The end-of-generation token is not part of the answer. ignore_eos is enforced
+            # by the runner's sampler (EOG banned); an EOG that still comes out means the
+            # request's grammar allows nothing else, so the request is done.
             event.text = detok.finish()
             self.finish(seq, "stop")
             event.finished = True
