@@ -262,11 +262,13 @@ def test_eog_ends_with_stop_and_is_not_part_of_the_answer():
     assert all(s.seq is None for s in sched.slots)
 
 
-def test_ignore_eos_keeps_an_eog_token_as_output():
+def test_an_eog_that_comes_out_despite_ignore_eos_still_ends_the_request():
+    # The runner bans EOG for ignore_eos; one sampled anyway means a grammar allowed
+    # nothing else, so feeding it back and carrying on would only repeat EOG.
     sched = make_scheduler()
-    seq = make_seq("hi", GREEDY.replace(ignore_eos=True, max_tokens=3))
+    seq = make_seq("hi", GREEDY.replace(ignore_eos=True, max_tokens=5))
     generate(sched, seq, [ord("a"), EOG, ord("b"), ord("c")])
-    assert seq.finish_reason == "length" and seq.output == [ord("a"), EOG, ord("b")]
+    assert seq.finish_reason == "stop" and seq.output == [ord("a")] and seq.text == "a"
 
 
 def test_stop_string_split_across_tokens_is_found_and_never_leaks():
