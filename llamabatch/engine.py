@@ -5,6 +5,7 @@ exactly one Result (finish_reason stop, length, cancelled, error or timeout).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -254,6 +255,14 @@ class Engine:
                     else:
                         time.sleep(0.01)
         return [h.result() for h in handles]
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Keep the engine thread from picking up new requests until the block ends, so every
+        request submitted inside it is admitted in the same tick (a benchmark starts B
+        sequences together this way). Only submit inside: waiting for a result would deadlock."""
+        with self._cond:  # the loop takes the inbox under this lock
+            yield
 
     def stats(self) -> EngineStats:
         states = [s.state for s in self.scheduler.slots]

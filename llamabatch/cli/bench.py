@@ -1,16 +1,198 @@
-"""`llamabatch bench`."""
+"""`llamabatch bench`: throughput tables, request latency and tick telemetry at several
+concurrency levels, optionally against llama-cpp-python called one request at a time."""
 from __future__ import annotations
 
-from .app import app
-from .common import EXIT_USAGE, say
-from .options import SharedOptions, with_shared_options
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from typing import Annotated, Any, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import __version__
+from .. import benchkit
+from ..errors import InvalidRequest
+from .app import app
+from .bench_tables import (baseline_table, batched_table, latency_table, throughput_table, tick_summary_line,
+                           ticks_table)
+from .common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options, say
+from .options import SharedOptions, with_shared_options
 
 
 @app.command("bench")
 @with_shared_options
-def bench_command(opts: SharedOptions) -> None:
-    """Not yet available."""
-    say("llamabatch bench: not yet available")
-    raise typer.Exit(EXIT_USAGE)
+def bench_command(
+    parallel: Annotated[str, typer.Option("--parallel", metavar="LIST",
+                                          help="Concurrency levels B, comma-separated; each level gets its own engine with n_parallel = B.")] = "1,2,4,8,16",
+    pp: Annotated[int, typer.Option("--pp", metavar="N", help="Prompt tokens per synthetic request.")] = 32,
+    tg: Annotated[int, typer.Option("--tg", metavar="N", help="Tokens generated per request (ignore_eos: exactly N).")] = 64,
+    requests: Annotated[Optional[int], typer.Option("--requests", metavar="N", show_default=False,
+                                                    help="Requests per level (default: B, all submitted at once, as llama-batched-bench runs B sequences).")] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", metavar="FILE", show_default=False,
+                                                   help="Real prompts instead of synthetic ones: one per line, reused from the top when a level needs more.")] = None,
+    baseline: Annotated[bool, typer.Option("--baseline", help="Also run llama-cpp-python's Llama.create_completion over the same prompts one at a time, and show each level's speedup.")] = False,
+    json_file: Annotated[Optional[str], typer.Option("--json", metavar="FILE", show_default=False,
+                                                     help="Write every figure (levels, latency, ticks, baseline, machine, model, versions) as JSON.")] = None,
+    ticks: Annotated[int, typer.Option("--ticks", metavar="N", help="Show only the last N ticks of each level (0 = all).")] = 0,
+    opts: SharedOptions = None,  # type: ignore[assignment]
+) -> None:
+    """Measure throughput, request latency and tick telemetry at several concurrency levels.
+
+    For each level B a fresh engine with n_parallel = B loads the model, runs one 1-token warm-up request, then receives all of the level's requests at once. Synthetic prompts are exactly --pp tokens, distinct per request so the prefix cache saves nothing; every request generates exactly --tg tokens. Tables go to stdout, progress to stderr.
+
+    1. llama-batched-bench's columns. One tick may carry prefill and decode tokens together, so each tick's wall time is split by its tokens: T_PP = sum of wall x prefill/batch tokens, T_TG = sum of wall x decode/batch tokens, T = T_PP + T_TG. S_PP and S_TG are tokens evaluated per second of that time, N_KV = prompt + generated tokens, S = N_KV / T.
+
+    2. vLLM's latency names, mean, median and p99 in ms: TTFT, TPOT, ITL (gaps between tokens as they reached the caller), E2EL; then request, output and total token throughput.
+
+    3. Every tick of each level (or the last --ticks N) with its means: batch fill, the share of ticks mixing prefill with decode, and the Python overhead share of tick time.
+
+    --baseline adds llama-cpp-python's Llama.create_completion over the same prompts, one at a time, and a Speedup column: the level's tokens per second of wall clock over the baseline's. Sampling options apply to both; --parallel and --tg replace --n-parallel and --max-tokens.
+    """
+    levels, prompt_lines = _check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks)
+    resolved = resolve_options(opts)
+    if opts["n_parallel"] is not None:
+        say("llamabatch: note: --n-parallel is ignored; bench sets n_parallel per level from --parallel")
+    if opts["max_tokens"] is not None:
+        say("llamabatch: note: --max-tokens is ignored; bench generates --tg tokens per request")
+    with cli_errors():
+        configs = [resolved.engine.replace(n_parallel=b, max_queue=0).validate() for b in levels]
+        params = resolved.sampling.replace(max_tokens=tg, ignore_eos=True).validate()
+    counts = [requests or b for b in levels]
+    smallest_slot = min(c.slot_ctx for c in configs)
+    if prompt_lines is None and pp + tg > smallest_slot:
+        raise fail(f"--pp {pp} + --tg {tg} = {pp + tg} tokens does not fit a slot of {smallest_slot} "
+                   f"(n_ctx / n_parallel); lower them or raise --n-ctx", EXIT_USAGE)
+
+    progress = _progress(sum(counts) * tg + (max(counts) * tg if baseline else 0))
+    figures: list[dict[str, Any]] = []
+    model: dict[str, Any] = {}
+    all_prompts: list[list[int]] = []
+    with cli_errors(), progress:
+        task = progress.add_task("bench", total=sum(counts) * tg + (max(counts) * tg if baseline else 0))
+        advance = lambda n: progress.advance(task, n)  # noqa: E731  (called on the engine thread)
+        for b, config, count in zip(levels, configs, counts):
+            progress.update(task, description=f"B={b}")
+            engine = open_engine(dataclasses.replace(resolved, engine=config))
+            try:
+                if not all_prompts:
+                    model = benchkit.model_info(engine)
+                    all_prompts = _build_prompts(engine, prompt_lines, max(counts), pp, tg, smallest_slot)
+                level_prompts = all_prompts[:count]
+                level_pp = pp if prompt_lines is None else sum(map(len, level_prompts)) / len(level_prompts)
+                run = benchkit.run_level(engine, level_prompts, params, on_token=advance)
+            finally:
+                engine.close()
+            figures.append(benchkit.level_figures(run, level_pp, tg))
+        base = None
+        if baseline:
+            progress.update(task, description="baseline")
+            first = configs[0]
+            base = benchkit.run_baseline(model["path"], all_prompts[:max(counts)], tg, threads=first.n_threads,
+                                         n_batch=first.n_batch, n_gpu_layers=first.n_gpu_layers,
+                                         params=resolved.sampling, on_request=advance)
+            for level in figures:
+                level.update(benchkit.speedup(level, base))
+
+    _print_tables(figures, base, ticks, configs[0].n_batch)
+    failed = [e for level in figures for e in level["errors"]]
+    for level in figures:
+        if level["errors"]:
+            say(f"llamabatch: warning: B={level['n_parallel']}: {len(level['errors'])} of "
+                f"{len(level['requests'])} requests failed, first: {level['errors'][0]}")
+    if json_file:
+        document = _document(figures, base, model, resolved, configs[0], levels, counts, pp, tg, requests, prompts)
+        try:
+            with open(json_file, "w", encoding="utf-8") as f:
+                json.dump(document, f, indent=2)
+                f.write("\n")
+        except OSError as exc:
+            raise fail(f"--json {json_file}: {exc.strerror or exc}", EXIT_ERROR) from None
+    if failed:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _check_own_options(parallel: str, pp: int, tg: int, requests: int | None, prompts: str | None,
+                       json_file: str | None, ticks: int) -> tuple[list[int], list[tuple[int, str]] | None]:
+    """Every bad value is one line and exit 2, before any model is loaded."""
+    try:
+        levels = benchkit.parse_levels(parallel)
+        prompt_lines = benchkit.read_prompt_file(prompts) if prompts is not None else None
+    except InvalidRequest as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    for name, value, least in (("--pp", pp, 1), ("--tg", tg, 1), ("--requests", requests, 1), ("--ticks", ticks, 0)):
+        if value is not None and value < least:
+            raise fail(f"{name} must be an integer >= {least}, got {value}", EXIT_USAGE)
+    if json_file is not None:
+        folder = os.path.dirname(os.path.abspath(json_file))
+        if os.path.isdir(json_file) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (
+                os.path.exists(json_file) and not os.access(json_file, os.W_OK)):
+            raise fail(f"--json {json_file}: cannot write there", EXIT_USAGE)
+    return levels, prompt_lines
+
+
+def _build_prompts(engine: Any, prompt_lines: list[tuple[int, str]] | None, count: int, pp: int, tg: int,
+                   slot_ctx: int) -> list[list[int]]:
+    """Token ids for `count` requests: synthetic, or the file's lines tokenized once (the same
+    ids go to every level and to the baseline)."""
+    if prompt_lines is None:
+        return benchkit.synthetic_prompts(engine.tokenize, count, pp)
+    tokenized = []
+    for line_no, text in prompt_lines:
+        ids = engine.tokenize(text)
+        if len(ids) + tg > slot_ctx:
+            raise fail(f"--prompts line {line_no}: {len(ids)} prompt tokens + --tg {tg} do not fit a slot of "
+                       f"{slot_ctx} (n_ctx / n_parallel)", EXIT_USAGE)
+        tokenized.append(ids)
+    return benchkit.cycle_prompts(tokenized, count)
+
+
+def _progress(total: int) -> Progress:
+    console = Console(stderr=True)
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                    TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
+
+
+def _print_tables(figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int) -> None:
+    out = Console() if sys.stdout.isatty() else Console(width=200)  # a pipe must not fold columns
+    out.print(batched_table(figures, with_speedup=base is not None))
+    out.print(latency_table(figures))
+    out.print(throughput_table(figures))
+    for level in figures:
+        out.print(ticks_table(level, last_ticks))
+        out.print(tick_summary_line(level, n_batch), soft_wrap=True, highlight=False)
+    if base is not None:
+        out.print(baseline_table(base))
+        if base["stopped_early"]:
+            out.print(f"{base['stopped_early']} baseline request(s) stopped at end-of-generation before --tg "
+                      "(llama-cpp-python has no ignore_eos); the speedup compares throughputs",
+                      soft_wrap=True, highlight=False)
+
+
+def _document(figures: list[dict[str, Any]], base: dict[str, Any] | None, model: dict[str, Any], resolved: Any,
+              config: Any, levels: list[int], counts: list[int], pp: int, tg: int, requests: int | None,
+              prompts: str | None) -> dict[str, Any]:
+    s = resolved.sampling
+    return {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "llamabatch_version": __version__,
+        "llama_cpp_python_version": benchkit.package_version("llama-cpp-python"),
+        "machine": benchkit.machine_info(),
+        "model": model,
+        "threads": config.n_threads,
+        "settings": {
+            "parallel": levels, "pp": pp if prompts is None else None, "tg": tg, "requests": requests,
+            "requests_per_level": counts, "prompts_file": prompts, "policy": config.policy,
+            "n_batch": config.n_batch, "chunk_size": config.chunk_size, "cache_prompt": config.cache_prompt,
+            "n_ctx": config.n_ctx, "n_gpu_layers": config.n_gpu_layers, "threads": config.n_threads,
+            "sampling": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+                         "repeat_penalty": s.repeat_penalty, "seed": s.seed, "ignore_eos": True},
+            "warm_up": benchkit.WARM_UP_NOTE,
+            "t_pp_t_tg": "each tick's wall time split by its prefill and decode token counts",
+        },
+        "levels": figures,
+        "baseline": base,
+    }

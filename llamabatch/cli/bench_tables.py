@@ -1,0 +1,95 @@
+"""Rich tables for `llamabatch bench`: turn benchkit's figures into what people read."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rich.table import Table
+
+BATCHED_COLUMNS = ("PP", "TG", "B", "N_KV", "T_PP s", "S_PP t/s", "T_TG s", "S_TG t/s", "T s", "S t/s")
+LATENCY_COLUMNS = ("B", "Metric", "Mean ms", "Median ms", "P99 ms")
+THROUGHPUT_COLUMNS = ("B", "Requests", "Failed", "Duration s", "Request/s", "Output tok/s", "Total tok/s")
+TICK_COLUMNS = ("Tick", "Batch", "Decode", "Prefill", "Active", "Queue", "Eval ms", "Sample ms", "Overhead ms")
+BASELINE_COLUMNS = ("Requests", "Prompt tokens", "Generated", "Time s", "Request/s", "Output tok/s", "Total tok/s")
+SPEEDUP_COLUMN = "Speedup"
+
+
+def _table(title: str, columns: Sequence[str], first_left: int = 0) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i < first_left else "right", no_wrap=True)
+    return table
+
+
+def _pp(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.1f}"
+
+
+def batched_table(levels: Sequence[dict[str, Any]], with_speedup: bool) -> Table:
+    columns = BATCHED_COLUMNS + ((SPEEDUP_COLUMN,) if with_speedup else ())
+    table = _table("Throughput (llama-batched-bench columns)", columns)
+    for level in levels:
+        b = level["batched"]
+        row = [_pp(b["pp"]), str(b["tg"]), str(b["pl"]), str(b["n_kv"]),
+               f"{b['t_pp']:.3f}", f"{b['speed_pp']:.2f}", f"{b['t_tg']:.3f}", f"{b['speed_tg']:.2f}",
+               f"{b['t']:.3f}", f"{b['speed']:.2f}"]
+        if with_speedup:
+            row.append(f"{level['speedup']:.2f}x")
+        table.add_row(*row)
+    return table
+
+
+def latency_table(levels: Sequence[dict[str, Any]]) -> Table:
+    table = _table("Request latency (vLLM names)", LATENCY_COLUMNS, first_left=2)
+    for n, level in enumerate(levels):
+        lat = level["latency"]
+        for i, (metric, key) in enumerate((("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("E2EL", "e2el"))):
+            table.add_row(str(level["n_parallel"]) if i == 0 else "", metric,
+                          f"{lat[f'mean_{key}_ms']:.2f}", f"{lat[f'median_{key}_ms']:.2f}",
+                          f"{lat[f'p99_{key}_ms']:.2f}", end_section=(i == 3 and n < len(levels) - 1))
+    return table
+
+
+def throughput_table(levels: Sequence[dict[str, Any]]) -> Table:
+    table = _table("Request throughput", THROUGHPUT_COLUMNS)
+    for level in levels:
+        lat = level["latency"]
+        table.add_row(str(level["n_parallel"]), str(lat["completed"] + lat["failed"]), str(lat["failed"]),
+                      f"{lat['duration']:.3f}", f"{lat['request_throughput']:.2f}",
+                      f"{lat['output_throughput']:.2f}", f"{lat['total_token_throughput']:.2f}")
+    return table
+
+
+def ticks_table(level: dict[str, Any], last: int) -> Table:
+    """The level's ticks (the last `last` of them when last > 0) and a row of means over all."""
+    ticks = level["ticks"]
+    shown = ticks[-last:] if last > 0 else ticks
+    what = f"last {len(shown)} of {len(ticks)}" if len(shown) < len(ticks) else f"all {len(ticks)}"
+    table = _table(f"Ticks, B={level['n_parallel']} ({what})", TICK_COLUMNS)
+    for t in shown:
+        table.add_row(str(t["tick"]), str(t["batch_size"]), str(t["decode_tokens"]), str(t["prefill_tokens"]),
+                      str(t["active_slots"]), str(t["queue_depth"]), f"{t['eval_ms']:.2f}",
+                      f"{t['sample_ms']:.2f}", f"{t['overhead_ms']:.2f}",
+                      end_section=t is shown[-1])
+    s = level["tick_summary"]
+    table.add_row(f"mean of {s['ticks']}", f"{s['mean_batch_size']:.1f}", f"{s['mean_decode_tokens']:.1f}",
+                  f"{s['mean_prefill_tokens']:.1f}", f"{s['mean_active_slots']:.1f}",
+                  f"{s['mean_queue_depth']:.1f}", f"{s['mean_eval_ms']:.2f}", f"{s['mean_sample_ms']:.2f}",
+                  f"{s['mean_overhead_ms']:.2f}", style="bold")
+    return table
+
+
+def tick_summary_line(level: dict[str, Any], n_batch: int) -> str:
+    s = level["tick_summary"]
+    return (f"B={level['n_parallel']}: mean batch fill {s['slot_fill']:.0%} of {level['n_parallel']} slots, "
+            f"{s['token_fill']:.1%} of n_batch {n_batch} tokens; "
+            f"{s['mixed_share']:.0%} of ticks mixed prefill with decode; "
+            f"Python overhead {s['overhead_share']:.1%} of tick time")
+
+
+def baseline_table(baseline: dict[str, Any]) -> Table:
+    table = _table("Sequential baseline (llama-cpp-python Llama.create_completion, one request at a time)",
+                   BASELINE_COLUMNS)
+    table.add_row(str(baseline["requests"]), str(baseline["prompt_tokens"]), str(baseline["generated_tokens"]),
+                  f"{baseline['seconds']:.3f}", f"{baseline['request_throughput']:.2f}",
+                  f"{baseline['output_throughput']:.2f}", f"{baseline['total_token_throughput']:.2f}")
+    return table
