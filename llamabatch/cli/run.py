@@ -1,16 +1,186 @@
-"""`llamabatch run`."""
+"""`llamabatch run INPUT [-o OUTPUT]`: every line of a prompts file through the engine.
+
+This module is the command line around the pieces: line shapes in llamabatch/formats.py,
+files in run_io.py, the reader/callback loop in run_batch.py, the writer in
+run_writer.py, progress in progress.py.
+"""
 from __future__ import annotations
 
-from .app import app
-from .common import EXIT_USAGE, say
-from .options import SharedOptions, with_shared_options
+import shlex
+import sys
+import threading
+from enum import Enum
+from typing import Optional
 
 import typer
+
+from ..formats import LineParser
+from .app import app
+from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options
+from .options import SharedOptions, with_shared_options
+from .progress import Reporter, format_duration, make_reporter
+from .run_batch import BatchRun, Interrupts, wait_for
+from .run_io import LineCounter, RunFileError, Sink, Source, open_input, open_output, read_back
+from .run_writer import RecordWriter
+
+# Finished lines that may wait behind a slow one in --order input, per --max-inflight.
+REORDER_WINDOW_FACTOR = 8
+
+
+class Order(str, Enum):
+    input = "input"
+    completion = "completion"
+
+
+class InputFormat(str, Enum):
+    auto = "auto"
+    text = "text"
+    jsonl = "jsonl"
 
 
 @app.command("run")
 @with_shared_options
-def run_command(opts: SharedOptions) -> None:
-    """Not yet available."""
-    say("llamabatch run: not yet available")
-    raise typer.Exit(EXIT_USAGE)
+def run_command(
+    # Default-value style, not Annotated: with_shared_options hands Typer a signature whose
+    # annotations are still strings (from __future__ import annotations).
+    input_path: str = typer.Argument(..., metavar="INPUT", show_default=False,
+                                     help="Prompts file (.jsonl, .txt), or - for stdin."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", show_default=False,
+                                         help="Results file, one JSON line per input line \\[default: stdout]."),
+    input_format: InputFormat = typer.Option(InputFormat.auto, "--input-format",
+                                             help="auto: per line, { or [ starts JSON, anything else is a text "
+                                                  "prompt (.txt files: all text); text: every line is a prompt; "
+                                                  "jsonl: every line is JSON."),
+    system: Optional[str] = typer.Option(None, "--system", show_default=False,
+                                         help="System prompt for lines without one (text and prompt lines then "
+                                              "run as chat)."),
+    order: Order = typer.Option(Order.input, "--order",
+                                help="input: records in input order; completion: each as soon as it finishes."),
+    max_inflight: Optional[int] = typer.Option(None, "--max-inflight", min=1, show_default=False,
+                                               help="Most lines parsed ahead of the engine \\[default: 4 x n-parallel]."),
+    resume: bool = typer.Option(False, "--resume",
+                                help="Keep OUTPUT, skip the ids it already answers, append the rest."),
+    echo: bool = typer.Option(False, "--echo", help="Copy each line's prompt and extra fields into its record "
+                                                    "under \"input\" (plain shape)."),
+    fail_on_error: bool = typer.Option(False, "--fail-on-error", help="Exit 1 if any line failed."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary on stderr."),
+    progress_every: float = typer.Option(10.0, "--progress-every", min=0.0,
+                                         help="Seconds between progress lines when stderr is not a terminal."),
+    *,
+    opts: SharedOptions,
+) -> None:
+    """Run every prompt in INPUT concurrently and write one JSON line per input line.
+
+    Lines: a text prompt, {"prompt": ...}, {"messages": [...]}, or an OpenAI Batch request
+    {"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body"}.
+    JSON lines may set "id" and any sampling field (max_tokens, temperature, stop, seed, ...);
+    flags set the defaults they override.
+
+    Records: OpenAI Batch lines get the OpenAI Batch output shape; others get {"id", "text",
+    "finish_reason", "usage", "timings", "seed", "error"}. A bad line gets an error record and
+    the run goes on.
+
+    Crash-safe: each record is flushed when written. After an interruption or a crash, run
+    the same command with --resume to finish the rest.
+    """
+    resolved = resolve_options(opts)
+    if resume and output in (None, "-"):
+        raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
+    fmt = input_format.value
+    if fmt == "auto" and input_path.lower().endswith(".txt"):
+        fmt = "text"
+    parser = LineParser(resolved.sampling, input_format=fmt, system=system, echo=echo)
+    inflight = max_inflight or 4 * resolved.engine.n_parallel
+
+    # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
+    try:
+        source = open_input(input_path)
+        sink = open_output(output, input_path)
+    except RunFileError as exc:
+        raise fail(str(exc), EXIT_ERROR) from None
+    answered = None
+    if resume:
+        try:
+            answered, torn = read_back(sink)
+        except RunFileError as exc:
+            sink.discard()
+            raise fail(str(exc), EXIT_ERROR) from None
+    try:
+        engine = open_engine(resolved)
+    except BaseException:
+        sink.discard()
+        raise
+    reporter = make_reporter(quiet, progress_every)
+    if resume:
+        reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {output}"
+                      + (f"; cut off a torn last line ({torn} bytes)" if torn else ""))
+    with cli_errors():
+        try:
+            if not resume:
+                sink.start_fresh()
+            code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
+                        fail_on_error, input_path, output)
+        finally:
+            engine.close()
+            source.close()
+    raise typer.Exit(code)
+
+
+def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
+         answered, fail_on_error: bool, input_path: str, output: str | None) -> int:
+    reporter.note(f"llamabatch run: {engine.model_name}, {engine.config.n_parallel} slots x {engine.slot_ctx} "
+                  f"tokens, {input_path} -> {output or 'stdout'}")
+    window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
+    writer = RecordWriter(sink, engine.model_name, order, window)
+    run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=answered)
+    counter = LineCounter(source.name) if source.is_file else None
+    interrupts = Interrupts()
+    try:
+        with interrupts.installed():
+            run.start()
+            wait_for(run, reporter, interrupts, counter)
+    finally:
+        reporter.close()
+        writer.close()
+        sink.close()
+    _summary(reporter, run, writer)
+    if writer.error is not None:
+        reporter.say(f"llamabatch: error: {writer.error}")
+        return EXIT_ERROR
+    if run.read_error is not None:
+        reporter.say(f"llamabatch: error: {run.read_error}")
+        reporter.say(_resume_hint(writer.stats.written, input_path, output))
+        return EXIT_ERROR
+    if run.stopping:
+        reporter.say(_resume_hint(writer.stats.written, input_path, output))
+        return EXIT_INTERRUPTED
+    if fail_on_error and writer.stats.failed:
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
+    s = writer.stats
+    wall = run.elapsed()
+    line = f"llamabatch run: {s.written} line(s) in {format_duration(wall)}: {s.ok} ok, {s.failed} failed"
+    if run.skipped:
+        line += f"; {run.skipped} already in OUTPUT"
+    if writer.skipped:
+        line += f"; {writer.skipped} cancelled (not written)"
+    reporter.note(line)
+    share = f"{100 * s.cached_tokens / s.prompt_tokens:.0f}%" if s.prompt_tokens else "0%"
+    reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}), "
+                  f"generated {s.completion_tokens}, {wall:.1f}s wall, "
+                  f"{s.completion_tokens / wall if wall > 0 else 0:.1f} generated tok/s")
+
+
+def _resume_hint(written: int, input_path: str, output: str | None) -> str:
+    if output in (None, "-"):
+        return (f"llamabatch run: stopped early; {written} record(s) went to stdout. To finish the rest, "
+                f"run again with -o FILE (the file stdout went to) and --resume")
+    args = sys.argv[1:]
+    if "run" in args:  # the command as typed, with every option kept
+        command = shlex.join(["llamabatch", *args] + ([] if "--resume" in args else ["--resume"]))
+    else:
+        command = shlex.join(["llamabatch", "run", input_path, "-o", output, "--resume"])
+    return f"llamabatch run: stopped early; {written} record(s) written to {output} this run. Resume with:\n  {command}"

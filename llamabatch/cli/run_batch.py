@@ -1,0 +1,227 @@
+"""The batch loop of `llamabatch run`.
+
+Three threads, one job each:
+  - the reader (here) parses INPUT line by line and admits lines: at most `max_inflight`
+    requests in the engine, and at most `window` admitted lines not yet written, so
+    memory stays constant however long INPUT is;
+  - the engine thread runs requests and calls back with each Result;
+  - the writer (run_writer.py) writes records.
+The main thread waits, shows progress and handles Ctrl-C: the first stops admitting and
+lets in-flight lines finish, the second cancels them (their lines get no record, so
+--resume runs them again).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import signal
+import threading
+import time
+from typing import Any, Iterator
+
+from ..engine import Engine, RequestHandle
+from ..errors import LlamaBatchError
+from ..formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
+from ..results import Result
+from .progress import Reporter, Snapshot
+from .run_ids import Answered, IdSet
+from .run_io import LineCounter, Source
+from .run_writer import MAX_FAILURE_NOTES, RecordWriter
+
+log = logging.getLogger("llamabatch.cli.run")
+
+
+class BatchRun:
+    def __init__(self, engine: Engine, parser: LineParser, source: Source, writer: RecordWriter,
+                 window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None):
+        self.engine = engine
+        self.parser = parser
+        self.source = source
+        self.writer = writer
+        self.answered = answered
+        self.admitted = 0  # lines handed to the writer or the engine (seq numbers 0..admitted-1)
+        self.skipped = 0  # lines already answered in OUTPUT (--resume)
+        self.cancelled = False  # the second Ctrl-C came
+        self.read_error: str | None = None
+        self._stopping = False
+        self._window = window
+        self._inflight = threading.Semaphore(max_inflight)
+        self._seen = IdSet()
+        self._handles: dict[int, RequestHandle] = {}
+        self._lock = threading.RLock()  # admission vs stop/cancel; re-entered when submit fails early
+        self._reader_done = threading.Event()
+        self._started = time.monotonic()
+        self._reader = threading.Thread(target=self._read, name="llamabatch-reader", daemon=True)
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        self._reader.start()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def finished(self) -> bool:
+        # Once stopping, `admitted` can't grow (checked under the lock), so this is final
+        # even while the reader still blocks on a slow stdin.
+        return (self._reader_done.is_set() or self._stopping) and self.writer.handled >= self.admitted
+
+    def stop_admitting(self) -> int:
+        """Read no further; return how many lines are still in the engine."""
+        with self._lock:
+            self._stopping = True
+            return len(self._handles)
+
+    def cancel_inflight(self) -> int:
+        with self._lock:
+            self._stopping = True
+            self.cancelled = True
+            handles = list(self._handles.values())
+        for handle in handles:
+            handle.cancel()
+        return len(handles)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def snapshot(self, counter: LineCounter | None) -> Snapshot:
+        stats = self.engine.stats()
+        elapsed = max(self.elapsed(), 1e-6)
+        written = self.writer.stats.written
+        done = written + self.skipped
+        total = counter.total if counter is not None else None
+        eta = None
+        if total is not None and written:
+            eta = max(0, total - done) / (written / elapsed)
+        return Snapshot(done=done, total=total, failed=self.writer.stats.failed,
+                        tok_s=stats.generated_tokens / elapsed,
+                        active=stats.slots_prefilling + stats.slots_generating,
+                        n_parallel=stats.n_parallel, eta_s=eta)
+
+    # -- the reader thread -------------------------------------------------------------------
+
+    def _read(self) -> None:
+        try:
+            for line_no, raw in self.source.lines():
+                if self._stopping:
+                    break
+                item = self.parser.parse(raw, line_no)
+                if item is None:
+                    continue
+                first_use = self._seen.add(item.id)
+                if self.answered is not None and self.answered.covers(item.id, first_use):
+                    self.skipped += 1
+                    continue
+                if not first_use:
+                    item = duplicate_id_error(item)
+                if not self._admit(item):
+                    break
+        except OSError as exc:
+            self.read_error = f"cannot read INPUT {self.source.name}: {exc.strerror or exc}"
+        except Exception as exc:  # never leave the main thread waiting on a dead reader
+            log.exception("reader failed")
+            self.read_error = f"reading INPUT failed: {exc}"
+        finally:
+            self._reader_done.set()
+
+    def _acquire(self, sem: threading.Semaphore) -> bool:
+        while not sem.acquire(timeout=0.1):
+            if self._stopping:
+                return False
+        return True
+
+    def _admit(self, item: LineRequest | LineError) -> bool:
+        to_engine = isinstance(item, LineRequest)
+        if not self._acquire(self._window):
+            return False
+        if to_engine and not self._acquire(self._inflight):
+            self._window.release()
+            return False
+        with self._lock:
+            if self._stopping:
+                self._window.release()
+                if to_engine:
+                    self._inflight.release()
+                return False
+            seq = self.admitted
+            self.admitted += 1
+            if not to_engine:
+                self.writer.put(seq, item, item.result())
+                return True
+            try:
+                handle = self.engine.submit(item.prompt, item.params, stream=False,
+                                            callback=functools.partial(self._on_event, seq, item))
+            except LlamaBatchError as exc:  # the engine refuses (closed): this line still gets its record
+                self._inflight.release()
+                self.writer.put(seq, item, error_result(exc.code, str(exc)))
+                return True
+            if not handle.done:  # a request that failed at submit has already called back
+                self._handles[seq] = handle
+        return True
+
+    # -- the engine thread -------------------------------------------------------------------
+
+    def _on_event(self, seq: int, item: LineRequest, handle: RequestHandle, event: Any) -> None:
+        if not isinstance(event, Result):
+            return  # a Delta: only whole results are written
+        with self._lock:
+            self._handles.pop(seq, None)
+        self._inflight.release()
+        if event.finish_reason == "cancelled":
+            self.writer.skip(seq)  # no answer: --resume runs this line again
+        else:
+            self.writer.put(seq, item, event)
+
+
+class Interrupts:
+    """Counts Ctrl-C presses; the main loop acts on them (a handler must not touch the display)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["Interrupts"]:
+        previous = signal.signal(signal.SIGINT, self._handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: LineCounter | None) -> None:
+    """The main thread's loop: progress, failure notes, Ctrl-C, until every admitted line is handled."""
+    acted_on = 0
+    notes = 0
+    while not run.finished:
+        if interrupts.count > acted_on:
+            acted_on += 1
+            if acted_on == 1:
+                n = run.stop_admitting()
+                reporter.say(f"llamabatch run: interrupted: reading no further; finishing {n} in-flight "
+                             "line(s) (Ctrl-C again cancels them)")
+            else:
+                n = run.cancel_inflight()
+                reporter.say(f"llamabatch run: cancelling {n} in-flight line(s)")
+        if run.writer.error is not None and not run.cancelled:
+            run.cancel_inflight()
+        notes = _failure_notes(run, reporter, notes)
+        reporter.update(run.snapshot(counter))
+        time.sleep(0.05)
+    _failure_notes(run, reporter, notes)
+    reporter.update(run.snapshot(counter))
+
+
+def _failure_notes(run: BatchRun, reporter: Reporter, notes: int) -> int:
+    while run.writer.failures:
+        line_no, line_id, code, message = run.writer.failures.popleft()
+        notes += 1
+        if notes <= MAX_FAILURE_NOTES:
+            reporter.note(f"llamabatch run: line {line_no} (id {line_id!r}) failed: {code}: {message}")
+        else:
+            reporter.note("llamabatch run: more lines failed; their records in OUTPUT say why")
+    return notes

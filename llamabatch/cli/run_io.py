@@ -1,0 +1,200 @@
+"""INPUT and OUTPUT of `llamabatch run`: opened and checked before the model loads, read
+back for --resume, and INPUT's lines counted in the background for the progress total.
+
+INPUT is read as bytes, line by line (a million-line file is never held in memory);
+each line is decoded on its own so one bad byte spoils one line, not the run.
+OUTPUT is opened for appending: nothing in it is destroyed before the model has loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import threading
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator
+
+from ..formats import record_error_code, record_id
+from .run_ids import Answered
+
+
+class RunFileError(Exception):
+    """INPUT or OUTPUT can't be used: one line for the user, exit 1."""
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+@dataclass
+class Source:
+    name: str  # the path, or "-" for stdin
+    stream: BinaryIO
+    is_file: bool  # a regular file: its lines can be counted ahead
+
+    def lines(self) -> Iterator[tuple[int, bytes]]:
+        """(1-based line number, raw line) pairs, read lazily."""
+        return enumerate(self.stream, start=1)
+
+    def close(self) -> None:
+        if self.name != "-":
+            self.stream.close()
+
+
+def open_input(path: str) -> Source:
+    if path == "-":
+        return Source("-", sys.stdin.buffer, False)
+    if os.path.isdir(path):
+        raise RunFileError(f"cannot read INPUT {path}: is a directory")
+    try:
+        stream = open(path, "rb")
+    except OSError as exc:
+        raise RunFileError(f"cannot read INPUT {path}: {_why(exc)}") from None
+    return Source(path, stream, stat.S_ISREG(os.fstat(stream.fileno()).st_mode))
+
+
+class Sink:
+    """OUTPUT: a file opened for appending, or stdout. One write + flush per record."""
+
+    def __init__(self, name: str, stream: BinaryIO, created: bool):
+        self.name = name  # the path, or "-" for stdout
+        self.stream = stream
+        self.created = created  # this run made the file (removed again if the model fails to load)
+        self.restore_fd: int | None = None  # stdout: the real fd 1, put back at close
+
+    @property
+    def is_stdout(self) -> bool:
+        return self.name == "-"
+
+    def write_line(self, data: bytes) -> None:
+        self.stream.write(data)
+        self.stream.flush()  # on disk (page cache) at once: a kill -9 loses at most this line
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self.stream.fileno())
+        except (OSError, ValueError):
+            pass  # a pipe or terminal: nothing to sync
+
+    def start_fresh(self) -> None:
+        """Empty the file (a run without --resume replaces OUTPUT)."""
+        if not self.is_stdout:
+            self.stream.truncate(0)
+
+    def close(self) -> None:
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+        self.sync()
+        if self.restore_fd is not None:  # stdout: give fd 1 back
+            sys.stdout.flush()
+            os.dup2(self.restore_fd, 1)
+            os.close(self.restore_fd)
+            self.restore_fd = None
+        if not self.is_stdout or self.stream is not sys.stdout.buffer:
+            try:
+                self.stream.close()
+            except OSError:
+                pass  # a broken pipe: what could be written was
+
+    def discard(self) -> None:
+        """Undo opening: the run never started (e.g. the model failed to load)."""
+        if self.is_stdout:
+            self.close()
+            return
+        self.stream.close()
+        if self.created:
+            try:
+                os.remove(self.name)
+            except OSError:
+                pass
+
+
+def open_output(path: str | None, input_path: str) -> Sink:
+    if path is None or path == "-":
+        return _stdout_sink()
+    if os.path.isdir(path):
+        raise RunFileError(f"cannot write OUTPUT {path}: is a directory")
+    if input_path != "-" and os.path.exists(path):
+        try:
+            same = os.path.samefile(path, input_path)
+        except OSError:
+            same = False
+        if same:
+            raise RunFileError(f"OUTPUT {path} is the INPUT file; write the results somewhere else")
+    created = not os.path.exists(path)
+    try:
+        stream = open(path, "a+b")  # checks we may write, destroys nothing
+    except OSError as exc:
+        raise RunFileError(f"cannot write OUTPUT {path}: {_why(exc)}") from None
+    return Sink(path, stream, created)
+
+
+def _stdout_sink() -> Sink:
+    """Records go to a private copy of fd 1, and fd 1 itself points at stderr while the run
+    lasts, so a stray print (or a C library's printf) can't corrupt the data stream."""
+    sys.stdout.flush()
+    try:
+        private = os.dup(1)
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no real fd 1 (an embedding host): write where sys.stdout writes
+        return Sink("-", sys.stdout.buffer, False)
+    sink = Sink("-", os.fdopen(private, "wb"), False)
+    sink.restore_fd = saved
+    return sink
+
+
+def read_back(sink: Sink) -> tuple[Answered, int]:
+    """Read OUTPUT for --resume: the ids it answers, and how many bytes of a torn last line
+    (a write cut short by a kill) were cut off so the next record starts on a fresh line."""
+    answered = Answered()
+    f = sink.stream
+    f.seek(0)
+    good_end = 0
+    line_no = 0
+    for raw in f:
+        line_no += 1
+        if not raw.endswith(b"\n"):
+            break  # the torn last line: every record is written whole with its "\n"
+        if raw.strip():
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise RunFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} is not valid JSON "
+                                   "(only its last line may be torn); fix or remove that line") from None
+            line_id = record_id(record)
+            if line_id is None:
+                raise RunFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} has no id or custom_id "
+                                   "(is it a llamabatch run output?)")
+            answered.add(line_id, record_error_code(record))
+        good_end += len(raw)
+    f.seek(0, os.SEEK_END)
+    torn = f.tell() - good_end
+    if torn:
+        f.truncate(good_end)
+        f.flush()
+        sink.sync()
+    return answered, torn
+
+
+class LineCounter:
+    """Counts INPUT's non-blank lines on a background thread (the progress bar's total)."""
+
+    def __init__(self, path: str):
+        self.total: int | None = None
+        self._path = path
+        threading.Thread(target=self._count, name="llamabatch-count", daemon=True).start()
+
+    def _count(self) -> None:
+        n = 0
+        try:
+            with open(self._path, "rb") as f:
+                for raw in f:
+                    if raw.strip():
+                        n += 1
+        except OSError:
+            return  # the total stays unknown; the run itself reports read errors
+        self.total = n

@@ -1,0 +1,149 @@
+"""The output side of `llamabatch run`: one thread that turns finished lines into records and
+writes them, in input order (a bounded reorder buffer) or as they finish.
+
+It has its own thread so the engine thread's callbacks never wait on the disk. Every
+record is written whole with its newline and flushed at once; fsync runs at most every
+`sync_every` seconds while records arrive, when the queue goes idle, and at close.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..formats import LineError, LineRequest, build_record, failed
+from ..results import Result
+from .run_io import Sink
+
+log = logging.getLogger("llamabatch.cli.run")
+
+ORDERS = ("input", "completion")
+_SKIP = object()  # a line that gets no record in this run (cancelled: --resume runs it again)
+_CLOSE = object()
+MAX_FAILURE_NOTES = 10
+
+
+@dataclass
+class WriterStats:
+    written: int = 0
+    ok: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class RecordWriter:
+    """Receives (seq, line, result) from any thread; `seq` numbers admitted lines 0, 1, 2, ...
+
+    `window` is released once per handled line: the reader acquires it before admitting
+    one, so in input order at most that many finished lines wait behind a slow one.
+    """
+
+    def __init__(self, sink: Sink, model: str, order: str, window: threading.Semaphore, sync_every: float = 2.0):
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        self.sink = sink
+        self.model = model
+        self.in_order = order == "input"
+        self.stats = WriterStats()
+        self.handled = 0  # lines written or skipped
+        self.skipped = 0  # lines that got no record (cancelled)
+        self.error: str | None = None  # set when OUTPUT can't be written: the run must stop
+        self.failures: collections.deque = collections.deque()  # (line_no, id, code, message) for notes
+        self._failure_notes = 0
+        self._window = window
+        self._sync_every = sync_every
+        self._queue: queue.Queue = queue.Queue()
+        self._pending: dict[int, Any] = {}  # the reorder buffer: seq -> (line, result) or _SKIP
+        self._next = 0
+        self._dirty = False
+        self._last_sync = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="llamabatch-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, seq: int, item: LineRequest | LineError, result: Result) -> None:
+        self._queue.put((seq, (item, result)))
+
+    def skip(self, seq: int) -> None:
+        self._queue.put((seq, _SKIP))
+
+    def close(self) -> None:
+        """Write what is queued, fsync, stop the thread."""
+        self._queue.put(_CLOSE)
+        self._thread.join()
+
+    # -- the writer thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                entry = self._queue.get(timeout=self._sync_every)
+            except queue.Empty:
+                self._sync()
+                continue
+            if entry is _CLOSE:
+                break
+            seq, payload = entry
+            if self.in_order:
+                self._pending[seq] = payload
+                while self._next in self._pending:
+                    self._handle(self._pending.pop(self._next))
+                    self._next += 1
+            else:
+                self._handle(payload)
+            if self._dirty and time.monotonic() - self._last_sync >= self._sync_every:
+                self._sync()
+        self._sync()
+
+    def _handle(self, payload: Any) -> None:
+        try:
+            if payload is _SKIP:
+                self.skipped += 1
+            else:
+                self._write(*payload)
+        finally:
+            self.handled += 1
+            self._window.release()
+
+    def _write(self, item: LineRequest | LineError, result: Result) -> None:
+        if self.error is not None:
+            return  # OUTPUT is gone: the run is stopping; nothing more can be saved
+        record = build_record(item, result, self.model)
+        try:
+            data = json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate in the text: escape it rather than lose the line
+            data = json.dumps(record).encode("ascii")
+        try:
+            self.sink.write_line(data + b"\n")
+        except OSError as exc:
+            self.error = f"cannot write OUTPUT {self.sink.name}: {exc.strerror or exc}"
+            return
+        except ValueError as exc:  # closed stream
+            self.error = f"cannot write OUTPUT {self.sink.name}: {exc}"
+            return
+        self._dirty = True
+        s = self.stats
+        s.written += 1
+        s.prompt_tokens += result.usage.prompt_tokens
+        s.cached_tokens += result.usage.cached_tokens
+        s.completion_tokens += result.usage.completion_tokens
+        if failed(result):
+            s.failed += 1
+            if self._failure_notes < MAX_FAILURE_NOTES + 1:  # one more to say "and more"
+                self._failure_notes += 1
+                self.failures.append((item.line_no, item.id, result.error_code or result.finish_reason,
+                                      result.error or f"finish_reason {result.finish_reason}"))
+        else:
+            s.ok += 1
+
+    def _sync(self) -> None:
+        if self._dirty:
+            self.sink.sync()
+            self._dirty = False
+        self._last_sync = time.monotonic()

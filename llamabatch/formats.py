@@ -1,0 +1,385 @@
+"""Batch-file line shapes for `llamabatch run`: parsing one input line, building one output record.
+
+Input lines (detected per line):
+  - text: one prompt per line (a `.txt` file, `--input-format text`, or an auto-detected
+    line that does not start with `{` or `[`),
+  - `{"prompt": ..., "id": ..., <sampling fields>}` and `{"messages": [...], "id": ...}`,
+  - OpenAI Batch API lines `{"custom_id", "method": "POST", "url", "body"}`.
+Output records: a plain shape (`id`, `text`, `finish_reason`, `usage`, `timings`, `seed`,
+`error`, optional `input`) and the OpenAI Batch output shape (see shared/formats.md).
+
+Pure functions and dataclasses: no I/O, no threads, no model, so every rule is unit-testable.
+A line that can't be run becomes a `LineError`, which is written as that line's error record.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Union
+
+from .errors import InvalidRequest
+from .params import FIELD_TYPES, SamplingParams
+from .results import Result, Timings, Usage
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+URLS = (CHAT_URL, COMPLETIONS_URL)
+INPUT_FORMATS = ("auto", "text", "jsonl")
+PLAIN, OPENAI = "plain", "openai"  # output shapes
+
+# Keys of a plain JSONL line that are neither sampling fields nor extra (echoed) data.
+PLAIN_KEYS = ("id", "prompt", "messages", "system")
+# OpenAI body fields accepted and ignored: the line runs on the loaded model whatever `model` says.
+IGNORED_BODY_FIELDS = ("model", "user", "metadata", "store", "service_tier", "stream_options",
+                       "parallel_tool_calls")
+# OpenAI body features not supported: fine when absent or off, an error when asked for.
+OFF_BODY_FIELDS = ("stream", "logprobs", "top_logprobs", "echo", "tools", "functions", "tool_choice",
+                   "function_call", "suffix")
+# Codes of errors caused by the line itself (HTTP 400 in the OpenAI shape); others are 500.
+CLIENT_ERROR_CODES = ("invalid_json", "unknown_shape", "invalid_url", "invalid_request", "duplicate_id",
+                      "context_overflow")
+
+LineId = Union[str, int]
+
+
+@dataclass
+class LineRequest:
+    """A line ready for `Engine.submit(prompt, params)`."""
+
+    line_no: int
+    id: LineId
+    prompt: Any  # text, token ids or chat messages: the engine checks the content
+    params: SamplingParams
+    shape: str = PLAIN  # the output shape its record takes
+    url: str | None = None  # the OpenAI endpoint, which picks the response object
+    echo: dict | None = None  # with --echo: copied into the plain record under "input"
+
+
+@dataclass
+class LineError:
+    """A line that gets an error record instead of being run."""
+
+    line_no: int
+    id: LineId
+    code: str
+    message: str
+    shape: str = PLAIN
+    url: str | None = None
+
+    def result(self) -> Result:
+        return error_result(self.code, self.message)
+
+
+class _Bad(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class LineParser:
+    """Turns input lines into LineRequest / LineError. `defaults` are the resolved sampling
+    settings (flags, env, config) that a line's own fields override; `system` is --system."""
+
+    def __init__(self, defaults: SamplingParams, *, input_format: str = "auto", system: str | None = None,
+                 echo: bool = False):
+        if input_format not in INPUT_FORMATS:
+            raise InvalidRequest(f"input format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+        self.defaults = defaults
+        self.input_format = input_format
+        self.system = system
+        self.echo = echo
+
+    def parse(self, raw: str | bytes, line_no: int) -> LineRequest | LineError | None:
+        """One input line (with or without its line ending) -> request, error, or None when blank."""
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return LineError(line_no, line_no, "invalid_json",
+                                 f"line {line_no} is not UTF-8: {exc.reason} at byte {exc.start}")
+        text = raw.rstrip("\r\n")
+        if line_no == 1:
+            text = text.lstrip("\ufeff")  # a BOM some editors write
+        if not text.strip():
+            return None
+        if self.input_format == "text" or (self.input_format == "auto" and text.lstrip()[:1] not in ("{", "[")):
+            return self._text(text, line_no)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return _malformed(text, line_no, f"line {line_no} is not valid JSON: {exc.msg} at column {exc.colno}")
+        if not isinstance(data, dict):
+            return LineError(line_no, line_no, "unknown_shape",
+                             f"line {line_no} is {_kind(data)}, not an object with prompt, messages or custom_id")
+        if any(k in data for k in ("custom_id", "url", "body", "method")):
+            return self._openai(data, line_no)
+        if "prompt" in data or "messages" in data:
+            return self._plain(data, line_no)
+        return LineError(line_no, _readable_id(data.get("id"), line_no), "unknown_shape",
+                         f"line {line_no} has neither 'prompt', 'messages' nor the OpenAI Batch "
+                         "'custom_id', 'url' and 'body'")
+
+    # -- shapes ---------------------------------------------------------------------------
+
+    def _text(self, text: str, line_no: int) -> LineRequest:
+        prompt = _as_chat(text, self.system) if self.system else text
+        return LineRequest(line_no, line_no, prompt, self.defaults, echo={"prompt": text} if self.echo else None)
+
+    def _plain(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
+        line_id = _readable_id(data.get("id"), line_no)
+        try:
+            if "id" in data:
+                _check_id(data["id"])
+            if "prompt" in data and "messages" in data:
+                raise _Bad("invalid_request", "a line takes 'prompt' or 'messages', not both")
+            system = data.get("system", self.system)
+            if system is not None and not isinstance(system, str):
+                raise _Bad("invalid_request", f"system must be a string, got {_kind(system)}")
+            if "prompt" in data:
+                prompt = _check_prompt(data["prompt"])
+                if system and isinstance(prompt, str):
+                    prompt = _as_chat(prompt, system)
+            else:
+                prompt = _with_system(_check_messages(data["messages"]), system)
+            params = _params({k: v for k, v in data.items() if k in FIELD_TYPES}, self.defaults)
+        except _Bad as bad:
+            return LineError(line_no, line_id, bad.code, bad.message)
+        echo = {k: v for k, v in data.items() if k != "id"} if self.echo else None
+        return LineRequest(line_no, line_id, prompt, params, echo=echo)
+
+    def _openai(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
+        custom_id = data.get("custom_id")
+        line_id: LineId = custom_id if isinstance(custom_id, str) and custom_id else str(line_no)
+        url = data.get("url")
+        try:
+            if line_id != custom_id:
+                raise _Bad("invalid_request", f"custom_id must be a non-empty string, got {_kind(custom_id)}")
+            if url not in URLS:
+                raise _Bad("invalid_url", f"unknown url {json.dumps(url)} (supported: {', '.join(URLS)})")
+            method = data.get("method", "POST")
+            if not (isinstance(method, str) and method.upper() == "POST"):
+                raise _Bad("invalid_request", f"method must be POST, got {json.dumps(method)}")
+            body = data.get("body")
+            if not isinstance(body, dict):
+                raise _Bad("invalid_request", f"body must be an object, got {_kind(body)}")
+            prompt, sampling = _map_body(body, url)
+            if url == CHAT_URL:
+                prompt = _with_system(prompt, self.system)
+            params = _params(sampling, self.defaults)
+        except _Bad as bad:
+            return LineError(line_no, line_id, bad.code, bad.message, OPENAI, url if url in URLS else None)
+        return LineRequest(line_no, line_id, prompt, params, OPENAI, url)
+
+
+# -- checks and mappings ------------------------------------------------------------------
+
+
+def _params(sampling: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
+    try:
+        return SamplingParams.from_dict(sampling, base=defaults)
+    except InvalidRequest as exc:
+        raise _Bad("invalid_request", str(exc)) from None
+
+
+def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
+    """An OpenAI request body -> (prompt or messages, sampling fields)."""
+    sampling: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in ("messages", "prompt", "max_completion_tokens", "response_format") or key in IGNORED_BODY_FIELDS:
+            continue
+        if key in OFF_BODY_FIELDS:
+            if value not in (None, False, 0, [], "", "none"):
+                raise _Bad("invalid_request", f"body.{key} is not supported")
+            continue
+        if key == "n":
+            if value != 1 or isinstance(value, bool):
+                raise _Bad("invalid_request", f"body.n must be 1 (one choice per request), got {json.dumps(value)}")
+            continue
+        if key == "best_of":
+            if value != 1 or isinstance(value, bool):
+                raise _Bad("invalid_request", f"body.best_of must be 1, got {json.dumps(value)}")
+            continue
+        if key not in FIELD_TYPES:  # vLLM-style extras (top_k, min_p, ignore_eos...) are sampling fields
+            raise _Bad("invalid_request", f"unsupported body field {key!r}")
+        sampling[key] = value
+    if body.get("max_completion_tokens") is not None:
+        sampling["max_tokens"] = body["max_completion_tokens"]  # the newer name wins
+    schema = _response_format(body.get("response_format"))
+    if schema is not None:
+        sampling["json_schema"] = schema
+    if url == CHAT_URL:
+        if "messages" not in body:
+            raise _Bad("invalid_request", f"{CHAT_URL} needs body.messages")
+        return _check_messages(body["messages"]), sampling
+    if "prompt" not in body:
+        raise _Bad("invalid_request", f"{COMPLETIONS_URL} needs body.prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise _Bad("invalid_request", f"body.prompt must be one prompt, got a list of {len(prompt)}")
+        prompt = prompt[0]
+    return _check_prompt(prompt), sampling
+
+
+def _response_format(value: Any) -> dict | None:
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise _Bad("invalid_request", "response_format.json_schema.schema must be a JSON schema object")
+        return schema
+    raise _Bad("invalid_request", "response_format.type must be text, json_object or json_schema")
+
+
+def _check_id(value: Any) -> LineId:
+    # Strings and integers are echoed back exactly; anything else can't be matched reliably on resume.
+    if (isinstance(value, str) and value) or _is_int(value):
+        return value
+    raise _Bad("invalid_request", f"id must be a non-empty string or an integer, got {json.dumps(value)}")
+
+
+def _readable_id(value: Any, line_no: int) -> LineId:
+    return value if (isinstance(value, str) and value) or _is_int(value) else line_no
+
+
+def _check_prompt(prompt: Any) -> str | list[int]:
+    if isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_int(t) for t in prompt)):
+        return prompt
+    raise _Bad("invalid_request", f"prompt must be a string or a list of token ids, got {_kind(prompt)}")
+
+
+def _check_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise _Bad("invalid_request", 'messages must be a non-empty list of {"role", "content"} objects')
+    # OpenAI's newer name for the system role; chat templates know only "system".
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
+def _with_system(messages: list[dict], system: str | None) -> list[dict]:
+    if not system or any(m.get("role") == "system" for m in messages):
+        return messages  # the line's own system message overrides --system
+    return [{"role": "system", "content": system}, *messages]
+
+
+def _as_chat(text: str, system: str) -> list[dict]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": text}]
+
+
+_CUSTOM_ID = re.compile(r'"custom_id"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def _malformed(text: str, line_no: int, message: str) -> LineError:
+    """Malformed JSON still names its custom_id, most often: keep it so the error can be matched."""
+    match = _CUSTOM_ID.search(text)
+    if match:
+        try:
+            custom_id = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            custom_id = None
+        if isinstance(custom_id, str) and custom_id:
+            return LineError(line_no, custom_id, "invalid_json", message, OPENAI)
+    return LineError(line_no, line_no, "invalid_json", message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+# -- output records -----------------------------------------------------------------------
+
+
+def error_result(code: str, message: str) -> Result:
+    """A Result for a line that never reached the engine, so every record is built one way."""
+    return Result(-1, "", [], "error", Usage(), Timings(), error=message, error_code=code)
+
+
+def failed(result: Result) -> bool:
+    return result.finish_reason not in ("stop", "length")
+
+
+def build_record(item: LineRequest | LineError, result: Result, model: str) -> dict[str, Any]:
+    """The output record for one line, in the shape its input asked for."""
+    if item.shape == OPENAI:
+        return openai_record(item.id, item.url, result, model)
+    echo = item.echo if isinstance(item, LineRequest) else None
+    return plain_record(item.id, result, echo)
+
+
+def plain_record(line_id: LineId, result: Result, echo: dict | None = None) -> dict[str, Any]:
+    record = {"id": line_id, **result.to_dict()}
+    if result.finish_reason == "timeout" and record["error"] is None:
+        record["error"] = {"code": "timeout", "message": "the request's timeout passed before it finished"}
+    if echo is not None:
+        record["input"] = echo
+    return record
+
+
+def openai_record(custom_id: LineId, url: str | None, result: Result, model: str,
+                  created: int | None = None) -> dict[str, Any]:
+    """The OpenAI Batch output line: a chat.completion / text_completion body, or an error."""
+    record: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id}
+    request_id = uuid.uuid4().hex
+    if failed(result):
+        code = result.error_code or result.finish_reason
+        message = result.error or f"the request ended with finish_reason {result.finish_reason!r}"
+        status = 400 if code in CLIENT_ERROR_CODES else 408 if code == "timeout" else 500
+        record["response"] = {"status_code": status, "request_id": request_id, "body": None}
+        record["error"] = {"code": code, "message": message}
+        return record
+    created = int(time.time()) if created is None else created
+    usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
+             "total_tokens": result.usage.total_tokens,
+             "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens}}
+    if url == CHAT_URL:
+        body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                             "logprobs": None, "finish_reason": result.finish_reason}],
+                "usage": usage}
+    else:
+        body = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": result.text, "logprobs": None,
+                             "finish_reason": result.finish_reason}],
+                "usage": usage}
+    record["response"] = {"status_code": 200, "request_id": request_id, "body": body}
+    record["error"] = None
+    return record
+
+
+def record_id(record: Any) -> LineId | None:
+    """The line id an output record answers (custom_id in the OpenAI shape), for --resume."""
+    if not isinstance(record, dict):
+        return None
+    if "custom_id" in record and "response" in record:
+        value = record["custom_id"]
+    else:
+        value = record.get("id")
+    return value if isinstance(value, str) or _is_int(value) else None
+
+
+def record_error_code(record: dict[str, Any]) -> str | None:
+    error = record.get("error")
+    return error.get("code") if isinstance(error, dict) else None
+
+
+def duplicate_id_error(item: LineRequest | LineError) -> LineError:
+    """The error for a line whose id an earlier line already used (resume matches lines by id)."""
+    return LineError(item.line_no, item.id, "duplicate_id",
+                     f"line {item.line_no}: id {json.dumps(item.id)} was already used by an earlier line "
+                     "(ids must be unique so --resume can match answers to lines)", item.shape, item.url)
