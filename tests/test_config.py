@@ -154,6 +154,14 @@ def test_command_setting(clean_env):
         command_setting("run", "ordr")  # undeclared keys are a programming error
 
 
+def test_every_command_reads_its_own_table():
+    """The name a command passes to the config layer is the name its table has."""
+    from llamabatch.config_file import COMMANDS
+
+    named = {info.name: getattr(info.callback, "config_command", None) for info in app.registered_commands}
+    assert {name: named.get(name) for name in COMMANDS} == {name: name for name in COMMANDS}
+
+
 def test_file_values_for_unknown_command_sees_top_level_only(clean_env):
     path = write(clean_env / "llamabatch.toml", LOCAL)
     values = file_values_for("")
@@ -372,3 +380,12 @@ def test_an_error_inside_an_inline_table_points_at_its_line():
     with pytest.raises(ConfigFileError) as info:
         parse_text('n_parallel = 1\nrun = { order = "sideways" }\n', "x.toml")
     assert str(info.value).startswith("x.toml:2: [run] order: must be one of")
+
+
+def test_a_clash_between_file_values_names_where_the_file_sets_it(clean_env):
+    path = write(clean_env / "llamabatch.toml", "n_parallel = 8\n[run]\nn_batch = 4\n")
+    result = runner.invoke(app, ["config", "show", "--command", "run"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"llamabatch: error: {path}:3: n_batch must be an integer >= n_parallel (8), got 4"]
+    assert runner.invoke(app, ["config", "show", "--command", "chat"]).exit_code == 0  # [run] only

@@ -11,7 +11,7 @@ import typer
 
 from ..engine import Engine
 from ..errors import InvalidRequest, LlamaBatchError, ModelLoadError
-from .options import Resolved, SharedOptions, resolve
+from .options import Resolved, SharedOptions
 
 
 class State:
@@ -57,10 +57,10 @@ def cli_errors() -> Iterator[None]:
 
 def resolve_options(opts: SharedOptions) -> Resolved:
     """Flags > LLAMABATCH_* env > config file > defaults. Bad values exit 2 with one line."""
-    from .config_layer import file_values_for
+    from .config_layer import resolve_layers
 
     with cli_errors():
-        return resolve(opts, file_values_for(opts.command))
+        return resolve_layers(opts)
 
 
 def open_engine(resolved: Resolved) -> Engine:

@@ -10,8 +10,8 @@ import typer
 from ..config_file import COMMANDS, ENGINE_RULES, Location
 from ..config_file import SAMPLING_KEYS as FILE_SAMPLING_KEYS
 from .common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, say
-from .config_layer import config_location, current_config, file_values_for
-from .options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, resolve, with_shared_options
+from .config_layer import config_location, current_config, file_values_for, resolve_layers
+from .options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, with_shared_options
 
 config_app = typer.Typer(
     help="The config file and the settings in effect.",
@@ -53,7 +53,7 @@ def show_command(
     with cli_errors():
         location = config_location()
         file_values = file_values_for(command or "")
-        resolved = resolve(shared, file_values)
+        resolved = resolve_layers(shared)
         rows = _rows(resolved, shared, file_values)
         rows += _command_rows(command)
     _say_location(location)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..config_file import COMMAND_RULES, ConfigFile, Location, load, locate
+from ..config_file import COMMAND_RULES, ConfigFile, ConfigFileError, Location, load, locate
+from ..errors import InvalidRequest
 from .common import state
+from .options import Resolved, SharedOptions, resolve
 
 # A command may read the file up to twice (shared options, then its own keys): keep the
 # parsed file while it is unchanged on disk.
@@ -43,6 +45,20 @@ def file_values_for(command: str) -> dict[str, tuple[Any, str]]:
     """
     config = current_config()
     return config.values_for(command) if config else {}
+
+
+def resolve_layers(opts: SharedOptions) -> Resolved:
+    """Flags > env > this command's file values > defaults (see options.resolve)."""
+    file_values = file_values_for(opts.command)
+    try:
+        return resolve(opts, file_values)
+    except InvalidRequest as exc:
+        # A file value fine on its own can clash with another (n_batch < n_parallel):
+        # the message names the key; add where the file sets it.
+        key = str(exc).split(" ", 1)[0]
+        if key in file_values:
+            raise ConfigFileError(f"{file_values[key][1]}: {exc}") from None
+        raise
 
 
 def command_setting(command: str, key: str, default: Any = None) -> Any:

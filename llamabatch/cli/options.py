@@ -81,14 +81,18 @@ def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
              for name, ann in SHARED_OPTIONS.items()]
 
+    # The command's name, which picks its config-file table: run_command -> "run", serve_stdin -> "serve-stdin".
+    command = func.__name__.removesuffix("_command").replace("_", "-")
+
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         shared = {name: kwargs.pop(name, None) for name in SHARED_OPTIONS}
         if shared.get("stop") == []:
             shared["stop"] = None  # a list option with nothing given is "not given"
-        return func(*args, opts=SharedOptions(shared, func.__name__.replace("_", "-")), **kwargs)
+        return func(*args, opts=SharedOptions(shared, command), **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
+    wrapper.config_command = command  # type: ignore[attr-defined]
     return wrapper
 
 
