@@ -224,7 +224,10 @@ class Engine:
             if self._closing:
                 self.runner.free_sampler(sampler)
                 raise EngineClosed("the engine is closed")
-            if self.config.max_queue and self._waiting_count >= self.config.max_queue:
+            # Count every request in flight against slots + max_queue, not the requests the
+            # engine thread has not admitted yet: those include ones an idle slot is about to
+            # take, so a quick second submit would be refused depending on thread timing.
+            if self.config.max_queue and len(self._handles) >= len(self.scheduler.slots) + self.config.max_queue:
                 self.runner.free_sampler(sampler)
                 self.telemetry.totals.submitted -= 1  # rejected: never entered the engine
                 raise QueueFull(f"queue is full ({self.config.max_queue} requests waiting)")

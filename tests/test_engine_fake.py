@@ -236,6 +236,18 @@ def test_full_queue_rejects_at_once_and_the_rest_still_finish():
     assert stats.submitted == 4 and stats.finished == 4
 
 
+def test_max_queue_counts_only_requests_beyond_the_free_slots():
+    runner = FakeRunner(n_slots=2, slot_ctx=200, reply=lambda p: "ok")
+    with make_engine(runner, max_queue=1) as engine:
+        # Holding the engine's lock keeps its thread from admitting anything meanwhile: the
+        # submits below all happen before any slot is handed out, as in a fast caller.
+        with engine._cond:
+            handles = [engine.submit(x) for x in "abc"]  # two take the idle slots, one waits
+            with pytest.raises(QueueFull):
+                engine.submit("d")
+        assert [h.result(WAIT).text for h in handles] == ["ok"] * 3
+
+
 def test_generate_waits_for_room_in_a_bounded_queue():
     runner = FakeRunner(n_slots=2, slot_ctx=200, reply=lambda p: p.upper())
     with make_engine(runner, max_queue=1) as engine:
