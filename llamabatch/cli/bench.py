@@ -53,9 +53,12 @@ def bench_command(
     --baseline adds llama-cpp-python's Llama.create_completion over the same prompts, one at a time, and a Speedup column: the level's tokens per second of wall clock over the baseline's. Sampling options apply to both; --parallel and --tg replace --n-parallel and --max-tokens.
     """
     levels, prompt_lines = _check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks)
-    resolved = resolve_options(opts)
     if opts["n_parallel"] is not None:
         say("llamabatch: note: --n-parallel is ignored; bench sets n_parallel per level from --parallel")
+    # Settings are checked against the largest level (not the default 8 slots), so e.g. a small
+    # --n-ctx that suits --parallel 2 is accepted; every level is validated again below.
+    opts.values["n_parallel"] = max(levels)
+    resolved = resolve_options(opts)
     if opts["max_tokens"] is not None:
         say("llamabatch: note: --max-tokens is ignored; bench generates --tg tokens per request")
     with cli_errors():
@@ -67,11 +70,12 @@ def bench_command(
         raise fail(f"--pp {pp} + --tg {tg} = {pp + tg} tokens does not fit a slot of {smallest_slot} "
                    f"(n_ctx / n_parallel); lower them or raise --n-ctx", EXIT_USAGE)
 
-    progress = _progress(sum(counts) * tg + (max(counts) * tg if baseline else 0))
+    progress = _progress()
     figures: list[dict[str, Any]] = []
     model: dict[str, Any] = {}
     all_prompts: list[list[int]] = []
     with cli_errors(), progress:
+        # progress counts generated tokens, the baseline's included
         task = progress.add_task("bench", total=sum(counts) * tg + (max(counts) * tg if baseline else 0))
         advance = lambda n: progress.advance(task, n)  # noqa: E731  (called on the engine thread)
         for b, config, count in zip(levels, configs, counts):
@@ -150,7 +154,7 @@ def _build_prompts(engine: Any, prompt_lines: list[tuple[int, str]] | None, coun
     return benchkit.cycle_prompts(tokenized, count)
 
 
-def _progress(total: int) -> Progress:
+def _progress() -> Progress:
     console = Console(stderr=True)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                     TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)

@@ -80,8 +80,9 @@ def ticks_table(level: dict[str, Any], last: int) -> Table:
 
 def tick_summary_line(level: dict[str, Any], n_batch: int) -> str:
     s = level["tick_summary"]
-    return (f"B={level['n_parallel']}: mean batch fill {s['slot_fill']:.0%} of {level['n_parallel']} slots, "
-            f"{s['token_fill']:.1%} of n_batch {n_batch} tokens; "
+    return (f"B={level['n_parallel']}: mean batch fill {s['slot_fill']:.0%} of the slots "
+            f"({s['mean_active_slots']:.1f} of {level['n_parallel']}), {s['token_fill']:.1%} of the "
+            f"n_batch budget ({s['mean_batch_size']:.1f} of {n_batch} tokens); "
             f"{s['mixed_share']:.0%} of ticks mixed prefill with decode; "
             f"Python overhead {s['overhead_share']:.1%} of tick time")
 
