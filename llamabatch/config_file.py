@@ -203,11 +203,7 @@ def load(path: str) -> ConfigFile:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigFileError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigFileError(f"{path}: invalid TOML: {_one_line(exc)}") from None
-    return _check(path, data, key_lines(text))
+    return parse_text(text, path)
 
 
 def parse_text(text: str, path: str = "<config>") -> ConfigFile:
