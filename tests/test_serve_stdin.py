@@ -310,3 +310,15 @@ def test_example_client_runs():
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode()
     assert out.count("[done]") == 3 and "stats:" in out
+
+
+def test_config_file_serve_stdin_table_sets_on_eof(tmp_path):
+    config = tmp_path / "llamabatch.toml"
+    config.write_text('[serve-stdin]\non_eof = "cancel"\n')
+    proc = subprocess.run([sys.executable, "-m", "llamabatch", "--config", str(config), "serve-stdin",
+                           "--n-parallel", "1"],
+                          input=(json.dumps(long_request("a")) + "\n").encode(), capture_output=True,
+                          cwd=REPO, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr.decode()
+    done = json.loads(proc.stdout.splitlines()[-1])
+    assert done["id"] == "a" and done["finish_reason"] == "cancelled"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from enum import Enum
+from typing import Annotated, Optional
 
 import typer
 
 from .app import app
 from .common import cli_errors, open_engine, resolve_options
+from .config_layer import command_setting
 from .options import SharedOptions, with_shared_options
 
 
@@ -20,13 +22,15 @@ class OnEof(str, Enum):
 @app.command("serve-stdin")
 @with_shared_options
 def serve_stdin(
-    # Default-value style, not Annotated: with_shared_options hands Typer a signature whose
-    # annotations are still strings (from __future__ import annotations), and Typer would not
-    # see an Option inside a string annotation.
-    max_queue: int = typer.Option(0, "--max-queue", min=0, help="Most requests waiting for a slot; one more gets "
-                                  "an error event with code queue_full at once. 0 = no limit."),
-    on_eof: OnEof = typer.Option(OnEof.drain, "--on-eof", help="At end of input: drain = finish what is in "
-                                 "flight, then exit; cancel = cancel it, then exit."),
+    # None = not given: the config file's [serve-stdin] table may set these, then the defaults apply.
+    max_queue: Annotated[Optional[int], typer.Option(
+        "--max-queue", min=0, show_default=False,
+        help="Most requests waiting for a slot; one more gets an error event with code queue_full at once. "
+             "0 = no limit \\[default: 0]")] = None,
+    on_eof: Annotated[Optional[OnEof], typer.Option(
+        "--on-eof", show_default=False,
+        help="At end of input: drain = finish what is in flight, then exit; cancel = cancel it, then exit "
+             "\\[default: drain]")] = None,
     *,
     opts: SharedOptions,
 ) -> None:
@@ -44,6 +48,9 @@ def serve_stdin(
 
     resolved = resolve_options(opts)
     with cli_errors():
+        if max_queue is None:
+            max_queue = command_setting("serve-stdin", "max_queue", 0)
+        eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain")
         resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
         # The protocol owns stdout. Keep a private copy of it for events and point fd 1 at
         # stderr, so nothing else (a stray print, a C library's printf) can corrupt the stream.
@@ -51,7 +58,7 @@ def serve_stdin(
         os.dup2(2, 1)
         engine = open_engine(resolved)
         try:
-            code = serve(engine, 0, events_fd, on_eof.value)
+            code = serve(engine, 0, events_fd, eof)
         finally:
             engine.close()  # serve closes it too; this covers a failure inside serve
             os.close(events_fd)
