@@ -1,7 +1,8 @@
 """A Python co-process client for `llamabatch serve-stdin`.
 
 One model stays loaded in a child process; any thread may submit requests, and a reader
-thread routes each event line to the request it belongs to. Run it:
+thread routes each event line to the request it belongs to. Run it (any further arguments
+are serve-stdin options, e.g. --model or --threads):
 
     python examples/serve_client.py
 """
@@ -85,7 +86,7 @@ class LlamaBatch:
 
 
 def main() -> int:
-    client = LlamaBatch()
+    client = LlamaBatch(COMMAND + sys.argv[1:])
     print(f"model {client.info['model']}, {client.info['n_parallel']} slots")
     streamed: list[str] = []
     futures = [

@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import queue
+import select
 import signal
 import threading
 from dataclasses import dataclass
@@ -89,10 +90,10 @@ class Flight:
 class Server:
     """Turns input lines into engine work and engine events into output lines."""
 
-    def __init__(self, engine: Engine, output: Output):
+    def __init__(self, engine: Engine, output: Output, wake: threading.Event):
         self.engine = engine
         self.output = output
-        self.wake = threading.Event()  # something the main loop waits for may have happened
+        self.wake = wake  # set when something the main loop waits for may have happened
         self.eof = False
         self._flights: dict[RequestId, Flight] = {}
         self._flights_lock = threading.Lock()
@@ -130,8 +131,10 @@ class Server:
             self.eof = True
             self.wake.set()
 
-    def handle_line(self, raw: bytes, number: int) -> None:
+    def handle_line(self, raw: bytes | None, number: int) -> None:
         try:
+            if raw is None:
+                raise BadLine("line_too_long", f"line {number} is longer than {MAX_LINE_BYTES >> 20} MiB", number)
             command = parse_line(raw, number, self.engine.default_params)
             if isinstance(command, Submit):
                 self._submit(command)
@@ -211,9 +214,15 @@ class Server:
                 self._max_decode_tokens = record.decode_tokens
 
 
-def _lines(fd: int) -> Iterator[bytes]:
-    """Lines of fd as they arrive (a last line without newline counts); ends at EOF or a read error."""
+MAX_LINE_BYTES = 64 << 20  # far above any prompt a slot can hold; stops input without newlines eating memory
+
+
+def _lines(fd: int, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
+    """Lines of fd as they arrive (a last line without newline counts), None for a line over
+    `limit` bytes (its bytes are skipped, not kept). Ends at EOF or a read error."""
     pending: list[bytes] = []  # pieces of a line not yet ended (joined once, not per read)
+    size = 0
+    too_long = False
     while True:
         try:
             chunk = os.read(fd, 65536)
@@ -221,16 +230,18 @@ def _lines(fd: int) -> Iterator[bytes]:
             log.debug("reading stdin failed: %s", exc)
             chunk = b""
         if not chunk:
-            if pending:
-                yield b"".join(pending)
+            if too_long or pending:
+                yield None if too_long else b"".join(pending)
             return
         *ended, rest = chunk.split(b"\n")
         for piece in ended:
-            pending.append(piece)
-            yield b"".join(pending)
-            pending = []
-        if rest:
+            yield None if too_long or size + len(piece) > limit else b"".join([*pending, piece])
+            pending, size, too_long = [], 0, False
+        if rest and not too_long:
             pending.append(rest)
+            size += len(rest)
+            if size > limit:
+                pending, size, too_long = [], 0, True
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -245,8 +256,7 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int
     signals: list[int] = []
     woken = threading.Event()
     output = Output(out_fd, on_broken=woken.set)
-    server = Server(engine, output)
-    server.wake = woken
+    server = Server(engine, output, woken)
     output.send(ready_event(engine.model_name, engine.config.n_parallel, engine.config.total_ctx, engine.slot_ctx))
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -260,7 +270,7 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int
                                   daemon=True)  # may stay blocked in os.read: must not keep the process alive
         reader.start()
         while True:
-            if signals or output.broken:
+            if signals or output.broken or _reader_gone(out_fd):
                 break
             if server.eof and (on_eof == "cancel" or server.in_flight == 0):
                 break
@@ -275,6 +285,14 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int
             signal.signal(sig, handler)
     if signals:
         return 128 + signals[0]
-    if output.broken:
+    if output.broken or _reader_gone(out_fd):
         return EXIT_BROKEN_PIPE
     return 0
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether the reader of our stdout has closed it, noticed without writing: while nothing is
+    generating there is nothing to write, and `serve-stdin | head -1` should still end."""
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: error and hang-up are reported anyway
+    return any(events & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, events in poller.poll(0))

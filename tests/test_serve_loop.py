@@ -1,0 +1,117 @@
+"""The serve-stdin loop in-process, on the scripted FakeRunner and os.pipe: no model, fast.
+The real command through real pipes is tested in test_serve_stdin.py."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+from llamabatch import Engine, EngineConfig, SamplingParams
+from llamabatch.cli.serve_loop import Output, _lines, serve
+
+from fake_runner import FakeRunner
+
+
+def make_engine(**runner_kw) -> Engine:
+    runner = FakeRunner(n_slots=2, slot_ctx=64, n_batch=64, **runner_kw)
+    return Engine(EngineConfig(n_parallel=2, n_batch=64, chunk_size=16), runner=runner,
+                  default_params=SamplingParams(temperature=0, max_tokens=8))
+
+
+def feed(data: bytes, chunk: int) -> int:
+    """A pipe whose write end sends `data` in `chunk`-byte writes, then closes."""
+    r, w = os.pipe()
+
+    def write() -> None:
+        for i in range(0, len(data), chunk):
+            os.write(w, data[i:i + chunk])
+        os.close(w)
+
+    threading.Thread(target=write, daemon=True).start()
+    return r
+
+
+def read_all(fd: int) -> bytes:
+    parts = []
+    while chunk := os.read(fd, 65536):
+        parts.append(chunk)
+    os.close(fd)
+    return b"".join(parts)
+
+
+def test_lines_split_on_newlines_across_reads_and_skip_overlong_ones():
+    data = b'ab\ncdefghij\nxy\n\nlast'
+    for chunk in (1, 3, 100):
+        assert list(_lines(feed(data, chunk), limit=5)) == [b"ab", None, b"xy", b"", b"last"]
+    assert list(_lines(feed(b"abcdefgh", 2), limit=5)) == [None]
+
+
+def test_output_writes_whole_lines_from_many_threads():
+    r, w = os.pipe()
+    out = Output(w)
+    texts = ["x" * n for n in range(1, 200)]
+
+    def send(tag: str) -> None:
+        for t in texts:
+            out.send({"id": tag, "text": t})
+
+    threads = [threading.Thread(target=send, args=(tag,)) for tag in "abcd"]
+    reader = threading.Thread(target=lambda: result.append(read_all(r)))
+    result: list[bytes] = []
+    reader.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.close()
+    os.close(w)
+    reader.join()
+    events = [json.loads(line) for line in result[0].splitlines()]
+    assert len(events) == 4 * len(texts)
+    for tag in "abcd":  # each sender's lines complete and in its order
+        assert [e["text"] for e in events if e["id"] == tag] == texts
+
+
+def run_serve(lines: list[str], on_eof: str = "drain", **runner_kw) -> tuple[int, list[dict]]:
+    engine = make_engine(**runner_kw)
+    stdin = feed("".join(line + "\n" for line in lines).encode(), 7)
+    r, w = os.pipe()
+    output: list[bytes] = []
+    reader = threading.Thread(target=lambda: output.append(read_all(r)))
+    reader.start()
+    try:
+        code = serve(engine, stdin, w, on_eof)  # pytest runs tests on the main thread: signals can be set
+    finally:
+        engine.close()
+        os.close(w)
+        os.close(stdin)
+    reader.join()
+    return code, [json.loads(line) for line in output[0].splitlines()]
+
+
+def test_serve_drains_at_eof_and_answers_every_line_once():
+    code, events = run_serve([
+        '{"id": "a", "prompt": "hello", "stream": true}',
+        '{"prompt": "hi"}',
+        '{"id": "long", "prompt": "' + "z" * 80 + '"}',  # over the fake's 64-token slot: fails inside submit
+        'oops',
+        '{"op": "stats"}',
+    ])
+    assert code == 0
+    assert events[0]["event"] == "ready" and events[0]["model"] == "fake-model"
+    by_id = {e["id"]: e for e in events if e["event"] in ("done", "error") and "id" in e}
+    assert by_id["a"]["text"] == "hello!" and by_id["a"]["finish_reason"] == "stop"
+    assert "".join(e["text"] for e in events if e["event"] == "token" and e["id"] == "a") == "hello!"
+    assert by_id["line-2"]["text"] == "hi!"
+    assert by_id["long"]["error"]["code"] == "context_overflow" and by_id["long"]["line"] == 3
+    assert [e["line"] for e in events if e["event"] == "error" and "id" not in e] == [4]
+    assert sum(e["event"] == "stats" for e in events) == 1
+    assert not [e for e in events if e["event"] == "token" and e["id"] != "a"]  # only "a" streamed
+
+
+def test_serve_on_eof_cancel():
+    code, events = run_serve(['{"id": "a", "prompt": "hello", "max_tokens": 50}'], on_eof="cancel",
+                             reply=lambda prompt: "y" * 40, step_delay=0.01)
+    assert code == 0
+    [done] = [e for e in events if e["event"] == "done"]
+    assert done["finish_reason"] == "cancelled"
