@@ -168,7 +168,7 @@ class Server:
             raise BadLine(exc.code, str(exc), command.line, command.id) from None
         except EngineClosed as exc:
             self._forget(flight)
-            raise BadLine(exc.code, "the server is shutting down", command.line, command.id) from None
+            raise BadLine(exc.code, str(exc), command.line, command.id) from None
 
     def _cancel(self, command: Cancel) -> None:
         with self._flights_lock:
