@@ -1,16 +1,222 @@
-"""`llamabatch chat`."""
+"""`llamabatch chat`: an interactive multi-turn chat that reuses the prefix cache.
+
+`chat_loop` is the REPL itself; it reads through injected callbacks (`ChatIO`), so it runs
+the same on a terminal (prompt-toolkit), on piped stdin (one line = one user turn, replies
+on stdout without decoration) and in tests.
+"""
 from __future__ import annotations
 
-from .app import app
-from .common import EXIT_USAGE, say
-from .options import SharedOptions, with_shared_options
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Optional, TextIO
 
 import typer
+
+from .app import app
+from .chat_commands import QUIT, looks_like_command, run_command
+from .chat_session import ChatIO, ChatSession
+from .common import cli_errors, open_engine, resolve_options, say
+from .options import SharedOptions, with_shared_options
+
+MULTILINE = '"""'
+
+
+def chat_loop(session: ChatSession) -> None:
+    """Read messages and commands until Ctrl-D (end of input) or /bye."""
+    io = session.io
+    while True:
+        try:
+            message = read_message(io)
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: the line is gone, the chat goes on
+            if io.interactive:
+                io.notice("Use Ctrl-D or /bye to exit.")
+            continue
+        except EOFError:
+            return
+        if message is None:
+            continue
+        try:
+            if is_command(message):
+                if run_command(session, message.text) == QUIT:
+                    return
+                continue
+            session.say(message.text)
+        except KeyboardInterrupt:  # Ctrl-C before a reply started streaming: back to the prompt
+            io.notice("interrupted")
+
+
+@dataclass
+class Message:
+    """What the person typed. A block between \"\"\" lines is `literal`: never a command,
+    even when it starts with /."""
+
+    text: str
+    literal: bool = False
+
+
+def is_command(message: Message) -> bool:
+    return not message.literal and looks_like_command(message.text)
+
+
+def read_message(io: ChatIO) -> Message | None:
+    """One line, or the lines between \"\"\" lines; None for a blank line."""
+    line = io.read(io.prompt)
+    if not line.strip():
+        return None
+    if not line.lstrip().startswith(MULTILINE):
+        return Message(line)
+    first = line.lstrip()[len(MULTILINE):]
+    if first.rstrip().endswith(MULTILINE):  # """all on one line"""
+        return _block(first.rstrip()[:-len(MULTILINE)])
+    lines = [first] if first else []
+    while True:
+        try:
+            more = io.read(io.continuation)
+        except EOFError:  # input ended inside the block: send what there is
+            break
+        if more.rstrip().endswith(MULTILINE):
+            lines.append(more.rstrip()[:-len(MULTILINE)])
+            break
+        lines.append(more)
+    return _block("\n".join(lines).strip("\n"))
+
+
+def _block(text: str) -> Message | None:
+    if not text.strip():
+        return None
+    return Message(text, literal=True)
+
+
+# -- input and output ---------------------------------------------------------------------
+
+
+def history_path() -> Path:
+    """$XDG_STATE_HOME/llamabatch/chat_history (XDG's default: ~/.local/state)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "llamabatch" / "chat_history"
+
+
+def terminal_reader(history: Path | None, *, input: Any = None, output: Any = None):
+    """read(prompt) over a prompt-toolkit session: history across runs, Esc-Enter for a new
+    line, bracketed paste (a pasted block arrives as one message)."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+    from prompt_toolkit.key_binding import KeyBindings
+
+    bindings = KeyBindings()
+
+    @bindings.add("escape", "enter")
+    def _newline(event: Any) -> None:
+        event.current_buffer.insert_text("\n")
+
+    store: Any = InMemoryHistory()
+    if history is not None:
+        try:
+            history.parent.mkdir(parents=True, exist_ok=True)
+            store = FileHistory(str(history))
+        except OSError as exc:
+            say(f"llamabatch: chat history not kept ({history.parent}: {exc.strerror or exc})")
+    session: Any = PromptSession(history=store, key_bindings=bindings, input=input, output=output,
+                                 enable_history_search=False)
+    return lambda prompt: session.prompt(prompt)
+
+
+def line_reader(stream: TextIO):
+    """read(prompt) over a plain stream: one line per call, EOFError at the end."""
+    def read(prompt: str) -> str:
+        line = stream.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\r\n")
+
+    return read
+
+
+def stream_writer(stream: TextIO):
+    def write(text: str) -> None:
+        stream.write(text)
+        stream.flush()
+
+    return write
+
+
+def line_printer(stream: TextIO, style: str = ""):
+    """Print whole lines; `style` is an ANSI SGR code used only when the stream is a terminal."""
+    color = bool(style) and stream.isatty() and not os.environ.get("NO_COLOR")
+
+    def show(line: str) -> None:
+        stream.write(f"\x1b[{style}m{line}\x1b[0m\n" if color else line + "\n")
+        stream.flush()
+
+    return show
+
+
+def terminal_io() -> ChatIO:
+    # With stdout redirected, prompt-toolkit draws on stderr and replies still go to stdout.
+    from prompt_toolkit.output import create_output
+
+    output = create_output(stdout=sys.stdout if sys.stdout.isatty() else sys.stderr)
+    return ChatIO(read=terminal_reader(history_path(), output=output), write=stream_writer(sys.stdout),
+                  info=line_printer(sys.stderr), notice=line_printer(sys.stderr, "2"), interactive=True)
+
+
+def pipe_io(stdin: TextIO, stdout: TextIO, stderr: TextIO) -> ChatIO:
+    return ChatIO(read=line_reader(stdin), write=stream_writer(stdout), info=line_printer(stderr),
+                  notice=line_printer(stderr, "2"), interactive=False)
+
+
+# -- the command --------------------------------------------------------------------------
 
 
 @app.command("chat")
 @with_shared_options
-def chat_command(opts: SharedOptions) -> None:
-    """Not yet available."""
-    say("llamabatch chat: not yet available")
-    raise typer.Exit(EXIT_USAGE)
+def chat_command(
+    system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="After each reply, print Ollama-style stats (with cached tokens) on stderr.")] = False,
+    *,
+    opts: SharedOptions,
+) -> None:
+    """Chat with the model: a multi-turn REPL that evaluates only what is new each turn.
+
+    On a terminal: history across runs, \"\"\" lines or Esc-Enter for multi-line input,
+    Ctrl-C stops a reply, Ctrl-D or /bye exits, /help lists commands. With stdin piped,
+    each line is one user turn and each reply is one block on stdout.
+    """
+    one_slot = _default_to_one_slot(opts)
+    resolved = resolve_options(opts)
+    if one_slot:
+        resolved.sources["n_parallel"] = "default (chat)"
+    with cli_errors():
+        started = time.perf_counter()
+        engine = open_engine(resolved)
+        load_s = time.perf_counter() - started
+        try:
+            interactive = sys.stdin.isatty()
+            io = terminal_io() if interactive else pipe_io(sys.stdin, sys.stdout, sys.stderr)
+            template = engine.chat_template  # an unusable --chat-template fails here, before any turn
+            if template.fallback_reason:
+                io.notice(template.fallback_reason)
+            if interactive:
+                io.notice(f"{engine.model_name} · template {template.name} · {engine.slot_ctx}-token context · "
+                          f"/help for commands, Ctrl-D or /bye to exit")
+            chat_loop(ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s))
+        finally:
+            engine.close()
+
+
+def _default_to_one_slot(opts: SharedOptions) -> bool:
+    """One conversation needs one slot, which then gets all of --n-ctx: make 1 chat's default
+    n_parallel, below the flag, LLAMABATCH_N_PARALLEL and the config file."""
+    from .config_layer import file_values_for
+    from .options import env_name
+
+    if opts["n_parallel"] is not None or os.environ.get(env_name("n_parallel")):
+        return False
+    with cli_errors():
+        if "n_parallel" in file_values_for(opts.command):
+            return False
+    opts.values["n_parallel"] = 1
+    return True

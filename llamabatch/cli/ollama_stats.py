@@ -1,0 +1,79 @@
+"""The stats block `ollama run --verbose` prints after a reply, plus llamabatch's cached line.
+
+    total duration:       1.2s
+    load duration:        35ms
+    prompt eval count:    6 token(s)
+    cached tokens:        20 token(s)
+    prompt eval duration: 120ms
+    prompt eval rate:     50.00 tokens/s
+    eval count:           298 token(s)
+    eval duration:        4.1s
+    eval rate:            72.68 tokens/s
+
+As in Ollama, `prompt eval count` is the prompt tokens actually evaluated; `cached tokens`
+are the ones the prefix cache served instead (together: the whole prompt). The first
+generated token is sampled from the prompt's last logits, so it belongs to the prompt eval
+time; `eval rate` is the engine's rate over the tokens after it.
+"""
+from __future__ import annotations
+
+from ..results import Result
+
+LABEL_WIDTH = 22  # "prompt eval duration: " is the longest label
+
+
+def format_duration(seconds: float) -> str:
+    """Like Go's time.Duration, which Ollama prints, rounded: 1.2s, 35ms, 1m2.5s, 850µs."""
+    if seconds >= 60:
+        minutes, rest = divmod(seconds, 60)
+        return f"{int(minutes)}m{_trim(rest, 3)}s"
+    if seconds >= 1:
+        return f"{_trim(seconds, 3)}s"
+    if seconds >= 0.001:
+        return f"{_trim(seconds * 1000, 3)}ms"
+    if seconds > 0:
+        return f"{_trim(seconds * 1e6, 3)}µs"
+    return "0s"
+
+
+def _trim(value: float, decimals: int) -> str:
+    text = f"{value:.{decimals}f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def stats_lines(result: Result, total_s: float, load_s: float = 0.0) -> list[str]:
+    """The block for one reply. `total_s` is the wall time from submit to result;
+    `load_s` the model load this reply waited for (the first reply only)."""
+    usage, timings = result.usage, result.timings
+    evaluated = usage.prompt_tokens - usage.cached_tokens
+    rows = [
+        ("total duration", format_duration(total_s)),
+        ("load duration", format_duration(load_s)),
+        ("prompt eval count", f"{evaluated} token(s)"),
+        ("cached tokens", f"{usage.cached_tokens} token(s)"),
+        ("prompt eval duration", format_duration(timings.prompt_ms / 1000)),
+        ("prompt eval rate", f"{timings.prompt_tokens_per_s:.2f} tokens/s"),
+        ("eval count", f"{usage.completion_tokens} token(s)"),
+        ("eval duration", format_duration(timings.decode_ms / 1000)),
+        ("eval rate", f"{timings.generated_tokens_per_s:.2f} tokens/s"),
+    ]
+    return [f"{label + ':':<{LABEL_WIDTH}}{value}" for label, value in rows]
+
+
+def parse_stats(text: str) -> list[dict[str, str]]:
+    """Read stats blocks back from stderr text: one {label: value} dict per block, in order.
+    A block starts at each `total duration:` line (for tests and scripts)."""
+    blocks: list[dict[str, str]] = []
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        if not sep or label.strip() != label or len(line) < LABEL_WIDTH:
+            continue
+        if label == "total duration":
+            blocks.append({})
+        if blocks and label in _LABELS:
+            blocks[-1][label] = value.strip()
+    return blocks
+
+
+_LABELS = ("total duration", "load duration", "prompt eval count", "cached tokens", "prompt eval duration",
+           "prompt eval rate", "eval count", "eval duration", "eval rate")
