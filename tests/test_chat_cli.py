@@ -16,7 +16,7 @@ import pytest
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.cli.chat import chat_loop, terminal_reader
 from llamabatch.cli.chat_session import ChatIO, ChatSession
-from llamabatch.cli.ollama_stats import parse_stats
+from llamabatch.cli.ollama_stats import format_duration, parse_stats
 
 CHAT = [sys.executable, "-m", "llamabatch", "chat"]
 
@@ -70,6 +70,11 @@ def engine(model_path):
 
 def session_for(engine, script: Script, *, max_tokens: int = 8, interactive: bool = False, **kw) -> ChatSession:
     return ChatSession(engine, SamplingParams(max_tokens=max_tokens, temperature=0), script.io(interactive), **kw)
+
+
+def test_durations_read_like_ollamas():
+    assert [format_duration(s) for s in (1.2, 0.035, 62.5, 0.00085, 0, 4.1234567)] == \
+        ["1.2s", "35ms", "1m2.5s", "850µs", "0s", "4.123s"]
 
 
 # -- through the command line -------------------------------------------------------------

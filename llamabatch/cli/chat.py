@@ -30,9 +30,10 @@ def chat_loop(session: ChatSession) -> None:
     while True:
         try:
             message = read_message(io)
-        except KeyboardInterrupt:  # Ctrl-C at the prompt: the line is gone, the chat goes on
-            if io.interactive:
-                io.notice("Use Ctrl-D or /bye to exit.")
+        except KeyboardInterrupt:
+            if not io.interactive:
+                raise  # a script's Ctrl-C stops the chat (exit 130)
+            io.notice("Use Ctrl-D or /bye to exit.")  # on a terminal it only clears the line
             continue
         except EOFError:
             return
@@ -116,9 +117,11 @@ def terminal_reader(history: Path | None, *, input: Any = None, output: Any = No
     if history is not None:
         try:
             history.parent.mkdir(parents=True, exist_ok=True)
+            if not os.access(history if history.exists() else history.parent, os.W_OK):
+                raise PermissionError(13, "not writable")
             store = FileHistory(str(history))
-        except OSError as exc:
-            say(f"llamabatch: chat history not kept ({history.parent}: {exc.strerror or exc})")
+        except OSError as exc:  # FileHistory would fail later, at the first Enter
+            say(f"llamabatch: chat history not kept ({history}: {exc.strerror or exc})")
     session: Any = PromptSession(history=store, key_bindings=bindings, input=input, output=output,
                                  enable_history_search=False)
     return lambda prompt: session.prompt(prompt)
@@ -164,6 +167,9 @@ def terminal_io() -> ChatIO:
 
 
 def pipe_io(stdin: TextIO, stdout: TextIO, stderr: TextIO) -> ChatIO:
+    for stream in (stdin, stdout):  # bytes that are not UTF-8 must not end the chat
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     return ChatIO(read=line_reader(stdin), write=stream_writer(stdout), info=line_printer(stderr),
                   notice=line_printer(stderr, "2"), interactive=False)
 
@@ -181,9 +187,11 @@ def chat_command(
 ) -> None:
     """Chat with the model: a multi-turn REPL that evaluates only what is new each turn.
 
-    On a terminal: history across runs, \"\"\" lines or Esc-Enter for multi-line input,
-    Ctrl-C stops a reply, Ctrl-D or /bye exits, /help lists commands. With stdin piped,
-    each line is one user turn and each reply is one block on stdout.
+    On a terminal: history across runs, \"\"\" lines or Esc-Enter for multi-line input, Ctrl-C stops a reply, Ctrl-D or /bye exits, /help lists the commands.
+
+    With stdin piped, each line is one user turn and each reply goes to stdout as it is.
+
+    Chat uses one slot (all of --n-ctx) unless --n-parallel is set.
     """
     one_slot = _default_to_one_slot(opts)
     resolved = resolve_options(opts)
