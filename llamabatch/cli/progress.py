@@ -96,19 +96,20 @@ class RichReporter(Reporter):
         self.progress.update(self.task, completed=snap.done, total=snap.total, details=_details(snap))
 
     def note(self, message: str) -> None:
-        self.console.print(message, markup=False, highlight=False)
+        self.say(message)
 
     def say(self, message: str) -> None:
-        self.console.print(message, markup=False, highlight=False)
+        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         self.progress.stop()
 
 
-def make_reporter(quiet: bool, every: float, stream: TextIO | None = None) -> Reporter:
+def make_reporter(quiet: bool, every: float, stream: TextIO | None = None, *, live_ok: bool = True) -> Reporter:
+    """`live_ok=False` when records go to the same terminal: a live bar would be torn by them."""
     stream = stream if stream is not None else sys.stderr
     if quiet:
         return Reporter(stream)
-    if stream.isatty():
+    if stream.isatty() and live_ok:
         return RichReporter(stream)
     return PlainReporter(stream, every)

@@ -105,12 +105,13 @@ def run_command(
         except RunFileError as exc:
             sink.discard()
             raise fail(str(exc), EXIT_ERROR) from None
-    try:
-        engine = open_engine(resolved)
-    except BaseException:
-        sink.discard()
-        raise
-    reporter = make_reporter(quiet, progress_every)
+    with cli_errors():  # Ctrl-C while the model loads: exit 130, no traceback
+        try:
+            engine = open_engine(resolved)
+        except BaseException:
+            sink.discard()
+            raise
+    reporter = make_reporter(quiet, progress_every, live_ok=not sink.is_terminal)
     if resume:
         reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {output}"
                       + (f"; cut off a torn last line ({torn} bytes)" if torn else ""))

@@ -12,6 +12,7 @@ lets in-flight lines finish, the second cancels them (their lines get no record,
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -30,6 +31,7 @@ from .run_io import LineCounter, Source
 from .run_writer import MAX_FAILURE_NOTES, RecordWriter
 
 log = logging.getLogger("llamabatch.cli.run")
+RATE_WINDOW_S = 5.0
 
 
 class BatchRun:
@@ -52,6 +54,7 @@ class BatchRun:
         self._lock = threading.RLock()  # admission vs stop/cancel; re-entered when submit fails early
         self._reader_done = threading.Event()
         self._started = time.monotonic()
+        self._rate_samples: collections.deque = collections.deque()  # (time, generated tokens)
         self._reader = threading.Thread(target=self._read, name="llamabatch-reader", daemon=True)
 
     def start(self) -> None:
@@ -88,7 +91,15 @@ class BatchRun:
 
     def snapshot(self, counter: LineCounter | None) -> Snapshot:
         stats = self.engine.stats()
-        elapsed = max(self.elapsed(), 1e-6)
+        now = time.monotonic()
+        elapsed = max(now - self._started, 1e-6)
+        # generated tok/s over the last few seconds: the current speed, not the run's average
+        samples = self._rate_samples
+        samples.append((now, stats.generated_tokens))
+        while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW_S:
+            samples.popleft()
+        t0, g0 = samples[0] if now - samples[0][0] > 0.5 else (self._started, 0)
+        tok_s = (stats.generated_tokens - g0) / max(now - t0, 1e-6)
         written = self.writer.stats.written
         done = written + self.skipped
         total = counter.total if counter is not None else None
@@ -96,7 +107,7 @@ class BatchRun:
         if total is not None and written:
             eta = max(0, total - done) / (written / elapsed)
         return Snapshot(done=done, total=total, failed=self.writer.stats.failed,
-                        tok_s=stats.generated_tokens / elapsed,
+                        tok_s=tok_s,
                         active=stats.slots_prefilling + stats.slots_generating,
                         n_parallel=stats.n_parallel, eta_s=eta)
 

@@ -38,13 +38,18 @@ class Source:
         return enumerate(self.stream, start=1)
 
     def close(self) -> None:
-        if self.name != "-":
+        if self.name != "-":  # stdin's copy stays open: the reader may still block on it
             self.stream.close()
 
 
 def open_input(path: str) -> Source:
     if path == "-":
-        return Source("-", sys.stdin.buffer, False)
+        # A private reader on a copy of fd 0: if Ctrl-C leaves the reader thread blocked in
+        # a read, interpreter shutdown must not wait for sys.stdin's lock.
+        try:
+            return Source("-", os.fdopen(os.dup(0), "rb"), False)
+        except OSError:
+            return Source("-", sys.stdin.buffer, False)
     if os.path.isdir(path):
         raise RunFileError(f"cannot read INPUT {path}: is a directory")
     try:
@@ -66,6 +71,13 @@ class Sink:
     @property
     def is_stdout(self) -> bool:
         return self.name == "-"
+
+    @property
+    def is_terminal(self) -> bool:
+        try:
+            return os.isatty(self.stream.fileno())
+        except (OSError, ValueError):
+            return False
 
     def write_line(self, data: bytes) -> None:
         self.stream.write(data)

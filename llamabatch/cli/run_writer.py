@@ -107,6 +107,9 @@ class RecordWriter:
                 self.skipped += 1
             else:
                 self._write(*payload)
+        except Exception as exc:  # a bug must stop the run with a message, not leave it waiting
+            log.exception("writing a record failed")
+            self.error = f"writing a record failed: {exc}"
         finally:
             self.handled += 1
             self._window.release()
