@@ -190,6 +190,8 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
     for key, value in body.items():
         if key in ("messages", "prompt", "max_completion_tokens", "response_format") or key in IGNORED_BODY_FIELDS:
             continue
+        if value is None:
+            continue  # OpenAI's null means "the default", which the flags supply
         if key in OFF_BODY_FIELDS:
             if value not in (None, False, 0, [], "", "none"):
                 raise _Bad("invalid_request", f"body.{key} is not supported")

@@ -151,6 +151,11 @@ def test_openai_chat_body_maps_to_sampling_fields():
     assert (p.ignore_eos, p.top_k) == (True, 5)
 
 
+def test_openai_null_fields_mean_the_default():
+    p = parse(openai(max_tokens=None, temperature=None, stop=None, seed=None, n=None)).params
+    assert (p.max_tokens, p.temperature, p.stop, p.seed) == (32, 0.5, [], None)
+
+
 def test_openai_response_format_becomes_a_json_schema():
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
