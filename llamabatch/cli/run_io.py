@@ -73,6 +73,10 @@ class Sink:
         return self.name == "-"
 
     @property
+    def label(self) -> str:
+        return "stdout" if self.is_stdout else f"OUTPUT {self.name}"
+
+    @property
     def is_terminal(self) -> bool:
         try:
             return os.isatty(self.stream.fileno())

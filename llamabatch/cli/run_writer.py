@@ -125,10 +125,10 @@ class RecordWriter:
         try:
             self.sink.write_line(data + b"\n")
         except OSError as exc:
-            self.error = f"cannot write OUTPUT {self.sink.name}: {exc.strerror or exc}"
+            self.error = f"cannot write {self.sink.label}: {exc.strerror or exc}"
             return
         except ValueError as exc:  # closed stream
-            self.error = f"cannot write OUTPUT {self.sink.name}: {exc}"
+            self.error = f"cannot write {self.sink.label}: {exc}"
             return
         self._dirty = True
         s = self.stats
