@@ -509,7 +509,8 @@ def test_a_runner_crash_fails_everything_in_flight_once_and_closes_the_engine():
 
     runner = FakeRunner(n_slots=2, slot_ctx=300, reply=lambda p: "z" * 50, hook=hook)
     engine = make_engine(runner)
-    handles = [engine.submit(f"p{i}") for i in range(4)]
+    with engine._cond:  # all four are in before the engine thread can tick (and crash)
+        handles = [engine.submit(f"p{i}") for i in range(4)]
     results = [h.result(WAIT) for h in handles]
     assert {r.finish_reason for r in results} <= {"error", "cancelled"}
     failed = [r for r in results if r.finish_reason == "error"]
