@@ -26,6 +26,7 @@ import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
 from llamabatch.models import check_gguf, resolve_model
+from llamabatch.runner import run_in_own_thread
 
 SEQ_CTX = 1024  # the sequential Llama's context, and each engine slot's
 
@@ -125,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workload: {args.prompts} prompts x {args.tokens} new tokens, greedy, {args.threads} threads, "
           f"model {model}", flush=True)
 
-    n_seq, s_seq, continued = run_sequential(model, prompts, args.tokens, args.threads)
+    # On a thread of its own (see llamabatch.runner.run_in_own_thread): an OpenMP team left on
+    # the main thread by llama-cpp-python slowed the engine's decode ticks by ~20% here.
+    n_seq, s_seq, continued = run_in_own_thread(run_sequential, model, prompts, args.tokens, args.threads)
     seq_tps = n_seq / s_seq
     note = f" ({continued} continued past an early EOG)" if continued else ""
     print(f"(a) llama-cpp-python sequential: {n_seq} tokens in {s_seq:.2f} s = {seq_tps:.1f} tok/s{note}", flush=True)
