@@ -22,6 +22,7 @@ from typing import Any, Union
 
 from .errors import InvalidRequest
 from .params import FIELD_TYPES, SamplingParams
+from .request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from .results import Result, Timings, Usage
 
 CHAT_URL = "/v1/chat/completions"
@@ -113,7 +114,7 @@ class LineParser:
             return _malformed(text, line_no, f"line {line_no} is not valid JSON: {exc.msg} at column {exc.colno}")
         if not isinstance(data, dict):
             return LineError(line_no, line_no, "unknown_shape",
-                             f"line {line_no} is {_kind(data)}, not an object with prompt, messages or custom_id")
+                             f"line {line_no} is {json_kind(data)}, not an object with prompt, messages or custom_id")
         if any(k in data for k in ("custom_id", "url", "body", "method")):
             return self._openai(data, line_no)
         if "prompt" in data or "messages" in data:
@@ -137,7 +138,7 @@ class LineParser:
                 raise _Bad("invalid_request", "a line takes 'prompt' or 'messages', not both")
             system = data.get("system", self.system)
             if system is not None and not isinstance(system, str):
-                raise _Bad("invalid_request", f"system must be a string, got {_kind(system)}")
+                raise _Bad("invalid_request", f"system must be a string, got {json_kind(system)}")
             if "prompt" in data:
                 prompt = _check_prompt(data["prompt"])
                 if system and isinstance(prompt, str):
@@ -156,7 +157,7 @@ class LineParser:
         url = data.get("url")
         try:
             if line_id != custom_id:
-                raise _Bad("invalid_request", f"custom_id must be a non-empty string, got {_kind(custom_id)}")
+                raise _Bad("invalid_request", f"custom_id must be a non-empty string, got {json_kind(custom_id)}")
             if url not in URLS:
                 raise _Bad("invalid_url", f"unknown url {json.dumps(url)} (supported: {', '.join(URLS)})")
             method = data.get("method", "POST")
@@ -164,7 +165,7 @@ class LineParser:
                 raise _Bad("invalid_request", f"method must be POST, got {json.dumps(method)}")
             body = data.get("body")
             if not isinstance(body, dict):
-                raise _Bad("invalid_request", f"body must be an object, got {_kind(body)}")
+                raise _Bad("invalid_request", f"body must be an object, got {json_kind(body)}")
             prompt, sampling = _map_body(body, url)
             if url == CHAT_URL:
                 prompt = _with_system(prompt, self.system)
@@ -245,24 +246,27 @@ def _response_format(value: Any) -> dict | None:
 
 def _check_id(value: Any) -> LineId:
     # Strings and integers are echoed back exactly; anything else can't be matched reliably on resume.
-    if (isinstance(value, str) and value) or _is_int(value):
+    if is_request_id(value):
         return value
     raise _Bad("invalid_request", f"id must be a non-empty string or an integer, got {json.dumps(value)}")
 
 
 def _readable_id(value: Any, line_no: int) -> LineId:
-    return value if (isinstance(value, str) and value) or _is_int(value) else line_no
+    return value if is_request_id(value) else line_no
 
 
 def _check_prompt(prompt: Any) -> str | list[int]:
-    if isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_int(t) for t in prompt)):
-        return prompt
-    raise _Bad("invalid_request", f"prompt must be a string or a list of token ids, got {_kind(prompt)}")
+    try:
+        return check_prompt(prompt)
+    except InvalidRequest as exc:
+        raise _Bad("invalid_request", str(exc)) from None
 
 
 def _check_messages(messages: Any) -> list[dict]:
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise _Bad("invalid_request", 'messages must be a non-empty list of {"role", "content"} objects')
+    try:
+        messages = check_messages(messages)
+    except InvalidRequest as exc:
+        raise _Bad("invalid_request", str(exc)) from None
     # OpenAI's newer name for the system role; chat templates know only "system".
     return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
 
@@ -291,17 +295,6 @@ def _malformed(text: str, line_no: int, message: str) -> LineError:
         if isinstance(custom_id, str) and custom_id:
             return LineError(line_no, custom_id, "invalid_json", message, OPENAI)
     return LineError(line_no, line_no, "invalid_json", message)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(value), type(value).__name__)
 
 
 # -- output records -----------------------------------------------------------------------
@@ -372,7 +365,7 @@ def record_id(record: Any) -> LineId | None:
         value = record["custom_id"]
     else:
         value = record.get("id")
-    return value if isinstance(value, str) or _is_int(value) else None
+    return value if isinstance(value, str) or is_int(value) else None
 
 
 def record_error_code(record: dict[str, Any]) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any, Union
 
 from .errors import InvalidRequest
 from .params import SamplingParams
+from .request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from .results import Result
 
 # Keys of a request line that are not sampling parameters.
@@ -82,7 +83,7 @@ def parse_line(text: str | bytes, line: int, defaults: SamplingParams) -> Comman
     except json.JSONDecodeError as exc:
         raise BadLine("invalid_json", f"line {line} is not JSON: {exc.msg} at column {exc.colno}", line) from None
     if not isinstance(data, dict):
-        raise BadLine("invalid_json", f"line {line} must be a JSON object, got {_json_kind(data)}", line)
+        raise BadLine("invalid_json", f"line {line} must be a JSON object, got {json_kind(data)}", line)
     if "op" in data:
         return _parse_op(data, line)
     return _parse_request(data, line, defaults)
@@ -114,14 +115,10 @@ def _parse_request(data: dict[str, Any], line: int, defaults: SamplingParams) ->
     if has_prompt == has_messages:
         raise bad("a request needs exactly one of 'prompt' or 'messages'" if not has_prompt
                   else "a request takes 'prompt' or 'messages', not both")
-    if has_prompt:
-        prompt = data["prompt"]
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(_is_int(t) for t in prompt))):
-            raise bad(f"prompt must be a string or a list of token ids, got {_json_kind(prompt)}")
-    else:
-        prompt = data["messages"]
-        if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
-            raise bad("messages must be a non-empty list of {\"role\", \"content\"} objects")
+    try:
+        prompt = check_prompt(data["prompt"]) if has_prompt else check_messages(data["messages"])
+    except InvalidRequest as exc:
+        raise bad(str(exc)) from None
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise bad(f"stream must be true or false, got {json.dumps(stream)}")
@@ -137,7 +134,7 @@ def _check_id(value: Any, line: int, op: str | None = None) -> RequestId:
     # Strings and integers, echoed back exactly as given; anything else can't be matched reliably.
     if isinstance(value, str) and value:
         return value
-    if _is_int(value):
+    if is_int(value):
         return value
     raise BadLine("invalid_request", f"id must be a non-empty string or an integer, got {json.dumps(value)}",
                   line, op=op)
@@ -145,18 +142,7 @@ def _check_id(value: Any, line: int, op: str | None = None) -> RequestId:
 
 def _readable_id(data: dict[str, Any]) -> RequestId | None:
     value = data.get("id")
-    return value if (isinstance(value, str) and value) or _is_int(value) else None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(value), type(value).__name__)
+    return value if is_request_id(value) else None
 
 
 # -- events ------------------------------------------------------------------------------------
