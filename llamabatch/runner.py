@@ -8,6 +8,7 @@ request asked for logprobs.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import logging
 import math
@@ -29,7 +30,8 @@ log = logging.getLogger("llamabatch.runner")
 
 # llama.cpp logs a lot to stderr; keep the last lines so a load failure can name its cause,
 # and forward them to Python logging (shown with --debug) instead of printing.
-_recent_log: deque[str] = deque(maxlen=40)
+_recent_log: deque[tuple[int, str]] = deque(maxlen=40)  # (line number, text)
+_log_count = itertools.count(1)
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
 
@@ -38,7 +40,7 @@ _GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: loggin
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace").rstrip()
     if line:
-        _recent_log.append(line)
+        _recent_log.append((next(_log_count), line))
         log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", line)
 
 
@@ -72,10 +74,10 @@ class LlamaRunner:
         self._closed = False
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
-        _recent_log.clear()
+        mark = _log_mark()
         self.model = C.llama_model_load_from_file(model_path.encode(), mparams)
         if not self.model:
-            raise ModelLoadError(f"{model_path}: llama.cpp could not load the model ({_last_error()})")
+            raise ModelLoadError(f"{model_path}: llama.cpp could not load the model ({_first_error(mark)})")
         self.vocab = C.llama_model_get_vocab(self.model)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_slots = config.n_parallel
@@ -98,7 +100,8 @@ class LlamaRunner:
         self.ctx = C.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             C.llama_model_free(self.model)
-            raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of {config.total_ctx} tokens ({_last_error()})")
+            raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of {config.total_ctx} tokens "
+                                 f"({_first_error(mark)})")
         self.mem = C.llama_get_memory(self.ctx)
         self.slot_ctx = C.llama_n_ctx_seq(self.ctx)
         self.n_batch = config.n_batch
@@ -186,9 +189,10 @@ class LlamaRunner:
                 except Exception as exc:  # the converter raises many kinds for bad schemas
                     raise InvalidRequest(f"json_schema cannot be turned into a grammar: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
             if grammar:
+                mark = _log_mark()
                 g = C.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
                 if not g:
-                    raise InvalidRequest(f"grammar does not parse ({_last_error()})")
+                    raise InvalidRequest(f"grammar does not parse ({_first_error(mark)})")
                 add(g)
             bias = dict(p.logit_bias)
             if block_eog:
@@ -324,12 +328,20 @@ class LlamaRunner:
         C.llama_model_free(self.model)
 
 
-def _last_error() -> str:
-    for line in reversed(_recent_log):
+def _log_mark() -> int:
+    """The number of the last llama.cpp log line so far; `_first_error` looks only past it."""
+    return _recent_log[-1][0] if _recent_log else 0
+
+
+def _first_error(mark: int) -> str:
+    """The first line llama.cpp logged after `mark` that names a problem: later lines only
+    repeat it ("failed to load model"), the first one says why."""
+    lines = [text for number, text in _recent_log if number > mark]
+    for line in lines:
         low = line.lower()
-        if "error" in low or "failed" in low or "invalid" in low or "unknown" in low:
-            return line.strip()
-    return _recent_log[-1].strip() if _recent_log else "no details from llama.cpp"
+        if "error" in low or "failed" in low or "invalid" in low or "unknown" in low or "only supports" in low:
+            return line.split(": ", 1)[-1].strip()  # drop llama.cpp's "function_name: " prefix
+    return lines[-1].strip() if lines else "no details from llama.cpp"
 
 
 def random_seed() -> int:
