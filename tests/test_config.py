@@ -79,6 +79,16 @@ def test_default_when_no_file_env_or_flag():
     assert values["cache_prompt"] == (True, "default")
 
 
+def test_chat_defaults_to_one_slot_below_every_other_layer(clean_env, monkeypatch):
+    assert show(command="chat")["n_parallel"] == (1, "default (chat)")
+    assert show(command="run")["n_parallel"] == (8, "default")
+    write(clean_env / "llamabatch.toml", "n_parallel = 3\n")
+    assert show(command="chat")["n_parallel"] == (3, f"{clean_env / 'llamabatch.toml'}:1")
+    monkeypatch.setenv("LLAMABATCH_N_PARALLEL", "2")
+    assert show(command="chat")["n_parallel"] == (2, "env LLAMABATCH_N_PARALLEL")
+    assert show("--n-parallel", "5", command="chat")["n_parallel"] == (5, "flag")
+
+
 def test_file_overrides_default_with_file_and_line(clean_env):
     path = write(clean_env / "llamabatch.toml", LOCAL)
     values = show()

@@ -193,10 +193,7 @@ def chat_command(
 
     Chat uses one slot (all of --n-ctx) unless --n-parallel is set.
     """
-    one_slot = _default_to_one_slot(opts)
-    resolved = resolve_options(opts)
-    if one_slot:
-        resolved.sources["n_parallel"] = "default (chat)"
+    resolved = resolve_options(opts)  # n_parallel defaults to 1 here (options.COMMAND_DEFAULTS)
     with cli_errors():
         started = time.perf_counter()
         engine = open_engine(resolved)
@@ -213,18 +210,3 @@ def chat_command(
             chat_loop(ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s))
         finally:
             engine.close()
-
-
-def _default_to_one_slot(opts: SharedOptions) -> bool:
-    """One conversation needs one slot, which then gets all of --n-ctx: make 1 chat's default
-    n_parallel, below the flag, LLAMABATCH_N_PARALLEL and the config file."""
-    from .config_layer import file_values_for
-    from .options import env_name
-
-    if opts["n_parallel"] is not None or os.environ.get(env_name("n_parallel")):
-        return False
-    with cli_errors():
-        if "n_parallel" in file_values_for(opts.command):
-            return False
-    opts.values["n_parallel"] = 1
-    return True

@@ -96,6 +96,11 @@ def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+# Built-in defaults that differ for one command, below every other layer. One conversation
+# needs one slot, which then gets all of --n-ctx.
+COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"chat": {"n_parallel": 1}}
+
+
 @dataclass
 class Resolved:
     engine: EngineConfig
@@ -155,6 +160,8 @@ def resolve(opts: SharedOptions, file_values: dict[str, tuple[Any, str]] | None 
             chosen[key], sources[key] = env, f"env {env_name(key)}"
         elif key in file_values:
             chosen[key], sources[key] = file_values[key]
+        elif key in COMMAND_DEFAULTS.get(opts.command, {}):
+            chosen[key], sources[key] = COMMAND_DEFAULTS[opts.command][key], f"default ({opts.command})"
         else:
             sources[key] = "default"
     engine = EngineConfig(**{k: chosen[k] for k in ENGINE_KEYS if k in chosen}).validate()
