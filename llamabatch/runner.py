@@ -8,6 +8,7 @@ request asked for logprobs.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import json
 import logging
@@ -109,7 +110,6 @@ class LlamaRunner:
         self._slot_samplers: list[_Sampler | None] = [None] * self.n_slots
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
-        self._eog_ids = [t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)]
         self.metadata = self._read_metadata()
         # the text of BOS/EOS, for chat templates that mention them
         self.bos_text = self.token_text(C.llama_vocab_bos(self.vocab)) if C.llama_vocab_bos(self.vocab) >= 0 else ""
@@ -158,6 +158,12 @@ class LlamaRunner:
         if piece is None:
             piece = self._piece_cache[token] = self._piece(token, special=False)
         return piece
+
+    @functools.cached_property
+    def _eog_ids(self) -> tuple[int, ...]:
+        # Only chains that ban end-of-generation (ignore_eos, min_tokens) need the full list,
+        # and scanning a 262,144-token vocabulary costs ~70 ms: not at every model load.
+        return tuple(t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t))
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
