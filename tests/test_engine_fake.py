@@ -307,7 +307,8 @@ def test_decode_failure_fails_only_that_batch_and_the_engine_keeps_serving():
     status.failed = 0
     runner = FakeRunner(n_slots=2, slot_ctx=300, reply=lambda p: "abcdef", status=status)
     with make_engine(runner) as engine:
-        handles = [engine.submit(x) for x in "abc"]  # c waits for a slot
+        with engine.hold():  # a and b start in the same tick, so one plan holds exactly their two chunks
+            handles = [engine.submit(x) for x in "abc"]  # c waits for a slot
         results = {h.request_id: h.result(WAIT) for h in handles}
         rd = engine.submit("d").result(WAIT)
         stats = engine.stats()
