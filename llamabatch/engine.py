@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence as Seq, Union
 
 from .config import EngineConfig
 from .errors import ContextOverflow, DecodeError, EngineClosed, InvalidRequest, LlamaBatchError, QueueFull
-from .params import SamplingParams
+from .params import SamplingParams, random_seed
 from .plan import StepPlan, StepResult
 from .results import Delta, Result, Timings, Usage
 from .scheduler import Scheduler, SeqEvent
@@ -213,7 +212,7 @@ class Engine:
                 # formats without special tokens (the plain transcript) need their own stops
                 params = params.replace(stop=[*params.stop, *(s for s in self.chat_template.stop if s not in params.stop)])
             seed = params.seed if params.seed is not None else (
-                self.config.seed if self.config.seed is not None else random.SystemRandom().randrange(2**32))
+                self.config.seed if self.config.seed is not None else random_seed())
             sampler = self.runner.build_sampler(params, seed)
         except LlamaBatchError as exc:
             self._fail_early(handle, exc)

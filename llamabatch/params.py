@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -97,6 +98,12 @@ class SamplingParams:
                 raise InvalidRequest(f"unknown sampling parameter {key!r}")
             values[key] = _coerce(key, raw)
         return cls(**values).validate()
+
+
+def random_seed() -> int:
+    """A seed for a request that set none. Never 0xFFFFFFFF: llama.cpp reads that value as
+    "pick one yourself", and the seed echoed in the result would not reproduce the output."""
+    return random.SystemRandom().randrange(0, 2**32 - 1)
 
 
 def _check(ok: bool, name: str, allowed: str, got: Any) -> None:

@@ -13,7 +13,6 @@ import itertools
 import json
 import logging
 import math
-import random
 import threading
 import time
 from collections import deque
@@ -24,7 +23,7 @@ from llama_cpp import llama_cpp as C
 
 from .config import EngineConfig
 from .errors import InvalidRequest, ModelLoadError
-from .params import SamplingParams
+from .params import SamplingParams, random_seed
 from .plan import StepPlan, StepResult
 
 log = logging.getLogger("llamabatch.runner")
@@ -348,10 +347,6 @@ def _first_error(mark: int) -> str:
         if "error" in low or "failed" in low or "invalid" in low or "unknown" in low or "only supports" in low:
             return line.split(": ", 1)[-1].strip()  # drop llama.cpp's "function_name: " prefix
     return lines[-1].strip() if lines else "no details from llama.cpp"
-
-
-def random_seed() -> int:
-    return random.SystemRandom().randrange(0, 2**32 - 1)
 
 
 def sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,

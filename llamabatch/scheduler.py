@@ -153,10 +153,6 @@ class Scheduler:
         event.finished = seq.finished
         return event
 
-    def text_of(self, seq: Sequence) -> str:
-        detok = self._detok.get(seq.request_id)
-        return detok.text if detok else ""
-
     # -- endings -------------------------------------------------------------------------
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> str:
