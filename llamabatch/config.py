@@ -1,13 +1,22 @@
-"""EngineConfig: how the engine is built (model, slots, context, batch shape, policy)."""
+"""EngineConfig: how the engine is built (model, slots, context, batch shape, policy).
+
+EngineConfig is the one owner of the engine settings: `KEY_RULES` says what each key may
+hold, `validate()` adds the rules between keys, and `from_dict` builds a config from
+JSON/TOML-like data. The config file (`config_file.py`) takes its engine keys and their
+checks from here, as it takes the sampling ones from `SamplingParams.from_dict`.
+"""
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from .errors import InvalidRequest
+from .params import SEED_ALLOWED, is_seed
+from .policies import POLICIES
+from .rules import Rule, boolean, choice, integer, optional, text
 
-POLICIES = ("decode-maximal", "prefill-priority", "balanced")
 DEFAULT_CTX_PER_SLOT = 4096
 
 
@@ -48,24 +57,68 @@ class EngineConfig:
     def n_threads(self) -> int:
         return self.threads or max(1, min(os.cpu_count() or 1, 8))
 
-    def validate(self) -> "EngineConfig":
-        def bad(name: str, allowed: str, got) -> None:
-            raise InvalidRequest(f"{name} must be {allowed}, got {got!r}")
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base: "EngineConfig | None" = None) -> "EngineConfig":
+        """Build from JSON/TOML-like data, each key checked by its rule, then the rules
+        between keys. `base` supplies what `data` does not set. Raises InvalidRequest."""
+        values = dataclasses.asdict(base) if base is not None else {}
+        for key, raw in data.items():
+            if key not in KEY_RULES:
+                raise InvalidRequest(f"unknown engine setting {key!r}; allowed: {', '.join(KEY_RULES)}")
+            values[key] = check_key(key, raw)
+        return cls(**values).validate()
 
-        if not isinstance(self.n_parallel, int) or self.n_parallel < 1:
-            bad("n_parallel", "an integer >= 1", self.n_parallel)
-        if self.n_ctx is not None and (not isinstance(self.n_ctx, int) or self.n_ctx < 16 * self.n_parallel):
-            bad("n_ctx", f"an integer >= 16 per slot ({16 * self.n_parallel} for {self.n_parallel} slots)", self.n_ctx)
-        if not isinstance(self.n_batch, int) or self.n_batch < self.n_parallel:
-            bad("n_batch", f"an integer >= n_parallel ({self.n_parallel})", self.n_batch)
-        if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
-            bad("chunk_size", "an integer >= 1", self.chunk_size)
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            bad("threads", "an integer >= 1", self.threads)
-        if self.policy not in POLICIES:
-            bad("policy", "one of " + ", ".join(POLICIES), self.policy)
-        if not isinstance(self.n_gpu_layers, int) or self.n_gpu_layers < -1:
-            bad("n_gpu_layers", "an integer >= -1 (-1 = all)", self.n_gpu_layers)
-        if not isinstance(self.max_queue, int) or self.max_queue < 0:
-            bad("max_queue", "an integer >= 0 (0 = unbounded)", self.max_queue)
+    def validate(self) -> "EngineConfig":
+        """Raise InvalidRequest naming the first bad setting; return self when all are fine."""
+        for f in dataclasses.fields(self):
+            check_key(f.name, getattr(self, f.name))
+        # the rules between keys
+        if self.n_ctx is not None and self.n_ctx < 16 * self.n_parallel:
+            _bad("n_ctx", f"an integer >= 16 per slot ({16 * self.n_parallel} for {self.n_parallel} slots)", self.n_ctx)
+        if self.n_batch < self.n_parallel:
+            _bad("n_batch", f"an integer >= n_parallel ({self.n_parallel})", self.n_batch)
         return self
+
+
+def _seed(value: Any) -> Any:
+    if not is_seed(value):
+        raise ValueError(SEED_ALLOWED)
+    return value
+
+
+def _chat_template(value: Any) -> Any:
+    if not isinstance(value, str) or not value.strip():
+        from .chat_template import BUILTIN_TEMPLATES  # only to word the error
+
+        raise ValueError("a built-in template name (" + ", ".join(BUILTIN_TEMPLATES) + ") or a Jinja file")
+    return value
+
+
+# What each key may hold on its own (None = "not set" where the field allows it).
+KEY_RULES: dict[str, Rule] = {
+    "model": optional(text("a path to a GGUF file")),
+    "n_parallel": integer(1, "an integer >= 1"),
+    "n_ctx": optional(integer(16, "an integer >= 16 (total context, split between slots)")),
+    "n_batch": integer(1, "an integer >= 1"),
+    "chunk_size": integer(1, "an integer >= 1"),
+    "threads": optional(integer(1, "an integer >= 1")),
+    "policy": choice(*POLICIES),
+    "cache_prompt": boolean,
+    "n_gpu_layers": integer(-1, "an integer >= -1 (-1 = all)"),
+    "max_queue": integer(0, "an integer >= 0 (0 = unbounded)"),
+    "chat_template": optional(_chat_template),
+    "seed": optional(_seed),
+}
+assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
+
+
+def check_key(key: str, value: Any) -> Any:
+    """The value to use for `key`, or InvalidRequest("key must be ..., got ...")."""
+    try:
+        return KEY_RULES[key](value)
+    except ValueError as exc:
+        _bad(key, str(exc), value)
+
+
+def _bad(name: str, allowed: str, got: Any) -> None:
+    raise InvalidRequest(f"{name} must be {allowed}, got {got!r}")

@@ -25,7 +25,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,9 +33,10 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from .chat_template import BUILTIN_TEMPLATES
-from .config import POLICIES
+from .config import KEY_RULES as ENGINE_KEY_RULES
 from .errors import InvalidRequest
 from .params import SamplingParams
+from .rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, text as _text
 
 CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"
@@ -47,56 +48,14 @@ class ConfigFileError(InvalidRequest):
     """A config file that cannot be used. An InvalidRequest, so the CLI exits 2."""
 
 
-# A rule checks one value: it returns the value to use or raises ValueError(what is allowed).
-Rule = Callable[[Any], Any]
-
-
-def _integer(minimum: int, allowed: str) -> Rule:
-    def check(value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(allowed)
-        return value
-    return check
-
-
-def _boolean(value: Any) -> Any:
-    if not isinstance(value, bool):
-        raise ValueError("true or false")
-    return value
-
-
-def _text(allowed: str = "a non-empty string") -> Rule:
-    def check(value: Any) -> Any:
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(allowed)
-        return value
-    return check
-
-
-def _choice(*choices: str) -> Rule:
-    allowed = "one of " + ", ".join(f'"{c}"' for c in choices)
-
-    def check(value: Any) -> Any:
-        if value not in choices:
-            raise ValueError(allowed)
-        return value
-    return check
-
-
-# Checked one key at a time; rules between keys (n_batch >= n_parallel, ...) are
-# EngineConfig.validate's job once every layer is merged.
-ENGINE_RULES: dict[str, Rule] = {
-    "model": _text("a path to a GGUF file"),
-    "n_parallel": _integer(1, "an integer >= 1"),
-    "n_ctx": _integer(16, "an integer >= 16 (total context, split between slots)"),
-    "n_batch": _integer(1, "an integer >= 1"),
-    "chunk_size": _integer(1, "an integer >= 1"),
-    "policy": _choice(*POLICIES),
-    "cache_prompt": _boolean,
-    "threads": _integer(1, "an integer >= 1"),
-    "n_gpu_layers": _integer(-1, "an integer >= -1 (-1 = all)"),
-    "chat_template": _text("a built-in template name (" + ", ".join(BUILTIN_TEMPLATES) + ") or a Jinja file"),
-}
+# Engine keys and their checks come from EngineConfig (its KEY_RULES), as sampling keys
+# come from SamplingParams.from_dict; rules between keys (n_batch >= n_parallel, ...) are
+# EngineConfig.validate's job once every layer is merged. Two EngineConfig keys are not
+# top-level file keys: `seed` is a sampling key ([sampling] seed), and `max_queue` is
+# serve-stdin's own (COMMAND_RULES below), as only that command has a bounded queue.
+_NOT_FILE_ENGINE_KEYS = ("seed", "max_queue")
+ENGINE_RULES: dict[str, Rule] = {key: rule for key, rule in ENGINE_KEY_RULES.items()
+                                 if key not in _NOT_FILE_ENGINE_KEYS}
 
 # The shared sampling keys that are not SamplingParams fields as such.
 _SAMPLING_SPECIAL: dict[str, Rule] = {
@@ -112,7 +71,7 @@ COMMAND_RULES: dict[str, dict[str, Rule]] = {
         "max_inflight": _integer(1, "an integer >= 1"),
     },
     "serve-stdin": {
-        "max_queue": _integer(0, "an integer >= 0 (0 = unbounded)"),
+        "max_queue": ENGINE_KEY_RULES["max_queue"],
         "on_eof": _choice("drain", "cancel"),
     },
     "chat": {

@@ -75,7 +75,7 @@ class SamplingParams:
         _check(0 <= self.xtc_probability <= 1, "xtc_probability", "a number in [0, 1]", self.xtc_probability)
         _check(0 <= self.xtc_threshold <= 1, "xtc_threshold", "a number in [0, 1]", self.xtc_threshold)
         _check(self.mirostat in (0, 2), "mirostat", "0 (off) or 2 (mirostat v2)", self.mirostat)
-        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**32), "seed", "an integer in [0, 2^32)", self.seed)
+        _check(self.seed is None or is_seed(self.seed), "seed", SEED_ALLOWED, self.seed)
         _check(self.timeout is None or self.timeout > 0, "timeout", "a number of seconds > 0", self.timeout)
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs", "an integer in [0, 20]", self.logprobs)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
@@ -100,10 +100,20 @@ class SamplingParams:
         return cls(**values).validate()
 
 
+# llama.cpp's LLAMA_DEFAULT_SEED: a sampler given it picks a seed of its own, so a result
+# echoing it could not be reproduced. No seed we accept or make up is ever this value.
+LLAMA_RANDOM_SEED = 0xFFFFFFFF
+SEED_ALLOWED = f"an integer in [0, {LLAMA_RANDOM_SEED}) ({LLAMA_RANDOM_SEED} means 'random' to llama.cpp)"
+
+
+def is_seed(value: Any) -> bool:
+    """A seed that reproduces its output: 0 <= value < 0xFFFFFFFF (and not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < LLAMA_RANDOM_SEED
+
+
 def random_seed() -> int:
-    """A seed for a request that set none. Never 0xFFFFFFFF: llama.cpp reads that value as
-    "pick one yourself", and the seed echoed in the result would not reproduce the output."""
-    return random.SystemRandom().randrange(0, 2**32 - 1)
+    """A seed for a request that set none (never LLAMA_RANDOM_SEED, see above)."""
+    return random.SystemRandom().randrange(0, LLAMA_RANDOM_SEED)
 
 
 def _check(ok: bool, name: str, allowed: str, got: Any) -> None:

@@ -315,7 +315,8 @@ def test_errors_in_a_real_process(clean_env):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        f"llamabatch: error: {path}:2: [sampling] seed: must be an integer in [0, 2^32), got -1"]
+        f"llamabatch: error: {path}:2: [sampling] seed: must be an integer in [0, 4294967295) "
+        f"(4294967295 means 'random' to llama.cpp), got -1"]
 
 
 # --- config show ---------------------------------------------------------------------

@@ -16,7 +16,9 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from ..config import POLICIES, EngineConfig
+from ..config import EngineConfig
+from ..config_file import ENGINE_RULES
+from ..policies import POLICIES
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 
@@ -53,8 +55,7 @@ SHARED_OPTIONS: dict[str, Any] = {
     "json_schema": Annotated[Optional[str], _opt("--json-schema", help="JSON schema (inline JSON or a file) constraining output", panel=SAMPLING)],
 }
 
-ENGINE_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
-               "n_gpu_layers", "chat_template")
+ENGINE_KEYS = tuple(ENGINE_RULES)  # EngineConfig's keys a flag, env variable or config file sets
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop",
                  "grammar_file", "json_schema")
 
@@ -164,7 +165,7 @@ def resolve(opts: SharedOptions, file_values: dict[str, tuple[Any, str]] | None 
             chosen[key], sources[key] = COMMAND_DEFAULTS[opts.command][key], f"default ({opts.command})"
         else:
             sources[key] = "default"
-    engine = EngineConfig(**{k: chosen[k] for k in ENGINE_KEYS if k in chosen}).validate()
+    engine = EngineConfig.from_dict({k: chosen[k] for k in ENGINE_KEYS if k in chosen})
     sampling_values = {k: chosen[k] for k in SAMPLING_KEYS if k in chosen and k not in ("grammar_file", "json_schema")}
     # Sampling fields without a flag (presence_penalty, timeout, ...) can come from the config file only.
     extra = {k: v for k, v in file_values.items() if k not in SHARED_OPTIONS}
