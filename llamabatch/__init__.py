@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 
 from .config import EngineConfig
-from .engine import Engine, EngineStats, RequestHandle
+from .engine import Engine
+from .handle import RequestHandle
 from .errors import (ContextOverflow, DecodeError, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError,
                      QueueFull)
 from .params import SamplingParams
 from .results import Delta, Result, Timings, Usage
-from .telemetry import RequestRecord, TickRecord
+from .telemetry import EngineStats, RequestRecord, TickRecord
 
 __version__ = "0.1.0"
 

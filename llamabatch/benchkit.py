@@ -373,7 +373,7 @@ def run_baseline(model_path: str, prompts: Sequence[list[int]], max_tokens: int,
     costs a full-vocabulary numpy pass per token that would slow the baseline unfairly, so a
     baseline request may stop before `max_tokens`: the comparison uses throughputs.
     """
-    from .runner import sequential_baseline  # the one module that imports llama_cpp
+    from .baseline import sequential_baseline  # imports llama_cpp: only when a baseline is asked for
 
     n_ctx = max((len(p) for p in prompts), default=1) + max_tokens + 1
     records = sequential_baseline(model_path, [list(p) for p in prompts], max_tokens, threads=threads,

@@ -1,8 +1,11 @@
 """The data that crosses between scheduler and runner each tick, and the Runner protocol.
 
 The scheduler produces a StepPlan; the runner turns it into one llama_decode and samples
-the rows that asked for logits; the scheduler consumes the StepResult. Plain dataclasses
-keep the scheduler testable with a scripted fake runner.
+the rows that asked for logits; the scheduler consumes the StepResult. The plan is the
+whole contract: each chunk that wants logits carries the sampler chain to sample its row
+with and how many logprobs to report, so `runner.execute(plan)` needs nothing else (no
+per-slot sampler state on the side, no reaching back into the scheduler's sequences).
+Plain dataclasses keep the scheduler testable with a scripted fake runner.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ class Chunk:
     wants_logits: bool  # True when the chunk reaches the end of what is known: sample after it
     is_decode: bool  # one generated token being fed back (as opposed to a prompt chunk)
     suppress_eog: bool = False  # min_tokens not reached: an end-of-generation token must be resampled
+    sampler: Any = None  # the request's sampler chain (runner.build_sampler); samples the row when wants_logits
+    logprobs: int | None = None  # report the sampled token's logprob and this many alternatives (None = no)
 
 
 @dataclass
@@ -71,13 +76,11 @@ class Runner(Protocol):
 
     def free_sampler(self, sampler: Any) -> None: ...
 
-    def attach(self, slot: int, sampler: Any) -> None:
-        """Make `sampler` the chain sampled for `slot` from now on."""
-
     def keep_prefix(self, slot: int, n_keep: int) -> int:
         """Drop the slot's KV cells at positions >= n_keep; return how many are really kept."""
 
-    def execute(self, plan: StepPlan, logprobs: dict[int, int]) -> StepResult: ...
+    def execute(self, plan: StepPlan) -> StepResult:
+        """One llama_decode of the plan; sample each wants_logits row with its chunk's sampler."""
 
     def close(self) -> None: ...
 

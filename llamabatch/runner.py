@@ -1,8 +1,8 @@
 """LlamaRunner: the one module that imports llama_cpp.
 
-It owns the model, the context, one reusable llama_batch and one sampler chain per slot.
-Each tick it turns a StepPlan into exactly one llama_decode and samples, inside
-llama.cpp, the rows that asked for logits. Logits are never copied into Python unless a
+It owns the model, the context and one reusable llama_batch, and builds each request's
+sampler chain. Each tick it turns a StepPlan into exactly one llama_decode and samples,
+inside llama.cpp, the rows that asked for logits, each with the chain its chunk carries. Logits are never copied into Python unless a
 request asked for logprobs.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from llama_cpp import llama_cpp as C
 
 from .config import EngineConfig
 from .errors import InvalidRequest, ModelLoadError
-from .params import SamplingParams, random_seed
+from .params import SamplingParams
 from .plan import StepPlan, StepResult
 
 log = logging.getLogger("llamabatch.runner")
@@ -48,7 +48,7 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
-def _init_backend() -> None:
+def init_backend() -> None:
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
@@ -68,7 +68,7 @@ class _Sampler:
 
 class LlamaRunner:
     def __init__(self, config: EngineConfig, model_path: str):
-        _init_backend()
+        init_backend()
         self.config = config
         self.model_path = model_path
         self._closed = False
@@ -106,7 +106,6 @@ class LlamaRunner:
         self.slot_ctx = C.llama_n_ctx_seq(self.ctx)
         self.n_batch = config.n_batch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
-        self._slot_samplers: list[_Sampler | None] = [None] * self.n_slots
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self.metadata = self._read_metadata()
@@ -251,9 +250,6 @@ class LlamaRunner:
         if sampler.no_eog_chain:
             C.llama_sampler_free(sampler.no_eog_chain)
 
-    def attach(self, slot: int, sampler: _Sampler) -> None:
-        self._slot_samplers[slot] = sampler
-
     # -- KV cache ----------------------------------------------------------------------
 
     def keep_prefix(self, slot: int, n_keep: int) -> int:
@@ -268,10 +264,10 @@ class LlamaRunner:
 
     # -- one tick ----------------------------------------------------------------------
 
-    def execute(self, plan: StepPlan, logprobs: dict[int, int] | None = None) -> StepResult:
+    def execute(self, plan: StepPlan) -> StepResult:
         batch = self.batch
         token, pos, n_seq, seq_ids, want = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
-        rows: list[tuple[int, int, bool]] = []  # (slot, row, suppress_eog)
+        rows: list[tuple[Any, int]] = []  # (chunk, row)
         i = 0
         for chunk in plan.chunks:
             slot, p0 = chunk.slot, chunk.start_pos
@@ -284,7 +280,7 @@ class LlamaRunner:
                 i += 1
             if chunk.wants_logits:
                 want[i - 1] = 1
-                rows.append((slot, i - 1, chunk.suppress_eog))
+                rows.append((chunk, i - 1))
         batch.n_tokens = i
         t0 = time.perf_counter()
         status = C.llama_decode(self.ctx, batch)
@@ -293,9 +289,9 @@ class LlamaRunner:
         result = StepResult(status=status, eval_ms=(t1 - t0) * 1000)
         if status != 0:
             return result
-        for slot, row, suppress_eog in rows:
-            sampler = self._slot_samplers[slot]
-            if suppress_eog and sampler.no_eog_chain:
+        for chunk, row in rows:
+            sampler = chunk.sampler
+            if chunk.suppress_eog and sampler.no_eog_chain:
                 # min_tokens not reached: the twin that cannot pick EOG samples every token of
                 # this phase (so its own history is whole), and the main chain is told each
                 # token so its penalties and mirostat state stay in step for later.
@@ -303,9 +299,9 @@ class LlamaRunner:
                 C.llama_sampler_accept(sampler.chain, tok)
             else:
                 tok = C.llama_sampler_sample(sampler.chain, self.ctx, row)
-            result.sampled[slot] = tok
-            if logprobs and slot in logprobs:
-                result.logprobs[slot] = self._logprobs(row, tok, logprobs[slot])
+            result.sampled[chunk.slot] = tok
+            if chunk.logprobs is not None:
+                result.logprobs[chunk.slot] = self._logprobs(row, tok, chunk.logprobs)
         result.sample_ms = (time.perf_counter() - t1) * 1000
         return result
 
@@ -347,73 +343,3 @@ def _first_error(mark: int) -> str:
         if "error" in low or "failed" in low or "invalid" in low or "unknown" in low or "only supports" in low:
             return line.split(": ", 1)[-1].strip()  # drop llama.cpp's "function_name: " prefix
     return lines[-1].strip() if lines else "no details from llama.cpp"
-
-
-def sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
-                        n_batch: int, n_gpu_layers: int, params: SamplingParams,
-                        on_request: Any = None) -> list[dict[str, Any]]:
-    """`llamabatch bench --baseline`: llama-cpp-python's high-level Llama.create_completion
-    over the same prompt token ids, one request at a time, with the same sampling settings.
-
-    Returns one record per prompt: seconds (wall time of the call), prompt_tokens,
-    completion_tokens, finish_reason. Model load is not timed.
-
-    It runs on a thread of its own, which ends with it. llama.cpp's CPU backend uses
-    OpenMP, whose worker team belongs to the calling thread and outlives the call: a team
-    left behind on the caller's thread measurably slowed the engine thread's own team
-    afterwards (8-slot decode ticks 40 ms -> 49 ms here), which would skew the comparison.
-    """
-    return run_in_own_thread(_sequential_baseline, model_path, prompts, max_tokens, threads=threads, n_ctx=n_ctx,
-                             n_batch=n_batch, n_gpu_layers=n_gpu_layers, params=params, on_request=on_request)
-
-
-def run_in_own_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call fn on a fresh thread and return its result (or raise its exception)."""
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # re-raised on the caller's thread
-            out["error"] = exc
-
-    worker = threading.Thread(target=target, name="llamabatch-baseline")
-    worker.start()
-    worker.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
-def _sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
-                         n_batch: int, n_gpu_layers: int, params: SamplingParams,
-                         on_request: Any = None) -> list[dict[str, Any]]:
-    _init_backend()  # keeps llama.cpp's log lines off stderr, as for the engine
-    seed = params.seed if params.seed is not None else random_seed()
-    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-                          n_threads_batch=threads, n_gpu_layers=-1 if n_gpu_layers == -1 else n_gpu_layers,
-                          seed=seed, verbose=False)
-    records = []
-    try:
-        # Untimed warm-up, as the engine gets one: the first decode pages in the weights. Its
-        # token starts no prompt, so it leaves no reusable prefix behind.
-        firsts = {p[0] for p in prompts if p}
-        warm = next((t for p in prompts for t in p if t not in firsts), None)
-        if warm is not None:
-            llm.create_completion([warm], max_tokens=1, temperature=params.temperature, seed=seed)
-        for prompt in prompts:
-            t0 = time.perf_counter()
-            out = llm.create_completion(list(prompt), max_tokens=max_tokens, temperature=params.temperature,
-                                        top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
-                                        typical_p=params.typical_p, repeat_penalty=params.repeat_penalty,
-                                        seed=seed)
-            seconds = time.perf_counter() - t0
-            usage = out["usage"]
-            records.append({"seconds": seconds, "prompt_tokens": usage["prompt_tokens"],
-                            "completion_tokens": usage["completion_tokens"],
-                            "finish_reason": out["choices"][0]["finish_reason"]})
-            if on_request is not None:
-                on_request(usage["completion_tokens"])
-    finally:
-        llm.close()
-    return records

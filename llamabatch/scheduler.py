@@ -1,7 +1,9 @@
 """Slots, the waiting queue, admission and the per-tick plan. Never imports llama_cpp.
 
-The scheduler is the one owner of "what is in each slot's KV cache" (`Slot.cached`);
-the runner applies the trims it decides. Token bytes and end-of-generation checks come
+The scheduler owns what runs next: who gets a slot, who gets how many tokens this tick,
+which requests are past their deadline, and the smaller plan to try when llama_decode
+finds no KV room. It is also the one owner of "what is in each slot's KV cache"
+(`Slot.cached`); the runner applies the trims it decides. Token bytes and end-of-generation checks come
 in as callables so tests can drive it with a scripted fake vocabulary.
 """
 from __future__ import annotations
@@ -56,11 +58,22 @@ class Scheduler:
         self.is_eog = is_eog
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self._admitted = 0
+        self._timed: list[Sequence] = []  # unfinished sequences with a deadline
 
     # -- queue and admission -------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        if seq.deadline is not None:
+            self._timed.append(seq)
+
+    def expired(self, now: float) -> list[Sequence]:
+        """Unfinished sequences (waiting or running) whose deadline has passed at `now`;
+        the caller ends them with finish_reason 'timeout'."""
+        if not self._timed:
+            return []
+        self._timed = [s for s in self._timed if not s.finished]
+        return [s for s in self._timed if now >= s.deadline]  # type: ignore[operator]
 
     @property
     def running(self) -> list[Sequence]:
@@ -104,11 +117,26 @@ class Scheduler:
         chunks = []
         for seq, n in allocation:
             tokens = seq.pending_tokens(n)
+            wants_logits = seq.num_computed + n == seq.num_tokens
             chunks.append(Chunk(slot=seq.slot, request_id=seq.request_id, tokens=tokens,
-                                start_pos=seq.num_computed, wants_logits=seq.num_computed + n == seq.num_tokens,
+                                start_pos=seq.num_computed, wants_logits=wants_logits,
                                 is_decode=seq.status == Status.GENERATING,
-                                suppress_eog=len(seq.output) < seq.params.min_tokens))
+                                suppress_eog=len(seq.output) < seq.params.min_tokens,
+                                sampler=seq.sampler if wants_logits else None,
+                                logprobs=seq.params.logprobs if wants_logits else None))
         return StepPlan(chunks)
+
+    @staticmethod
+    def shrink(plan: StepPlan) -> StepPlan | None:
+        """The plan to try after `plan` found no room in the KV cache (llama_decode status 1):
+        first the decode tokens alone (prefill waits for a later tick), then half the chunks.
+        None when there is nothing smaller to try (a single chunk): that chunk fails."""
+        if len(plan.chunks) <= 1:
+            return None
+        decodes = [c for c in plan.chunks if c.is_decode]
+        if 0 < len(decodes) < len(plan.chunks):
+            return StepPlan(decodes)
+        return StepPlan(plan.chunks[: len(plan.chunks) // 2])
 
     def update(self, plan: StepPlan, result: StepResult) -> list[SeqEvent]:
         """Account for an evaluated plan: KV bookkeeping, new tokens, stops, finishes."""

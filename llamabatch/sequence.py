@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .params import SamplingParams
+from .results import Result, Timings, Usage
 
 
 class Status(enum.IntEnum):
@@ -38,7 +39,6 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     error_code: str | None = None
-    cancel_requested: bool = False
     submitted_at: float = field(default_factory=time.perf_counter)
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -80,3 +80,23 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status == Status.FINISHED
+
+    def result(self) -> Result:
+        """The terminal Result: text, tokens, usage and timings from this sequence's clock."""
+        admitted = self.admitted_at or self.finished_at
+        first = self.first_token_at
+        end = self.finished_at or time.perf_counter()
+        prompt_ms = ((first or end) - admitted) * 1000 if admitted else 0.0
+        decode_ms = (end - first) * 1000 if first else 0.0
+        evaluated = len(self.prompt) - self.num_cached
+        timings = Timings(
+            queue_ms=((self.admitted_at or end) - self.submitted_at) * 1000,
+            ttft_ms=(first - self.submitted_at) * 1000 if first else 0.0,
+            prompt_ms=prompt_ms, decode_ms=decode_ms,
+            prompt_tokens_per_s=evaluated / (prompt_ms / 1000) if first and prompt_ms > 0 else 0.0,
+            generated_tokens_per_s=((len(self.output) - 1) / (decode_ms / 1000)
+                                    if decode_ms > 0 and len(self.output) > 1 else 0.0))
+        usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached, completion_tokens=len(self.output))
+        return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
+                      seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
+                      logprobs=self.logprobs)

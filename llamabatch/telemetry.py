@@ -64,6 +64,22 @@ class Totals:
     overhead_ms: float = 0.0
 
 
+@dataclass
+class EngineStats(Totals):
+    """`Engine.stats()`: every running total, plus the slots and queue right now."""
+
+    slots_idle: int = 0
+    slots_prefilling: int = 0
+    slots_generating: int = 0
+    queue_depth: int = 0
+    n_parallel: int = 0
+    slot_ctx: int = 0
+    uptime_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 Subscriber = Callable[[Any], None]
 
 
@@ -92,6 +108,14 @@ class Telemetry:
                 callback(record)
             except Exception:  # a faulty subscriber must not take the engine down
                 log.exception("telemetry subscriber failed")
+
+    def stats(self, slot_states: list[str], queue_depth: int, slot_ctx: int) -> EngineStats:
+        """The totals so far with the given slot states ("idle", "prefilling", "generating")."""
+        return EngineStats(**asdict(self.totals), slots_idle=slot_states.count("idle"),
+                           slots_prefilling=slot_states.count("prefilling"),
+                           slots_generating=slot_states.count("generating"), queue_depth=queue_depth,
+                           n_parallel=len(slot_states), slot_ctx=slot_ctx,
+                           uptime_s=round(time.perf_counter() - self.started_at, 3))
 
     def record_tick(self, record: TickRecord) -> None:
         t = self.totals

@@ -97,7 +97,6 @@ class FakeRunner:
         self.hook = hook
         self.step_delay = step_delay
         self.kv: list[list[int]] = [[] for _ in range(n_slots)]
-        self.attached: list[FakeSampler | None] = [None] * n_slots
         self.plans: list[ExecutedPlan] = []
         self.keep_prefix_calls: list[tuple[int, int, int]] = []  # (slot, asked, kept)
         self.samplers: list[FakeSampler] = []
@@ -131,9 +130,6 @@ class FakeRunner:
         if sampler is not None:
             sampler.freed += 1
 
-    def attach(self, slot: int, sampler: FakeSampler) -> None:
-        self.attached[slot] = sampler
-
     # -- KV cache ----------------------------------------------------------------------
 
     def keep_prefix(self, slot: int, n_keep: int) -> int:
@@ -155,7 +151,7 @@ class FakeRunner:
             return self.status(call, plan)
         return self.status.get(call, 0)
 
-    def execute(self, plan: StepPlan, logprobs: dict[int, int] | None = None) -> StepResult:
+    def execute(self, plan: StepPlan) -> StepResult:
         self.calls += 1
         call = self.calls
         if self.hook is not None:
@@ -164,7 +160,8 @@ class FakeRunner:
             time.sleep(self.step_delay)
         self._check(plan)
         status = self._status_for(call, plan)
-        record = ExecutedPlan(call, copy.deepcopy(plan), status)
+        # a copy of the plan as it was, sharing (not copying) the samplers it carries
+        record = ExecutedPlan(call, copy.deepcopy(plan, {id(c.sampler): c.sampler for c in plan.chunks}), status)
         self.plans.append(record)
         result = StepResult(status=status, eval_ms=0.5)
         if status != 0:
@@ -173,9 +170,9 @@ class FakeRunner:
             self.kv[chunk.slot].extend(chunk.tokens)
         for chunk in plan.chunks:
             if chunk.wants_logits:
-                tok = self._sample(chunk.slot, chunk.suppress_eog)
+                tok = self._sample(chunk)
                 result.sampled[chunk.slot] = tok
-                if logprobs and chunk.slot in logprobs:
+                if chunk.logprobs is not None:
                     result.logprobs[chunk.slot] = {"token": detokenize([tok]), "id": tok, "logprob": -0.5}
         record.sampled = dict(result.sampled)
         result.sample_ms = 0.1
@@ -196,11 +193,13 @@ class FakeRunner:
                                        f"holds {len(self.kv[chunk.slot])} tokens")
             if chunk.start_pos + len(chunk.tokens) > self.slot_ctx:
                 self.violations.append(f"slot {chunk.slot}: chunk runs past slot_ctx {self.slot_ctx}")
-            if self.attached[chunk.slot] is None:
-                self.violations.append(f"slot {chunk.slot} has no sampler attached")
+            if chunk.wants_logits and chunk.sampler is None:
+                self.violations.append(f"slot {chunk.slot}: chunk wants logits but carries no sampler")
+            if not chunk.wants_logits and (chunk.sampler is not None or chunk.logprobs is not None):
+                self.violations.append(f"slot {chunk.slot}: chunk samples nothing but carries a sampler or logprobs")
 
-    def _sample(self, slot: int, suppress_eog: bool) -> int:
-        sampler = self.attached[slot]
+    def _sample(self, chunk: Any) -> int:
+        slot, sampler = chunk.slot, chunk.sampler
         if sampler is None:
             return EOG
         if sampler.freed:
@@ -213,7 +212,7 @@ class FakeRunner:
             tok = sampler.reply[sampler.emitted]
         else:
             tok = EOG
-        if tok == EOG and (sampler.params.ignore_eos or suppress_eog):
+        if tok == EOG and (sampler.params.ignore_eos or chunk.suppress_eog):
             tok = FILL
         sampler.emitted += 1
         return tok

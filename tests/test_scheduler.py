@@ -362,3 +362,72 @@ def test_empty_plan_when_nothing_runs():
     sched = make_scheduler()
     assert not sched.schedule()
     assert isinstance(sched.schedule(), StepPlan)
+
+
+# -- what runs next: the plan's contract, deadlines, the smaller plan after "no KV room" --------
+
+def test_each_chunk_that_samples_carries_its_requests_sampler_and_logprobs():
+    sched = make_scheduler(n_slots=2, chunk_size=4)
+    with_lp = make_seq("a long prompt", GREEDY.replace(logprobs=3))
+    plain = make_seq("hi")
+    with_lp.sampler, plain.sampler = object(), object()
+    for s in (with_lp, plain):
+        sched.add(s)
+    admit_all(sched)
+    seen = []
+    for _ in range(6):
+        plan, _ = step(sched)
+        for c in plan.chunks:
+            seq = with_lp if c.request_id == with_lp.request_id else plain
+            if c.wants_logits:
+                assert c.sampler is seq.sampler and c.logprobs == seq.params.logprobs
+                seen.append(c.request_id)
+            else:  # a prompt chunk short of the end samples nothing
+                assert c.sampler is None and c.logprobs is None
+    assert with_lp.request_id in seen and plain.request_id in seen
+
+
+def test_expired_names_waiting_and_running_sequences_past_their_deadline_once():
+    sched = make_scheduler(n_slots=1)
+    running = make_seq("a", GREEDY.replace(timeout=5))
+    waiting = make_seq("b", GREEDY.replace(timeout=1))
+    untimed = make_seq("c")
+    for s in (running, waiting, untimed):
+        sched.add(s)
+    admit_all(sched)
+    t0 = running.submitted_at
+    assert sched.expired(t0) == []
+    assert sched.expired(waiting.deadline) == [waiting]
+    sched.finish(waiting, "timeout")
+    assert sched.expired(running.deadline + 1) == [running]  # the finished one is not named again
+    sched.finish(running, "timeout")
+    assert sched.expired(t0 + 10**6) == []
+
+
+def test_shrink_defers_prefill_first_then_halves_and_gives_up_on_one_chunk():
+    sched = make_scheduler(n_slots=4, chunk_size=4)
+    seqs = [make_seq(f"p{i}") for i in range(4)]
+    for s in seqs:
+        sched.add(s)
+    admit_all(sched)
+    for _ in range(3):
+        step(sched)  # all four generating
+    sched.add(make_seq("a new prompt"))
+    plan = sched.schedule()
+    assert plan.decode_tokens == 4 and plan.prefill_tokens == 0  # no idle slot for the newcomer
+    only_decode = sched.shrink(plan)
+    assert len(only_decode.chunks) == 2  # all decode already: halve
+    assert len(sched.shrink(only_decode).chunks) == 1
+    assert sched.shrink(sched.shrink(only_decode)) is None
+
+    sched2 = make_scheduler(n_slots=2, chunk_size=4)
+    a, b = make_seq("a"), make_seq("a longer prompt")
+    sched2.add(a)
+    admit_all(sched2)
+    step(sched2)  # a generating
+    sched2.add(b)
+    admit_all(sched2)
+    mixed = sched2.schedule()
+    assert mixed.decode_tokens and mixed.prefill_tokens
+    deferred = sched2.shrink(mixed)
+    assert [c.request_id for c in deferred.chunks] == [a.request_id] and deferred.prefill_tokens == 0

@@ -1,0 +1,100 @@
+"""Input preparation: a prompt and its params become a Sequence ready to queue.
+
+Text is tokenized, chat messages are rendered with the chat template and tokenized with
+special tokens, token ids are checked against the vocabulary; the params are validated,
+the seed chosen and the runner's sampler chain built. All of it runs on the caller's
+thread at submit time and raises LlamaBatchError for bad input, so it is tested without
+an engine thread.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence as Seq, Union
+
+from .errors import ContextOverflow, InvalidRequest
+from .params import SamplingParams, random_seed
+from .sequence import Sequence
+
+Prompt = Union[str, Seq[int], Seq[dict]]
+
+
+def is_chat(prompt: Any) -> bool:
+    return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+class InputPreparer:
+    """Turns (prompt, params) into a Sequence for one runner.
+
+    `default_params` fill in for a request that gives none; `default_seed` (EngineConfig.seed)
+    for params without a seed, else a random one; `chat_template` is the engine's choice
+    (a built-in name or a Jinja file; None = the GGUF's own or a fallback).
+    """
+
+    def __init__(self, runner: Any, slot_ctx: int, default_params: SamplingParams, *,
+                 default_seed: int | None = None, chat_template: str | None = None):
+        self.runner = runner
+        self.slot_ctx = slot_ctx
+        self.default_params = default_params.validate()
+        self.default_seed = default_seed
+        self._template_choice = chat_template
+        self._template = None
+
+    @property
+    def chat_template(self):
+        """The template chat messages are rendered with (the GGUF's own, or a built-in)."""
+        if self._template is None:
+            from .chat_template import from_gguf
+
+            meta = getattr(self.runner, "metadata", {})
+            self._template = from_gguf(meta.get("tokenizer.chat_template"), meta.get("general.architecture"),
+                                       bos_token=getattr(self.runner, "bos_text", ""),
+                                       eos_token=getattr(self.runner, "eos_text", ""),
+                                       choice=self._template_choice)
+        return self._template
+
+    def render_chat(self, messages: Seq[dict]) -> str:
+        from .chat_template import validate_messages
+
+        return self.chat_template.render(validate_messages(messages), add_generation_prompt=True)
+
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequest("prompt is empty")
+            tokens = self.runner.tokenize(prompt, special=False)
+        elif is_chat(prompt):
+            tokens = self.runner.tokenize(self.render_chat(prompt), special=True)
+        elif isinstance(prompt, (list, tuple)):
+            if not prompt:
+                raise InvalidRequest("prompt is empty")
+            n_vocab = getattr(self.runner, "n_vocab", None)
+            for t in prompt:
+                if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (n_vocab and t >= n_vocab):
+                    raise InvalidRequest(f"prompt token {t!r} is not a token id of this model")
+            tokens = list(prompt)
+        else:
+            raise InvalidRequest(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
+        if len(tokens) >= self.slot_ctx:
+            raise ContextOverflow(f"prompt has {len(tokens)} tokens but a slot holds {self.slot_ctx} "
+                                  f"(n_ctx / n_parallel), and at least one must be left for the answer")
+        return tokens
+
+    def params_for(self, prompt: Prompt, params: SamplingParams | None) -> SamplingParams:
+        params = (params or self.default_params).validate()
+        if is_chat(prompt) and self.chat_template.stop:
+            # formats without special tokens (the plain transcript) need their own stops
+            params = params.replace(stop=[*params.stop, *(s for s in self.chat_template.stop if s not in params.stop)])
+        return params
+
+    def seed_for(self, params: SamplingParams) -> int:
+        if params.seed is not None:
+            return params.seed
+        return self.default_seed if self.default_seed is not None else random_seed()
+
+    def prepare(self, request_id: int, prompt: Prompt, params: SamplingParams | None) -> Sequence:
+        """The Sequence for this request, its sampler built last (nothing to free on failure).
+        Raises LlamaBatchError (InvalidRequest, ContextOverflow) for bad input."""
+        params = self.params_for(prompt, params)
+        tokens = self.prompt_tokens(prompt)
+        seed = self.seed_for(params)
+        sampler = self.runner.build_sampler(params, seed)
+        return Sequence(request_id, tokens, params, seed, sampler)
