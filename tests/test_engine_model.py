@@ -70,7 +70,7 @@ def test_sixteen_prompts_through_eight_slots_finish_in_input_order(engine):
 def test_greedy_and_seeded_output_is_repeatable_across_engines(model_path):
     """Same settings, same schedule -> the same tokens. llama.cpp's CPU kernels round
     differently for different batch shapes, so the prompts are all submitted before the
-    engine thread can start its first tick (by holding its lock); otherwise the first tick
+    engine thread can start its first tick (inside hold()); otherwise the first tick
     could hold fewer prompts in one run than in the other."""
     prompts = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Water boils at"]
     params = [SamplingParams(temperature=0, max_tokens=12)] * 3 + [SamplingParams(temperature=0.9, max_tokens=12,
@@ -78,7 +78,7 @@ def test_greedy_and_seeded_output_is_repeatable_across_engines(model_path):
     runs = []
     for _ in range(2):
         with Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=4 * 256, threads=2)) as eng:
-            with eng._cond:
+            with eng.hold():
                 handles = [eng.submit(p, sp, stream=False) for p, sp in zip(prompts, params)]
             results = [h.result(WAIT) for h in handles]
             first_tick = eng.telemetry.recent_ticks[0]
