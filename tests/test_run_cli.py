@@ -166,7 +166,7 @@ def test_stdin_text_completion_order_echo_and_plain_progress(tmp_path):
                                                       5: {"prompt": "One two three"}}
     assert all(r["error"] is None for r in records)
     # stderr is a pipe: plain progress lines (no bar, no control characters) and a summary
-    assert re.search(r"^llamabatch run: \d+/\? lines, [\d.]+ tok/s, \d+/4 slots busy, 0 failed", proc.stderr, re.M)
+    assert re.search(r"^llamabatch run: \d+/\? lines, [\d.]+ tok/s \(last 5 s\), \d+/4 slots busy, 0 failed", proc.stderr, re.M)
     assert "4 line(s) in" in proc.stderr and "4 ok, 0 failed" in proc.stderr
     assert "\x1b[" not in proc.stderr
 

@@ -11,13 +11,17 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+# The generated-tokens rate shown is measured over this many seconds (the current speed,
+# not the run's average); run_batch.py keeps its samples for this window.
+RATE_WINDOW_S = 5.0
+
 
 @dataclass
 class Snapshot:
     done: int  # lines with a record (this run and, with --resume, earlier ones)
     total: int | None  # non-blank INPUT lines, once counted (None for stdin / not yet)
     failed: int
-    tok_s: float  # generated tokens per second since the run started
+    tok_s: float  # generated tokens per second over the last RATE_WINDOW_S seconds
     active: int  # slots prefilling or generating
     n_parallel: int
     eta_s: float | None
@@ -33,7 +37,7 @@ def format_duration(seconds: float | None) -> str:
 
 
 def _details(snap: Snapshot) -> str:
-    return (f"{snap.tok_s:.1f} tok/s, {snap.active}/{snap.n_parallel} slots busy, {snap.failed} failed, "
+    return (f"{snap.tok_s:.1f} tok/s (last {RATE_WINDOW_S:g} s), {snap.active}/{snap.n_parallel} slots busy, {snap.failed} failed, "
             f"ETA {format_duration(snap.eta_s)}")
 
 
@@ -78,7 +82,7 @@ class PlainReporter(Reporter):
 
 
 class RichReporter(Reporter):
-    """A live bar: lines done / total, tok/s, busy slots, failed count, ETA."""
+    """A live bar: lines done / total, recent tok/s, busy slots, failed count, ETA."""
 
     def __init__(self, stream: TextIO | None = None):
         super().__init__(stream)
