@@ -2,9 +2,11 @@
 the threads in serve_loop.py; this module is the command line around them."""
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 
@@ -52,14 +54,29 @@ def serve_stdin(
             max_queue = command_setting("serve-stdin", "max_queue", 0)
         eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain")
         resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
-        # The protocol owns stdout. Keep a private copy of it for events and point fd 1 at
-        # stderr, so nothing else (a stray print, a C library's printf) can corrupt the stream.
-        events_fd = os.dup(1)
-        os.dup2(2, 1)
-        engine = open_engine(resolved)
-        try:
-            code = serve(engine, 0, events_fd, eof)
-        finally:
-            engine.close()  # serve closes it too; this covers a failure inside serve
-            os.close(events_fd)
+        with protocol_stdout() as events_fd:
+            engine = open_engine(resolved)
+            try:
+                code = serve(engine, 0, events_fd, eof)
+            finally:
+                engine.close()  # serve closes it too; this covers a failure inside serve
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def protocol_stdout() -> Iterator[int]:
+    """The protocol owns stdout while serving: yield a private copy of fd 1 for events and
+    point fd 1 at stderr meanwhile, so nothing else (a stray print, a C library's printf)
+    can corrupt the stream. fd 1 is put back afterwards: a caller that embeds the command
+    (a test, a Python host) keeps its stdout."""
+    sys.stdout.flush()
+    events_fd = os.dup(1)
+    saved_fd = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield events_fd
+    finally:
+        sys.stdout.flush()  # what a stray print left in Python's buffer goes to stderr, as meant
+        os.dup2(saved_fd, 1)
+        os.close(saved_fd)
+        os.close(events_fd)
