@@ -26,7 +26,7 @@ import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
 from llamabatch.models import check_gguf, resolve_model
-from llamabatch.baseline import run_in_own_thread
+from llamabatch.cli.bench.baseline import run_in_own_thread
 
 SEQ_CTX = 1024  # the sequential Llama's context, and each engine slot's
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workload: {args.prompts} prompts x {args.tokens} new tokens, greedy, {args.threads} threads, "
           f"model {model}", flush=True)
 
-    # On a thread of its own (see llamabatch.baseline.run_in_own_thread): an OpenMP team left on
+    # On a thread of its own (see llamabatch.cli.bench.baseline.run_in_own_thread): an OpenMP team left on
     # the main thread by llama-cpp-python slowed the engine's decode ticks by ~20% here.
     n_seq, s_seq, continued = run_in_own_thread(run_sequential, model, prompts, args.tokens, args.threads)
     seq_tps = n_seq / s_seq

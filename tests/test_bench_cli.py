@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llamabatch.cli.app import app
-from llamabatch.cli.bench_tables import (BASELINE_COLUMNS, BATCHED_COLUMNS, LATENCY_COLUMNS, SPEEDUP_COLUMN,
+from llamabatch.cli.bench.tables import (BASELINE_COLUMNS, BATCHED_COLUMNS, LATENCY_COLUMNS, SPEEDUP_COLUMN,
                                          THROUGHPUT_COLUMNS, TICK_COLUMNS)
 
 BATCHED_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")

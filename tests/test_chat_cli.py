@@ -14,9 +14,9 @@ import time
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.chat import chat_loop, terminal_reader
-from llamabatch.cli.chat_session import ChatIO, ChatSession
-from llamabatch.cli.ollama_stats import format_duration, parse_stats
+from llamabatch.cli.chat.command import chat_loop, terminal_reader
+from llamabatch.cli.chat.session import ChatIO, ChatSession
+from llamabatch.cli.chat.ollama_stats import format_duration, parse_stats
 
 CHAT = [sys.executable, "-m", "llamabatch", "chat"]
 

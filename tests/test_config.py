@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from llamabatch.cli.app import app
 from llamabatch.cli.common import resolve_options, state
-from llamabatch.cli.config_layer import command_setting, command_setting_source, file_values_for
+from llamabatch.cli.config.layer import command_setting, command_setting_source, file_values_for
 from llamabatch.cli.options import SHARED_OPTIONS, SharedOptions
-from llamabatch.config_file import ConfigFileError, key_lines, parse_text
+from llamabatch.cli.config.config_file import ConfigFileError, key_lines, parse_text
 
 runner = CliRunner()
 
@@ -166,7 +166,7 @@ def test_command_setting(clean_env):
 
 def test_every_command_reads_its_own_table():
     """The name a command passes to the config layer is the name its table has."""
-    from llamabatch.config_file import COMMANDS
+    from llamabatch.cli.config.config_file import COMMANDS
 
     named = {info.name: getattr(info.callback, "config_command", None) for info in app.registered_commands}
     assert {name: named.get(name) for name in COMMANDS} == {name: name for name in COMMANDS}

@@ -8,7 +8,7 @@ import pytest
 from fake_runner import FakeRunner, byte_tokens, text_tokens
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.chat_template import ChatTemplate, gemma_template
-from llamabatch.conversation import Conversation, PromptBuilder
+from llamabatch.cli.chat.conversation import Conversation, PromptBuilder
 from llamabatch.errors import InvalidRequest
 
 BOS = 2

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import io
 
-from llamabatch.cli.progress import RATE_WINDOW_S, PlainReporter, Snapshot
+from llamabatch.cli.run.progress import RATE_WINDOW_S, PlainReporter, Snapshot
 
 
 def test_progress_names_the_window_its_rate_is_measured_over():

@@ -7,7 +7,7 @@ import os
 import threading
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.serve_loop import Output, _lines, serve
+from llamabatch.cli.serve.loop import Output, _lines, serve
 
 from fake_runner import FakeRunner
 

@@ -41,8 +41,11 @@ def root(
 
 def _register() -> None:
     # Each command lives in its own module; importing registers it on `app`.
-    from . import bench, chat, run, serve  # noqa: F401
-    from .config_cmd import config_app
+    from .bench import command as _bench  # noqa: F401
+    from .chat import command as _chat  # noqa: F401
+    from .run import command as _run  # noqa: F401
+    from .serve import command as _serve  # noqa: F401
+    from .config.command import config_app
 
     app.add_typer(config_app, name="config")
 

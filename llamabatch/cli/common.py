@@ -57,7 +57,7 @@ def cli_errors() -> Iterator[None]:
 
 def resolve_options(opts: SharedOptions) -> Resolved:
     """Flags > LLAMABATCH_* env > config file > defaults. Bad values exit 2 with one line."""
-    from .config_layer import resolve_layers
+    from .config.layer import resolve_layers
 
     with cli_errors():
         return resolve_layers(opts)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from ..config import EngineConfig
-from ..config_file import ENGINE_RULES
+from .config.config_file import ENGINE_RULES
 from ..policies import POLICIES
 from ..errors import InvalidRequest
 from ..params import SamplingParams

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from .params import SamplingParams, random_seed
+from ...params import SamplingParams, random_seed
 
 
 def sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
@@ -55,7 +55,7 @@ def _sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: 
                          on_request: Any = None) -> list[dict[str, Any]]:
     import llama_cpp
 
-    from .runner import init_backend
+    from ...runner import init_backend
 
     init_backend()  # keeps llama.cpp's log lines off stderr, as for the engine
     seed = params.seed if params.seed is not None else random_seed()

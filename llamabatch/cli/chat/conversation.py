@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .chat_template import ChatTemplate, validate_messages
-from .errors import InvalidRequest
+from ...chat_template import ChatTemplate, validate_messages
+from ...errors import InvalidRequest
 
 TRANSCRIPT_VERSION = 1
 CHAT_ROLES = ("system", "user", "assistant")

@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
-from ..formats import record_error_code, record_id
-from .run_ids import Answered
+from .formats import record_error_code, record_id
+from .ids import Answered
 
 
 class RunFileError(Exception):

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..conversation import Conversation, PromptBuilder, TurnPrompt
-from ..params import SamplingParams
-from ..results import Result
+from .conversation import Conversation, PromptBuilder, TurnPrompt
+from ...params import SamplingParams
+from ...results import Result
 from .ollama_stats import stats_lines
 
 

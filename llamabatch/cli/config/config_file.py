@@ -32,11 +32,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from .chat_template import BUILTIN_TEMPLATES
-from .config import KEY_RULES as ENGINE_KEY_RULES
-from .errors import InvalidRequest
-from .params import SamplingParams
-from .rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, text as _text
+from ...chat_template import BUILTIN_TEMPLATES
+from ...config import KEY_RULES as ENGINE_KEY_RULES
+from ...errors import InvalidRequest
+from ...params import SamplingParams
+from ...rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, text as _text
 
 CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..config_file import COMMAND_RULES, ConfigFile, ConfigFileError, Location, load, locate
-from ..errors import InvalidRequest
-from .common import state
-from .options import Resolved, SharedOptions, resolve
+from .config_file import COMMAND_RULES, ConfigFile, ConfigFileError, Location, load, locate
+from ...errors import InvalidRequest
+from ..common import state
+from ..options import Resolved, SharedOptions, resolve
 
 # A command may read the file up to twice (shared options, then its own keys): keep the
 # parsed file while it is unchanged on disk.

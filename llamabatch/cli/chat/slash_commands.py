@@ -8,9 +8,9 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
-from ..conversation import Conversation
-from ..errors import InvalidRequest
-from .chat_session import ChatSession
+from .conversation import Conversation
+from ...errors import InvalidRequest
+from .session import ChatSession
 
 # /set PARAM VALUE: the sampling settings a person tunes while chatting, and their types
 SETTABLE = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "max_tokens": int,

@@ -7,11 +7,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..config_file import COMMANDS, ENGINE_RULES, Location
-from ..config_file import SAMPLING_KEYS as FILE_SAMPLING_KEYS
-from .common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, say
-from .config_layer import config_location, current_config, file_values_for, resolve_layers
-from .options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, with_shared_options
+from .config_file import COMMANDS, ENGINE_RULES, Location
+from .config_file import SAMPLING_KEYS as FILE_SAMPLING_KEYS
+from ..common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, say
+from .layer import config_location, current_config, file_values_for, resolve_layers
+from ..options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, with_shared_options
 
 config_app = typer.Typer(
     help="The config file and the settings in effect.",

@@ -15,11 +15,11 @@ from typing import Annotated, Any, Optional, TextIO
 
 import typer
 
-from .app import app
-from .chat_commands import QUIT, looks_like_command, run_command
-from .chat_session import ChatIO, ChatSession
-from .common import cli_errors, open_engine, resolve_options, say
-from .options import SharedOptions, with_shared_options
+from ..app import app
+from .slash_commands import QUIT, looks_like_command, run_command
+from .session import ChatIO, ChatSession
+from ..common import cli_errors, open_engine, resolve_options, say
+from ..options import SharedOptions, with_shared_options
 
 MULTILINE = '"""'
 

@@ -25,12 +25,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ..engine import Engine, RequestHandle
-from ..errors import EngineClosed, QueueFull
-from ..protocol import (BadLine, Cancel, RequestId, Stats, Submit, error_event, encode, parse_line, ready_event,
+from ...engine import Engine, RequestHandle
+from ...errors import EngineClosed, QueueFull
+from .protocol import (BadLine, Cancel, RequestId, Stats, Submit, error_event, encode, parse_line, ready_event,
                         stats_event, terminal_event, token_event)
-from ..results import Delta, Result
-from ..telemetry import TickRecord
+from ...results import Delta, Result
+from ...telemetry import TickRecord
 
 log = logging.getLogger("llamabatch.serve")
 

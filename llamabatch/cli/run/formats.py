@@ -20,10 +20,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .errors import InvalidRequest
-from .params import FIELD_TYPES, SamplingParams
-from .request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
-from .results import Result, Timings, Usage
+from ...errors import InvalidRequest
+from ...params import FIELD_TYPES, SamplingParams
+from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
+from ...results import Result, Timings, Usage
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"

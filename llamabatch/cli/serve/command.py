@@ -10,10 +10,10 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from .app import app
-from .common import cli_errors, open_engine, resolve_options
-from .config_layer import command_setting
-from .options import SharedOptions, with_shared_options
+from ..app import app
+from ..common import cli_errors, open_engine, resolve_options
+from ..config.layer import command_setting
+from ..options import SharedOptions, with_shared_options
 
 
 class OnEof(str, Enum):
@@ -46,7 +46,7 @@ def serve_stdin(
 
     Events: ready (model loaded), token, done, error, stats. Every request ends with exactly one done or error.
     """
-    from .serve_loop import serve
+    from .loop import serve
 
     resolved = resolve_options(opts)
     with cli_errors():

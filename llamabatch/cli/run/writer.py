@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..formats import LineError, LineRequest, build_record, failed
-from ..results import Result
-from .run_io import Sink
+from .formats import LineError, LineRequest, build_record, failed
+from ...results import Result
+from .files import Sink
 
 log = logging.getLogger("llamabatch.cli.run")
 

@@ -38,10 +38,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .errors import InvalidRequest
-from .params import SamplingParams
-from .results import Delta, Result
-from .telemetry import TickRecord
+from ...errors import InvalidRequest
+from ...params import SamplingParams
+from ...results import Delta, Result
+from ...telemetry import TickRecord
 
 # Ordinary prose, long enough (a few hundred tokens) that prompts built from different
 # offsets into it differ from their second token on: the prefix cache cannot make a

@@ -13,14 +13,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .. import __version__
-from .. import benchkit
-from ..errors import InvalidRequest
-from .app import app
-from .bench_tables import (baseline_table, batched_table, latency_table, throughput_table, tick_summary_line,
+from ... import __version__
+from . import benchkit
+from ...errors import InvalidRequest
+from ..app import app
+from .tables import (baseline_table, batched_table, latency_table, throughput_table, tick_summary_line,
                            ticks_table)
-from .common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options, say
-from .options import SharedOptions, with_shared_options
+from ..common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options, say
+from ..options import SharedOptions, with_shared_options
 
 
 @app.command("bench")

@@ -21,14 +21,14 @@ import threading
 import time
 from typing import Any, Iterator
 
-from ..engine import Engine, RequestHandle
-from ..errors import LlamaBatchError
-from ..formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
-from ..results import Result
+from ...engine import Engine, RequestHandle
+from ...errors import LlamaBatchError
+from .formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
+from ...results import Result
 from .progress import RATE_WINDOW_S, Reporter, Snapshot
-from .run_ids import Answered, IdSet
-from .run_io import LineCounter, Source
-from .run_writer import MAX_FAILURE_NOTES, RecordWriter
+from .ids import Answered, IdSet
+from .files import LineCounter, Source
+from .writer import MAX_FAILURE_NOTES, RecordWriter
 
 log = logging.getLogger("llamabatch.cli.run")
 

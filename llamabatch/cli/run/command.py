@@ -14,14 +14,14 @@ from typing import Optional
 
 import typer
 
-from ..formats import LineParser
-from .app import app
-from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options
-from .options import SharedOptions, with_shared_options
+from .formats import LineParser
+from ..app import app
+from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options
+from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, format_duration, make_reporter
-from .run_batch import BatchRun, Interrupts, wait_for
-from .run_io import LineCounter, RunFileError, Sink, Source, open_input, open_output, read_back
-from .run_writer import RecordWriter
+from .batch import BatchRun, Interrupts, wait_for
+from .files import LineCounter, RunFileError, Sink, Source, open_input, open_output, read_back
+from .writer import RecordWriter
 
 # Finished lines that may wait behind a slow one in --order input, per --max-inflight.
 REORDER_WINDOW_FACTOR = 8

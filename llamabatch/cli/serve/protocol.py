@@ -14,10 +14,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Union
 
-from .errors import InvalidRequest
-from .params import SamplingParams
-from .request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
-from .results import Result
+from ...errors import InvalidRequest
+from ...params import SamplingParams
+from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
+from ...results import Result
 
 # Keys of a request line that are not sampling parameters.
 REQUEST_KEYS = ("id", "prompt", "messages", "stream")

@@ -1,0 +1,1 @@
+"""`llamabatch bench`: throughput, latency and tick telemetry."""

@@ -1,0 +1,1 @@
+"""`llamabatch chat`: the multi-turn REPL."""

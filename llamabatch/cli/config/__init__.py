@@ -1,0 +1,1 @@
+"""The config file, its layer in option resolution, and `llamabatch config`."""

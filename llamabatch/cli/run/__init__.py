@@ -1,0 +1,1 @@
+"""`llamabatch run`: a file of prompts through the engine, one record per line."""
