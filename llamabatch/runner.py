@@ -74,6 +74,11 @@ class LlamaRunner:
         self._closed = False
         mparams = C.llama_model_default_params()
         mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
+        if _cpu_advertises_amx():
+            # llama.cpp's extra CPU buffer types include AMX tile kernels, chosen when CPUID lists
+            # AMX. In a VM that lists it without enabling it (this Firecracker guest), the first
+            # decode dies with SIGILL at `tilezero`. Keep the weights in plain CPU buffers there.
+            mparams.use_extra_bufts = False
         mark = _log_mark()
         self.model = C.llama_model_load_from_file(model_path.encode(), mparams)
         if not self.model:
@@ -327,6 +332,15 @@ class LlamaRunner:
         C.llama_batch_free(self.batch)
         C.llama_free(self.ctx)
         C.llama_model_free(self.model)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_advertises_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
 
 
 def _log_mark() -> int:
