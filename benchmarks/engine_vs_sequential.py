@@ -41,8 +41,11 @@ def run_sequential(model: str, prompts: list[str], max_tokens: int, threads: int
     """(completion tokens, seconds, completions that had to be continued past an early EOG)."""
     import llama_cpp  # benchmarks may import llama_cpp; the library keeps it in runner.py
 
-    llm = llama_cpp.Llama(model_path=model, n_ctx=SEQ_CTX, n_threads=threads, n_threads_batch=threads,
-                          verbose=False)
+    from llamabatch.runner import llama_uses_model_params  # what the engine loads with (see there)
+
+    with llama_uses_model_params():
+        llm = llama_cpp.Llama(model_path=model, n_ctx=SEQ_CTX, n_threads=threads, n_threads_batch=threads,
+                              verbose=False)
     try:
         llm.create_completion("warm up", max_tokens=4, temperature=0.0)
         eog_bias: dict[int, float] | None = None

@@ -61,8 +61,11 @@ def run_sequential(prompts: list[str], tokens: int, threads: int, model_path: st
     """Completion tokens, wall seconds with the model load, and the load alone."""
     from llama_cpp import Llama
 
+    from llamabatch.runner import llama_uses_model_params  # what the engine loads with (see there)
+
     start = time.perf_counter()
-    llm = Llama(model_path=model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    with llama_uses_model_params():
+        llm = Llama(model_path=model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
     load = time.perf_counter() - start
     generated = 0
     for p in prompts:

@@ -7,6 +7,7 @@ request asked for logprobs.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import itertools
@@ -16,7 +17,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Iterator
 
 import llama_cpp
 from llama_cpp import llama_cpp as C
@@ -72,13 +73,8 @@ class LlamaRunner:
         self.config = config
         self.model_path = model_path
         self._closed = False
-        mparams = C.llama_model_default_params()
+        mparams = model_params()
         mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
-        if _cpu_advertises_amx():
-            # llama.cpp's extra CPU buffer types include AMX tile kernels, chosen when CPUID lists
-            # AMX. In a VM that lists it without enabling it (this Firecracker guest), the first
-            # decode dies with SIGILL at `tilezero`. Keep the weights in plain CPU buffers there.
-            mparams.use_extra_bufts = False
         mark = _log_mark()
         self.model = C.llama_model_load_from_file(model_path.encode(), mparams)
         if not self.model:
@@ -332,6 +328,36 @@ class LlamaRunner:
         C.llama_batch_free(self.batch)
         C.llama_free(self.ctx)
         C.llama_model_free(self.model)
+
+
+_default_model_params = C.llama_model_default_params
+
+
+def model_params() -> Any:
+    """llama.cpp's default model parameters with this machine's one adjustment.
+
+    llama.cpp's extra CPU buffer types include AMX tile kernels, chosen when CPUID lists
+    AMX. In a VM that lists it without enabling it (this Firecracker guest), the first
+    decode dies with SIGILL at `tilezero`; there the weights stay in plain CPU buffers.
+    """
+    params = _default_model_params()
+    if _cpu_advertises_amx():
+        params.use_extra_bufts = False
+    return params
+
+
+@contextlib.contextmanager
+def llama_uses_model_params() -> Iterator[None]:
+    """While active, llama-cpp-python's high-level `Llama` loads models with `model_params()`
+    (it has no option for it), so a baseline runs where the engine runs, on the same kernels."""
+    import llama_cpp.llama as high_level
+
+    saved = high_level.llama_cpp.llama_model_default_params
+    high_level.llama_cpp.llama_model_default_params = model_params
+    try:
+        yield
+    finally:
+        high_level.llama_cpp.llama_model_default_params = saved
 
 
 @functools.lru_cache(maxsize=1)

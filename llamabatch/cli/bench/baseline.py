@@ -55,13 +55,14 @@ def _sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: 
                          on_request: Any = None) -> list[dict[str, Any]]:
     import llama_cpp
 
-    from ...runner import init_backend
+    from ...runner import init_backend, llama_uses_model_params
 
     init_backend()  # keeps llama.cpp's log lines off stderr, as for the engine
     seed = params.seed if params.seed is not None else random_seed()
-    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-                          n_threads_batch=threads, n_gpu_layers=-1 if n_gpu_layers == -1 else n_gpu_layers,
-                          seed=seed, verbose=False)
+    with llama_uses_model_params():
+        llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                              n_threads_batch=threads, n_gpu_layers=-1 if n_gpu_layers == -1 else n_gpu_layers,
+                              seed=seed, verbose=False)
     records = []
     try:
         # Untimed warm-up, as the engine gets one: the first decode pages in the weights. Its
