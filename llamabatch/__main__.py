@@ -1,4 +1,4 @@
 """`python -m llamabatch` is the same as the `llamabatch` command."""
 from .cli.app import main
 
-main()
+raise SystemExit(main())

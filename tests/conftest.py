@@ -1,4 +1,10 @@
-"""Shared fixtures. Integration tests run the bundled Gemma 3 270M for real."""
+"""Shared fixtures. Integration tests run the bundled Gemma 3 270M for real.
+
+Every test that needs the bundled model is marked `model`, so `python -m pytest -q -m "not
+model"` runs the fast suite (the scripted fake runner, no model). A test that uses one of
+MODEL_FIXTURES (directly or through another fixture) is marked here; a test that starts a
+real process on the model without them carries `@pytest.mark.model` itself.
+"""
 from __future__ import annotations
 
 import pytest
@@ -10,3 +16,14 @@ from llamabatch.models import resolve_model
 def model_path() -> str:
     """The bundled default model (assembled once into the cache folder)."""
     return resolve_model(None)
+
+
+# Fixtures that bring the bundled model: `model_path`, and test_models.py's `shared_cache`,
+# which assembles the 250 MB model into a fresh cache folder.
+MODEL_FIXTURES = {"model_path", "shared_cache"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)

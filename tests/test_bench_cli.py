@@ -6,14 +6,14 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
-from llamabatch.cli.app import app
 from llamabatch.cli.bench.tables import (BASELINE_COLUMNS, BATCHED_COLUMNS, LATENCY_COLUMNS, SPEEDUP_COLUMN,
                                          THROUGHPUT_COLUMNS, TICK_COLUMNS)
 
 BATCHED_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")
 LATENCY_KEYS = [f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")]
+from cli_harness import invoke, runner_for
+
 TICK_KEYS = ("tick", "batch_size", "decode_tokens", "prefill_tokens", "active_slots", "queue_depth", "eval_ms",
              "sample_ms", "overhead_ms", "wall_ms")
 
@@ -146,18 +146,18 @@ def test_baseline_adds_the_speedup_column(with_baseline):
     (["--policy", "fastest"], "policy must be one of"),
 ])
 def test_bad_values_are_one_line_and_exit_2(args, message):
-    result = CliRunner().invoke(app, ["bench", *args])
+    result = invoke(["bench", *args], runner=runner_for())
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("llamabatch: error: ") and message in lines[0], result.stderr
     assert result.stdout == ""
 
 
-def test_a_prompt_line_too_long_for_a_slot_names_its_line(tmp_path, model_path):
+def test_a_prompt_line_too_long_for_a_slot_names_its_line(tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("short\n" + "many words " * 40 + "\n", encoding="utf-8")
-    result = CliRunner().invoke(app, ["bench", "--prompts", str(prompts), "--parallel", "2", "--n-ctx", "64",
-                                      "--tg", "4"])
+    result = invoke(["bench", "--prompts", str(prompts), "--parallel", "2", "--n-ctx", "64", "--tg", "4"],
+                    runner=runner_for())
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--prompts line 2:" in lines[0] and "do not fit a slot of 32" in lines[0]

@@ -16,7 +16,8 @@ import pytest
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.cli.chat.command import chat_loop, terminal_reader
 from llamabatch.cli.chat.session import ChatIO, ChatSession
-from llamabatch.cli.chat.ollama_stats import format_duration, parse_stats
+from cli_harness import invoke, runner_for
+from llamabatch.cli.chat.ollama_stats import go_duration, parse_stats
 
 CHAT = [sys.executable, "-m", "llamabatch", "chat"]
 
@@ -73,16 +74,24 @@ def session_for(engine, script: Script, *, max_tokens: int = 8, interactive: boo
 
 
 def test_durations_read_like_ollamas():
-    assert [format_duration(s) for s in (1.2, 0.035, 62.5, 0.00085, 0, 4.1234567)] == \
+    assert [go_duration(s) for s in (1.2, 0.035, 62.5, 0.00085, 0, 4.1234567)] == \
         ["1.2s", "35ms", "1m2.5s", "850µs", "0s", "4.123s"]
 
 
 # -- through the command line -------------------------------------------------------------
 
 
-def test_piped_three_turn_chat_reuses_the_previous_conversation_from_the_cache(tmp_path):
-    proc = run_chat(["--verbose", "--max-tokens", "16", "--temperature", "0"],
-                    "Hi, who are you?\nWhat is the capital of France?\nAnd of Germany?\n", tmp_path)
+def fake_chat(args: list[str], stdin: str, tmp_path) -> subprocess.CompletedProcess:
+    """`llamabatch chat ARGS` in-process with piped stdin, on the scripted fake runner."""
+    result = invoke(["chat", *args], input=stdin, runner=runner_for(reply=lambda prompt: f" Reply {len(prompt)}."),
+                    env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    return subprocess.CompletedProcess(["llamabatch", "chat", *args], result.exit_code, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize("chat", [fake_chat, pytest.param(run_chat, marks=pytest.mark.model)], ids=["fake", "model"])
+def test_piped_three_turn_chat_reuses_the_previous_conversation_from_the_cache(tmp_path, chat):
+    proc = chat(["--verbose", "--max-tokens", "16", "--temperature", "0"],
+                "Hi, who are you?\nWhat is the capital of France?\nAnd of Germany?\n", tmp_path)
     assert proc.returncode == 0, proc.stderr
     blocks = parse_stats(proc.stderr)
     assert len(blocks) == 3, proc.stderr
@@ -102,10 +111,11 @@ def test_piped_three_turn_chat_reuses_the_previous_conversation_from_the_cache(t
 
 
 def test_overflow_drops_the_oldest_turns_and_says_so_in_one_line(tmp_path):
-    # llama.cpp gives a slot at least 256 tokens; ~60-token messages overflow it by turn 4
+    # a 256-token slot; the fake's one token per character: ~220-token messages overflow it
+    # from the second turn on
     turns = [f"Fact {i}: " + "the sea is deep and wide and blue, " * 6 for i in range(6)]
-    proc = run_chat(["--n-ctx", "256", "--max-tokens", "4", "--temperature", "0", "--verbose"],
-                    "\n".join(turns) + "\n/show context\n", tmp_path)
+    proc = fake_chat(["--n-ctx", "256", "--max-tokens", "4", "--temperature", "0", "--verbose"],
+                     "\n".join(turns) + "\n/show context\n", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(parse_stats(proc.stderr)) == len(turns)  # every turn got its reply
     context = next(line for line in proc.stderr.splitlines() if line.startswith("context: "))
@@ -117,6 +127,7 @@ def test_overflow_drops_the_oldest_turns_and_says_so_in_one_line(tmp_path):
     assert used <= slot_ctx - 4
 
 
+@pytest.mark.model
 def test_ctrl_c_in_a_terminal_cancels_the_reply_and_returns_to_the_prompt(tmp_path):
     master, slave = pty.openpty()
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm", "NO_COLOR": "1",

@@ -11,16 +11,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
+from llamabatch import InvalidRequest
+from llamabatch.cli import env as cli_env
 from llamabatch.cli.app import app
-from llamabatch.cli.common import resolve_options, state
+from llamabatch.cli.common import resolve_options
 from llamabatch.cli.config.layer import command_setting, command_setting_source, file_values_for
 from llamabatch.cli.options import SHARED_OPTIONS, SharedOptions
 from llamabatch.cli.config.config_file import ConfigFileError, key_lines, parse_text
 
-runner = CliRunner()
+from cli_harness import invoke
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,7 @@ def clean_env(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    monkeypatch.setattr(state, "config_path", None)
+    monkeypatch.setattr(cli_env, "_active", None)  # no --config left over from another test
     return work
 
 
@@ -46,7 +46,7 @@ def write(path: Path, text: str) -> Path:
 def show(*args: str, command: str | None = None, config: str | None = None) -> dict:
     """`[--config FILE] config show --json ARGS [--command C]` -> {key: (value, source)}."""
     argv = (["--config", config] if config else []) + ["config", "show", "--json", *args]
-    result = runner.invoke(app, argv + (["--command", command] if command else []))
+    result = invoke(argv + (["--command", command] if command else []))
     assert result.exit_code == 0, result.stderr
     settings = json.loads(result.stdout)["settings"]
     return {key: (entry["value"], entry["source"]) for key, entry in settings.items()}
@@ -197,7 +197,7 @@ def test_sampling_table_forms(clean_env):
 # --- which file ----------------------------------------------------------------------
 
 def path_of(*args: str, env: dict | None = None):
-    return runner.invoke(app, [*args, "config", "path"], env=env)
+    return invoke([*args, "config", "path"], env=env)
 
 
 def test_config_path_none(clean_env, tmp_path):
@@ -268,7 +268,7 @@ ERRORS = [
 def test_bad_file_is_one_line_with_file_and_key_exit_2(clean_env, text, expected):
     path = clean_env / "llamabatch.toml"
     path.write_text(text, encoding="utf-8")
-    result = runner.invoke(app, ["config", "show"])
+    result = invoke(["config", "show"])
     assert result.exit_code == 2
     assert result.stdout == ""
     lines = result.stderr.splitlines()
@@ -280,13 +280,14 @@ def test_bad_file_is_one_line_with_file_and_key_exit_2(clean_env, text, expected
 
 def test_bad_file_also_stops_a_command_before_anything_runs(clean_env):
     write(clean_env / "llamabatch.toml", "n_parallel = 0\n")
-    with pytest.raises(typer.Exit) as info:  # what every command calls first
+    with pytest.raises(InvalidRequest) as info:  # what every command calls first; main() makes it exit 2
         resolve_options(SharedOptions({}, "run"))
-    assert info.value.exit_code == 2
+    assert ":1: n_parallel: must be an integer >= 1, got 0" in str(info.value)
+    assert invoke(["run", "-"], "hi\n").exit_code == 2
 
 
 def test_missing_config_flag_file(clean_env):
-    result = runner.invoke(app, ["--config", "nope.toml", "config", "show"])
+    result = invoke(["--config", "nope.toml", "config", "show"])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         f"llamabatch: error: config file {clean_env / 'nope.toml'} (from --config): no such file"]
@@ -294,7 +295,7 @@ def test_missing_config_flag_file(clean_env):
 
 def test_missing_config_env_file(clean_env, monkeypatch):
     monkeypatch.setenv("LLAMABATCH_CONFIG", str(clean_env / "gone.toml"))
-    result = runner.invoke(app, ["config", "path"])
+    result = invoke(["config", "path"])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         f"llamabatch: error: config file {clean_env / 'gone.toml'} (from $LLAMABATCH_CONFIG): no such file"]
@@ -302,7 +303,7 @@ def test_missing_config_env_file(clean_env, monkeypatch):
 
 def test_config_that_is_not_utf8(clean_env):
     (clean_env / "llamabatch.toml").write_bytes(b"model = \"\xff\"\n")
-    result = runner.invoke(app, ["config", "show"])
+    result = invoke(["config", "show"])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [f"llamabatch: error: {clean_env / 'llamabatch.toml'}: not UTF-8 text (byte 9)"]
 
@@ -324,7 +325,7 @@ def test_errors_in_a_real_process(clean_env):
 def test_config_show_table_names_every_source(clean_env, monkeypatch):
     path = write(clean_env / "llamabatch.toml", LOCAL)
     monkeypatch.setenv("LLAMABATCH_TOP_P", "0.5")
-    result = runner.invoke(app, ["config", "show", "--command", "run", "--max-tokens", "12"])
+    result = invoke(["config", "show", "--command", "run", "--max-tokens", "12"])
     assert result.exit_code == 0, result.stderr
     rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
     assert rows["KEY"] == ["KEY", "VALUE", "SOURCE"]
@@ -339,21 +340,21 @@ def test_config_show_table_names_every_source(clean_env, monkeypatch):
 
 
 def test_config_show_without_a_file_says_so(clean_env):
-    result = runner.invoke(app, ["config", "show"])
+    result = invoke(["config", "show"])
     assert result.exit_code == 0
     assert "config file: none" in result.stderr
     assert all(line.split()[-1] in ("default", "SOURCE") for line in result.stdout.splitlines())
 
 
 def test_config_show_rejects_an_unknown_command():
-    result = runner.invoke(app, ["config", "show", "--command", "serve"])
+    result = invoke(["config", "show", "--command", "serve"])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         "llamabatch: error: --command must be one of run, chat, serve-stdin, bench, got 'serve'"]
 
 
 def test_config_show_reports_a_bad_env_value():
-    result = runner.invoke(app, ["config", "show"], env={"LLAMABATCH_N_PARALLEL": "many"})
+    result = invoke(["config", "show"], env={"LLAMABATCH_N_PARALLEL": "many"})
     assert result.exit_code == 2
     assert "LLAMABATCH_N_PARALLEL" in result.stderr and len(result.stderr.splitlines()) == 1
 
@@ -395,8 +396,8 @@ def test_an_error_inside_an_inline_table_points_at_its_line():
 
 def test_a_clash_between_file_values_names_where_the_file_sets_it(clean_env):
     path = write(clean_env / "llamabatch.toml", "n_parallel = 8\n[run]\nn_batch = 4\n")
-    result = runner.invoke(app, ["config", "show", "--command", "run"])
+    result = invoke(["config", "show", "--command", "run"])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
         f"llamabatch: error: {path}:3: n_batch must be an integer >= n_parallel (8), got 4"]
-    assert runner.invoke(app, ["config", "show", "--command", "chat"]).exit_code == 0  # [run] only
+    assert invoke(["config", "show", "--command", "chat"]).exit_code == 0  # [run] only

@@ -1,7 +1,9 @@
-"""`llamabatch run` end to end: real subprocesses on the bundled model.
+"""`llamabatch run`: its behaviour in-process on the scripted fake runner (no model), and
+end to end in real subprocesses on the bundled model (marked `model`) where a real process
+matters: kill -9 and --resume, Ctrl-C, and every line shape on the real model.
 
 Small slots (--n-ctx 1024 over 4 slots: 256 tokens each) and a few tokens per line keep
-every run to a few seconds on 2 cores.
+every real run to a few seconds on 2 cores.
 """
 from __future__ import annotations
 
@@ -16,19 +18,32 @@ from pathlib import Path
 
 import pytest
 
+from cli_harness import invoke, runner_for
+
 FAST = ["--n-parallel", "4", "--n-ctx", "1024", "--max-tokens", "4", "--temperature", "0"]
 MODEL_NAME = "gemma-3-270m-q4_k_m"
+FAKE_MODEL_NAME = "fake-model"  # tests/fake_runner.py's model_path
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 
-@pytest.fixture(autouse=True)
-def _bundled_model(model_path, monkeypatch):
+@pytest.fixture
+def bundled_model(model_path, monkeypatch):
     # Resolve (and assemble, once) the bundled model before timing-sensitive subprocesses start.
     monkeypatch.delenv("LLAMABATCH_MODEL", raising=False)
 
 
-def llamabatch_run(*args: str, stdin: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def llamabatch_run(*args: str, stdin: str | None = None, real_engine: bool = False,
+                   **runner_kw) -> subprocess.CompletedProcess:
+    """`llamabatch run ARGS` in-process: on the fake runner (FakeRunner keywords in
+    `runner_kw`), or with `real_engine` the command's own engine factory (for model paths
+    that must fail before anything loads)."""
+    result = invoke(["run", *args], input=stdin or "", runner=None if real_engine else runner_for(**runner_kw))
+    return subprocess.CompletedProcess(["llamabatch", "run", *args], result.exit_code, result.stdout, result.stderr)
+
+
+def real_run(*args: str, stdin: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`llamabatch run ARGS` as a real process on the bundled model."""
     return subprocess.run([sys.executable, "-m", "llamabatch", "run", *args], input=stdin, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -86,8 +101,12 @@ def slow_lines(n: int, max_tokens: int = 24) -> list[dict]:
 # -- shapes and per-line errors ----------------------------------------------------------------
 
 
-def test_every_shape_and_every_bad_line_gets_its_own_record(tmp_path):
-    long_prompt = "word " * 400  # > 256 tokens: longer than a slot
+@pytest.mark.parametrize("engine", ["fake", pytest.param("model", marks=pytest.mark.model)])
+def test_every_shape_and_every_bad_line_gets_its_own_record(tmp_path, request, engine):
+    if engine == "model":
+        request.getfixturevalue("bundled_model")
+    run, model_name = (real_run, MODEL_NAME) if engine == "model" else (llamabatch_run, FAKE_MODEL_NAME)
+    long_prompt = "word " * 400  # > 256 tokens (and characters): longer than a slot
     lines = [
         "a plain text line",  # 1
         {"prompt": "The capital of France is", "id": "p1", "max_tokens": 3},  # 2
@@ -108,7 +127,7 @@ def test_every_shape_and_every_bad_line_gets_its_own_record(tmp_path):
     ]
     inp = write_lines(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
-    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--fail-on-error")
+    proc = run(str(inp), "-o", str(out), *FAST, "--fail-on-error")
     assert proc.returncode == 1, proc.stderr  # --fail-on-error: lines failed, yet every line was answered
     records = read_records(out)
     assert [the_id(r) for r in records] == [1, "p1", "m1", "chat-1", "comp-1", 6, 7, "emb-1", 9, 10, 11, "long",
@@ -125,7 +144,7 @@ def test_every_shape_and_every_bad_line_gets_its_own_record(tmp_path):
     assert chat["id"].startswith("batch_req_") and chat["error"] is None
     assert chat["response"]["status_code"] == 200
     body = chat["response"]["body"]
-    assert body["object"] == "chat.completion" and body["model"] == MODEL_NAME
+    assert body["object"] == "chat.completion" and body["model"] == model_name
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["usage"]["completion_tokens"] <= 3 and "cached_tokens" in body["usage"]["prompt_tokens_details"]
     comp = by_line[5]["response"]["body"]
@@ -172,17 +191,18 @@ def test_stdin_text_completion_order_echo_and_plain_progress(tmp_path):
 
 
 def test_input_order_waits_for_a_slow_line_and_completion_order_does_not(tmp_path):
-    lines = [{"id": "slow", "prompt": "Count:", "max_tokens": 40, "ignore_eos": True}]
+    lines = [{"id": "slow", "prompt": "Count:", "max_tokens": 100, "ignore_eos": True}]
     lines += [{"id": f"fast{i}", "prompt": f"Word {i}:", "max_tokens": 1} for i in range(5)]
     inp = write_lines(tmp_path / "in.jsonl", lines)
     in_order = llamabatch_run(str(inp), *FAST, "-q")
     assert in_order.returncode == 0, in_order.stderr
     assert [r["id"] for r in parse_records(in_order.stdout)] == ["slow"] + [f"fast{i}" for i in range(5)]
     assert in_order.stderr == ""  # --quiet
-    by_completion = llamabatch_run(str(inp), *FAST, "-q", "--order", "completion")
+    # 100 ticks of 10 ms: the slow line outlasts the reader thread handing out the fast ones
+    by_completion = llamabatch_run(str(inp), *FAST, "-q", "--order", "completion", step_delay=0.01)
     ids = [r["id"] for r in parse_records(by_completion.stdout)]
     assert sorted(ids) == sorted(["slow"] + [f"fast{i}" for i in range(5)])
-    assert ids[-1] == "slow"  # 40 tokens vs 1: it finishes last
+    assert ids[-1] == "slow"  # 100 tokens vs 1: it finishes last
 
 
 def test_shared_prefix_is_served_from_the_cache(tmp_path):
@@ -212,7 +232,7 @@ def test_empty_input_gives_empty_output_and_exit_0(tmp_path):
 
 def test_unreadable_input_fails_before_the_model_loads(tmp_path):
     # the model path is bad too: the INPUT message proves INPUT was checked first
-    proc = llamabatch_run(str(tmp_path / "missing.jsonl"), "--model", str(tmp_path / "nope.gguf"))
+    proc = llamabatch_run(str(tmp_path / "missing.jsonl"), "--model", str(tmp_path / "nope.gguf"), real_engine=True)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"llamabatch: error: cannot read INPUT {tmp_path / 'missing.jsonl'}: No such file or directory"]
@@ -221,7 +241,7 @@ def test_unreadable_input_fails_before_the_model_loads(tmp_path):
 def test_unwritable_output_fails_before_the_model_loads(tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", ["hi"])
     out = tmp_path / "no-such-dir" / "out.jsonl"
-    proc = llamabatch_run(str(inp), "-o", str(out), "--model", str(tmp_path / "nope.gguf"))
+    proc = llamabatch_run(str(inp), "-o", str(out), "--model", str(tmp_path / "nope.gguf"), real_engine=True)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"llamabatch: error: cannot write OUTPUT {out}: No such file or directory"]
@@ -232,7 +252,7 @@ def test_model_that_cannot_load_leaves_no_output_file(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model")
     out = tmp_path / "out.jsonl"
-    proc = llamabatch_run(str(inp), "-o", str(out), "--model", str(bad))
+    proc = llamabatch_run(str(inp), "-o", str(out), "--model", str(bad), real_engine=True)
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1 and "not a GGUF file" in proc.stderr
     assert not out.exists()
@@ -247,7 +267,8 @@ def test_resume_needs_an_output_file(tmp_path):
 # -- crash safety and resume -------------------------------------------------------------------
 
 
-def test_resume_after_kill_9_answers_every_line_once(tmp_path):
+@pytest.mark.model
+def test_resume_after_kill_9_answers_every_line_once(tmp_path, bundled_model):
     lines = slow_lines(16, max_tokens=16)
     inp = write_lines(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
@@ -260,7 +281,7 @@ def test_resume_after_kill_9_answers_every_line_once(tmp_path):
         proc.communicate()
     assert written < len(lines), "the run finished before it could be killed"
     before = read_records(out) if out.read_text().endswith("\n") else None  # a torn line is fine here
-    resumed = llamabatch_run(*args[:-1], "--resume", "--progress-every", "1000")
+    resumed = real_run(*args[:-1], "--resume", "--progress-every", "1000")
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming:" in resumed.stderr
     records = read_records(out)
@@ -295,7 +316,8 @@ def test_resume_refuses_an_output_with_a_broken_middle_line(tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", ["hi"])
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": 1, "text": "ok"}\nnot json\n{"id": 2}\n')
-    proc = llamabatch_run(str(inp), "-o", str(out), "--resume", "--model", str(tmp_path / "nope.gguf"))
+    proc = llamabatch_run(str(inp), "-o", str(out), "--resume", "--model", str(tmp_path / "nope.gguf"),
+                          real_engine=True)
     assert proc.returncode == 1
     assert "line 2 is not valid JSON" in proc.stderr
     assert out.read_text() == '{"id": 1, "text": "ok"}\nnot json\n{"id": 2}\n'  # untouched
@@ -304,7 +326,8 @@ def test_resume_refuses_an_output_with_a_broken_middle_line(tmp_path):
 # -- Ctrl-C ------------------------------------------------------------------------------------
 
 
-def test_ctrl_c_finishes_in_flight_lines_then_exits_130_with_the_resume_command(tmp_path):
+@pytest.mark.model
+def test_ctrl_c_finishes_in_flight_lines_then_exits_130_with_the_resume_command(tmp_path, bundled_model):
     lines = slow_lines(16, max_tokens=12)
     inp = write_lines(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
@@ -323,13 +346,14 @@ def test_ctrl_c_finishes_in_flight_lines_then_exits_130_with_the_resume_command(
     assert 2 <= len(records) < len(lines)
     # in-flight lines were finished, not cancelled: every record is a whole answer
     assert all(r["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 12 for r in records)
-    resumed = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume", "-q")
+    resumed = real_run(str(inp), "-o", str(out), *FAST, "--resume", "-q")
     assert resumed.returncode == 0, resumed.stderr
     ids = [r["id"] for r in read_records(out)]
     assert sorted(ids) == sorted(line["id"] for line in lines) and len(set(ids)) == len(ids)
 
 
-def test_second_ctrl_c_cancels_in_flight_lines(tmp_path):
+@pytest.mark.model
+def test_second_ctrl_c_cancels_in_flight_lines(tmp_path, bundled_model):
     inp = write_lines(tmp_path / "in.jsonl", slow_lines(16, max_tokens=200))
     out = tmp_path / "out.jsonl"
     proc = start_run(str(inp), "-o", str(out), *FAST, "--progress-every", "0.05")

@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import pytest
 
+pytestmark = pytest.mark.model  # every test here starts the real command on the bundled model
+
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 60  # seconds for any one expected event: generous for a busy two-core machine
 TERMINAL = ("done", "error")

@@ -1,12 +1,25 @@
-"""The `llamabatch` command: a thin Typer front end over the engine."""
+"""The `llamabatch` command: a thin Typer front end over the engine.
+
+Commands are plain functions in their own subpackages (cli/run/, cli/serve/, cli/chat/,
+cli/bench/, cli/config/); this module registers them, so nothing imports back from here.
+`main()` is the one place exceptions become exit codes.
+"""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Sequence
 
 import typer
+from typer.exceptions import TyperException
 
 from .. import __version__
-from .common import setup_logging, state
+from .bench.command import bench_command
+from .chat.command import chat_command
+from .common import exit_code_for, setup_logging
+from .config.command import config_app
+from . import env as env_module
+from .env import Environment, activate, current
+from .run.command import run_command
+from .serve.command import serve_stdin
 
 app = typer.Typer(
     name="llamabatch",
@@ -20,12 +33,13 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"llamabatch {__version__}")
+        print(f"llamabatch {__version__}", file=current().stdout)
         raise typer.Exit()
 
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
                                                     help="Print the version and exit.")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and llama.cpp logs on stderr.")] = False,
@@ -35,23 +49,54 @@ def root(
              "else ~/.config/llamabatch/config.toml]")] = None,
 ) -> None:
     """Continuous batching for many prompts on one local GGUF model."""
-    setup_logging(debug)
-    state.config_path = config
+    env = activate(ctx.ensure_object(Environment))  # main() passes one; CliRunner gets the real streams
+    env.debug = debug
+    env.config_path = config
+    setup_logging(debug, env.stderr)
 
 
-def _register() -> None:
-    # Each command lives in its own module; importing registers it on `app`.
-    from .bench import command as _bench  # noqa: F401
-    from .chat import command as _chat  # noqa: F401
-    from .run import command as _run  # noqa: F401
-    from .serve import command as _serve  # noqa: F401
-    from .config.command import config_app
-
-    app.add_typer(config_app, name="config")
+app.command("run")(run_command)
+app.command("serve-stdin")(serve_stdin)
+app.command("chat")(chat_command)
+app.command("bench")(bench_command)
+app.add_typer(config_app, name="config")
 
 
-_register()
+def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]) in `env` (default: the real
+    streams) and return its exit code: 0 ok, 1 error, 2 usage, 130 interrupted.
+
+    Library errors raised anywhere in a command end here as one line on stderr; --debug
+    re-raises them with their traceback instead."""
+    env = env if env is not None else Environment()
+    previous = env_module.current()
+    activate(env)
+    try:
+        return _main(argv, env)
+    finally:
+        activate(previous)  # an embedding caller's next call starts clean
 
 
-def main() -> None:
-    app()
+def _main(argv: Sequence[str] | None, env: Environment) -> int:
+    try:
+        result = app(args=list(argv) if argv is not None else None, prog_name="llamabatch",
+                     standalone_mode=False, obj=env)
+        return result if isinstance(result, int) else 0  # click returns an Exit's code here
+    except typer.Exit as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into Exit(130)
+            return _report(env, exc.__cause__)
+        return exc.exit_code
+    except TyperException as exc:  # usage errors: click's own words, exit 2
+        exc.show(file=env.stderr)  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
+    except BaseException as exc:
+        return _report(env, exc)
+
+
+def _report(env: Environment, exc: BaseException) -> int:
+    mapped = exit_code_for(exc)
+    if mapped is None or env.debug:
+        raise exc
+    code, message = mapped
+    print(f"llamabatch: error: {message}", file=env.stderr, flush=True)
+    return code

@@ -1,80 +1,73 @@
-"""What every command shares at run time: the --debug flag, error-to-exit-code mapping,
-and building an Engine from resolved options."""
+"""What every command shares at run time: lines for people, the exit codes and the one
+mapping from exceptions to them (`exit_code_for`, used by `app.main`), and building an
+Engine from resolved options."""
 from __future__ import annotations
 
-import contextlib
 import logging
-import sys
-from typing import Iterator
+from typing import TYPE_CHECKING, TextIO
 
 import typer
 
-from ..engine import Engine
-from ..errors import InvalidRequest, LlamaBatchError, ModelLoadError
+from ..errors import InvalidRequest, LlamaBatchError
+from . import env
+from .config.layer import resolve_layers
 from .options import Resolved, SharedOptions
 
-
-class State:
-    debug = False
-    config_path: str | None = None  # the global --config FILE
-
-
-state = State()
+if TYPE_CHECKING:
+    from ..engine import Engine
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class CliError(Exception):
+    """End the command: `message` on stderr as one line, then exit `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
 def say(message: str) -> None:
     """A line for people: always stderr, never mixed into data on stdout."""
-    print(message, file=sys.stderr, flush=True)
+    print(message, file=env.current().stderr, flush=True)
 
 
-def fail(message: str, code: int = EXIT_ERROR) -> "typer.Exit":
-    say(f"llamabatch: error: {message}")
-    return typer.Exit(code)
+def out(text: str) -> None:
+    """Data or a command's answer: stdout."""
+    print(text, file=env.current().stdout, flush=True)
 
 
-@contextlib.contextmanager
-def cli_errors() -> Iterator[None]:
-    """Turn library errors into one line on stderr and an exit code (--debug: the traceback)."""
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except KeyboardInterrupt:
-        if state.debug:
-            raise
-        raise fail("interrupted", EXIT_INTERRUPTED) from None
-    except InvalidRequest as exc:
-        if state.debug:
-            raise
-        raise fail(str(exc), EXIT_USAGE) from None
-    except (LlamaBatchError, OSError) as exc:
-        if state.debug:
-            raise
-        raise fail(str(exc), EXIT_ERROR) from None
+def fail(message: str, code: int = EXIT_ERROR) -> CliError:
+    """`raise fail("...", EXIT_USAGE)`: one line, that exit code (see exit_code_for)."""
+    return CliError(message, code)
+
+
+def exit_code_for(exc: BaseException) -> tuple[int, str] | None:
+    """The one exception -> (exit code, one line for stderr) mapping: 2 for bad input or
+    usage, 1 for everything else that went wrong, 130 for Ctrl-C. None: a bug, which keeps
+    its traceback. (--debug re-raises them all; see app.main.)"""
+    if isinstance(exc, CliError):
+        return exc.code, str(exc)
+    if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
+        return EXIT_INTERRUPTED, "interrupted"
+    if isinstance(exc, InvalidRequest):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, (LlamaBatchError, OSError)):
+        return EXIT_ERROR, str(exc)
+    return None
 
 
 def resolve_options(opts: SharedOptions) -> Resolved:
-    """Flags > LLAMABATCH_* env > config file > defaults. Bad values exit 2 with one line."""
-    from .config.layer import resolve_layers
-
-    with cli_errors():
-        return resolve_layers(opts)
+    """Flags > LLAMABATCH_* env > config file > defaults. Bad values raise InvalidRequest (exit 2)."""
+    return resolve_layers(opts)
 
 
-def open_engine(resolved: Resolved) -> Engine:
-    """Load the model; a model that can't load is one line and exit 1."""
-    try:
-        return Engine(resolved.engine, default_params=resolved.sampling)
-    except ModelLoadError as exc:
-        if state.debug:
-            raise
-        raise fail(str(exc), EXIT_ERROR) from None
+def open_engine(resolved: Resolved) -> "Engine":
+    """Build the command's engine (loads the model; ModelLoadError is one line and exit 1)."""
+    return env.current().engine_factory(resolved.engine, resolved.sampling)
 
 
-def setup_logging(debug: bool) -> None:
-    state.debug = debug
+def setup_logging(debug: bool, stream: TextIO) -> None:
     if debug:
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
+        logging.basicConfig(level=logging.DEBUG, stream=stream,
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")

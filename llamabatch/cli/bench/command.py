@@ -6,7 +6,6 @@ import dataclasses
 import datetime
 import json
 import os
-import sys
 from typing import Annotated, Any, Optional
 
 import typer
@@ -16,14 +15,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ... import __version__
 from . import benchkit
 from ...errors import InvalidRequest
-from ..app import app
 from .tables import (baseline_table, batched_table, latency_table, throughput_table, tick_summary_line,
                            ticks_table)
-from ..common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options, say
+from .. import env as cli_env
+from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options
 
 
-@app.command("bench")
 @with_shared_options
 def bench_command(
     parallel: Annotated[str, typer.Option("--parallel", metavar="LIST",
@@ -61,9 +59,8 @@ def bench_command(
     resolved = resolve_options(opts)
     if opts["max_tokens"] is not None:
         say("llamabatch: note: --max-tokens is ignored; bench generates --tg tokens per request")
-    with cli_errors():
-        configs = [resolved.engine.replace(n_parallel=b, max_queue=0).validate() for b in levels]
-        params = resolved.sampling.replace(max_tokens=tg, ignore_eos=True).validate()
+    configs = [resolved.engine.replace(n_parallel=b, max_queue=0).validate() for b in levels]
+    params = resolved.sampling.replace(max_tokens=tg, ignore_eos=True).validate()
     counts = [requests or b for b in levels]
     smallest_slot = min(c.slot_ctx for c in configs)
     if prompt_lines is None and pp + tg > smallest_slot:
@@ -74,7 +71,7 @@ def bench_command(
     figures: list[dict[str, Any]] = []
     model: dict[str, Any] = {}
     all_prompts: list[list[int]] = []
-    with cli_errors(), progress:
+    with progress:
         # progress counts generated tokens, the baseline's included
         task = progress.add_task("bench", total=sum(counts) * tg + (max(counts) * tg if baseline else 0))
         advance = lambda n: progress.advance(task, n)  # noqa: E731  (called on the engine thread)
@@ -155,13 +152,16 @@ def _build_prompts(engine: Any, prompt_lines: list[tuple[int, str]] | None, coun
 
 
 def _progress() -> Progress:
-    console = Console(stderr=True)
+    env = cli_env.current()
+    console = Console(file=env.stderr, force_terminal=env.stderr_isatty)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                     TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
 
 
 def _print_tables(figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int) -> None:
-    out = Console() if sys.stdout.isatty() else Console(width=200)  # a pipe must not fold columns
+    env = cli_env.current()
+    out = (Console(file=env.stdout, force_terminal=True) if env.stdout_isatty
+           else Console(file=env.stdout, width=200))  # a pipe must not fold columns
     out.print(batched_table(figures, with_speedup=base is not None))
     out.print(latency_table(figures))
     out.print(throughput_table(figures))

@@ -7,7 +7,6 @@ on stdout without decoration) and in tests.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +14,10 @@ from typing import Annotated, Any, Optional, TextIO
 
 import typer
 
-from ..app import app
-from .slash_commands import QUIT, looks_like_command, run_command
+from .slash_commands import QUIT, looks_like_command, run_slash_command
 from .session import ChatIO, ChatSession
-from ..common import cli_errors, open_engine, resolve_options, say
+from .. import env as cli_env
+from ..common import open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options
 
 MULTILINE = '"""'
@@ -41,7 +40,7 @@ def chat_loop(session: ChatSession) -> None:
             continue
         try:
             if is_command(message):
-                if run_command(session, message.text) == QUIT:
+                if run_slash_command(session, message.text) == QUIT:
                     return
                 continue
             session.say(message.text)
@@ -157,13 +156,13 @@ def line_printer(stream: TextIO, style: str = ""):
     return show
 
 
-def terminal_io() -> ChatIO:
+def terminal_io(env: cli_env.Environment) -> ChatIO:
     # With stdout redirected, prompt-toolkit draws on stderr and replies still go to stdout.
     from prompt_toolkit.output import create_output
 
-    output = create_output(stdout=sys.stdout if sys.stdout.isatty() else sys.stderr)
-    return ChatIO(read=terminal_reader(history_path(), output=output), write=stream_writer(sys.stdout),
-                  info=line_printer(sys.stderr), notice=line_printer(sys.stderr, "2"), interactive=True)
+    output = create_output(stdout=env.stdout if env.stdout_isatty else env.stderr)
+    return ChatIO(read=terminal_reader(history_path(), output=output), write=stream_writer(env.stdout),
+                  info=line_printer(env.stderr), notice=line_printer(env.stderr, "2"), interactive=True)
 
 
 def pipe_io(stdin: TextIO, stdout: TextIO, stderr: TextIO) -> ChatIO:
@@ -177,7 +176,6 @@ def pipe_io(stdin: TextIO, stdout: TextIO, stderr: TextIO) -> ChatIO:
 # -- the command --------------------------------------------------------------------------
 
 
-@app.command("chat")
 @with_shared_options
 def chat_command(
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")] = None,
@@ -194,19 +192,19 @@ def chat_command(
     Chat uses one slot (all of --n-ctx) unless --n-parallel is set.
     """
     resolved = resolve_options(opts)  # n_parallel defaults to 1 here (options.COMMAND_DEFAULTS)
-    with cli_errors():
-        started = time.perf_counter()
-        engine = open_engine(resolved)
-        load_s = time.perf_counter() - started
-        try:
-            interactive = sys.stdin.isatty()
-            io = terminal_io() if interactive else pipe_io(sys.stdin, sys.stdout, sys.stderr)
-            template = engine.chat_template  # an unusable --chat-template fails here, before any turn
-            if template.fallback_reason:
-                io.notice(template.fallback_reason)
-            if interactive:
-                io.notice(f"{engine.model_name} · template {template.name} · {engine.slot_ctx}-token context · "
-                          f"/help for commands, Ctrl-D or /bye to exit")
-            chat_loop(ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s))
-        finally:
-            engine.close()
+    env = cli_env.current()
+    started = time.perf_counter()
+    engine = open_engine(resolved)
+    load_s = time.perf_counter() - started
+    try:
+        interactive = env.stdin_isatty
+        io = terminal_io(env) if interactive else pipe_io(env.stdin, env.stdout, env.stderr)
+        template = engine.chat_template  # an unusable --chat-template fails here, before any turn
+        if template.fallback_reason:
+            io.notice(template.fallback_reason)
+        if interactive:
+            io.notice(f"{engine.model_name} · template {template.name} · {engine.slot_ctx}-token context · "
+                      f"/help for commands, Ctrl-D or /bye to exit")
+        chat_loop(ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s))
+    finally:
+        engine.close()

@@ -22,7 +22,7 @@ from ...results import Result
 LABEL_WIDTH = 22  # "prompt eval duration: " is the longest label
 
 
-def format_duration(seconds: float) -> str:
+def go_duration(seconds: float) -> str:
     """Like Go's time.Duration, which Ollama prints, rounded: 1.2s, 35ms, 1m2.5s, 850µs."""
     if seconds >= 60:
         minutes, rest = divmod(seconds, 60)
@@ -47,14 +47,14 @@ def stats_lines(result: Result, total_s: float, load_s: float = 0.0) -> list[str
     usage, timings = result.usage, result.timings
     evaluated = usage.prompt_tokens - usage.cached_tokens
     rows = [
-        ("total duration", format_duration(total_s)),
-        ("load duration", format_duration(load_s)),
+        ("total duration", go_duration(total_s)),
+        ("load duration", go_duration(load_s)),
         ("prompt eval count", f"{evaluated} token(s)"),
         ("cached tokens", f"{usage.cached_tokens} token(s)"),
-        ("prompt eval duration", format_duration(timings.prompt_ms / 1000)),
+        ("prompt eval duration", go_duration(timings.prompt_ms / 1000)),
         ("prompt eval rate", f"{timings.prompt_tokens_per_s:.2f} tokens/s"),
         ("eval count", f"{usage.completion_tokens} token(s)"),
-        ("eval duration", format_duration(timings.decode_ms / 1000)),
+        ("eval duration", go_duration(timings.decode_ms / 1000)),
         ("eval rate", f"{timings.generated_tokens_per_s:.2f} tokens/s"),
     ]
     return [f"{label + ':':<{LABEL_WIDTH}}{value}" for label, value in rows]

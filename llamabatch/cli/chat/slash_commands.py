@@ -41,7 +41,7 @@ def looks_like_command(line: str) -> bool:
     return line.startswith("/")
 
 
-def run_command(session: ChatSession, line: str) -> str:
+def run_slash_command(session: ChatSession, line: str) -> str:
     """Carry out one /command. Returns QUIT when the chat should end, else DONE."""
     name, _, rest = line[1:].partition(" ")
     name, rest = name.lower(), rest.strip()

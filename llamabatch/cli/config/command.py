@@ -9,7 +9,7 @@ import typer
 
 from .config_file import COMMANDS, ENGINE_RULES, Location
 from .config_file import SAMPLING_KEYS as FILE_SAMPLING_KEYS
-from ..common import EXIT_ERROR, EXIT_USAGE, cli_errors, fail, say
+from ..common import EXIT_ERROR, EXIT_USAGE, fail, out, say
 from .layer import config_location, current_config, file_values_for, resolve_layers
 from ..options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, with_shared_options
 
@@ -50,15 +50,14 @@ def show_command(
     if command is not None and command not in COMMANDS:
         raise fail(f"--command must be one of {', '.join(COMMANDS)}, got {command!r}", EXIT_USAGE)
     shared = SharedOptions(opts.values, command or "")
-    with cli_errors():
-        location = config_location()
-        file_values = file_values_for(command or "")
-        resolved = resolve_layers(shared)
-        rows = _rows(resolved, shared, file_values)
-        rows += _command_rows(command)
+    location = config_location()
+    file_values = file_values_for(command or "")
+    resolved = resolve_layers(shared)
+    rows = _rows(resolved, shared, file_values)
+    rows += _command_rows(command)
     _say_location(location)
     if as_json:
-        typer.echo(json.dumps({
+        out(json.dumps({
             "command": command,
             "config_file": location.path,
             "settings": {key: {"value": value, "source": source} for key, value, source in rows},
@@ -67,21 +66,20 @@ def show_command(
     table = [("KEY", "VALUE", "SOURCE")] + [(key, _text(key, value, resolved), source) for key, value, source in rows]
     widths = [max(len(row[i]) for row in table) for i in range(2)]
     for key, value, source in table:
-        typer.echo(f"{key:<{widths[0]}}  {value:<{widths[1]}}  {source}".rstrip())
+        out(f"{key:<{widths[0]}}  {value:<{widths[1]}}  {source}".rstrip())
 
 
 @config_app.command("path")
 def path_command() -> None:
     """Print the config file that would be read (exit 1 when there is none)."""
-    with cli_errors():
-        location = config_location()
+    location = config_location()
     if location.path is None:
         say("llamabatch: no config file; looked for, in order:")
         for place in location.looked:
             say(f"  {place}")
         say("  (or name one with --config FILE or $LLAMABATCH_CONFIG)")
         raise typer.Exit(EXIT_ERROR)
-    typer.echo(location.path)
+    out(location.path)
 
 
 def _rows(resolved: Resolved, opts: SharedOptions, file_values: dict[str, tuple[Any, str]]) -> list[tuple[str, Any, str]]:

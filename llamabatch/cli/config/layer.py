@@ -1,9 +1,9 @@
 """The config-file layer of option resolution (flags > env > file > defaults).
 
-Which file applies comes from the global `--config` (kept in `common.state`), then
+Which file applies comes from the global `--config` (kept in the command's `env.Environment`), then
 $LLAMABATCH_CONFIG, then ./llamabatch.toml, then the per-user file; `config_file.py`
 reads and checks it. A bad file raises ConfigFileError (an InvalidRequest), which
-`cli_errors()` turns into one line and exit 2.
+`app.main` turns into one line and exit 2.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from .config_file import COMMAND_RULES, ConfigFile, ConfigFileError, Location, load, locate
 from ...errors import InvalidRequest
-from ..common import state
+from .. import env
 from ..options import Resolved, SharedOptions, resolve
 
 # A command may read the file up to twice (shared options, then its own keys): keep the
@@ -22,7 +22,7 @@ _cache: dict[tuple[str, int, int], ConfigFile] = {}
 
 def config_location() -> Location:
     """Which file applies now (see config_file.locate)."""
-    return locate(state.config_path)
+    return locate(env.current().config_path)
 
 
 def current_config() -> ConfigFile | None:
@@ -67,7 +67,7 @@ def command_setting(command: str, key: str, default: Any = None) -> Any:
 
         order = order_flag if order_flag is not None else command_setting("run", "order", "input")
 
-    Raises ConfigFileError for a bad file; call it inside `cli_errors()`.
+    Raises ConfigFileError for a bad file (one line and exit 2 from `app.main`).
     """
     if key not in COMMAND_RULES.get(command, {}):
         # A programming error, not a user one: the key must be declared to be checked.

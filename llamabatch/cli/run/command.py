@@ -15,10 +15,10 @@ from typing import Optional
 import typer
 
 from .formats import LineParser
-from ..app import app
-from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, cli_errors, fail, open_engine, resolve_options
+from .. import env as cli_env
+from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options
 from ..options import SharedOptions, with_shared_options
-from .progress import Reporter, format_duration, make_reporter
+from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
 from .files import LineCounter, RunFileError, Sink, Source, open_input, open_output, read_back
 from .writer import RecordWriter
@@ -38,7 +38,6 @@ class InputFormat(str, Enum):
     jsonl = "jsonl"
 
 
-@app.command("run")
 @with_shared_options
 def run_command(
     # Default-value style, not Annotated: with_shared_options hands Typer a signature whose
@@ -93,9 +92,10 @@ def run_command(
     inflight = max_inflight or 4 * resolved.engine.n_parallel
 
     # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
+    env = cli_env.current()
     try:
-        source = open_input(input_path)
-        sink = open_output(output, input_path)
+        source = open_input(input_path, env.stdin)
+        sink = open_output(output, input_path, env.stdout)
     except RunFileError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
     answered = None
@@ -105,25 +105,24 @@ def run_command(
         except RunFileError as exc:
             sink.discard()
             raise fail(str(exc), EXIT_ERROR) from None
-    with cli_errors():  # Ctrl-C while the model loads: exit 130, no traceback
-        try:
-            engine = open_engine(resolved)
-        except BaseException:
-            sink.discard()
-            raise
-    reporter = make_reporter(quiet, progress_every, live_ok=not sink.is_terminal)
+    try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
+        engine = open_engine(resolved)
+    except BaseException:
+        sink.discard()
+        raise
+    reporter = make_reporter(quiet, progress_every, env.stderr, live_ok=not sink.is_terminal,
+                             stream_isatty=env.stderr_isatty)
     if resume:
         reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {output}"
                       + (f"; cut off a torn last line ({torn} bytes)" if torn else ""))
-    with cli_errors():
-        try:
-            if not resume:
-                sink.start_fresh()
-            code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
-                        fail_on_error, input_path, output)
-        finally:
-            engine.close()
-            source.close()
+    try:
+        if not resume:
+            sink.start_fresh()
+        code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
+                    fail_on_error, input_path, output)
+    finally:
+        engine.close()
+        source.close()
     raise typer.Exit(code)
 
 
@@ -163,7 +162,7 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
 def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
     s = writer.stats
     wall = run.elapsed()
-    line = f"llamabatch run: {s.written} line(s) in {format_duration(wall)}: {s.ok} ok, {s.failed} failed"
+    line = f"llamabatch run: {s.written} line(s) in {clock_duration(wall)}: {s.ok} ok, {s.failed} failed"
     if run.skipped:
         line += f"; {run.skipped} already in OUTPUT"
     if writer.skipped:

@@ -13,7 +13,7 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, TextIO
 
 from .formats import record_error_code, record_id
 from .ids import Answered
@@ -42,14 +42,16 @@ class Source:
             self.stream.close()
 
 
-def open_input(path: str) -> Source:
+def open_input(path: str, stdin: TextIO | None = None) -> Source:
+    """INPUT: `path`, or for "-" the command's stdin (default: the process's)."""
     if path == "-":
-        # A private reader on a copy of fd 0: if Ctrl-C leaves the reader thread blocked in
+        stdin = stdin if stdin is not None else sys.stdin
+        # A private reader on a copy of its fd: if Ctrl-C leaves the reader thread blocked in
         # a read, interpreter shutdown must not wait for sys.stdin's lock.
         try:
-            return Source("-", os.fdopen(os.dup(0), "rb"), False)
-        except OSError:
-            return Source("-", sys.stdin.buffer, False)
+            return Source("-", os.fdopen(os.dup(stdin.fileno()), "rb"), False)
+        except (OSError, ValueError, AttributeError):  # no fd (an in-memory stream)
+            return Source("-", stdin.buffer, False)
     if os.path.isdir(path):
         raise RunFileError(f"cannot read INPUT {path}: is a directory")
     try:
@@ -62,9 +64,10 @@ def open_input(path: str) -> Source:
 class Sink:
     """OUTPUT: a file opened for appending, or stdout. One write + flush per record."""
 
-    def __init__(self, name: str, stream: BinaryIO, created: bool):
+    def __init__(self, name: str, stream: BinaryIO, created: bool, *, owned: bool = True):
         self.name = name  # the path, or "-" for stdout
         self.stream = stream
+        self.owned = owned  # close the stream at the end (not a stream the caller handed in)
         self.created = created  # this run made the file (removed again if the model fails to load)
         self.restore_fd: int | None = None  # stdout: the real fd 1, put back at close
 
@@ -109,7 +112,7 @@ class Sink:
             os.dup2(self.restore_fd, 1)
             os.close(self.restore_fd)
             self.restore_fd = None
-        if not self.is_stdout or self.stream is not sys.stdout.buffer:
+        if self.owned and (not self.is_stdout or self.stream is not sys.stdout.buffer):
             try:
                 self.stream.close()
             except OSError:
@@ -128,9 +131,13 @@ class Sink:
                 pass
 
 
-def open_output(path: str | None, input_path: str) -> Sink:
+def open_output(path: str | None, input_path: str, stdout: TextIO | None = None) -> Sink:
+    """OUTPUT: `path`, or for None / "-" the command's stdout (default: the process's)."""
     if path is None or path == "-":
-        return _stdout_sink()
+        stdout = stdout if stdout is not None else sys.stdout
+        if stdout is sys.__stdout__ or stdout is sys.stdout:
+            return _stdout_sink()
+        return Sink("-", stdout.buffer, False, owned=False)  # an embedding caller's stream: not ours to close
     if os.path.isdir(path):
         raise RunFileError(f"cannot write OUTPUT {path}: is a directory")
     if input_path != "-" and os.path.exists(path):
@@ -157,7 +164,7 @@ def _stdout_sink() -> Sink:
         saved = os.dup(1)
         os.dup2(2, 1)
     except OSError:  # no real fd 1 (an embedding host): write where sys.stdout writes
-        return Sink("-", sys.stdout.buffer, False)
+        return Sink("-", sys.stdout.buffer, False, owned=False)
     sink = Sink("-", os.fdopen(private, "wb"), False)
     sink.restore_fd = saved
     return sink

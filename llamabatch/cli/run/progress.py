@@ -27,7 +27,8 @@ class Snapshot:
     eta_s: float | None
 
 
-def format_duration(seconds: float | None) -> str:
+def clock_duration(seconds: float | None) -> str:
+    """A clock reading, h:mm:ss or m:ss ("?" when unknown); chat's stats use Go's 1.2s style."""
     if seconds is None:
         return "?"
     seconds = int(round(seconds))
@@ -38,7 +39,7 @@ def format_duration(seconds: float | None) -> str:
 
 def _details(snap: Snapshot) -> str:
     return (f"{snap.tok_s:.1f} tok/s (last {RATE_WINDOW_S:g} s), {snap.active}/{snap.n_parallel} slots busy, {snap.failed} failed, "
-            f"ETA {format_duration(snap.eta_s)}")
+            f"ETA {clock_duration(snap.eta_s)}")
 
 
 class Reporter:
@@ -109,11 +110,13 @@ class RichReporter(Reporter):
         self.progress.stop()
 
 
-def make_reporter(quiet: bool, every: float, stream: TextIO | None = None, *, live_ok: bool = True) -> Reporter:
-    """`live_ok=False` when records go to the same terminal: a live bar would be torn by them."""
+def make_reporter(quiet: bool, every: float, stream: TextIO | None = None, *, live_ok: bool = True,
+                  stream_isatty: bool | None = None) -> Reporter:
+    """`live_ok=False` when records go to the same terminal: a live bar would be torn by them.
+    `stream_isatty` (default: ask the stream) says whether `stream` is a terminal."""
     stream = stream if stream is not None else sys.stderr
     if quiet:
         return Reporter(stream)
-    if stream.isatty() and live_ok:
+    if (stream.isatty() if stream_isatty is None else stream_isatty) and live_ok:
         return RichReporter(stream)
     return PlainReporter(stream, every)

@@ -1,5 +1,5 @@
-"""`llamabatch serve-stdin`: a JSONL co-process. The protocol is in llamabatch/protocol.py,
-the threads in serve_loop.py; this module is the command line around them."""
+"""`llamabatch serve-stdin`: a JSONL co-process. The protocol is in protocol.py, the
+threads in loop.py; this module is the command line around them."""
 from __future__ import annotations
 
 import contextlib
@@ -10,8 +10,8 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from ..app import app
-from ..common import cli_errors, open_engine, resolve_options
+from .. import env as cli_env
+from ..common import fail, open_engine, resolve_options
 from ..config.layer import command_setting
 from ..options import SharedOptions, with_shared_options
 
@@ -21,7 +21,6 @@ class OnEof(str, Enum):
     cancel = "cancel"
 
 
-@app.command("serve-stdin")
 @with_shared_options
 def serve_stdin(
     # None = not given: the config file's [serve-stdin] table may set these, then the defaults apply.
@@ -49,26 +48,32 @@ def serve_stdin(
     from .loop import serve
 
     resolved = resolve_options(opts)
-    with cli_errors():
-        if max_queue is None:
-            max_queue = command_setting("serve-stdin", "max_queue", 0)
-        eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain")
-        resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
-        with protocol_stdout() as events_fd:
-            engine = open_engine(resolved)
-            try:
-                code = serve(engine, 0, events_fd, eof)
-            finally:
-                engine.close()  # serve closes it too; this covers a failure inside serve
+    env = cli_env.current()
+    if max_queue is None:
+        max_queue = command_setting("serve-stdin", "max_queue", 0)
+    eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain")
+    resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
+    in_fd, out_fd = env.fileno("stdin"), env.fileno("stdout")
+    if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (see loop.py)
+        raise fail("serve-stdin needs stdin and stdout with file descriptors")
+    with protocol_stdout(out_fd) as events_fd:
+        engine = open_engine(resolved)
+        try:
+            code = serve(engine, in_fd, events_fd, eof)
+        finally:
+            engine.close()  # serve closes it too; this covers a failure inside serve
     raise typer.Exit(code)
 
 
 @contextlib.contextmanager
-def protocol_stdout() -> Iterator[int]:
-    """The protocol owns stdout while serving: yield a private copy of fd 1 for events and
-    point fd 1 at stderr meanwhile, so nothing else (a stray print, a C library's printf)
-    can corrupt the stream. fd 1 is put back afterwards: a caller that embeds the command
-    (a test, a Python host) keeps its stdout."""
+def protocol_stdout(fd: int) -> Iterator[int]:
+    """The fd to write events to. When events go to the process's stdout (fd 1), the
+    protocol owns it while serving: yield a private copy of fd 1 and point fd 1 at stderr
+    meanwhile, so nothing else (a stray print, a C library's printf) can corrupt the stream.
+    fd 1 is put back afterwards: a caller that embeds the command keeps its stdout."""
+    if fd != 1:  # an embedding caller's own stream: nothing else writes there
+        yield fd
+        return
     sys.stdout.flush()
     events_fd = os.dup(1)
     saved_fd = os.dup(1)

@@ -1,0 +1,78 @@
+"""The environment a command runs in: its streams, whether they are terminals, how it
+builds an engine, and the global flags.
+
+`main()` builds the real one from sys.stdin/stdout/stderr. Tests build their own (httpie's
+`Environment` idea): text streams over bytes, terminal flags of their choosing and an engine
+factory over the scripted fake runner, so run, serve-stdin and chat run in-process in
+milliseconds. Commands never reach for sys.std* themselves; they ask `current()`.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, TextIO
+
+if TYPE_CHECKING:
+    from ..config import EngineConfig
+    from ..engine import Engine
+    from ..params import SamplingParams
+
+EngineFactory = Callable[["EngineConfig", "SamplingParams"], "Engine"]
+
+
+def real_engine(config: "EngineConfig", params: "SamplingParams") -> "Engine":
+    """Load the model named by `config` (what every command does outside tests)."""
+    from ..engine import Engine
+
+    return Engine(config, default_params=params)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@dataclass
+class Environment:
+    stdin: TextIO = field(default_factory=lambda: sys.stdin)
+    stdout: TextIO = field(default_factory=lambda: sys.stdout)
+    stderr: TextIO = field(default_factory=lambda: sys.stderr)
+    stdin_isatty: bool | None = None  # None: ask the stream
+    stdout_isatty: bool | None = None
+    stderr_isatty: bool | None = None
+    engine_factory: EngineFactory = real_engine
+    debug: bool = False  # --debug: tracebacks instead of one-line errors, llama.cpp logs on stderr
+    config_path: str | None = None  # the global --config FILE
+
+    def __post_init__(self) -> None:
+        for name in ("stdin", "stdout", "stderr"):
+            if getattr(self, f"{name}_isatty") is None:
+                setattr(self, f"{name}_isatty", _isatty(getattr(self, name)))
+
+    def fileno(self, name: str) -> int | None:
+        """The OS file descriptor behind stdin/stdout/stderr, or None (an in-memory stream)."""
+        try:
+            return getattr(self, name).fileno()
+        except (AttributeError, OSError, ValueError):
+            return None
+
+
+_active: Environment | None = None
+
+
+def activate(env: Environment) -> Environment:
+    """Make `env` the one `current()` returns (the root command does, for each invocation)."""
+    global _active
+    _active = env
+    return env
+
+
+def current() -> Environment:
+    """The environment of the command being run; outside one (a command function called
+    from a script), a default one over the real streams."""
+    global _active
+    if _active is None:
+        _active = Environment()
+    return _active
