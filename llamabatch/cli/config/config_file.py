@@ -13,7 +13,7 @@ $XDG_CONFIG_HOME/llamabatch/config.toml (~/.config by default). Layout:
 
 Everything is checked when the file is loaded, so a typo fails at once with one line
 naming the file, the line, the key (with its table) and what is allowed — never later,
-half-way through a batch. Nothing here knows about the CLI; `cli/config_layer.py` glues
+half-way through a batch. Nothing here knows about option resolution; `layer.py` beside it glues
 it to option resolution.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ _SAMPLING_SPECIAL: dict[str, Rule] = {
 SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams)) + tuple(_SAMPLING_SPECIAL)
 
 # Keys only one command understands (flag > file > the command's own default). A command
-# reads them with `cli.config_layer.command_setting`; adding one is one line here.
+# reads them with `cli.config.layer.command_setting`; adding one is one line here.
 COMMAND_RULES: dict[str, dict[str, Rule]] = {
     "run": {
         "order": _choice("input", "completion"),

@@ -5,7 +5,7 @@ Three threads, one job each:
     requests in the engine, and at most `window` admitted lines not yet written, so
     memory stays constant however long INPUT is;
   - the engine thread runs requests and calls back with each Result;
-  - the writer (run_writer.py) writes records.
+  - the writer (writer.py) writes records.
 The main thread waits, shows progress and handles Ctrl-C: the first stops admitting and
 lets in-flight lines finish, the second cancels them (their lines get no record, so
 --resume runs them again).

@@ -1,8 +1,8 @@
 """`llamabatch run INPUT [-o OUTPUT]`: every line of a prompts file through the engine.
 
-This module is the command line around the pieces: line shapes in llamabatch/formats.py,
-files in run_io.py, the reader/callback loop in run_batch.py, the writer in
-run_writer.py, progress in progress.py.
+This module is the command line around the pieces beside it: line shapes in formats.py,
+files in files.py, the reader/callback loop in batch.py, the writer in writer.py,
+progress in progress.py.
 """
 from __future__ import annotations
 

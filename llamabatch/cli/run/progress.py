@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 # The generated-tokens rate shown is measured over this many seconds (the current speed,
-# not the run's average); run_batch.py keeps its samples for this window.
+# not the run's average); batch.py keeps its samples for this window.
 RATE_WINDOW_S = 5.0
 
 

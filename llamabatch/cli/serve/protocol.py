@@ -1,7 +1,7 @@
 """The serve-stdin JSONL protocol: parsing one input line, building one output event.
 
 Pure functions and plain dataclasses, no I/O and no threads, so every rule is unit-testable.
-The I/O loop that uses them lives in `llamabatch/cli/serve_loop.py`.
+The I/O loop that uses them lives in `loop.py` beside it.
 
 Input lines are requests (`{"id", "prompt" | "messages", "stream", <sampling fields>}`) or
 control ops (`{"op": "cancel", "id"}`, `{"op": "stats"}`). A line that can't be used raises
