@@ -1,5 +1,6 @@
-"""`llamabatch chat` on the bundled model: piped stdin, the REPL loop with injected input,
-prompt-toolkit's pipe input, and a real terminal (a pty) for Ctrl-C."""
+"""`llamabatch chat`: piped stdin through main() in-process, the REPL loop with injected
+input and prompt-toolkit's pipe input, all on the scripted fake runner; on the bundled
+model (marked `model`), piped stdin in a real process and a real terminal (a pty) for Ctrl-C."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.cli.chat.command import chat_loop, terminal_reader
 from llamabatch.cli.chat.session import ChatIO, ChatSession
 from cli_harness import invoke, runner_for
+from fake_runner import FakeRunner
 from llamabatch.cli.chat.ollama_stats import go_duration, parse_stats
 
 CHAT = [sys.executable, "-m", "llamabatch", "chat"]
@@ -63,9 +65,14 @@ class Script:
         return ChatIO(self.read, self.write, self.info.append, self.notices.append, interactive=interactive)
 
 
-@pytest.fixture(scope="module")
-def engine(model_path):
-    with Engine(EngineConfig(model=model_path, n_parallel=1)) as engine:
+@pytest.fixture
+def engine():
+    """One slot of 4096 tokens on the scripted fake runner, with a Gemma architecture (so the
+    built-in Gemma template applies, as for the bundled model). Replies are short sentences."""
+    runner = FakeRunner(n_slots=1, slot_ctx=4096, metadata={"general.architecture": "gemma3"},
+                        reply=lambda prompt: f"A reply to {len(prompt)} characters, one token each.",
+                        step_delay=0.001)
+    with Engine(EngineConfig(n_parallel=1, n_batch=512), runner=runner) as engine:
         yield engine
 
 
@@ -194,7 +201,7 @@ def test_each_command(engine):
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.max_tokens, p.seed, p.repeat_penalty) == \
         (0.0, 5, 0.9, 0.1, 6, None, 1.1)
     assert "template: gemma (built-in gemma" in info
-    assert any(line.startswith("model: gemma-3-270m") for line in script.info)
+    assert any(line.startswith("model: fake-model") for line in script.info)
     assert any(line.startswith("parameters: temperature=") for line in script.info)
     assert any(line.startswith("context: ") for line in script.info)
     # "Hi there" and /retry: two replies, one exchange in the conversation
