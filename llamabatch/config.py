@@ -40,6 +40,12 @@ class EngineConfig:
     max_queue: int = 0
     chat_template: str | None = None  # a built-in NAME or a Jinja FILE; None = the GGUF's own or a fallback
     seed: int | None = None  # engine-wide default seed for requests that set none (None = random)
+    # Prefix sharing across slots: a prompt sharing at least this many tokens with what another
+    # slot holds or is evaluating copies them (KV fork) instead of evaluating them again. 0 = off.
+    share_prefix_min: int = 32
+    # One KV cache for all slots instead of one stream per slot: a tick is one graph run
+    # whatever its shape, and forks share cells instead of copying them.
+    kv_unified: bool = False
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -108,6 +114,8 @@ KEY_RULES: dict[str, Rule] = {
     "max_queue": integer(0, "an integer >= 0 (0 = unbounded)"),
     "chat_template": optional(_chat_template),
     "seed": optional(_seed),
+    "share_prefix_min": integer(0, "an integer >= 0 (0 = off)"),
+    "kv_unified": boolean,
 }
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
 

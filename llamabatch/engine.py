@@ -54,8 +54,11 @@ class Engine:
         self.slot_ctx = runner.slot_ctx
         self.inputs = InputPreparer(runner, runner.slot_ctx, default_params or SamplingParams(),
                                     default_seed=self.config.seed, chat_template=self.config.chat_template)
+        # Prefix sharing across slots forks KV between slots: only where the runner can.
+        share_min = self.config.share_prefix_min if self.config.cache_prompt and getattr(runner, "can_fork", False) else 0
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
-                                   self.config.policy, self.config.cache_prompt, runner.token_bytes, runner.is_eog)
+                                   self.config.policy, self.config.cache_prompt, runner.token_bytes, runner.is_eog,
+                                   share_min=share_min)
         self.telemetry = Telemetry()
         # Everything below is shared between callers and the engine thread, under _cond.
         self._cond = threading.Condition()
@@ -241,8 +244,9 @@ class Engine:
         self._record_tick(plan, result, active, t_start)
 
     def _admit(self) -> None:
-        for seq, slot, reuse in self.scheduler.admit():
-            kept = self.runner.keep_prefix(slot, reuse)
+        for seq, slot, reuse, fork in self.scheduler.admit():
+            # a fork in this tick's plan fills the slot; otherwise trim its own cache
+            kept = reuse if fork is not None else self.runner.keep_prefix(slot, reuse)
             self.scheduler.start(seq, slot, kept)
             with self._cond:
                 self._waiting_count -= 1

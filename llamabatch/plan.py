@@ -28,9 +28,50 @@ class Chunk:
     logprobs: int | None = None  # report the sampled token's logprob and this many alternatives (None = no)
 
 
+@dataclass(frozen=True)
+class Fork:
+    """Make `dst_slot`'s KV cache hold exactly `src_slot`'s first `n_tokens` tokens.
+
+    The KV fork primitive, shared by prefix sharing across slots (a request whose prompt
+    starts like one another slot has evaluated copies that part instead of evaluating it
+    again) and by `n` samples of one prompt (every sample after the first starts from a
+    copy of the first one's prefill).
+
+    Semantics, as the runner applies it (llama.cpp, one KV stream per slot):
+    - forks run in list order at the start of `runner.execute(plan)`, before the tick's
+      llama_decode, and they take effect even when that decode then fails (llama.cpp
+      performs pending stream copies first): a retry plan must not carry them again;
+    - the source is read as it is *before* this tick's chunks are evaluated, so a slot may
+      be a fork source and evaluate its own chunk in the same tick;
+    - whatever `dst_slot` held before is gone; afterwards it holds positions 0..n_tokens-1
+      of the source, and its chunk in the same plan (if any) must start at `n_tokens`;
+    - `0 < n_tokens <= len(what src holds)`, `src_slot != dst_slot`, and a slot is the
+      destination of at most one fork per plan and not also a source in it.
+
+    How, with one KV stream per slot (the default): `llama_memory_seq_cp(src, dst, -1, -1)`
+    copies the whole stream (a partial copy between streams aborts the process in llama.cpp:
+    "seq_cp() is only supported for full KV buffers"), then `llama_memory_seq_rm(dst,
+    n_tokens, -1)` trims the copy. The buffer copy itself happens inside the next
+    llama_decode and costs the whole slot's KV (all of slot_ctx, not only n_tokens). With a
+    unified cache (`kv_unified`) `seq_cp(src, dst, 0, n_tokens)` makes the cells shared: no
+    data moves. It is exact only when the whole prefix is still in
+    the cache: with Gemma 3's sliding window that needs the full-size SWA cache, which the
+    runner keeps whenever `cache_prompt` is on. Recurrent/hybrid models cannot trim a copy:
+    `runner.can_fork` is False for them and the scheduler never plans a fork.
+
+    The scheduler decides forks (`Scheduler.fork`, or admission when prompts share a
+    prefix) and updates its own bookkeeping of `dst`'s cache at once; the runner only copies.
+    """
+
+    src_slot: int
+    dst_slot: int
+    n_tokens: int
+
+
 @dataclass
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
+    forks: list[Fork] = field(default_factory=list)  # applied before the chunks are evaluated
 
     @property
     def n_tokens(self) -> int:
@@ -45,7 +86,7 @@ class StepPlan:
         return sum(len(c.tokens) for c in self.chunks if not c.is_decode)
 
     def __bool__(self) -> bool:
-        return bool(self.chunks)
+        return bool(self.chunks or self.forks)
 
 
 @dataclass
@@ -64,6 +105,7 @@ class Runner(Protocol):
 
     n_slots: int
     slot_ctx: int
+    can_fork: bool  # whether plans may carry Forks (False for recurrent/hybrid models)
 
     def tokenize(self, text: str, *, special: bool) -> list[int]: ...
 
@@ -80,7 +122,8 @@ class Runner(Protocol):
         """Drop the slot's KV cells at positions >= n_keep; return how many are really kept."""
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """One llama_decode of the plan; sample each wants_logits row with its chunk's sampler."""
+        """Apply plan.forks, then one llama_decode of the plan's chunks; sample each
+        wants_logits row with its chunk's sampler."""
 
     def close(self) -> None: ...
 

@@ -81,3 +81,18 @@ def choose_slot(
             best, best_reusable = slot, reusable
     assert best is not None
     return best.slot_id, best_reusable
+
+
+def longest_shared(prompt: Sequence[int], candidates: Sequence[tuple[int, Sequence[int]]]) -> tuple[int | None, int]:
+    """Return (slot_id, tokens) of the candidate whose tokens share the longest prefix with
+    `prompt`, capped at `len(prompt) - 1` (the last prompt token is always evaluated);
+    (None, 0) when none shares anything. Ties go to the first candidate."""
+    if type(prompt) is not list:
+        prompt = list(prompt)
+    cap = max(len(prompt) - 1, 0)
+    best_id, best = None, 0
+    for slot_id, tokens in candidates:
+        n = min(common_prefix_len(prompt, tokens), cap)
+        if n > best:
+            best_id, best = slot_id, n
+    return best_id, best

@@ -25,7 +25,7 @@ from llama_cpp import llama_cpp as C
 from .config import EngineConfig
 from .errors import InvalidRequest, ModelLoadError
 from .params import SamplingParams
-from .plan import StepPlan, StepResult
+from .plan import Fork, StepPlan, StepResult
 
 log = logging.getLogger("llamabatch.runner")
 
@@ -93,10 +93,13 @@ class LlamaRunner:
         # cache (Gemma 3: 512 tokens) cells before the window are gone even though seq_rm
         # reports success, so keep the full-size SWA cache whenever caching is on.
         cparams.swa_full = bool(config.cache_prompt)
-        # One KV stream per slot: each slot gets n_ctx / n_parallel cells and attends only to
-        # its own cells, so a busy slot's long history does not slow the others. (A unified
-        # cache measured the same on the 8-slot benchmark: 177 vs 179 tok/s.)
-        cparams.kv_unified = False
+        # One KV stream per slot (default): each slot gets n_ctx / n_parallel cells and attends
+        # only to its own cells. llama.cpp then splits a batch into ubatches of consecutive
+        # slots with equal token counts, so a mixed prefill+decode tick is several graph runs.
+        # A unified cache takes a whole tick in one graph run and shares forked cells instead
+        # of copying them (see plan.Fork); config.kv_unified chooses.
+        cparams.kv_unified = bool(config.kv_unified)
+        self.kv_unified = bool(config.kv_unified)
         cparams.no_perf = True
         self.ctx = C.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -104,7 +107,14 @@ class LlamaRunner:
             raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of {config.total_ctx} tokens "
                                  f"({_first_error(mark)})")
         self.mem = C.llama_get_memory(self.ctx)
-        self.slot_ctx = C.llama_n_ctx_seq(self.ctx)
+        # a unified cache lets one sequence use all of it: keep the per-slot share as the cap,
+        # so the slots together never need more cells than there are
+        self.slot_ctx = min(C.llama_n_ctx_seq(self.ctx), config.total_ctx // config.n_parallel)
+        # A fork copies a slot's KV and trims the copy; recurrent and hybrid memories cannot
+        # trim part of a sequence, and without the full-size SWA cache the copy may lack the
+        # sliding window's early cells (see plan.Fork).
+        self.can_fork = bool((cparams.swa_full or C.llama_model_n_swa(self.model) == 0)
+                             and not C.llama_model_is_recurrent(self.model) and not C.llama_model_is_hybrid(self.model))
         self.n_batch = config.n_batch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._piece_cache: dict[int, bytes] = {}
@@ -263,9 +273,31 @@ class LlamaRunner:
         C.llama_memory_seq_rm(self.mem, slot, -1, -1)
         return 0
 
+    def fork(self, fork: Fork) -> None:
+        """Apply one plan.Fork (its docstring is the contract). Between per-slot streams:
+        copy the source's whole stream, then trim the copy (llama.cpp queues the copy and
+        does it at the start of the next llama_decode, before that decode's tokens are
+        placed). In a unified cache: share the source's cells [0, n_tokens)."""
+        if not self.can_fork:
+            raise RuntimeError("this model's memory cannot fork a slot (recurrent/hybrid or no full SWA cache)")
+        src, dst, n = fork.src_slot, fork.dst_slot, fork.n_tokens
+        held = C.llama_memory_seq_pos_max(self.mem, src) + 1
+        if src == dst or n <= 0 or n > held:
+            raise RuntimeError(f"bad fork {fork}: the source slot holds {held} tokens")
+        if self.kv_unified:
+            C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            C.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+            return
+        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)  # never a range between streams: see plan.Fork
+        if not C.llama_memory_seq_rm(self.mem, dst, n, -1):
+            C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            raise RuntimeError(f"could not trim the copy of slot {src} in slot {dst} to {n} tokens")
+
     # -- one tick ----------------------------------------------------------------------
 
     def execute(self, plan: StepPlan) -> StepResult:
+        for fork in plan.forks:
+            self.fork(fork)
         batch = self.batch
         token, pos, n_seq, seq_ids, want = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
         rows: list[tuple[Any, int]] = []  # (chunk, row)
@@ -283,6 +315,8 @@ class LlamaRunner:
                 want[i - 1] = 1
                 rows.append((chunk, i - 1))
         batch.n_tokens = i
+        if i == 0:  # forks only: llama.cpp performs the queued copies at the next decode
+            return StepResult()
         t0 = time.perf_counter()
         status = C.llama_decode(self.ctx, batch)
         C.llama_synchronize(self.ctx)

@@ -3,7 +3,7 @@
 The scheduler owns what runs next: who gets a slot, who gets how many tokens this tick,
 which requests are past their deadline, and the smaller plan to try when llama_decode
 finds no KV room. It is also the one owner of "what is in each slot's KV cache"
-(`Slot.cached`); the runner applies the trims it decides. Token bytes and end-of-generation checks come
+(`Slot.cached`); the runner applies the trims and forks (KV copies between slots) it decides. Token bytes and end-of-generation checks come
 in as callables so tests can drive it with a scripted fake vocabulary.
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .detok import IncrementalDetokenizer
-from .plan import Chunk, StepPlan, StepResult
+from .plan import Chunk, Fork, StepPlan, StepResult
 from .policies import POLICIES
-from .prefix import SlotView, choose_slot
+from .prefix import SlotView, choose_slot, longest_shared
 from .sequence import Sequence, Status
 
 
@@ -44,9 +44,21 @@ class SeqEvent:
     finished: bool = False
 
 
+class Admission(NamedTuple):
+    """A waiting request given a slot. `reuse` prompt tokens are already there: from the
+    slot's own cache (the caller trims it with runner.keep_prefix), or, when `fork` is set,
+    copied from another slot by that Fork in this tick's plan (nothing to trim)."""
+
+    seq: Sequence
+    slot: int
+    reuse: int
+    fork: Fork | None = None
+
+
 class Scheduler:
     def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
-                 cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool]):
+                 cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
+                 share_min: int = 0):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
         self.slot_ctx = slot_ctx
@@ -59,6 +71,10 @@ class Scheduler:
         self._detok: dict[int, IncrementalDetokenizer] = {}
         self._admitted = 0
         self._timed: list[Sequence] = []  # unfinished sequences with a deadline
+        # Prefix sharing across slots: a prompt sharing at least this many tokens with what
+        # another slot holds (or is evaluating) gets them by a KV fork. 0 = off.
+        self.share_min = share_min
+        self._forks: list[Fork] = []  # decided, not yet handed to the runner in a plan
 
     # -- queue and admission -------------------------------------------------------------
 
@@ -79,20 +95,59 @@ class Scheduler:
     def running(self) -> list[Sequence]:
         return [s.seq for s in self.slots if s.seq is not None]
 
-    def admit(self) -> list[tuple[Sequence, int, int]]:
-        """Give idle slots to waiting requests, FIFO. Returns (seq, slot, reusable_tokens);
-        the caller trims the KV (runner.keep_prefix) and then calls `start`."""
-        out = []
+    def admit(self) -> list[Admission]:
+        """Give idle slots to waiting requests, FIFO. For each Admission the caller trims the
+        KV (runner.keep_prefix, unless it is a fork) and then calls `start`.
+
+        With prefix sharing on, a request whose prompt shares a prefix with what another
+        busy slot holds gets it by a fork when that saves at least `share_min` tokens over
+        the best idle slot's own cache. If another slot is still evaluating a prompt that
+        shares more (by at least `share_min` over the idle slot's cache), the request stays
+        in the queue (requests behind it may go first) and is admitted by a fork once that
+        part is evaluated, instead of evaluating it a second time."""
+        out: list[Admission] = []
         idle = [s for s in self.slots if s.seq is None]
+        held: list[Sequence] = []
+        fresh: set[int] = set()  # slots handed out in this call: not yet trimmed, so no fork source
         while self.waiting and idle:
             seq = self.waiting.popleft()
             views = [SlotView(s.slot_id, s.cached, s.last_used) for s in idle]
             slot_id, reuse = choose_slot(seq.prompt, views, cache_prompt=self.cache_prompt)
+            fork = None
+            if self.share_min:
+                busy = [s for s in self.slots if s.seq is not None]
+                src, n = longest_shared(seq.prompt, [(s.slot_id, s.cached) for s in busy if s.slot_id not in fresh])
+                _, coming = longest_shared(seq.prompt, [(s.slot_id, s.seq.prompt) for s in busy])
+                if coming > n and coming - reuse >= self.share_min:
+                    held.append(seq)  # another slot is evaluating our prefix: wait for all of it
+                    continue
+                if src is not None and n - reuse >= self.share_min:
+                    fork, reuse = self.fork(src, slot_id, n), n
             slot = self.slots[slot_id]
             idle.remove(slot)
+            fresh.add(slot_id)
             slot.seq = seq  # reserved now so the same slot is not handed out twice
-            out.append((seq, slot_id, reuse))
+            out.append(Admission(seq, slot_id, reuse, fork))
+        self.waiting.extendleft(reversed(held))
         return out
+
+    def fork(self, src_slot: int, dst_slot: int, n_tokens: int) -> Fork:
+        """Decide a KV fork (see plan.Fork): `dst_slot` will hold `src_slot`'s first
+        `n_tokens` tokens. The bookkeeping changes now; the fork rides on the next plan,
+        where the runner applies it before that tick's decode. A slot's chunk in that plan
+        starts after what the fork gave it. For `n` samples: once the first sample's slot
+        holds the prompt, fork it into each sibling's slot (n_tokens = len(prompt) - 1, so
+        every sibling evaluates the last prompt token itself and samples its own first token)."""
+        src, dst = self.slots[src_slot], self.slots[dst_slot]
+        if src is dst or not 0 < n_tokens <= len(src.cached):
+            raise ValueError(f"cannot fork {n_tokens} tokens of slot {src_slot} (holds {len(src.cached)}) "
+                             f"into slot {dst_slot}")
+        if any(f.dst_slot in (src_slot, dst_slot) or f.src_slot == dst_slot for f in self._forks):
+            raise ValueError(f"slot {dst_slot} or {src_slot} is already the target of a fork in this tick")
+        fork = Fork(src_slot, dst_slot, n_tokens)
+        dst.cached = src.cached[:n_tokens]
+        self._forks.append(fork)
+        return fork
 
     def start(self, seq: Sequence, slot_id: int, kept: int) -> None:
         """The slot's KV now holds exactly `kept` tokens of seq's prompt prefix."""
@@ -124,13 +179,15 @@ class Scheduler:
                                 suppress_eog=len(seq.output) < seq.params.min_tokens,
                                 sampler=seq.sampler if wants_logits else None,
                                 logprobs=seq.params.logprobs if wants_logits else None))
-        return StepPlan(chunks)
+        forks, self._forks = self._forks, []
+        return StepPlan(chunks, forks)
 
     @staticmethod
     def shrink(plan: StepPlan) -> StepPlan | None:
         """The plan to try after `plan` found no room in the KV cache (llama_decode status 1):
         first the decode tokens alone (prefill waits for a later tick), then half the chunks.
-        None when there is nothing smaller to try (a single chunk): that chunk fails."""
+        None when there is nothing smaller to try (a single chunk): that chunk fails. The
+        smaller plan carries no forks: the runner applied them before the failed decode."""
         if len(plan.chunks) <= 1:
             return None
         decodes = [c for c in plan.chunks if c.is_decode]

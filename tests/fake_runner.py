@@ -78,13 +78,16 @@ class FakeRunner:
     hook:         called as hook(call_no, plan) at the start of every execute(), on the
                   engine thread; tests use it to block a tick or to submit mid-tick.
     step_delay:   seconds each execute() sleeps (for cancel/timeout tests).
+    can_fork:     whether plans may carry Forks; every fork is applied to the fake KV (copy the
+                  source's first n tokens, as the real runner does before its decode) and checked.
     """
 
     def __init__(self, n_slots: int = 4, slot_ctx: int = 64, *, n_batch: int | None = None,
                  reply: Callable[[str], str | list[int]] | None = None,
                  status: dict[int, int] | Callable[[int, StepPlan], int] | None = None,
                  partial_trim: bool = True, hook: Callable[[int, StepPlan], None] | None = None,
-                 step_delay: float = 0.0, metadata: dict[str, str] | None = None):
+                 step_delay: float = 0.0, metadata: dict[str, str] | None = None, can_fork: bool = True):
+        self.can_fork = can_fork
         self.n_slots = n_slots
         self.slot_ctx = slot_ctx
         self.n_batch = n_batch
@@ -158,6 +161,7 @@ class FakeRunner:
             self.hook(call, plan)
         if self.step_delay:
             time.sleep(self.step_delay)
+        self._apply_forks(plan)  # before the decode, and kept even when the decode fails
         self._check(plan)
         status = self._status_for(call, plan)
         # a copy of the plan as it was, sharing (not copying) the samplers it carries
@@ -177,6 +181,19 @@ class FakeRunner:
         record.sampled = dict(result.sampled)
         result.sample_ms = 0.1
         return result
+
+    def _apply_forks(self, plan: StepPlan) -> None:
+        sources = {f.src_slot for f in plan.forks}
+        targets: set[int] = set()
+        for f in plan.forks:
+            if not self.can_fork:
+                self.violations.append(f"fork {f} planned for a runner that cannot fork")
+            if f.src_slot == f.dst_slot or f.dst_slot in targets or f.dst_slot in sources:
+                self.violations.append(f"fork {f}: a slot is copied onto itself, twice, or is also a source")
+            if not 0 < f.n_tokens <= len(self.kv[f.src_slot]):
+                self.violations.append(f"fork {f} but the source holds {len(self.kv[f.src_slot])} tokens")
+            targets.add(f.dst_slot)
+            self.kv[f.dst_slot] = list(self.kv[f.src_slot][:f.n_tokens])
 
     def _check(self, plan: StepPlan) -> None:
         if self.n_batch is not None and plan.n_tokens > self.n_batch:

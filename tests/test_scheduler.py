@@ -26,11 +26,12 @@ def make_seq(prompt: str | list[int], params: SamplingParams = GREEDY) -> Sequen
 
 
 def admit_all(sched: Scheduler) -> list[tuple[Sequence, int, int]]:
-    """Admit like the engine does, with a runner that keeps every reusable token."""
+    """Admit like the engine does, with a runner that keeps every reusable token.
+    Returns (seq, slot, reused tokens) per admission."""
     admitted = sched.admit()
-    for seq, slot, reuse in admitted:
+    for seq, slot, reuse, _fork in admitted:
         sched.start(seq, slot, reuse)
-    return admitted
+    return [(a.seq, a.slot, a.reuse) for a in admitted]
 
 
 def step(sched: Scheduler, tokens: dict[int, int] | None = None):
@@ -82,7 +83,7 @@ def test_start_sets_accounting_from_the_kept_prefix():
     sched = make_scheduler(n_slots=1)
     seq = make_seq("hello world")
     sched.add(seq)
-    (s, slot, reuse), = sched.admit()
+    (s, slot, reuse, _), = sched.admit()
     sched.start(s, slot, 0)
     assert seq.status == Status.PREFILLING and seq.slot == slot
     assert seq.num_computed == seq.num_cached == 0
@@ -171,7 +172,7 @@ def test_kept_prefix_smaller_than_asked_is_what_counts():
     finish_one(sched, "abcdefgh")
     again = make_seq("abcdefgh ijk")
     sched.add(again)
-    (seq, slot, reuse), = sched.admit()
+    (seq, slot, reuse, _), = sched.admit()
     assert reuse == 8
     sched.start(seq, slot, 0)  # the runner reset the slot
     assert sched.slots[slot].cached == []
