@@ -118,6 +118,8 @@ class LlamaRunner:
         self.n_batch = config.n_batch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._piece_cache: dict[int, bytes] = {}
+        self._lp_tokens: dict[int, tuple[str, list[int]]] = {}  # token -> (text, bytes) for logprobs
+        self._lp_scratch: Any = None  # a float32 buffer of n_vocab, made on the first logprobs request
         self._piece_buf = ctypes.create_string_buffer(256)
         self.metadata = self._read_metadata()
         # the text of BOS/EOS, for chat templates that mention them
@@ -341,18 +343,37 @@ class LlamaRunner:
         return result
 
     def _logprobs(self, row: int, chosen: int, top_n: int) -> dict[str, Any]:
-        import numpy as np  # only for requests that asked for logprobs
+        """The chosen token's log probability and the `top_n` likeliest tokens', from the row's
+        raw logits (the model's distribution, before temperature, penalties or grammar: what
+        OpenAI and vLLM report). Whole-vocabulary passes run in numpy, over a view of
+        llama.cpp's logits buffer (no copy); Python touches only the k tokens it reports."""
+        import numpy as np  # only requests that asked for logprobs get here
 
-        ptr = C.llama_get_logits_ith(self.ctx, row)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).astype(np.float64)
-        mx = logits.max()
-        logz = mx + math.log(float(np.exp(logits - mx).sum()))
-        out: dict[str, Any] = {"token": self.token_text(chosen), "id": chosen, "logprob": float(logits[chosen] - logz)}
+        logits = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+        if self._lp_scratch is None:
+            self._lp_scratch = np.empty(self.n_vocab, dtype=np.float32)
+        scratch = self._lp_scratch
+        mx = float(logits.max())
+        np.subtract(logits, mx, out=scratch)
+        np.exp(scratch, out=scratch)
+        logz = mx + math.log(float(scratch.sum(dtype=np.float64)))
+        out = self._logprob_entry(chosen, float(logits[chosen]) - logz)
+        top: list[dict[str, Any]] = []
         if top_n:
-            top = np.argpartition(-logits, top_n)[:top_n]
-            top = top[np.argsort(-logits[top])]
-            out["top_logprobs"] = [{"token": self.token_text(int(t)), "id": int(t), "logprob": float(logits[t] - logz)} for t in top]
+            ids = np.argpartition(logits, self.n_vocab - top_n)[self.n_vocab - top_n:]
+            ids = ids[np.argsort(-logits[ids], kind="stable")]
+            top = [self._logprob_entry(int(t), float(logits[t]) - logz) for t in ids]
+        out["top_logprobs"] = top
         return out
+
+    def _logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
+        # The token as text and its bytes (a token can hold part of a UTF-8 character: its text
+        # then shows U+FFFD and `bytes` has the truth). Control tokens show their name.
+        info = self._lp_tokens.get(token)
+        if info is None:
+            data = self._piece(token, special=True)
+            info = self._lp_tokens[token] = (data.decode("utf-8", "replace"), list(data))
+        return {"token": info[0], "id": token, "logprob": logprob, "bytes": list(info[1])}
 
     def close(self) -> None:
         """Free everything exactly once, whatever happens after."""

@@ -50,6 +50,16 @@ def detokenize(tokens: list[int]) -> str:
     return b"".join(token_piece(t) for t in tokens).decode("utf-8", "replace")
 
 
+def fake_logprobs(tok: int, top_n: int) -> dict[str, Any]:
+    """A logprob record shaped like the real runner's: the chosen token at -0.5, and top_n
+    alternatives (the chosen one first, then the next code points) at -0.5, -1.5, ..."""
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        return {"token": detokenize([t]), "id": t, "logprob": lp, "bytes": list(token_piece(t))}
+
+    alts = [tok] + [t for t in range(ord("a"), ord("a") + top_n + 1) if t != tok]
+    return {**entry(tok, -0.5), "top_logprobs": [entry(t, -0.5 - i) for i, t in enumerate(alts[:top_n])]}
+
+
 @dataclass(eq=False)
 class FakeSampler:
     params: Any
@@ -177,7 +187,7 @@ class FakeRunner:
                 tok = self._sample(chunk)
                 result.sampled[chunk.slot] = tok
                 if chunk.logprobs is not None:
-                    result.logprobs[chunk.slot] = {"token": detokenize([tok]), "id": tok, "logprob": -0.5}
+                    result.logprobs[chunk.slot] = fake_logprobs(tok, chunk.logprobs)
         record.sampled = dict(result.sampled)
         result.sample_ms = 0.1
         return result

@@ -24,6 +24,7 @@ from ...errors import InvalidRequest
 from ...params import FIELD_TYPES, SamplingParams
 from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ...results import Result, Timings, Usage
+from .logprob_shapes import chat_logprobs, completion_logprobs
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -37,8 +38,8 @@ PLAIN_KEYS = ("id", "prompt", "messages", "system")
 IGNORED_BODY_FIELDS = ("model", "user", "metadata", "store", "service_tier", "stream_options",
                        "parallel_tool_calls")
 # OpenAI body features not supported: fine when absent or off, an error when asked for.
-OFF_BODY_FIELDS = ("stream", "logprobs", "top_logprobs", "echo", "tools", "functions", "tool_choice",
-                   "function_call", "suffix")
+OFF_BODY_FIELDS = ("stream", "echo", "tools", "functions", "tool_choice", "function_call", "suffix")
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs (and vLLM's default for completions)
 # Codes of errors caused by the line itself (HTTP 400 in the OpenAI shape); others are 500.
 CLIENT_ERROR_CODES = ("invalid_json", "unknown_shape", "invalid_url", "invalid_request", "duplicate_id",
                       "context_overflow")
@@ -189,7 +190,8 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
     """An OpenAI request body -> (prompt or messages, sampling fields)."""
     sampling: dict[str, Any] = {}
     for key, value in body.items():
-        if key in ("messages", "prompt", "max_completion_tokens", "response_format") or key in IGNORED_BODY_FIELDS:
+        if key in ("messages", "prompt", "max_completion_tokens", "response_format", "logprobs", "top_logprobs") \
+                or key in IGNORED_BODY_FIELDS:
             continue
         if value is None:
             continue  # OpenAI's null means "the default", which the flags supply
@@ -210,6 +212,9 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
         sampling[key] = value
     if body.get("max_completion_tokens") is not None:
         sampling["max_tokens"] = body["max_completion_tokens"]  # the newer name wins
+    logprobs = _logprobs(body, url)
+    if logprobs is not None:
+        sampling["logprobs"] = logprobs
     schema = _response_format(body.get("response_format"))
     if schema is not None:
         sampling["json_schema"] = schema
@@ -225,6 +230,29 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
             raise _Bad("invalid_request", f"body.prompt must be one prompt, got a list of {len(prompt)}")
         prompt = prompt[0]
     return _check_prompt(prompt), sampling
+
+
+def _logprobs(body: dict[str, Any], url: str) -> int | None:
+    """How many alternatives per token the body asks for (None: no logprobs), as OpenAI reads it:
+    chat takes `logprobs: true` plus `top_logprobs: 0..20`, completions take `logprobs: k`."""
+    value, top = body.get("logprobs"), body.get("top_logprobs")
+    if url == CHAT_URL:
+        if value is not None and not isinstance(value, bool):
+            raise _Bad("invalid_request", f"body.logprobs must be true or false, got {json.dumps(value)}")
+        if top is not None and (not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+            raise _Bad("invalid_request", f"body.top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                                          f"got {json.dumps(top)}")
+        if top and not value:
+            raise _Bad("invalid_request", "body.top_logprobs needs body.logprobs set to true")
+        return (top or 0) if value else None
+    if top is not None:
+        raise _Bad("invalid_request", f"{COMPLETIONS_URL} takes body.logprobs (an integer), not body.top_logprobs")
+    if value is None:
+        return None
+    if not is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise _Bad("invalid_request", f"body.logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
+                                      f"got {json.dumps(value)}")
+    return value
 
 
 def _response_format(value: Any) -> dict | None:
@@ -321,6 +349,8 @@ def plain_record(line_id: LineId, result: Result, echo: dict | None = None) -> d
     record = {"id": line_id, **result.to_dict()}
     if result.finish_reason == "timeout" and record["error"] is None:
         record["error"] = {"code": "timeout", "message": "the request's timeout passed before it finished"}
+    if result.logprobs is not None:
+        record["logprobs"] = result.logprobs  # asked for with "logprobs": k; one entry per token id
     if echo is not None:
         record["input"] = echo
     return record
@@ -345,11 +375,13 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
     if url == CHAT_URL:
         body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "logprobs": None, "finish_reason": result.finish_reason}],
+                             "logprobs": None if result.logprobs is None else chat_logprobs(result.logprobs, result.text),
+                             "finish_reason": result.finish_reason}],
                 "usage": usage}
     else:
         body = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": result.text, "logprobs": None,
+                "choices": [{"index": 0, "text": result.text,
+                             "logprobs": None if result.logprobs is None else completion_logprobs(result.logprobs, result.text),
                              "finish_reason": result.finish_reason}],
                 "usage": usage}
     record["response"] = {"status_code": 200, "request_id": request_id, "body": body}
