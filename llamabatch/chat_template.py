@@ -1,19 +1,20 @@
-"""Rendering chat messages to a prompt: the GGUF's own Jinja template, or a named built-in.
+"""Rendering chat messages to a prompt: the GGUF's own Jinja template, one of llama.cpp's
+built-in formats, or our plain transcript.
 
 Built-ins never emit BOS text: the tokenizer adds BOS, and a second one degrades output.
-For the same reason a leading BOS rendered by a Jinja template is removed (llama.cpp's
-server does the same).
+For the same reason a leading BOS rendered by a Jinja template or by llama.cpp's format
+is removed (llama.cpp's server does the same).
 
-Every built-in keeps one property that prefix caching depends on: rendering
-[u1] with the generation prompt, then [u1, a1, u2], gives a string that starts with the
-first rendering followed by a1's text, so turn 1's KV cache is reused as-is.
+Prefix caching is fastest when rendering [u1] with the generation prompt, then
+[u1, a1, u2], gives a string that starts with the first rendering followed by a1's text;
+conversation.PromptBuilder checks that per template and falls back to re-tokenizing.
 """
 from __future__ import annotations
 
 import json
 import os
 from datetime import datetime
-from typing import Callable
+from typing import Callable, Protocol
 
 from .errors import InvalidRequest
 
@@ -86,43 +87,18 @@ class ChatTemplate:
 
 
 # --- built-ins ------------------------------------------------------------------------
+# llama.cpp's own formats (about 50: llama2, mistral-v7, phi3, deepseek3, chatml, gemma, ...)
+# are rendered by llama.cpp itself through a ChatFormats object (runner.LlamaChatFormats,
+# since runner.py is the one module that imports llama_cpp). Ours is only `plain`, a
+# transcript for base models that have no chat markup at all.
+
+PLAIN = "plain"
 
 
-def _render_gemma(messages: Messages, add_generation_prompt: bool) -> str:
-    # Gemma has no system role: its official template prepends the system text to the
-    # first user turn. A system message with no user turn after it becomes a user turn
-    # of its own rather than being dropped.
-    system_prefix = ""
-    if messages[0]["role"] == "system" and len(messages) > 1 and messages[1]["role"] == "user":
-        system_prefix = messages[0]["content"] + "\n\n"
-        messages = messages[1:]
-    parts = []
-    for i, message in enumerate(messages):
-        role = "model" if message["role"] == "assistant" else "user"
-        prefix = system_prefix if i == 0 else ""
-        parts.append(f"<start_of_turn>{role}\n{prefix}{message['content'].strip()}<end_of_turn>\n")
-    if add_generation_prompt:
-        parts.append("<start_of_turn>model\n")
-    return "".join(parts)
+class ChatFormats(Protocol):
+    def names(self) -> tuple[str, ...]: ...
 
-
-def _render_chatml(messages: Messages, add_generation_prompt: bool) -> str:
-    parts = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
-    if add_generation_prompt:
-        parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
-
-
-def _render_llama3(messages: Messages, add_generation_prompt: bool) -> str:
-    def header(role: str) -> str:
-        return f"<|start_header_id|>{role}<|end_header_id|>\n\n"
-
-    # Llama 3.1 calls tool results "ipython".
-    parts = [header("ipython" if m["role"] == "tool" else m["role"]) + m["content"].strip() + "<|eot_id|>"
-             for m in messages]
-    if add_generation_prompt:
-        parts.append(header("assistant"))
-    return "".join(parts)
+    def apply(self, template: str, messages: Messages, add_generation_prompt: bool) -> str | None: ...
 
 
 _PLAIN_LABELS = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}
@@ -140,47 +116,152 @@ def _render_plain(messages: Messages, add_generation_prompt: bool) -> str:
     return text
 
 
-def gemma_template() -> ChatTemplate:
-    return ChatTemplate("gemma", "built-in gemma: <start_of_turn>user/model ... <end_of_turn>", _render_gemma)
-
-
-def chatml_template() -> ChatTemplate:
-    return ChatTemplate("chatml", "built-in chatml: <|im_start|>role ... <|im_end|>", _render_chatml)
-
-
-def llama3_template() -> ChatTemplate:
-    return ChatTemplate("llama3", "built-in llama3: <|start_header_id|>role<|end_header_id|> ... <|eot_id|>",
-                        _render_llama3)
-
-
 def plain_template() -> ChatTemplate:
-    return ChatTemplate("plain", "built-in plain transcript: System: / User: / Assistant:", _render_plain,
+    return ChatTemplate(PLAIN, "built-in plain transcript: System: / User: / Assistant:", _render_plain,
                         stop=("\nUser:",))
 
 
-BUILTIN_TEMPLATES: dict[str, Callable[[], ChatTemplate]] = {
-    "gemma": gemma_template,
-    "chatml": chatml_template,
-    "llama3": llama3_template,
-    "plain": plain_template,
-}
+def builtin_names(formats: ChatFormats | None) -> tuple[str, ...]:
+    """Every NAME --chat-template accepts: llama.cpp's formats, then `plain`."""
+    return (*(formats.names() if formats else ()), PLAIN)
 
 
-def builtin_for_architecture(architecture: str | None) -> ChatTemplate:
-    """The built-in closest to a GGUF's `general.architecture`; `plain` when unknown."""
-    arch = (architecture or "").lower()
-    if arch.startswith("gemma"):
-        return gemma_template()
-    if arch.startswith("qwen"):
-        return chatml_template()
-    if arch == "llama":
-        # A guess: GGUFs of Llama 3 chat models normally ship their own template,
-        # so this only fires for files converted without one.
-        return llama3_template()
-    return plain_template()
+def llama_cpp_template(name: str, formats: ChatFormats, bos_token: str = "") -> ChatTemplate:
+    """llama.cpp's built-in format `name`, rendered by llama.cpp.
+
+    Some formats (llama2's "<s>") write BOS text; the tokenizer adds BOS itself, so a
+    leading one is removed as for Jinja templates.
+    """
+    def render(messages: Messages, add_generation_prompt: bool) -> str:
+        prompt = formats.apply(name, messages, add_generation_prompt)
+        if prompt is None:
+            raise InvalidRequest(f"llama.cpp does not know the chat format {name!r}")
+        if bos_token and prompt.startswith(bos_token):
+            prompt = prompt[len(bos_token):]
+        return prompt
+
+    return ChatTemplate(name, f"built-in {name}: llama.cpp's format, rendered by llama.cpp", render)
+
+
+def builtin_template(name: str, formats: ChatFormats | None, bos_token: str = "") -> ChatTemplate:
+    """The built-in called `name`; InvalidRequest naming the choices when there is none."""
+    if name == PLAIN:
+        return plain_template()
+    if formats is not None and name in formats.names():
+        return llama_cpp_template(name, formats, bos_token)
+    raise InvalidRequest(f"unknown chat template {name!r}: not a file and not one of {', '.join(builtin_names(formats))}")
+
+
+# Which llama.cpp format a GGUF without a usable template gets, from its metadata. The
+# model's own name is the strongest hint (a Mistral or Llama 2 GGUF has architecture
+# `llama`), then the architecture, then the chat markers its vocabulary has as tokens.
+# Order matters: the first matching entry wins.
+_NAME_HINTS: tuple[tuple[str, str], ...] = (
+    ("llama-4", "llama4"), ("llama 4", "llama4"), ("llama4", "llama4"),
+    ("llama-3", "llama3"), ("llama 3", "llama3"), ("llama3", "llama3"),
+    ("llama-2", "llama2-sys"), ("llama 2", "llama2-sys"), ("llama2", "llama2-sys"),
+    ("phi-3", "phi3"), ("phi 3", "phi3"), ("phi3", "phi3"), ("phi-4", "phi4"), ("phi 4", "phi4"), ("phi4", "phi4"),
+    ("deepseek-r1", "deepseek3"), ("deepseek r1", "deepseek3"), ("deepseek-v3", "deepseek3"),
+    ("deepseek v3", "deepseek3"), ("deepseek-v2", "deepseek2"), ("deepseek v2", "deepseek2"),
+    ("deepseek", "deepseek"),
+    ("gemma", "gemma"), ("qwen", "chatml"), ("smollm", "chatml"), ("hermes", "chatml"),
+    ("command-r", "command-r"), ("command r", "command-r"), ("falcon3", "falcon3"), ("falcon-3", "falcon3"),
+    ("falcon 3", "falcon3"), ("vicuna", "vicuna"), ("zephyr", "zephyr"), ("tinyllama", "zephyr"),
+    ("openchat", "openchat"), ("granite", "granite"), ("exaone", "exaone3"), ("minicpm", "minicpm"),
+    ("chatglm", "chatglm4"), ("glm-4", "chatglm4"), ("gpt-oss", "gpt-oss"), ("kimi-k2", "kimi-k2"),
+    ("orion", "orion"), ("megrez", "megrez"), ("gigachat", "gigachat"),
+)
+_MISTRAL_NAMES = ("mistral", "mixtral", "ministral", "devstral", "magistral")
+_ARCH_HINTS: tuple[tuple[str, str], ...] = (  # (architecture prefix, format)
+    ("phi3", "phi3"), ("gemma", "gemma"), ("qwen", "chatml"), ("command-r", "command-r"),
+    ("cohere", "command-r"), ("deepseek2", "deepseek3"), ("chatglm", "chatglm4"), ("glm4", "chatglm4"),
+    ("granite", "granite"), ("exaone4", "exaone4"), ("exaone", "exaone3"), ("minicpm", "minicpm"),
+    ("llama4", "llama4"), ("gpt-oss", "gpt-oss"), ("rwkv", "rwkv-world"), ("bailingmoe", "bailing"),
+    ("hunyuan-moe", "hunyuan-moe"), ("hunyuan-dense", "hunyuan-dense"), ("seed_oss", "seed_oss"),
+    ("grok", "grok-2"), ("mistral3", "mistral-v7-tekken"),
+)
+_TOKEN_HINTS: tuple[tuple[tuple[str, ...], str], ...] = (  # (tokens that must all exist, format)
+    (("<|im_start|>", "<|im_sep|>"), "phi4"), (("<|im_start|>",), "chatml"), (("<start_of_turn>",), "gemma"),
+    (("<|start_header_id|>",), "llama3"), (("<|header_start|>",), "llama4"),
+    (("<|assistant|>", "<|end|>"), "phi3"), (("<｜Assistant｜>",), "deepseek3"),
+    (("<|START_OF_TURN_TOKEN|>",), "command-r"), (("<|start_of_role|>",), "granite"),
+    (("<|channel|>", "<|start|>"), "gpt-oss"),
+)
+
+
+def _mistral_format(metadata: dict, has_token: Callable[[str], bool]) -> str:
+    # Tekken tokenizers (Nemo, Small 3) drop the space after [INST]; v7 adds [SYSTEM_PROMPT];
+    # GGUFs whose vocabulary lacks [INST] as a token are the original v0.1/v0.2 (v1 format).
+    tekken = metadata.get("tokenizer.ggml.pre") == "tekken"
+    if has_token("[SYSTEM_PROMPT]"):
+        return "mistral-v7-tekken" if tekken else "mistral-v7"
+    if has_token("[INST]"):
+        return "mistral-v3-tekken" if tekken else "mistral-v3"
+    return "mistral-v1"
+
+
+def choose_format(metadata: dict, has_token: Callable[[str], bool] | None = None,
+                  available: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(format name, why) for a GGUF without a usable chat template: the first hint from
+    its name, architecture or vocabulary that names a format in `available`, else plain."""
+    has_token = has_token or (lambda _text: False)
+    names = [str(metadata.get(k) or "") for k in ("general.name", "general.basename", "general.finetune")]
+    for key, value in zip(("general.name", "general.basename", "general.finetune"), names):
+        low = value.lower()
+        if not low:
+            continue
+        if any(m in low for m in _MISTRAL_NAMES):
+            chosen = _mistral_format(metadata, has_token)
+            if chosen in available:
+                return chosen, f"{key} {value!r}"
+        for hint, chosen in _NAME_HINTS:
+            if hint in low and chosen in available:
+                return chosen, f"{key} {value!r}"
+    arch = str(metadata.get("general.architecture") or "").lower()
+    for prefix, chosen in _ARCH_HINTS:
+        if arch.startswith(prefix) and chosen in available:
+            return chosen, f"general.architecture {arch!r}"
+    for tokens, chosen in _TOKEN_HINTS:
+        if chosen in available and all(has_token(t) for t in tokens):
+            return chosen, f"its vocabulary has {' and '.join(tokens)}"
+    return PLAIN, "no name, architecture or chat tokens that llama.cpp's formats match"
+
+
+# A conversation that tells llama.cpp's formats apart (a system turn, two user turns).
+_PROBE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
+          {"role": "assistant", "content": "A1"}, {"role": "user", "content": "U2"}]
+
+
+def recognised_format(template_text: str, formats: ChatFormats) -> str | None:
+    """The llama.cpp format that llama.cpp itself detects in a Jinja template's text (by its
+    markers, as llama_chat_apply_template does), or None when it detects none."""
+    detected = formats.apply(template_text, _PROBE, True)
+    if detected is None:
+        return None
+    for name in formats.names():
+        if formats.apply(name, _PROBE, True) == detected:
+            return name
+    return None
 
 
 # --- Jinja ----------------------------------------------------------------------------
+
+
+def _generation_tag():
+    """`{% generation %}...{% endgeneration %}`: Hugging Face templates mark the assistant's
+    text with it (for training masks). Rendering a prompt only needs the text inside."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return GenerationTag
 
 
 def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
@@ -206,7 +287,7 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
                           ensure_ascii=ensure_ascii)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+                                        extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
     env.filters["tojson"] = tojson
     try:
@@ -224,33 +305,47 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
     return ChatTemplate(name, text, render)
 
 
-def from_gguf(template_text: str | None, architecture: str | None, bos_token: str, eos_token: str,
-              choice: str | None = None, tokenizer_adds_bos: bool = True) -> ChatTemplate:
+def from_gguf(template_text: str | None, metadata: dict, bos_token: str, eos_token: str,
+              choice: str | None = None, tokenizer_adds_bos: bool = True, formats: ChatFormats | None = None,
+              has_token: Callable[[str], bool] | None = None) -> ChatTemplate:
     """Pick the chat template for a model.
 
-    `choice` (from --chat-template) is a built-in NAME or a FILE holding a Jinja
-    template. Without it: the GGUF's `tokenizer.chat_template`, else the built-in that
-    matches `architecture`. A GGUF template that cannot be used (does not compile, or
-    fails on a one-message conversation) falls back to the built-in, and says why in
-    `fallback_reason`, because a model should still run with a slightly off template.
+    `choice` (from --chat-template) is a built-in NAME (llama.cpp's formats, or plain) or a
+    FILE holding a Jinja template. Without it: the GGUF's `tokenizer.chat_template`,
+    rendered in our sandbox. When the GGUF has none, or ours cannot use it, llama.cpp's
+    format that matches it is used: the one llama.cpp recognises in the template's text,
+    else the one the metadata points to (`choose_format`). The result's
+    `fallback_reason` then says so in one line, for the CLI to print once.
     """
     if choice:
-        return _chosen_template(choice, bos_token, eos_token, tokenizer_adds_bos)
+        return _chosen_template(choice, bos_token, eos_token, tokenizer_adds_bos, formats)
+    available = builtin_names(formats)
     if template_text:
         try:
             template = jinja_template("gguf", template_text, bos_token, eos_token, tokenizer_adds_bos)
             template.render([{"role": "user", "content": "hi"}])
             return template
         except InvalidRequest as exc:
-            fallback = builtin_for_architecture(architecture)
-            fallback.fallback_reason = f"the GGUF's chat template is unusable ({exc}); using built-in {fallback.name}"
+            problem = f"the GGUF's chat template is unusable ({exc})"
+        recognised = recognised_format(template_text, formats) if formats else None
+        if recognised:
+            fallback = builtin_template(recognised, formats, bos_token)
+            fallback.fallback_reason = (f"{problem}; using llama.cpp's built-in {recognised} "
+                                        f"(recognised in the template's text)")
             return fallback
-    return builtin_for_architecture(architecture)
+    else:
+        problem = "the GGUF has no chat template"
+    name, why = choose_format(metadata, has_token, available)
+    fallback = builtin_template(name, formats, bos_token)
+    where = "our" if name == PLAIN else "llama.cpp's"
+    fallback.fallback_reason = f"{problem}; chat messages use {where} built-in {name} (from {why})"
+    return fallback
 
 
-def _chosen_template(choice: str, bos_token: str, eos_token: str, tokenizer_adds_bos: bool) -> ChatTemplate:
-    if choice in BUILTIN_TEMPLATES:
-        return BUILTIN_TEMPLATES[choice]()
+def _chosen_template(choice: str, bos_token: str, eos_token: str, tokenizer_adds_bos: bool,
+                     formats: ChatFormats | None) -> ChatTemplate:
+    if choice in builtin_names(formats):
+        return builtin_template(choice, formats, bos_token)
     if os.path.isfile(choice):
         try:
             with open(choice, encoding="utf-8") as f:
@@ -258,8 +353,7 @@ def _chosen_template(choice: str, bos_token: str, eos_token: str, tokenizer_adds
         except (OSError, UnicodeDecodeError) as exc:
             raise InvalidRequest(f"cannot read chat template file {choice}: {_one_line(exc)}") from None
         return jinja_template(choice, text, bos_token, eos_token, tokenizer_adds_bos)
-    names = ", ".join(BUILTIN_TEMPLATES)
-    raise InvalidRequest(f"unknown chat template {choice!r}: not a file and not one of {names}")
+    return builtin_template(choice, formats, bos_token)  # raises: unknown, naming the choices
 
 
 def _one_line(value) -> str:

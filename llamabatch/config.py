@@ -24,11 +24,15 @@ DEFAULT_CTX_PER_SLOT = 4096
 class EngineConfig:
     """Settings fixed for an engine's lifetime.
 
-    `model=None` means the bundled Gemma 3 270M (see `models.resolve_model`).
+    `model=None` means the bundled Gemma 3 270M; `model` may be a GGUF path, a folder, or
+    a store name such as hf:ORG/REPO:QUANT or ollama:NAME:TAG (see `model_stores`).
+    `model_name` is what records call the model (default: the store name as written, or
+    the file name for a path).
     `n_ctx=None` gives every slot 4096 tokens: n_ctx = 4096 * n_parallel.
     """
 
     model: str | None = None
+    model_name: str | None = None
     n_parallel: int = 8
     n_ctx: int | None = None
     n_batch: int = 512
@@ -94,15 +98,16 @@ def _seed(value: Any) -> Any:
 
 def _chat_template(value: Any) -> Any:
     if not isinstance(value, str) or not value.strip():
-        from .chat_template import BUILTIN_TEMPLATES  # only to word the error
-
-        raise ValueError("a built-in template name (" + ", ".join(BUILTIN_TEMPLATES) + ") or a Jinja file")
+        raise ValueError("a built-in template name (llama.cpp's: chatml, llama2, mistral-v7, phi3, ...; or plain) "
+                         "or a Jinja file")
     return value
 
 
 # What each key may hold on its own (None = "not set" where the field allows it).
 KEY_RULES: dict[str, Rule] = {
-    "model": optional(text("a path to a GGUF file")),
+    "model": optional(text("a GGUF file or folder, hf:ORG/REPO, ollama:NAME, lmstudio:PUBLISHER/REPO or a "
+                           "[models] alias")),
+    "model_name": optional(text("a non-empty name for records")),
     "n_parallel": integer(1, "an integer >= 1"),
     "n_ctx": optional(integer(16, "an integer >= 16 (total context, split between slots)")),
     "n_batch": integer(1, "an integer >= 1"),

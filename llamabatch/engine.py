@@ -38,22 +38,32 @@ class Engine:
     """A continuous-batching engine over one model. Use it as a context manager."""
 
     def __init__(self, config: EngineConfig | None = None, *, runner: Any = None,
-                 default_params: SamplingParams | None = None):
+                 default_params: SamplingParams | None = None,
+                 on_notice: Callable[[str], None] | None = None):
         self.config = (config or EngineConfig()).validate()
+        params = (default_params or SamplingParams()).validate()
         if runner is None:
-            from .models import check_gguf, resolve_model
+            from .models import check_gguf, resolve_model_ref
             from .runner import LlamaRunner  # the only import of llama_cpp, kept lazy
 
-            path = resolve_model(self.config.model)
-            check_gguf(path)
-            runner = LlamaRunner(self.config, path)
-            self.model_path = path
+            ref = resolve_model_ref(self.config.model)
+            check_gguf(ref.path)
+            runner = LlamaRunner(self.config, ref.path)
+            self.model_path = ref.path
+            self._model_name = self.config.model_name or ref.name
+            if ref.stop and not params.stop:
+                # a store's default stops (Ollama's params layer), as Ollama applies them
+                params = params.replace(stop=list(ref.stop))
         else:
+            from .models import model_display_name
+
             self.model_path = getattr(runner, "model_path", "fake")
+            self._model_name = self.config.model_name or model_display_name(self.model_path)
         self.runner = runner
         self.slot_ctx = runner.slot_ctx
-        self.inputs = InputPreparer(runner, runner.slot_ctx, default_params or SamplingParams(),
-                                    default_seed=self.config.seed, chat_template=self.config.chat_template)
+        self.inputs = InputPreparer(runner, runner.slot_ctx, params, default_seed=self.config.seed,
+                                    chat_template=self.config.chat_template,
+                                    on_notice=on_notice or (lambda line: log.warning("%s", line)))
         # Prefix sharing across slots forks KV between slots: only where the runner can.
         share_min = self.config.share_prefix_min if self.config.cache_prompt and getattr(runner, "can_fork", False) else 0
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
@@ -88,14 +98,23 @@ class Engine:
 
     @property
     def model_name(self) -> str:
-        from .models import model_display_name
-
-        return model_display_name(self.model_path)
+        """What records call the model: the user's spelling for store names, else the file name."""
+        return self._model_name
 
     @property
     def chat_template(self):
-        """The template chat messages are rendered with (the GGUF's own, or a built-in)."""
+        """The template chat messages are rendered with (the GGUF's own, or a built-in);
+        a fallback is reported once through `on_notice` when it is first chosen."""
         return self.inputs.chat_template
+
+    @property
+    def on_notice(self) -> Callable[[str], None]:
+        """Called with one line for people (a chat-template fallback); default: a log warning."""
+        return self.inputs.on_notice
+
+    @on_notice.setter
+    def on_notice(self, callback: Callable[[str], None]) -> None:
+        self.inputs.on_notice = callback
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         return self.runner.tokenize(text, special=special)

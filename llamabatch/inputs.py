@@ -8,7 +8,8 @@ an engine thread.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence as Seq, Union
+import threading
+from typing import Any, Callable, Sequence as Seq, Union
 
 from .errors import ContextOverflow, InvalidRequest
 from .params import SamplingParams, random_seed
@@ -30,26 +31,52 @@ class InputPreparer:
     """
 
     def __init__(self, runner: Any, slot_ctx: int, default_params: SamplingParams, *,
-                 default_seed: int | None = None, chat_template: str | None = None):
+                 default_seed: int | None = None, chat_template: str | None = None,
+                 on_notice: Callable[[str], None] | None = None):
         self.runner = runner
         self.slot_ctx = slot_ctx
         self.default_params = default_params.validate()
         self.default_seed = default_seed
+        self.on_notice = on_notice or (lambda _line: None)
         self._template_choice = chat_template
         self._template = None
+        self._template_lock = threading.Lock()
 
     @property
     def chat_template(self):
-        """The template chat messages are rendered with (the GGUF's own, or a built-in)."""
-        if self._template is None:
-            from .chat_template import from_gguf
+        """The template chat messages are rendered with: the GGUF's own, or a built-in.
 
-            meta = getattr(self.runner, "metadata", {})
-            self._template = from_gguf(meta.get("tokenizer.chat_template"), meta.get("general.architecture"),
-                                       bos_token=getattr(self.runner, "bos_text", ""),
-                                       eos_token=getattr(self.runner, "eos_text", ""),
-                                       choice=self._template_choice)
+        Chosen on first use; a fallback (no usable GGUF template) is said once through
+        `on_notice`.
+        """
+        with self._template_lock:
+            if self._template is None:
+                self._template = self._choose_template()
+                if self._template.fallback_reason:
+                    self.on_notice(self._template.fallback_reason)
         return self._template
+
+    def _choose_template(self):
+        from .chat_template import from_gguf
+
+        formats = getattr(self.runner, "chat_formats", None)
+        if formats is None:
+            from .runner import LlamaChatFormats  # llama.cpp's formats need no model
+
+            formats = LlamaChatFormats()
+        meta = getattr(self.runner, "metadata", {})
+        return from_gguf(meta.get("tokenizer.chat_template"), meta,
+                         bos_token=getattr(self.runner, "bos_text", ""),
+                         eos_token=getattr(self.runner, "eos_text", ""),
+                         choice=self._template_choice, formats=formats, has_token=self._is_one_token)
+
+    def _is_one_token(self, text: str) -> bool:
+        """Whether `text` is one (special) token of the vocabulary, as chat markers are."""
+        try:
+            with_bos = len(self.runner.tokenize(text, special=True))
+            return with_bos == 1 + len(self.runner.tokenize("", special=True))
+        except Exception:  # a fake or odd tokenizer: treat the marker as absent
+            return False
 
     def render_chat(self, messages: Seq[dict]) -> str:
         from .chat_template import validate_messages

@@ -1,7 +1,8 @@
 """Which GGUF file to load: --model, $LLAMABATCH_MODEL, or the bundled Gemma 3 270M.
 
-Nothing here imports llama_cpp: resolving and sanity-checking a path must stay cheap
-and testable without loading a model.
+A --model value may name a file, a folder or a model in the Hugging Face, llama.cpp,
+Ollama or LM Studio stores (model_stores.py). Nothing here imports llama_cpp: resolving
+and sanity-checking a path must stay cheap and testable without loading a model.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ModelLoadError
+from .model_stores import ModelRef, display_name, resolve_spelling
 
 MODEL_ENV = "LLAMABATCH_MODEL"
 CACHE_DIR_ENV = "LLAMABATCH_CACHE_DIR"
@@ -24,15 +26,25 @@ _HASH_CHUNK = 1 << 20
 def resolve_model(model: str | None = None) -> str:
     """The model path to use: `model` if given, else $LLAMABATCH_MODEL, else the bundled one.
 
-    An empty $LLAMABATCH_MODEL counts as unset; an explicit `model` is used as given
-    (check it with `check_gguf`).
+    An empty $LLAMABATCH_MODEL counts as unset; a file path is used as given (check it
+    with `check_gguf`); store names and folders resolve to the GGUF they hold.
     """
-    if model is not None:
-        return os.path.expanduser(model)
-    from_env = os.environ.get(MODEL_ENV, "").strip()
-    if from_env:
-        return os.path.expanduser(from_env)
-    return bundled_model_path()
+    return resolve_model_ref(model).path
+
+
+def resolve_model_ref(model: str | None = None, aliases: dict[str, str] | None = None,
+                      config_path: str | None = None) -> ModelRef:
+    """What `model` names (see model_stores): its file, display name and default stops.
+
+    None means $LLAMABATCH_MODEL, else the bundled model. `aliases` is the config file's
+    [models] table. Raises ModelLoadError (one line) when the name matches nothing.
+    """
+    if model is None:
+        model = os.environ.get(MODEL_ENV, "").strip() or None
+    if model is None:
+        path = bundled_model_path()
+        return ModelRef(path, display_name(path), "bundled", (), (path,))
+    return resolve_spelling(model, aliases, config_path)
 
 
 def check_gguf(path: str) -> None:
@@ -52,9 +64,8 @@ def check_gguf(path: str) -> None:
 
 
 def model_display_name(path: str) -> str:
-    """The file name without `.gguf`: what responses report as `model`."""
-    name = os.path.basename(os.path.normpath(path))
-    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+    """The file name without `.gguf`: what responses report as `model` for a file path."""
+    return display_name(path)
 
 
 def cache_dir() -> Path:

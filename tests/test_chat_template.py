@@ -6,13 +6,23 @@ from pathlib import Path
 import pytest
 
 from llamabatch import chat_template
-from llamabatch.chat_template import BUILTIN_TEMPLATES, from_gguf, jinja_template, validate_messages
+from llamabatch.chat_template import (builtin_names, builtin_template, choose_format, from_gguf, jinja_template,
+                                      recognised_format, validate_messages)
 from llamabatch.errors import InvalidRequest
+from llamabatch.runner import LlamaChatFormats
+
+FORMATS = LlamaChatFormats()
 
 # What a model would generate for turn 1 after each built-in's generation prompt:
-# after "Assistant:" a model writes its own leading space.
+# after "Assistant:" a model writes its own leading space. The formats listed here keep
+# the byte-for-byte prefix property (others, like mistral's, are re-tokenized by
+# conversation.PromptBuilder).
 FIRST_REPLY = {"gemma": "Hello there.", "chatml": "Hello there.", "llama3": "Hello there.",
-               "plain": " Hello there."}
+               "phi3": "Hello there.", "plain": " Hello there."}
+
+
+def builtin(name: str):
+    return builtin_template(name, FORMATS, "<s>")
 
 # The text-only part of Gemma 3's official chat template, to check the built-in against.
 GEMMA3_TEXT_TEMPLATE = """{{ bos_token }}
@@ -56,7 +66,11 @@ SYSTEM = {"role": "system", "content": "You are terse."}
 
 
 def gguf_template(text: str, **kwargs):
-    return from_gguf(text, "gemma3", "<bos>", "<eos>", **kwargs)
+    return from_gguf(text, {"general.architecture": "gemma3"}, "<bos>", "<eos>", formats=FORMATS, **kwargs)
+
+
+def no_template(metadata: dict, **kwargs):
+    return from_gguf(None, metadata, "<bos>", "<eos>", formats=FORMATS, **kwargs)
 
 
 # --- validate_messages -----------------------------------------------------------------
@@ -99,13 +113,20 @@ def test_validate_messages_rejects_bad_shapes_in_one_line(messages, fragment):
     assert "\n" not in str(err.value)
 
 
-# --- built-ins -------------------------------------------------------------------------
+# --- built-ins: llama.cpp's formats and our plain transcript --------------------------
 
 
-@pytest.mark.parametrize("name", sorted(BUILTIN_TEMPLATES))
+def test_builtin_names_are_llama_cpps_and_plain():
+    names = builtin_names(FORMATS)
+    assert len(names) > 40
+    for name in ("llama2", "mistral-v7", "phi3", "deepseek3", "chatml", "gemma", "llama3", "plain"):
+        assert name in names
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_REPLY))
 @pytest.mark.parametrize("with_system", [False, True])
 def test_builtin_next_turn_extends_previous_prompt(name, with_system):
-    template = BUILTIN_TEMPLATES[name]()
+    template = builtin(name)
     head = [SYSTEM] if with_system else []
     reply = FIRST_REPLY[name]
     turn1 = template.render(head + [user("What is 2+2?")])
@@ -114,15 +135,16 @@ def test_builtin_next_turn_extends_previous_prompt(name, with_system):
     assert len(turn2) > len(turn1 + reply)
 
 
-@pytest.mark.parametrize("name", sorted(BUILTIN_TEMPLATES))
-def test_builtins_emit_no_bos_text(name):
-    prompt = BUILTIN_TEMPLATES[name]().render([SYSTEM, user("hi")])
+@pytest.mark.parametrize("name", ["gemma", "chatml", "llama3", "llama2", "llama2-sys-bos", "mistral-v7", "phi3",
+                                  "plain"])
+def test_builtins_emit_no_leading_bos_text(name):
+    prompt = builtin(name).render([SYSTEM, user("hi")])
     for bos in ("<bos>", "<s>", "<|begin_of_text|>", "<|endoftext|>"):
-        assert bos not in prompt
+        assert not prompt.startswith(bos)
 
 
 def test_gemma_exact_prompt_folds_system_into_first_user_turn():
-    prompt = BUILTIN_TEMPLATES["gemma"]().render([SYSTEM, user(" Hi "), assistant("Hello!"), user("Bye")])
+    prompt = builtin("gemma").render([SYSTEM, user(" Hi "), assistant("Hello!"), user("Bye")])
     assert prompt == (
         "<start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n"
         "<start_of_turn>model\nHello!<end_of_turn>\n"
@@ -143,30 +165,25 @@ def test_gemma_exact_prompt_folds_system_into_first_user_turn():
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_gemma_builtin_matches_official_template(conversation, add_generation_prompt):
     official = jinja_template("gemma3-official", GEMMA3_TEXT_TEMPLATE, "<bos>", "<eos>")
-    builtin = BUILTIN_TEMPLATES["gemma"]()
-    assert builtin.render(conversation, add_generation_prompt) == official.render(conversation, add_generation_prompt)
-
-
-def test_gemma_keeps_a_lone_system_prompt():
-    prompt = BUILTIN_TEMPLATES["gemma"]().render([SYSTEM])
-    assert prompt == "<start_of_turn>user\nYou are terse.<end_of_turn>\n<start_of_turn>model\n"
+    assert builtin("gemma").render(conversation, add_generation_prompt) == official.render(conversation,
+                                                                                           add_generation_prompt)
 
 
 def test_chatml_exact_prompt():
-    prompt = BUILTIN_TEMPLATES["chatml"]().render([SYSTEM, user("Hi")])
+    prompt = builtin("chatml").render([SYSTEM, user("Hi")])
     assert prompt == ("<|im_start|>system\nYou are terse.<|im_end|>\n"
                       "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_llama3_exact_prompt():
-    prompt = BUILTIN_TEMPLATES["llama3"]().render([SYSTEM, user("Hi")])
+    prompt = builtin("llama3").render([SYSTEM, user("Hi")])
     assert prompt == ("<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
                       "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                       "<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 def test_plain_transcript_ends_with_assistant_and_stops_at_next_user():
-    template = BUILTIN_TEMPLATES["plain"]()
+    template = builtin("plain")
     prompt = template.render([SYSTEM, user("Hi"), assistant("Hello."), user("Bye")])
     assert prompt == "System: You are terse.\n\nUser: Hi\n\nAssistant: Hello.\n\nUser: Bye\n\nAssistant:"
     assert template.render([user("Hi")], add_generation_prompt=False) == "User: Hi"
@@ -175,21 +192,84 @@ def test_plain_transcript_ends_with_assistant_and_stops_at_next_user():
 
 def test_render_validates_messages():
     with pytest.raises(InvalidRequest, match="role"):
-        BUILTIN_TEMPLATES["chatml"]().render([{"role": "robot", "content": "x"}])
+        builtin("chatml").render([{"role": "robot", "content": "x"}])
 
 
-# --- from_gguf: choosing a template ----------------------------------------------------
+# --- from_gguf: choosing a format from the metadata -------------------------------------
+
+
+def llama_cpp_render(name: str, messages: list[dict], add_ass: bool = True) -> str:
+    """llama_chat_apply_template called directly, as the reference to compare against."""
+    import ctypes
+
+    import llama_cpp
+
+    arr = (llama_cpp.llama_chat_message * len(messages))(
+        *[llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in messages])
+    buf = ctypes.create_string_buffer(8192)
+    n = llama_cpp.llama_chat_apply_template(name.encode(), arr, len(messages), add_ass, buf, len(buf))
+    assert 0 < n < len(buf)
+    return buf.raw[:n].decode()
+
+
+CONVERSATION = [SYSTEM, user("Hi"), assistant("Hello."), user("Bye")]
 
 
 @pytest.mark.parametrize(
-    "architecture, expected",
-    [("gemma3", "gemma"), ("gemma", "gemma"), ("qwen2", "chatml"), ("qwen3moe", "chatml"),
-     ("llama", "llama3"), ("mamba", "plain"), (None, "plain")],
+    "metadata, expected",
+    [
+        ({"general.architecture": "llama", "general.name": "Mistral 7B Instruct v0.2"}, "mistral-v1"),
+        ({"general.architecture": "llama", "general.name": "Llama 2 7B Chat"}, "llama2-sys"),
+        ({"general.architecture": "phi3", "general.name": "Phi 3 Mini 4k Instruct"}, "phi3"),
+        ({"general.architecture": "phi3"}, "phi3"),
+        ({"general.architecture": "llama", "general.basename": "DeepSeek-R1-Distill-Llama"}, "deepseek3"),
+        ({"general.architecture": "deepseek2"}, "deepseek3"),
+        ({"general.architecture": "gemma3"}, "gemma"),
+        ({"general.architecture": "qwen3moe"}, "chatml"),
+        ({"general.architecture": "mamba"}, "plain"),
+        ({}, "plain"),
+    ],
 )
-def test_builtin_chosen_by_architecture_when_gguf_has_no_template(architecture, expected):
-    template = from_gguf(None, architecture, "<bos>", "<eos>")
+def test_gguf_without_template_gets_llama_cpps_format_named_by_its_metadata(metadata, expected):
+    template = no_template(metadata)
     assert template.name == expected
-    assert template.fallback_reason is None
+    assert template.fallback_reason.startswith("the GGUF has no chat template; chat messages use")
+    assert f"built-in {expected} (from " in template.fallback_reason
+    if expected != "plain":
+        assert template.render(CONVERSATION) == llama_cpp_render(expected, CONVERSATION)
+
+
+def test_mistral_and_phi3_render_exactly_what_llama_cpp_renders():
+    mistral = no_template({"general.architecture": "llama", "general.name": "Mistral-7B-Instruct-v0.3"},
+                          has_token=lambda t: t == "[INST]")
+    assert mistral.name == "mistral-v3"
+    assert mistral.render(CONVERSATION) == llama_cpp_render("mistral-v3", CONVERSATION)
+    assert mistral.render(CONVERSATION) == "[INST] You are terse.\n\nHi[/INST] Hello.</s>[INST] Bye[/INST]"
+    phi3 = no_template({"general.architecture": "phi3"})
+    assert phi3.render([user("Hi")]) == llama_cpp_render("phi3", [user("Hi")]) == "<|user|>\nHi<|end|>\n<|assistant|>\n"
+
+
+@pytest.mark.parametrize(
+    "tokens, pre, expected",
+    [({"[INST]"}, "default", "mistral-v3"), ({"[INST]"}, "tekken", "mistral-v3-tekken"),
+     ({"[INST]", "[SYSTEM_PROMPT]"}, "default", "mistral-v7"),
+     ({"[INST]", "[SYSTEM_PROMPT]"}, "tekken", "mistral-v7-tekken"), (set(), "default", "mistral-v1")],
+)
+def test_mistral_generation_follows_its_vocabulary(tokens, pre, expected):
+    metadata = {"general.architecture": "llama", "general.name": "Mistral", "tokenizer.ggml.pre": pre}
+    assert choose_format(metadata, tokens.__contains__, builtin_names(FORMATS))[0] == expected
+
+
+@pytest.mark.parametrize(
+    "tokens, expected",
+    [({"<|start_header_id|>"}, "llama3"), ({"<|im_start|>"}, "chatml"), ({"<|assistant|>", "<|end|>"}, "phi3"),
+     ({"<｜Assistant｜>"}, "deepseek3"), ({"<start_of_turn>"}, "gemma"), (set(), "plain")],
+)
+def test_a_llama_architecture_gguf_without_name_hints_is_told_apart_by_its_chat_tokens(tokens, expected):
+    name, why = choose_format({"general.architecture": "llama"}, tokens.__contains__, builtin_names(FORMATS))
+    assert name == expected
+    if tokens:
+        assert "vocabulary" in why
 
 
 def test_gguf_template_is_used_and_its_bos_removed():
@@ -215,25 +295,27 @@ def test_jinja_gets_trim_blocks_strftime_and_plain_tojson():
     assert template.render([user("<b>&'é")]) == '"<b>&\'é"4'
 
 
-def test_choice_by_name_overrides_gguf_template():
-    template = gguf_template("{{ messages[0].content }}", choice="chatml")
-    assert template.name == "chatml"
+@pytest.mark.parametrize("name", ["chatml", "phi3", "mistral-v7", "granite-4.0", "plain"])
+def test_choice_by_name_overrides_gguf_template(name):
+    template = gguf_template("{{ messages[0].content }}", choice=name)
+    assert template.name == name
+    assert template.fallback_reason is None  # chosen, not fallen back to
 
 
 def test_choice_by_file_is_a_jinja_template(tmp_path):
     path = tmp_path / "mine.jinja"
     path.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
-    template = from_gguf(None, "gemma3", "<bos>", "<eos>", choice=str(path))
+    template = no_template({"general.architecture": "gemma3"}, choice=str(path))
     assert template.render([user("hi")]) == "<user>hi"
     assert template.source == path.read_text()
 
 
 def test_unknown_choice_lists_the_builtin_names():
     with pytest.raises(InvalidRequest) as err:
-        from_gguf(None, "gemma3", "<bos>", "<eos>", choice="vicuna")
+        no_template({"general.architecture": "gemma3"}, choice="robot")
     message = str(err.value)
-    assert "vicuna" in message
-    for name in BUILTIN_TEMPLATES:
+    assert "'robot'" in message
+    for name in builtin_names(FORMATS):
         assert name in message
     assert "\n" not in message
 
@@ -242,13 +324,31 @@ def test_chosen_file_that_does_not_compile_is_invalid_request(tmp_path):
     path = tmp_path / "broken.jinja"
     path.write_text("{% for m in messages %}")
     with pytest.raises(InvalidRequest, match="does not compile"):
-        from_gguf(None, "gemma3", "<bos>", "<eos>", choice=str(path))
+        no_template({"general.architecture": "gemma3"}, choice=str(path))
 
 
-def test_broken_gguf_template_falls_back_to_builtin_and_says_why():
+def test_broken_gguf_template_falls_back_to_the_metadatas_format_and_says_why():
     template = gguf_template("{% if %}")
     assert template.name == "gemma"
+    assert template.fallback_reason.startswith("the GGUF's chat template is unusable (")
     assert "does not compile" in template.fallback_reason
+    assert "llama.cpp's built-in gemma (from general.architecture 'gemma3')" in template.fallback_reason
+
+
+def test_broken_gguf_template_with_known_markers_gets_the_format_llama_cpp_recognises():
+    text = "{% for m in messages %}{{ '<|im_start|>' + m.role }}{% endfor %}{% if %}"
+    assert recognised_format(text, FORMATS) == "chatml"
+    template = gguf_template(text)
+    assert template.name == "chatml"
+    assert "recognised in the template's text" in template.fallback_reason
+
+
+def test_generation_tag_renders_its_body_instead_of_falling_back():
+    text = ("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}<a>{{ m.content }}</a>"
+            "{% endgeneration %}{% else %}<u>{{ m.content }}</u>{% endif %}{% endfor %}")
+    template = gguf_template(text)
+    assert template.name == "gguf" and template.fallback_reason is None
+    assert template.render([user("q"), assistant("r")], add_generation_prompt=False) == "<u>q</u><a>r</a>"
 
 
 # --- rendering errors ------------------------------------------------------------------

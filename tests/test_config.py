@@ -401,3 +401,39 @@ def test_a_clash_between_file_values_names_where_the_file_sets_it(clean_env):
     assert result.stderr.splitlines() == [
         f"llamabatch: error: {path}:3: n_batch must be an integer >= n_parallel (8), got 4"]
     assert invoke(["config", "show", "--command", "chat"]).exit_code == 0  # [run] only
+
+
+# --- [models]: aliases for --model ----------------------------------------------------
+
+
+def test_models_table_holds_aliases_with_paths_relative_to_the_file(clean_env):
+    config = parse_text(textwrap.dedent("""
+        model = "fast"
+        [models]
+        fast = "ollama:gemma3:1b"
+        mine = "weights/my.gguf"
+        hub = "hf:acme/tiny-GGUF:Q8_0"
+        """), str(clean_env / "llamabatch.toml"))
+    assert {k: s.value for k, s in config.models.items()} == {
+        "fast": "ollama:gemma3:1b", "mine": str(clean_env / "weights" / "my.gguf"), "hub": "hf:acme/tiny-GGUF:Q8_0"}
+    assert config.models["mine"].line == 5
+    assert config.engine["model"].value == "fast"  # an alias stays a name, not a path beside the file
+
+
+def test_an_alias_becomes_the_model_and_its_display_name(clean_env, model_path):
+    write(clean_env / "llamabatch.toml", f'model = "small"\n[models]\nsmall = "{model_path}"\n')
+    resolved = resolve_options(SharedOptions({}, "run"))
+    assert resolved.engine.model == model_path
+    assert resolved.engine.model_name == "small"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('[models]\nfast = 3\n', "[models] fast: must be a model"),
+    ('[models]\nfast = ""\n', "[models] fast: must be a model"),
+    ('models = "x"\n', "[models]: must be a table"),
+])
+def test_bad_models_table_is_one_line(clean_env, text, fragment):
+    with pytest.raises(ConfigFileError) as info:
+        parse_text(text, str(clean_env / "c.toml"))
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)

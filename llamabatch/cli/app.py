@@ -1,7 +1,7 @@
 """The `llamabatch` command: a thin Typer front end over the engine.
 
 Commands are plain functions in their own subpackages (cli/run/, cli/serve/, cli/chat/,
-cli/bench/, cli/config/); this module registers them, so nothing imports back from here.
+cli/bench/, cli/config/, cli/models/); this module registers them, so nothing imports back from here.
 `main()` is the one place exceptions become exit codes.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .common import exit_code_for, setup_logging
 from .config.command import config_app
 from . import env as env_module
 from .env import Environment, activate, current
+from .models.command import models_command
 from .run.command import run_command
 from .serve.command import serve_stdin
 
@@ -59,6 +60,7 @@ app.command("run")(run_command)
 app.command("serve-stdin")(serve_stdin)
 app.command("chat")(chat_command)
 app.command("bench")(bench_command)
+app.command("models")(models_command)
 app.add_typer(config_app, name="config")
 
 

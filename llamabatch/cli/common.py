@@ -10,7 +10,7 @@ import typer
 
 from ..errors import InvalidRequest, LlamaBatchError
 from . import env
-from .config.layer import resolve_layers
+from .config.layer import resolve_layers, resolve_model_layer
 from .options import Resolved, SharedOptions
 
 if TYPE_CHECKING:
@@ -58,13 +58,21 @@ def exit_code_for(exc: BaseException) -> tuple[int, str] | None:
 
 
 def resolve_options(opts: SharedOptions) -> Resolved:
-    """Flags > LLAMABATCH_* env > config file > defaults. Bad values raise InvalidRequest (exit 2)."""
-    return resolve_layers(opts)
+    """Flags > LLAMABATCH_* env > config file > defaults. Bad values raise InvalidRequest (exit 2).
+
+    The model name is resolved here too (aliases, store names, folders), before any input
+    is read: an unknown name is a ModelLoadError (one line, exit 1), and a store's default
+    stops (Ollama's) become the default `stop` when no layer sets one.
+    """
+    return resolve_model_layer(resolve_layers(opts))
 
 
 def open_engine(resolved: Resolved) -> "Engine":
-    """Build the command's engine (loads the model; ModelLoadError is one line and exit 1)."""
-    return env.current().engine_factory(resolved.engine, resolved.sampling)
+    """Build the command's engine (loads the model; ModelLoadError is one line and exit 1).
+    A chat-template fallback is said once on stderr, when chat messages first need it."""
+    engine = env.current().engine_factory(resolved.engine, resolved.sampling)
+    engine.on_notice = lambda line: say(f"llamabatch: {line}")
+    return engine
 
 
 def setup_logging(debug: bool, stream: TextIO) -> None:

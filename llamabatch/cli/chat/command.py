@@ -199,9 +199,8 @@ def chat_command(
     try:
         interactive = env.stdin_isatty
         io = terminal_io(env) if interactive else pipe_io(env.stdin, env.stdout, env.stderr)
+        engine.on_notice = io.notice  # a template fallback is said once, dim like other notices
         template = engine.chat_template  # an unusable --chat-template fails here, before any turn
-        if template.fallback_reason:
-            io.notice(template.fallback_reason)
         if interactive:
             io.notice(f"{engine.model_name} · template {template.name} · {engine.slot_ctx}-token context · "
                       f"/help for commands, Ctrl-D or /bye to exit")

@@ -10,6 +10,8 @@ $XDG_CONFIG_HOME/llamabatch/config.toml (~/.config by default). Layout:
     [run]                             # per command: overrides the two above for `run`
     n_parallel = 16
     order = "completion"              # a key only `run` knows
+    [models]                          # aliases: -m fast, or model = "fast"
+    fast = "ollama:gemma3:1b"
 
 Everything is checked when the file is loaded, so a typo fails at once with one line
 naming the file, the line, the key (with its table) and what is allowed — never later,
@@ -32,7 +34,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from ...chat_template import BUILTIN_TEMPLATES
 from ...config import KEY_RULES as ENGINE_KEY_RULES
 from ...errors import InvalidRequest
 from ...params import SamplingParams
@@ -42,6 +43,8 @@ CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"
 COMMANDS = ("run", "chat", "serve-stdin", "bench")
 SAMPLING_TABLE = "sampling"
+MODELS_TABLE = "models"
+_STORE_PREFIXES = ("hf:", "ollama:", "lmstudio:")
 
 
 class ConfigFileError(InvalidRequest):
@@ -53,7 +56,7 @@ class ConfigFileError(InvalidRequest):
 # EngineConfig.validate's job once every layer is merged. Two EngineConfig keys are not
 # top-level file keys: `seed` is a sampling key ([sampling] seed), and `max_queue` is
 # serve-stdin's own (COMMAND_RULES below), as only that command has a bounded queue.
-_NOT_FILE_ENGINE_KEYS = ("seed", "max_queue")
+_NOT_FILE_ENGINE_KEYS = ("seed", "max_queue", "model_name")  # model_name: an alias names the model
 ENGINE_RULES: dict[str, Rule] = {key: rule for key, rule in ENGINE_KEY_RULES.items()
                                  if key not in _NOT_FILE_ENGINE_KEYS}
 
@@ -104,6 +107,7 @@ class ConfigFile:
     engine: dict[str, Setting] = field(default_factory=dict)
     sampling: dict[str, Setting] = field(default_factory=dict)
     commands: dict[str, dict[str, Setting]] = field(default_factory=dict)
+    models: dict[str, Setting] = field(default_factory=dict)  # [models] aliases: name -> spelling
 
     def values_for(self, command: str | None) -> dict[str, tuple[Any, str]]:
         """Engine and sampling values for `command` (None = no command table):
@@ -201,7 +205,7 @@ def _check(path: str, data: dict[str, Any], lines: dict[tuple[str, ...], int]) -
         return Setting(_relative_to(folder, key, value), line_of(*key_path), table)
 
     for key, value in data.items():
-        if key == SAMPLING_TABLE or key in COMMANDS:
+        if key in (SAMPLING_TABLE, MODELS_TABLE) or key in COMMANDS:
             if not isinstance(value, dict):
                 raise error((key,), f"must be a table ([{key}]), got {_show(value)}")
             continue
@@ -221,6 +225,12 @@ def _check(path: str, data: dict[str, Any], lines: dict[tuple[str, ...], int]) -
             raise error((SAMPLING_TABLE, key), "is an engine key: put it at the top level, before any table")
         else:
             raise error((SAMPLING_TABLE, key), "unknown key; allowed: " + ", ".join(SAMPLING_KEYS))
+
+    for name, value in data.get(MODELS_TABLE, {}).items():
+        if not isinstance(value, str) or not value.strip():
+            raise error((MODELS_TABLE, name), f"must be a model (a GGUF path, hf:ORG/REPO, ollama:NAME, "
+                                             f"lmstudio:PUBLISHER/REPO or another alias), got {_show(value)}")
+        config.models[name] = Setting(_model_value(folder, value.strip()), line_of(MODELS_TABLE, name), MODELS_TABLE)
 
     for command in COMMANDS:
         table = config.commands.setdefault(command, {})
@@ -261,20 +271,39 @@ def _relative_to(folder: str, key: str, value: Any) -> Any:
         return value
     if key == "json_schema" and value.lstrip().startswith("{"):
         return value  # inline JSON, not a file
-    if key == "chat_template" and value in BUILTIN_TEMPLATES:
-        return value
+    if key == "model":
+        return _model_value(folder, value)
+    if key == "chat_template" and "/" not in value and not os.path.exists(os.path.join(folder, value)):
+        return value  # a built-in name (chatml, granite-4.0, ...), not a file beside the config
     expanded = os.path.expanduser(value)
     return expanded if os.path.isabs(expanded) else os.path.normpath(os.path.join(folder, expanded))
 
 
+def _model_value(folder: str, value: str) -> str:
+    """A model value as written, with a relative path made relative to the config's folder.
+    Store names and aliases (a bare word with no file of that name beside the config) stay."""
+    if value.startswith(_STORE_PREFIXES):
+        return value
+    expanded = os.path.expanduser(value)
+    if os.path.isabs(expanded):
+        return expanded
+    beside = os.path.join(folder, expanded)
+    if "/" in value or value.lower().endswith(".gguf") or os.path.exists(beside):
+        return os.path.normpath(beside)
+    head, sep, quant = value.rpartition(":")
+    if sep and head and os.path.isdir(os.path.join(folder, head)):  # FOLDER:QUANT beside the config
+        return os.path.normpath(os.path.join(folder, head)) + ":" + quant
+    return value
+
+
 def _allowed_top() -> str:
     return ("allowed at the top level: " + ", ".join(ENGINE_RULES) + "; tables: "
-            + ", ".join(f"[{t}]" for t in (SAMPLING_TABLE, *COMMANDS)))
+            + ", ".join(f"[{t}]" for t in (SAMPLING_TABLE, MODELS_TABLE, *COMMANDS)))
 
 
 def _name(key_path: tuple[str, ...]) -> str:
     if len(key_path) == 1:
-        return f"[{key_path[0]}]" if key_path[0] in (SAMPLING_TABLE, *COMMANDS) else key_path[0]
+        return f"[{key_path[0]}]" if key_path[0] in (SAMPLING_TABLE, MODELS_TABLE, *COMMANDS) else key_path[0]
     return f"[{key_path[0]}] {'.'.join(key_path[1:])}"
 
 

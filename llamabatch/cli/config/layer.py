@@ -61,6 +61,22 @@ def resolve_layers(opts: SharedOptions) -> Resolved:
         raise
 
 
+def resolve_model_layer(resolved: Resolved) -> Resolved:
+    """`resolved` with its model spelling turned into a file (models.resolve_model_ref):
+    aliases from the config file's [models] table, store names, folders. The display name
+    stays the user's spelling; a store's default stops fill an unset `stop`."""
+    from ...models import resolve_model_ref
+
+    config = current_config()
+    aliases = {name: s.value for name, s in config.models.items()} if config else {}
+    ref = resolve_model_ref(resolved.engine.model, aliases, config.path if config else None)
+    resolved.engine = resolved.engine.replace(model=ref.path, model_name=resolved.engine.model_name or ref.name)
+    if ref.stop and not resolved.sampling.stop and resolved.sources.get("stop", "default") == "default":
+        resolved.sampling = resolved.sampling.replace(stop=list(ref.stop))
+        resolved.sources["stop"] = f"model ({ref.source})"
+    return resolved
+
+
 def command_setting(command: str, key: str, default: Any = None) -> Any:
     """A command-only key (config_file.COMMAND_RULES, e.g. run's `order`) from the
     command's table, else `default`. The caller gives its flag precedence:
