@@ -51,7 +51,9 @@ def renamed(tmp_path_factory, model_path):
 
 
 @pytest.mark.parametrize("general_name, expected", [("Mistral 7B Instruct v0.2", "mistral-v1"),
-                                                    ("Phi-3 Mini 4K Instruct", "phi3")])
+                                                    # "Phi 3", not "Phi-3": llama.cpp itself looks for
+                                                    # Phi-3's tokens in a vocabulary named "phi-3"
+                                                    ("Phi 3 Mini 4K Instruct", "phi3")])
 def test_metadata_picks_llama_cpps_format_and_the_engine_renders_it_exactly(renamed, general_name, expected):
     path = renamed(general_name)
     assert read_header(path).get("general.name") == general_name
