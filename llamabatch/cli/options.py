@@ -33,7 +33,7 @@ def _opt(*decls: str, help: str, panel: str, **kw: Any) -> Any:
 
 # name -> (annotation, where the value goes). Keys are the config-file / env spelling.
 SHARED_OPTIONS: dict[str, Any] = {
-    "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF model file [default: bundled Gemma 3 270M]", panel=ENGINE)],
+    "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF file or folder[:QUANT], hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[:QUANT] or a [models] alias (`llamabatch models` lists them) [default: bundled Gemma 3 270M]", panel=ENGINE)],
     "n_parallel": Annotated[Optional[int], _opt("--n-parallel", help="Slots: sequences decoded together [default: 8]", panel=ENGINE)],
     "n_ctx": Annotated[Optional[int], _opt("--n-ctx", help="Total context, split evenly between slots [default: 4096 per slot]", panel=ENGINE)],
     "n_batch": Annotated[Optional[int], _opt("--n-batch", help="Most tokens in one forward pass [default: 512]", panel=ENGINE)],
@@ -42,7 +42,7 @@ SHARED_OPTIONS: dict[str, Any] = {
     "policy": Annotated[Optional[str], _opt("--policy", help=f"Batch policy: {', '.join(POLICIES)} [default: decode-maximal]", panel=ENGINE)],
     "cache_prompt": Annotated[Optional[bool], _opt("--cache-prompt/--no-cache-prompt", help="Reuse cached prompt prefixes [default: on]", panel=ENGINE)],
     "n_gpu_layers": Annotated[Optional[int], _opt("--n-gpu-layers", help="Layers offloaded to the GPU, -1 = all [default: 0]", panel=ENGINE)],
-    "chat_template": Annotated[Optional[str], _opt("--chat-template", help="Built-in template NAME or a Jinja FILE for chat messages", panel=ENGINE)],
+    "chat_template": Annotated[Optional[str], _opt("--chat-template", help="Chat format NAME (llama.cpp's built-ins: chatml, llama2, mistral-v7, phi3, ...; or plain) or a Jinja FILE [default: the GGUF's own]", panel=ENGINE)],
     "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
     "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
     "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],

@@ -14,7 +14,7 @@ def models_command(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per model on stdout instead of a table."),
 ) -> None:
     """List the GGUF models already on disk: the Hugging Face cache, llama.cpp's -hf cache, Ollama, LM Studio,
-    the bundled model and the config file's [models] aliases.
+    the bundled model and the config file's \\[models] aliases.
 
     NAME is what to pass to -m / --model. Only GGUF headers are read: no model is loaded.
     """
