@@ -33,7 +33,7 @@ class EngineConfig:
 
     model: str | None = None
     model_name: str | None = None
-    n_parallel: int = 8
+    n_parallel: int | str = 8  # or "auto": measured at start (see autoslots.py)
     n_ctx: int | None = None
     n_batch: int = 512
     chunk_size: int = 256
@@ -83,10 +83,11 @@ class EngineConfig:
         for f in dataclasses.fields(self):
             check_key(f.name, getattr(self, f.name))
         # the rules between keys
-        if self.n_ctx is not None and self.n_ctx < 16 * self.n_parallel:
-            _bad("n_ctx", f"an integer >= 16 per slot ({16 * self.n_parallel} for {self.n_parallel} slots)", self.n_ctx)
-        if self.n_batch < self.n_parallel:
-            _bad("n_batch", f"an integer >= n_parallel ({self.n_parallel})", self.n_batch)
+        slots = 1 if self.n_parallel == "auto" else self.n_parallel  # auto checks its own choice later
+        if self.n_ctx is not None and self.n_ctx < 16 * slots:
+            _bad("n_ctx", f"an integer >= 16 per slot ({16 * slots} for {slots} slots)", self.n_ctx)
+        if self.n_batch < slots:
+            _bad("n_batch", f"an integer >= n_parallel ({slots})", self.n_batch)
         return self
 
 
@@ -94,6 +95,12 @@ def _seed(value: Any) -> Any:
     if not is_seed(value):
         raise ValueError(SEED_ALLOWED)
     return value
+
+
+def _slots(value: Any) -> Any:
+    if value == "auto":
+        return value
+    return integer(1, 'an integer >= 1 or "auto"')(value)
 
 
 def _chat_template(value: Any) -> Any:
@@ -108,7 +115,7 @@ KEY_RULES: dict[str, Rule] = {
     "model": optional(text("a GGUF file or folder, hf:ORG/REPO, ollama:NAME, lmstudio:PUBLISHER/REPO or a "
                            "[models] alias")),
     "model_name": optional(text("a non-empty name for records")),
-    "n_parallel": integer(1, "an integer >= 1"),
+    "n_parallel": _slots,
     "n_ctx": optional(integer(16, "an integer >= 16 (total context, split between slots)")),
     "n_batch": integer(1, "an integer >= 1"),
     "chunk_size": integer(1, "an integer >= 1"),

@@ -42,12 +42,19 @@ class Engine:
                  on_notice: Callable[[str], None] | None = None):
         self.config = (config or EngineConfig()).validate()
         params = (default_params or SamplingParams()).validate()
+        self.slots_reason = ""  # why this many slots, when n_parallel="auto" chose them
         if runner is None:
             from .models import check_gguf, resolve_model_ref
             from .runner import LlamaRunner  # the only import of llama_cpp, kept lazy
 
             ref = resolve_model_ref(self.config.model)
             check_gguf(ref.path)
+            if self.config.n_parallel == "auto":
+                from .autoslots import resolve
+
+                self.config, choice = resolve(self.config, ref.path)
+                self.config.validate()
+                self.slots_reason = choice.reason
             runner = LlamaRunner(self.config, ref.path)
             self.model_path = ref.path
             self._model_name = self.config.model_name or ref.name
@@ -58,6 +65,8 @@ class Engine:
             from .models import model_display_name
 
             self.model_path = getattr(runner, "model_path", "fake")
+            if self.config.n_parallel == "auto":  # a given runner has its slots already
+                self.config = self.config.replace(n_parallel=runner.n_slots).validate()
             self._model_name = self.config.model_name or model_display_name(self.model_path)
         self.runner = runner
         self.slot_ctx = runner.slot_ctx

@@ -81,12 +81,15 @@ def test_default_when_no_file_env_or_flag():
 
 def test_chat_defaults_to_one_slot_below_every_other_layer(clean_env, monkeypatch):
     assert show(command="chat")["n_parallel"] == (1, "default (chat)")
-    assert show(command="run")["n_parallel"] == (8, "default")
+    assert show(command="run")["n_parallel"] == ("auto", "default (run)")  # measured at start (autoslots)
     write(clean_env / "llamabatch.toml", "n_parallel = 3\n")
     assert show(command="chat")["n_parallel"] == (3, f"{clean_env / 'llamabatch.toml'}:1")
     monkeypatch.setenv("LLAMABATCH_N_PARALLEL", "2")
     assert show(command="chat")["n_parallel"] == (2, "env LLAMABATCH_N_PARALLEL")
     assert show("--n-parallel", "5", command="chat")["n_parallel"] == (5, "flag")
+    write(clean_env / "llamabatch.toml", "n_parallel = \"auto\"\n")
+    monkeypatch.delenv("LLAMABATCH_N_PARALLEL")
+    assert show(command="chat")["n_parallel"] == ("auto", f"{clean_env / 'llamabatch.toml'}:1")
 
 
 def test_file_overrides_default_with_file_and_line(clean_env):
@@ -282,7 +285,7 @@ def test_bad_file_also_stops_a_command_before_anything_runs(clean_env):
     write(clean_env / "llamabatch.toml", "n_parallel = 0\n")
     with pytest.raises(InvalidRequest) as info:  # what every command calls first; main() makes it exit 2
         resolve_options(SharedOptions({}, "run"))
-    assert ":1: n_parallel: must be an integer >= 1, got 0" in str(info.value)
+    assert ":1: n_parallel: must be an integer >= 1 or \"auto\", got 0" in str(info.value)
     assert invoke(["run", "-"], "hi\n").exit_code == 2
 
 

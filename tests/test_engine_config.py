@@ -29,7 +29,7 @@ def test_seed_0xffffffff_is_refused_because_llama_cpp_reads_it_as_random():
     ({"seed": "7"}, "seed must be"),
     ({"max_queue": True}, "max_queue must be an integer >= 0"),
     ({"max_queue": -1}, "max_queue must be an integer >= 0"),
-    ({"n_parallel": 0}, "n_parallel must be an integer >= 1, got 0"),
+    ({"n_parallel": 0}, "n_parallel must be an integer >= 1 or \"auto\", got 0"),
     ({"policy": "fastest"}, "policy must be one of"),
     ({"cache_prompt": "yes"}, "cache_prompt must be true or false"),
     ({"n_parallel": 4, "n_batch": 2}, "n_batch must be an integer >= n_parallel (4), got 2"),
@@ -70,7 +70,7 @@ def test_the_config_file_takes_its_engine_keys_and_rules_from_engine_config():
     assert config_file.COMMAND_RULES["serve-stdin"]["max_queue"] is KEY_RULES["max_queue"]
     assert "seed" in config_file.SAMPLING_KEYS
     # and so a file says what EngineConfig says
-    with pytest.raises(config_file.ConfigFileError, match=r"x.toml:1: n_parallel: must be an integer >= 1, got 0"):
+    with pytest.raises(config_file.ConfigFileError, match=r'x.toml:1: n_parallel: must be an integer >= 1 or "auto", got 0'):
         config_file.parse_text("n_parallel = 0\n", "x.toml")
     with pytest.raises(config_file.ConfigFileError, match=r"\[serve-stdin\] max_queue: must be an integer >= 0"):
         config_file.parse_text("[serve-stdin]\nmax_queue = true\n", "x.toml")

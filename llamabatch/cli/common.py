@@ -67,10 +67,23 @@ def resolve_options(opts: SharedOptions) -> Resolved:
     return resolve_model_layer(resolve_layers(opts))
 
 
-def open_engine(resolved: Resolved) -> "Engine":
+def open_engine(resolved: Resolved, max_slots: int | None = None) -> "Engine":
     """Build the command's engine (loads the model; ModelLoadError is one line and exit 1).
-    A chat-template fallback is said once on stderr, when chat messages first need it."""
-    engine = env.current().engine_factory(resolved.engine, resolved.sampling)
+    A chat-template fallback is said once on stderr, when chat messages first need it.
+    n_parallel "auto" is measured first (autoslots), bounded by `max_slots` (e.g. the number
+    of input lines); an engine factory other than the real one (tests) decides it itself."""
+    config, reason = resolved.engine, ""
+    if config.n_parallel == "auto" and env.current().engine_factory is env.real_engine:
+        from ..autoslots import resolve
+        from ..models import check_gguf, resolve_model_ref
+
+        path = resolve_model_ref(config.model).path
+        check_gguf(path)
+        config, choice = resolve(config, path, max_slots=max_slots)
+        reason = choice.reason
+    engine = env.current().engine_factory(config, resolved.sampling)
+    if reason:
+        engine.slots_reason = reason
     engine.on_notice = lambda line: say(f"llamabatch: {line}")
     return engine
 

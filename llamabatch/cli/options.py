@@ -34,7 +34,7 @@ def _opt(*decls: str, help: str, panel: str, **kw: Any) -> Any:
 # name -> (annotation, where the value goes). Keys are the config-file / env spelling.
 SHARED_OPTIONS: dict[str, Any] = {
     "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF file or folder[:QUANT], hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[:QUANT] or a [models] alias (`llamabatch models` lists them) [default: bundled Gemma 3 270M]", panel=ENGINE)],
-    "n_parallel": Annotated[Optional[int], _opt("--n-parallel", help="Slots: sequences decoded together [default: 8]", panel=ENGINE)],
+    "n_parallel": Annotated[Optional[str], _opt("--n-parallel", metavar="N|auto", help="Slots: sequences decoded together; auto = measure the fastest count on this machine (cached) [default: auto; chat: 1]", panel=ENGINE)],
     "n_ctx": Annotated[Optional[int], _opt("--n-ctx", help="Total context, split evenly between slots [default: 4096 per slot]", panel=ENGINE)],
     "n_batch": Annotated[Optional[int], _opt("--n-batch", help="Most tokens in one forward pass [default: 512]", panel=ENGINE)],
     "chunk_size": Annotated[Optional[int], _opt("--chunk-size", help="Most prompt tokens per slot per tick [default: 256]", panel=ENGINE)],
@@ -99,7 +99,8 @@ def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 # Built-in defaults that differ for one command, below every other layer. One conversation
 # needs one slot, which then gets all of --n-ctx.
-COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"chat": {"n_parallel": 1}}
+COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"chat": {"n_parallel": 1}, "run": {"n_parallel": "auto"},
+                                               "serve-stdin": {"n_parallel": "auto"}}
 
 
 @dataclass
@@ -131,14 +132,28 @@ def _from_env(key: str, kind: Any) -> Any:
             return float(raw)
         if kind == "list":
             return [s for s in raw.split(",") if s]
+        if kind == "slots":
+            return parse_slots(raw.strip(), env_name(key))
         return raw
     except ValueError:
         raise InvalidRequest(f"{env_name(key)}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
 
 
+def parse_slots(value: Any, where: str = "--n-parallel") -> int | str:
+    """An explicit slot count or "auto" (from a flag or the environment, both text)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise InvalidRequest(f"{where} must be an integer >= 1 or auto, got {value!r}") from None
+
+
 def _kind(key: str) -> Any:
     if key == "stop":
         return "list"
+    if key == "n_parallel":
+        return "slots"
     if key == "cache_prompt":
         return bool
     defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}
@@ -153,6 +168,8 @@ def resolve(opts: SharedOptions, file_values: dict[str, tuple[Any, str]] | None 
     sources: dict[str, str] = {}
     for key in SHARED_OPTIONS:
         flag = opts[key]
+        if key == "n_parallel" and flag is not None:
+            flag = parse_slots(flag)
         if flag is not None:
             chosen[key], sources[key] = flag, "flag"
             continue

@@ -15,12 +15,13 @@ from typing import Optional
 import typer
 
 from .formats import LineParser
+from ... import autoslots
 from .. import env as cli_env
 from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
-from .files import LineCounter, RunFileError, Sink, Source, open_input, open_output, read_back
+from .files import LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back
 from .writer import RecordWriter
 
 # Finished lines that may wait behind a slow one in --order input, per --max-inflight.
@@ -89,7 +90,6 @@ def run_command(
     if fmt == "auto" and input_path.lower().endswith(".txt"):
         fmt = "text"
     parser = LineParser(resolved.sampling, input_format=fmt, system=system, echo=echo)
-    inflight = max_inflight or 4 * resolved.engine.n_parallel
 
     # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
     env = cli_env.current()
@@ -106,10 +106,12 @@ def run_command(
             sink.discard()
             raise fail(str(exc), EXIT_ERROR) from None
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
-        engine = open_engine(resolved)
+        lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
+        engine = open_engine(resolved, max_slots=lines)  # auto never opens more slots than lines
     except BaseException:
         sink.discard()
         raise
+    inflight = max_inflight or 4 * engine.config.n_parallel
     reporter = make_reporter(quiet, progress_every, env.stderr, live_ok=not sink.is_terminal,
                              stream_isatty=env.stderr_isatty)
     if resume:
@@ -128,8 +130,9 @@ def run_command(
 
 def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
          answered, fail_on_error: bool, input_path: str, output: str | None) -> int:
+    why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
     reporter.note(f"llamabatch run: {engine.model_name}, {engine.config.n_parallel} slots x {engine.slot_ctx} "
-                  f"tokens, {input_path} -> {output or 'stdout'}")
+                  f"tokens{why}, {input_path} -> {output or 'stdout'}")
     window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
     writer = RecordWriter(sink, engine.model_name, order, window)
     run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=answered)

@@ -203,6 +203,22 @@ def read_back(sink: Sink) -> tuple[Answered, int]:
     return answered, torn
 
 
+def count_lines(source: Source, cap: int) -> int | None:
+    """INPUT's non-blank lines, counting no further than `cap` (enough to bound the slot
+    count); None when the file cannot be read again."""
+    n = 0
+    try:
+        with open(source.name, "rb") as f:
+            for raw in f:
+                if raw.strip():
+                    n += 1
+                    if n >= cap:
+                        break
+    except OSError:
+        return None
+    return n
+
+
 class LineCounter:
     """Counts INPUT's non-blank lines on a background thread (the progress bar's total)."""
 
