@@ -159,13 +159,13 @@ class Engine:
         handle._seq = seq
         with self._cond:
             if self._closing:
-                self.runner.free_sampler(seq.sampler)
+                self._free_samplers(seq)
                 raise EngineClosed("the engine is closed")
             # Count every request in flight against slots + max_queue, not the requests the
             # engine thread has not admitted yet: those include ones an idle slot is about to
             # take, so a quick second submit would be refused depending on thread timing.
             if self.config.max_queue and len(self._handles) >= len(self.scheduler.slots) + self.config.max_queue:
-                self.runner.free_sampler(seq.sampler)
+                self._free_samplers(seq)
                 raise QueueFull(f"queue is full ({self.config.max_queue} requests waiting)")
             # counted only once accepted: a refused request (QueueFull, EngineClosed) never entered
             self.telemetry.totals.submitted += 1
@@ -223,10 +223,15 @@ class Engine:
         if not already:
             log.debug("engine closed")
 
+    def _free_samplers(self, seq: Sequence) -> None:
+        for member in seq.members:
+            self.runner.free_sampler(member.sampler)
+            member.sampler = None
+
     def _cancel(self, handle: RequestHandle) -> None:
         with self._cond:
             if handle._seq is not None:
-                self._cancels.append(handle._seq)
+                self._cancels.append(handle._seq)  # _end ends every sample of an n-request
                 self._cond.notify()
 
     # -- the engine thread -----------------------------------------------------------------
@@ -276,9 +281,10 @@ class Engine:
             # a fork in this tick's plan fills the slot; otherwise trim its own cache
             kept = reuse if fork is not None else self.runner.keep_prefix(slot, reuse)
             self.scheduler.start(seq, slot, kept)
-            with self._cond:
-                self._waiting_count -= 1
-            self.telemetry.record_request(RequestRecord("start", seq.request_id))
+            if seq.index == 0:  # samples 1..n-1 ride along with sample 0 (the one queued and counted)
+                with self._cond:
+                    self._waiting_count -= 1
+                self.telemetry.record_request(RequestRecord("start", seq.request_id))
 
     def _execute(self, plan: StepPlan) -> tuple[StepPlan, StepResult]:
         """One llama_decode; on 'no KV room' try the scheduler's smaller plan, never crash."""
@@ -314,29 +320,34 @@ class Engine:
     def _deliver(self, event: SeqEvent) -> None:
         seq = event.seq
         handle = self._handles.get(seq.request_id)
-        if handle is None:
-            return
-        if event.text or event.tokens:
-            handle._deliver(Delta(event.text, event.tokens))
+        if handle is not None and (event.text or event.tokens):
+            handle._deliver(Delta(event.text, event.tokens, seq.index))
         if event.finished:
             self._complete(seq)
 
     def _end(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> None:
-        """End a sequence from outside the token flow (cancel, timeout, failure)."""
-        was_waiting = seq.status == Status.WAITING
-        tail = self.scheduler.finish(seq, reason, error, code)
-        if was_waiting:
-            with self._cond:
-                self._waiting_count -= 1
-        handle = self._handles.get(seq.request_id)
-        if tail and handle is not None:
-            handle._deliver(Delta(tail, []))
-        self._complete(seq)
+        """End a sequence from outside the token flow (cancel, timeout, failure). The samples of
+        an n-request end together: one request, one outcome."""
+        for member in [seq, *(m for m in seq.members if m is not seq)]:
+            if member.finished:
+                continue
+            was_waiting = member.status == Status.WAITING and member.index == 0  # only sample 0 is queued
+            tail = self.scheduler.finish(member, reason, error, code)
+            if was_waiting:
+                with self._cond:
+                    self._waiting_count -= 1
+            handle = self._handles.get(member.request_id)
+            if tail and handle is not None:
+                handle._deliver(Delta(tail, [], member.index))
+            self._complete(member)
 
     def _complete(self, seq: Sequence) -> None:
         self.runner.free_sampler(seq.sampler)
         seq.sampler = None
-        result = seq.result()
+        seq.completed = True
+        if not all(m.completed for m in seq.members):
+            return  # an n-request's Result waits for its last sample
+        result = seq.request_result()
         handle = self._handles.pop(seq.request_id, None)
         kind = "exception" if result.finish_reason == "error" else "done"
         self.telemetry.record_request(RequestRecord(kind, seq.request_id, result.finish_reason, result.usage,

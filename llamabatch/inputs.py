@@ -123,5 +123,23 @@ class InputPreparer:
         params = self.params_for(prompt, params)
         tokens = self.prompt_tokens(prompt)
         seed = self.seed_for(params)
-        sampler = self.runner.build_sampler(params, seed)
-        return Sequence(request_id, tokens, params, seed, sampler)
+        if params.n > self.runner.n_slots:
+            raise InvalidRequest(f"n={params.n} is more than the {self.runner.n_slots} slots (n_parallel): "
+                                 "the samples of one prompt generate side by side, one slot each")
+        if params.n == 1:
+            return Sequence(request_id, tokens, params, seed, self.runner.build_sampler(params, seed))
+        # n samples, seeds seed, seed+1, ...: sample i is what a single request with seed+i gives
+        seqs: list[Sequence] = []
+        try:
+            for i in range(params.n):
+                sample_seed = (seed + i) % 2**32
+                seqs.append(Sequence(request_id, tokens, params, sample_seed,
+                                     self.runner.build_sampler(params, sample_seed), index=i))
+        except BaseException:
+            for s in seqs:
+                self.runner.free_sampler(s.sampler)
+            raise
+        for s in seqs:
+            s.group = seqs
+            s.submitted_at, s.deadline = seqs[0].submitted_at, seqs[0].deadline  # one timeout for all
+        return seqs[0]

@@ -49,6 +49,7 @@ class SamplingParams:
     ignore_eos: bool = False
     timeout: float | None = None
     logprobs: int | None = None
+    n: int = 1  # samples of the prompt: one prefill, KV forked into n slots, seeds seed, seed+1, ...
 
     def replace(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
@@ -78,6 +79,7 @@ class SamplingParams:
         _check(self.seed is None or is_seed(self.seed), "seed", SEED_ALLOWED, self.seed)
         _check(self.timeout is None or self.timeout > 0, "timeout", "a number of seconds > 0", self.timeout)
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs", "an integer in [0, 20]", self.logprobs)
+        _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "an integer >= 1", self.n)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
         _check(not (self.grammar and self.json_schema), "grammar", "either grammar or json_schema, not both", "both")
         for tok, bias in self.logit_bias.items():

@@ -26,6 +26,10 @@ class Chunk:
     suppress_eog: bool = False  # min_tokens not reached: an end-of-generation token must be resampled
     sampler: Any = None  # the request's sampler chain (runner.build_sampler); samples the row when wants_logits
     logprobs: int | None = None  # report the sampled token's logprob and this many alternatives (None = no)
+    # The other samples of an n-request, (slot, sampler): after this chunk (the end of the prompt)
+    # each samples its first token from the same logits row with its own chain (seed + i), so
+    # n samples cost one prefill.
+    siblings: list[tuple[int, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

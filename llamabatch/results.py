@@ -40,6 +40,7 @@ class Delta:
 
     text: str
     token_ids: list[int] = field(default_factory=list)
+    index: int = 0  # which sample of an n-request the text belongs to
 
 
 @dataclass
@@ -55,14 +56,28 @@ class Result:
     error_code: str | None = None
     stop: str | None = None  # the stop string that ended generation, if any
     logprobs: list[dict[str, Any]] | None = None
+    index: int = 0  # which sample of an n-request this is
+    samples: list["Result"] | None = None  # n > 1: one Result per sample, in index order
+
+    @property
+    def all_logprobs(self) -> Any:
+        """What records carry under "logprobs": the token records, or for n > 1 one list per sample."""
+        if self.samples is not None:
+            return None if self.logprobs is None else [s.logprobs for s in self.samples]
+        return self.logprobs
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.samples is not None:  # n > 1: every sample's text and finish reason, in index order
+            head: dict[str, Any] = {"texts": [s.text for s in self.samples],
+                                    "finish_reasons": [s.finish_reason for s in self.samples]}
+        else:
+            head = {"text": self.text}
         return {
-            "text": self.text,
+            **head,
             "finish_reason": self.finish_reason,
             "usage": self.usage.to_dict(),
             "timings": self.timings.to_dict(),

@@ -327,20 +327,26 @@ class LlamaRunner:
         if status != 0:
             return result
         for chunk, row in rows:
-            sampler = chunk.sampler
-            if chunk.suppress_eog and sampler.no_eog_chain:
-                # min_tokens not reached: the twin that cannot pick EOG samples every token of
-                # this phase (so its own history is whole), and the main chain is told each
-                # token so its penalties and mirostat state stay in step for later.
-                tok = C.llama_sampler_sample(sampler.no_eog_chain, self.ctx, row)
-                C.llama_sampler_accept(sampler.chain, tok)
-            else:
-                tok = C.llama_sampler_sample(sampler.chain, self.ctx, row)
-            result.sampled[chunk.slot] = tok
-            if chunk.logprobs is not None:
-                result.logprobs[chunk.slot] = self._logprobs(row, tok, chunk.logprobs)
+            # the chunk's own sampler, then those of an n-request's other samples, which take
+            # their first token from the same row (llama_sampler_sample leaves the logits as
+            # they are), each with its own chain and seed
+            for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
+                tok = self._sample(sampler, row, chunk.suppress_eog)
+                result.sampled[slot] = tok
+                if chunk.logprobs is not None:
+                    result.logprobs[slot] = self._logprobs(row, tok, chunk.logprobs)
         result.sample_ms = (time.perf_counter() - t1) * 1000
         return result
+
+    def _sample(self, sampler: _Sampler, row: int, suppress_eog: bool) -> int:
+        if suppress_eog and sampler.no_eog_chain:
+            # min_tokens not reached: the twin that cannot pick EOG samples every token of
+            # this phase (so its own history is whole), and the main chain is told each
+            # token so its penalties and mirostat state stay in step for later.
+            tok = C.llama_sampler_sample(sampler.no_eog_chain, self.ctx, row)
+            C.llama_sampler_accept(sampler.chain, tok)
+            return tok
+        return C.llama_sampler_sample(sampler.chain, self.ctx, row)
 
     def _logprobs(self, row: int, chosen: int, top_n: int) -> dict[str, Any]:
         """The chosen token's log probability and the `top_n` likeliest tokens', from the row's

@@ -68,7 +68,7 @@ class Scheduler:
         self.cache_prompt = cache_prompt
         self.token_bytes = token_bytes
         self.is_eog = is_eog
-        self._detok: dict[int, IncrementalDetokenizer] = {}
+        self._detok: dict[Sequence, IncrementalDetokenizer] = {}  # by sequence: the n samples share an id
         self._admitted = 0
         self._timed: list[Sequence] = []  # unfinished sequences with a deadline
         # Prefix sharing across slots: a prompt sharing at least this many tokens with what
@@ -81,7 +81,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
         if seq.deadline is not None:
-            self._timed.append(seq)
+            self._timed.extend(seq.members)  # the samples of an n-request share one deadline
 
     def expired(self, now: float) -> list[Sequence]:
         """Unfinished sequences (waiting or running) whose deadline has passed at `now`;
@@ -106,10 +106,14 @@ class Scheduler:
         in the queue (requests behind it may go first) and is admitted by a fork once that
         part is evaluated, instead of evaluating it a second time."""
         out: list[Admission] = []
-        idle = [s for s in self.slots if s.seq is None]
+        # a slot that a planned fork reads or fills keeps its KV until that plan has run
+        pinned = {f.src_slot for f in self._forks} | {f.dst_slot for f in self._forks}
+        idle = [s for s in self.slots if s.seq is None and s.slot_id not in pinned]
         held: list[Sequence] = []
         fresh: set[int] = set()  # slots handed out in this call: not yet trimmed, so no fork source
         while self.waiting and idle:
+            if len(self.waiting[0].members) > len(idle):
+                break  # an n-request takes n slots at once; FIFO, so nothing overtakes it meanwhile
             seq = self.waiting.popleft()
             views = [SlotView(s.slot_id, s.cached, s.last_used) for s in idle]
             slot_id, reuse = choose_slot(seq.prompt, views, cache_prompt=self.cache_prompt)
@@ -128,6 +132,13 @@ class Scheduler:
             fresh.add(slot_id)
             slot.seq = seq  # reserved now so the same slot is not handed out twice
             out.append(Admission(seq, slot_id, reuse, fork))
+            for sample in seq.members[1:]:
+                # Its KV will be a fork of sample 0's prompt: the least recently used slot loses least.
+                slot = min(idle, key=lambda s: (s.last_used, s.slot_id))
+                idle.remove(slot)
+                fresh.add(slot.slot_id)
+                slot.seq = sample
+                out.append(Admission(sample, slot.slot_id, 0))
         self.waiting.extendleft(reversed(held))
         return out
 
@@ -156,11 +167,12 @@ class Scheduler:
         slot.seq = seq
         seq.slot = slot_id
         seq.num_computed = seq.num_cached = kept
-        seq.status = Status.PREFILLING
+        # samples 1..n-1 of an n-request wait for sample 0's prompt instead of evaluating it
+        seq.status = Status.FORKING if seq.index else Status.PREFILLING
         seq.admitted_at = time.perf_counter()
         seq.admit_order = self._admitted
         self._admitted += 1
-        self._detok[seq.request_id] = IncrementalDetokenizer(seq.params.stop)
+        self._detok[seq] = IncrementalDetokenizer(seq.params.stop)
 
     # -- one tick --------------------------------------------------------------------------
 
@@ -173,12 +185,14 @@ class Scheduler:
         for seq, n in allocation:
             tokens = seq.pending_tokens(n)
             wants_logits = seq.num_computed + n == seq.num_tokens
+            siblings = [(s.slot, s.sampler) for s in seq.members[1:] if s.status == Status.FORKING] \
+                if wants_logits and seq.group is not None and seq.status == Status.PREFILLING else []
             chunks.append(Chunk(slot=seq.slot, request_id=seq.request_id, tokens=tokens,
                                 start_pos=seq.num_computed, wants_logits=wants_logits,
                                 is_decode=seq.status == Status.GENERATING,
                                 suppress_eog=len(seq.output) < seq.params.min_tokens,
                                 sampler=seq.sampler if wants_logits else None,
-                                logprobs=seq.params.logprobs if wants_logits else None))
+                                logprobs=seq.params.logprobs if wants_logits else None, siblings=siblings))
         forks, self._forks = self._forks, []
         return StepPlan(chunks, forks)
 
@@ -207,6 +221,14 @@ class Scheduler:
             slot.cached.extend(chunk.tokens)
             if chunk.wants_logits and chunk.slot in result.sampled:
                 events.append(self._accept(seq, result.sampled[chunk.slot], result.logprobs.get(chunk.slot)))
+            for slot_id, _ in chunk.siblings:
+                sample = self.slots[slot_id].seq
+                if sample is None or sample.status != Status.FORKING or slot_id not in result.sampled:
+                    continue
+                # Its prompt KV is sample 0's, copied by a fork before the next decode.
+                self.fork(chunk.slot, slot_id, len(sample.prompt))
+                sample.num_computed = sample.num_cached = len(sample.prompt)
+                events.append(self._accept(sample, result.sampled[slot_id], result.logprobs.get(slot_id)))
         return events
 
     def _accept(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:
@@ -214,7 +236,7 @@ class Scheduler:
         if seq.first_token_at is None:
             seq.first_token_at = now
             seq.status = Status.GENERATING
-        detok = self._detok[seq.request_id]
+        detok = self._detok[seq]
         event = SeqEvent(seq)
         if self.is_eog(token):
             # The end-of-generation token is not part of the answer. ignore_eos is enforced
@@ -243,7 +265,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> str:
         """Give seq its terminal status and free its slot. Returns any held-back text."""
         tail = ""
-        detok = self._detok.pop(seq.request_id, None)
+        detok = self._detok.pop(seq, None)
         if detok is not None and not detok.stopped and reason in ("cancelled", "timeout"):
             tail = detok.finish()
         if detok is not None:

@@ -15,6 +15,7 @@ class Status(enum.IntEnum):
     PREFILLING = 1
     GENERATING = 2
     FINISHED = 3
+    FORKING = 4  # sample i > 0 of an n-request: holds a slot, waits for sample 0's prompt KV
 
 
 @dataclass(eq=False)
@@ -48,6 +49,9 @@ class Sequence:
     admit_order: int = 0  # FIFO rank among running prefills
     text: str = ""  # final text, set when finished
     stop_hit: str | None = None  # the stop string that ended it
+    index: int = 0  # which sample of an n-request (0 for the sample whose slot evaluates the prompt)
+    group: list["Sequence"] | None = None  # all samples of an n-request (shared list), None when n == 1
+    completed: bool = False  # the engine has freed its sampler and counted it toward the Result
 
     def __post_init__(self) -> None:
         if self.params.timeout:
@@ -81,6 +85,11 @@ class Sequence:
     def finished(self) -> bool:
         return self.status == Status.FINISHED
 
+    @property
+    def members(self) -> list["Sequence"]:
+        """Every sample of this request (itself alone when n == 1)."""
+        return self.group if self.group is not None else [self]
+
     def result(self) -> Result:
         """The terminal Result: text, tokens, usage and timings from this sequence's clock."""
         admitted = self.admitted_at or self.finished_at
@@ -99,4 +108,26 @@ class Sequence:
         usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached, completion_tokens=len(self.output))
         return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
                       seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
-                      logprobs=self.logprobs)
+                      logprobs=self.logprobs, index=self.index)
+
+    def request_result(self) -> Result:
+        """The Result of the request this sequence belongs to: its own, or for an n-request
+        sample 0's text with `samples` holding one Result per sample (index order), usage
+        counting the prompt once and every sample's tokens (as OpenAI does), and the request's
+        outcome: the first failure, if any sample failed."""
+        if self.group is None:
+            return self.result()
+        parts = [s.result() for s in self.group]
+        first = parts[0]
+        bad = next((r for r in parts if r.finish_reason not in ("stop", "length")), None)
+        end = max((s.finished_at or 0.0) for s in self.group)
+        started = self.group[0].first_token_at
+        decode_ms = (end - started) * 1000 if started else 0.0
+        after_first = sum(max(len(s.output) - 1, 0) for s in self.group)
+        timings = Timings(**{**first.timings.__dict__, "decode_ms": decode_ms,
+                             "generated_tokens_per_s": after_first / (decode_ms / 1000) if decode_ms > 0 else 0.0})
+        usage = Usage(prompt_tokens=first.usage.prompt_tokens, cached_tokens=first.usage.cached_tokens,
+                      completion_tokens=sum(r.usage.completion_tokens for r in parts))
+        return Result(first.request_id, first.text, first.token_ids, (bad or first).finish_reason, usage, timings,
+                      seed=first.seed, error=bad.error if bad else None, error_code=bad.error_code if bad else None,
+                      stop=first.stop, logprobs=first.logprobs, samples=parts)

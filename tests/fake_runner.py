@@ -105,6 +105,8 @@ class FakeRunner:
         self.metadata = metadata if metadata is not None else {"general.architecture": "fake"}
         self.model_path = "/models/fake-model.gguf"
         self.reply = reply or (lambda prompt: prompt + "!")
+        # a reply taking (prompt, seed) scripts seeded sampling: the n samples of one prompt differ
+        self.reply_takes_seed = reply is not None and reply.__code__.co_argcount == 2
         self.status = status or {}
         self.partial_trim = partial_trim
         self.hook = hook
@@ -114,6 +116,7 @@ class FakeRunner:
         self.keep_prefix_calls: list[tuple[int, int, int]] = []  # (slot, asked, kept)
         self.samplers: list[FakeSampler] = []
         self.violations: list[str] = []
+        self.forks: list[tuple[int, int, int]] = []  # (src, dst, n_tokens) applied, in order
         self.close_calls = 0
         self.calls = 0
         self._lock = threading.Lock()
@@ -175,7 +178,7 @@ class FakeRunner:
         self._check(plan)
         status = self._status_for(call, plan)
         # a copy of the plan as it was, sharing (not copying) the samplers it carries
-        record = ExecutedPlan(call, copy.deepcopy(plan, {id(c.sampler): c.sampler for c in plan.chunks}), status)
+        record = ExecutedPlan(call, copy.deepcopy(plan, {id(x): x for c in plan.chunks for x in (c.sampler, *(sm for _, sm in c.siblings))}), status)
         self.plans.append(record)
         result = StepResult(status=status, eval_ms=0.5)
         if status != 0:
@@ -184,10 +187,11 @@ class FakeRunner:
             self.kv[chunk.slot].extend(chunk.tokens)
         for chunk in plan.chunks:
             if chunk.wants_logits:
-                tok = self._sample(chunk)
-                result.sampled[chunk.slot] = tok
-                if chunk.logprobs is not None:
-                    result.logprobs[chunk.slot] = fake_logprobs(tok, chunk.logprobs)
+                for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):  # siblings: the same row
+                    tok = self._sample(chunk, slot, sampler)
+                    result.sampled[slot] = tok
+                    if chunk.logprobs is not None:
+                        result.logprobs[slot] = fake_logprobs(tok, chunk.logprobs)
         record.sampled = dict(result.sampled)
         result.sample_ms = 0.1
         return result
@@ -204,6 +208,7 @@ class FakeRunner:
                 self.violations.append(f"fork {f} but the source holds {len(self.kv[f.src_slot])} tokens")
             targets.add(f.dst_slot)
             self.kv[f.dst_slot] = list(self.kv[f.src_slot][:f.n_tokens])
+            self.forks.append((f.src_slot, f.dst_slot, f.n_tokens))
 
     def _check(self, plan: StepPlan) -> None:
         if self.n_batch is not None and plan.n_tokens > self.n_batch:
@@ -225,15 +230,15 @@ class FakeRunner:
             if not chunk.wants_logits and (chunk.sampler is not None or chunk.logprobs is not None):
                 self.violations.append(f"slot {chunk.slot}: chunk samples nothing but carries a sampler or logprobs")
 
-    def _sample(self, chunk: Any) -> int:
-        slot, sampler = chunk.slot, chunk.sampler
+    def _sample(self, chunk: Any, slot: int, sampler: Any) -> int:
         if sampler is None:
             return EOG
         if sampler.freed:
             self.violations.append(f"slot {slot} sampled with a freed sampler")
         if sampler.reply is None:
-            sampler.prompt_text = detokenize(self.kv[slot])
-            reply = self.reply(sampler.prompt_text)
+            sampler.prompt_text = detokenize(self.kv[chunk.slot])  # the row's context (siblings share it)
+            reply = (self.reply(sampler.prompt_text, sampler.seed) if self.reply_takes_seed
+                     else self.reply(sampler.prompt_text))
             sampler.reply = text_tokens(reply) if isinstance(reply, str) else list(reply)
         if sampler.emitted < len(sampler.reply):
             tok = sampler.reply[sampler.emitted]

@@ -176,7 +176,8 @@ def test_system_flag_reaches_openai_chat_but_not_completions():
 
 
 @pytest.mark.parametrize("line, code, words", [
-    (openai(n=2), "invalid_request", "body.n must be 1"),
+    (openai(n=0), "invalid_request", "n must be an integer >= 1"),
+    (openai(best_of=3), "invalid_request", "body.best_of is not supported (got 3): llamabatch does not rank"),
     (openai(stream=True), "invalid_request", "body.stream is not supported"),
     (openai(tools=[{"type": "function"}]), "invalid_request", "body.tools is not supported"),
     (openai(frobnicate=1), "invalid_request", "unsupported body field 'frobnicate'"),

@@ -82,3 +82,37 @@ def test_plain_records_carry_the_engines_records():
     rec = plain_record(1, result("ab", records("ab", 1)))
     assert [r["id"] for r in rec["logprobs"]] == text_tokens("ab")
     assert "logprobs" not in plain_record(1, result("ab", None))
+
+
+# -- n samples in records ------------------------------------------------------------------------
+
+
+def n_result(texts: list[str], lp: bool = False) -> Result:
+    samples = [Result(0, t, text_tokens(t), "stop" if i else "length", Usage(4, 0, len(t)), Timings(), seed=7 + i,
+                      logprobs=records(t, 1) if lp else None, index=i) for i, t in enumerate(texts)]
+    return Result(0, texts[0], text_tokens(texts[0]), "length", Usage(4, 0, sum(map(len, texts))), Timings(),
+                  seed=7, logprobs=samples[0].logprobs, samples=samples)
+
+
+def test_openai_lines_take_n():
+    assert parse(CHAT_URL, n=3).params.n == 3
+    assert parse(COMPLETIONS_URL, n=2, logprobs=1).params.n == 2
+
+
+def test_openai_record_has_one_choice_per_sample_and_counts_the_prompt_once():
+    body = openai_record("r", CHAT_URL, n_result(["ab", "cd", "e"], lp=True), "m")["response"]["body"]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in body["choices"]] == ["ab", "cd", "e"]
+    assert [c["finish_reason"] for c in body["choices"]] == ["length", "stop", "stop"]
+    assert ["".join(t["token"] for t in c["logprobs"]["content"]) for c in body["choices"]] == ["ab", "cd", "e"]
+    assert body["usage"]["prompt_tokens"] == 4 and body["usage"]["completion_tokens"] == 5
+    comp = openai_record("r", COMPLETIONS_URL, n_result(["ab", "c"]), "m")["response"]["body"]
+    assert [(c["index"], c["text"], c["logprobs"]) for c in comp["choices"]] == [(0, "ab", None), (1, "c", None)]
+
+
+def test_plain_record_of_n_samples():
+    rec = plain_record("x", n_result(["ab", "cd"], lp=True))
+    assert list(rec)[:4] == ["id", "texts", "finish_reasons", "finish_reason"]
+    assert rec["texts"] == ["ab", "cd"] and rec["finish_reasons"] == ["length", "stop"] and "text" not in rec
+    assert rec["usage"]["prompt_tokens"] == 4 and rec["usage"]["completion_tokens"] == 4
+    assert [[r["token"] for r in lp] for lp in rec["logprobs"]] == [["a", "b"], ["c", "d"]]

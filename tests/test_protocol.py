@@ -131,3 +131,10 @@ def test_other_events_and_encoding():
     line = encode(token_event("a", "é\n\u2028"))
     assert line.endswith(b"\n") and line.count(b"\n") == 1  # one event, one line, whatever the text
     assert json.loads(line) == {"id": "a", "event": "token", "text": "é\n\u2028"}
+
+
+def test_n_sample_events_name_their_sample():
+    samples = [_result(text=t, index=i, seed=5 + i) for i, t in enumerate(["a", "b"])]
+    event = terminal_event("q", _result(text="a", samples=samples))
+    assert event["texts"] == ["a", "b"] and event["finish_reasons"] == ["length", "length"] and "text" not in event
+    assert token_event("q", "b", 1) == {"id": "q", "event": "token", "text": "b", "index": 1}

@@ -137,7 +137,8 @@ class ChatSession:
         """The session's sampling settings plus the stop strings the template needs.
         (The engine adds those itself only for message prompts; chat submits tokens.)"""
         extra = [s for s in self.template.stop if s not in self.params.stop]
-        return self.params.replace(stop=[*self.params.stop, *extra]) if extra else self.params
+        params = self.params.replace(n=1) if self.params.n != 1 else self.params  # one reply per turn, whatever [sampling] n says
+        return params.replace(stop=[*params.stop, *extra]) if extra else params
 
     # -- conversation changes -----------------------------------------------------------------
 

@@ -199,13 +199,10 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
             if value not in (None, False, 0, [], "", "none"):
                 raise _Bad("invalid_request", f"body.{key} is not supported")
             continue
-        if key == "n":
-            if value != 1 or isinstance(value, bool):
-                raise _Bad("invalid_request", f"body.n must be 1 (one choice per request), got {json.dumps(value)}")
-            continue
         if key == "best_of":
             if value != 1 or isinstance(value, bool):
-                raise _Bad("invalid_request", f"body.best_of must be 1, got {json.dumps(value)}")
+                raise _Bad("invalid_request", f"body.best_of is not supported (got {json.dumps(value)}): llamabatch "
+                                              "does not rank samples; ask for n and get all of them")
             continue
         if key not in FIELD_TYPES:  # vLLM-style extras (top_k, min_p, ignore_eos...) are sampling fields
             raise _Bad("invalid_request", f"unsupported body field {key!r}")
@@ -350,7 +347,7 @@ def plain_record(line_id: LineId, result: Result, echo: dict | None = None) -> d
     if result.finish_reason == "timeout" and record["error"] is None:
         record["error"] = {"code": "timeout", "message": "the request's timeout passed before it finished"}
     if result.logprobs is not None:
-        record["logprobs"] = result.logprobs  # asked for with "logprobs": k; one entry per token id
+        record["logprobs"] = result.all_logprobs  # asked for with "logprobs": k; one entry per token id
     if echo is not None:
         record["input"] = echo
     return record
@@ -372,18 +369,19 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
     usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
              "total_tokens": result.usage.total_tokens,
              "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens}}
+    samples = result.samples if result.samples is not None else [result]
     if url == CHAT_URL:
+        choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
+                    "logprobs": None if r.logprobs is None else chat_logprobs(r.logprobs, r.text),
+                    "finish_reason": r.finish_reason} for i, r in enumerate(samples)]
         body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "logprobs": None if result.logprobs is None else chat_logprobs(result.logprobs, result.text),
-                             "finish_reason": result.finish_reason}],
-                "usage": usage}
+                "choices": choices, "usage": usage}
     else:
+        choices = [{"index": i, "text": r.text,
+                    "logprobs": None if r.logprobs is None else completion_logprobs(r.logprobs, r.text),
+                    "finish_reason": r.finish_reason} for i, r in enumerate(samples)]
         body = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": result.text,
-                             "logprobs": None if result.logprobs is None else completion_logprobs(result.logprobs, result.text),
-                             "finish_reason": result.finish_reason}],
-                "usage": usage}
+                "choices": choices, "usage": usage}
     record["response"] = {"status_code": 200, "request_id": request_id, "body": body}
     record["error"] = None
     return record

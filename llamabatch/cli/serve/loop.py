@@ -84,6 +84,7 @@ class Flight:
     id: RequestId
     line: int
     stream: bool  # send token events
+    samples: int = 1  # n: token events name their sample when n > 1
     handle: RequestHandle | None = None
 
 
@@ -150,7 +151,7 @@ class Server:
                                          line=number))
 
     def _submit(self, command: Submit) -> None:
-        flight = Flight(command.id, command.line, command.stream)
+        flight = Flight(command.id, command.line, command.stream, command.params.n)
         with self._flights_lock:
             earlier = self._flights.get(command.id)
             if earlier is not None:
@@ -199,7 +200,7 @@ class Server:
     def _on_item(self, flight: Flight, handle: RequestHandle, item: Delta | Result) -> None:
         if isinstance(item, Delta):
             if item.text and flight.stream:
-                self.output.send(token_event(flight.id, item.text))
+                self.output.send(token_event(flight.id, item.text, item.index if flight.samples > 1 else None))
             return
         # Queue the terminal event before the flight disappears: once in_flight reads 0, every
         # terminal event is ahead of the writer's close marker.

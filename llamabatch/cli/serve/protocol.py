@@ -152,8 +152,12 @@ def ready_event(model: str, n_parallel: int, n_ctx: int, slot_ctx: int) -> dict[
     return {"event": "ready", "model": model, "n_parallel": n_parallel, "n_ctx": n_ctx, "slot_ctx": slot_ctx}
 
 
-def token_event(request_id: RequestId, text: str) -> dict[str, Any]:
-    return {"id": request_id, "event": "token", "text": text}
+def token_event(request_id: RequestId, text: str, index: int | None = None) -> dict[str, Any]:
+    """`index` (n > 1 only) names the sample the text belongs to."""
+    event: dict[str, Any] = {"id": request_id, "event": "token", "text": text}
+    if index is not None:
+        event["index"] = index
+    return event
 
 
 def error_event(request_id: RequestId | None, code: str, message: str, *, line: int | None = None,
@@ -174,14 +178,16 @@ def terminal_event(request_id: RequestId, result: Result, line: int | None = Non
     """A request's one terminal event: `done` (stop, length, cancelled, timeout) or `error`."""
     if result.finish_reason == "error":
         return error_event(request_id, result.error_code or "error", result.error or "request failed", line=line)
-    event: dict[str, Any] = {
-        "id": request_id, "event": "done", "text": result.text, "finish_reason": result.finish_reason,
-        "usage": result.usage.to_dict(), "timings": result.timings.to_dict(), "seed": result.seed,
-    }
-    if result.stop is not None:
+    fields = result.to_dict()  # n > 1: "texts" and "finish_reasons", one per sample
+    del fields["error"]
+    event: dict[str, Any] = {"id": request_id, "event": "done", **fields}
+    if result.samples is not None:
+        if any(s.stop is not None for s in result.samples):
+            event["stops"] = [s.stop for s in result.samples]
+    elif result.stop is not None:
         event["stop"] = result.stop
     if result.logprobs is not None:
-        event["logprobs"] = result.logprobs
+        event["logprobs"] = result.all_logprobs
     return event
 
 
