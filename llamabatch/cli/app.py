@@ -6,6 +6,7 @@ cli/bench/, cli/config/, cli/models/); this module registers them, so nothing im
 """
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional, Sequence
 
 import typer
@@ -20,6 +21,7 @@ from . import env as env_module
 from .env import Environment, activate, current
 from .models.command import models_command
 from .run.command import run_command
+from .run.on_ray import with_bare_ray_flag
 from .serve.command import serve_stdin
 
 app = typer.Typer(
@@ -81,8 +83,8 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> i
 
 def _main(argv: Sequence[str] | None, env: Environment) -> int:
     try:
-        result = app(args=list(argv) if argv is not None else None, prog_name="llamabatch",
-                     standalone_mode=False, obj=env)
+        args = with_bare_ray_flag(list(argv) if argv is not None else sys.argv[1:])
+        result = app(args=args, prog_name="llamabatch", standalone_mode=False, obj=env)
         return result if isinstance(result, int) else 0  # click returns an Exit's code here
     except typer.Exit as exc:
         if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into Exit(130)

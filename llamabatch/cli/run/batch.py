@@ -203,11 +203,17 @@ class Interrupts:
             signal.signal(signal.SIGINT, previous)
 
 
-def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: LineCounter | None) -> None:
-    """The main thread's loop: progress, failure notes, Ctrl-C, until every admitted line is handled."""
+def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: LineCounter | None,
+             cluster: Any = None) -> None:
+    """The main thread's loop: progress, failure notes, Ctrl-C, until every admitted line is handled.
+
+    `cluster` (run --ray: the RayPool) adds per-worker rates to progress and can stop the run
+    (`fatal_error`: every worker gone; the lines it could not answer get no record)."""
     acted_on = 0
     notes = 0
     while not run.finished:
+        if cluster is not None and cluster.fatal_error is not None and not run.stopping:
+            run.stop_admitting()
         if interrupts.count > acted_on:
             acted_on += 1
             if acted_on == 1:
@@ -220,10 +226,17 @@ def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter:
         if run.writer.error is not None and not run.cancelled:
             run.cancel_inflight()
         notes = _failure_notes(run, reporter, notes)
-        reporter.update(run.snapshot(counter))
+        reporter.update(_snapshot(run, counter, cluster))
         time.sleep(0.05)
     _failure_notes(run, reporter, notes)
-    reporter.update(run.snapshot(counter))
+    reporter.update(_snapshot(run, counter, cluster))
+
+
+def _snapshot(run: BatchRun, counter: LineCounter | None, cluster: Any) -> Snapshot:
+    snap = run.snapshot(counter)
+    if cluster is not None:
+        snap.extra = cluster.progress()
+    return snap
 
 
 def _failure_notes(run: BatchRun, reporter: Reporter, notes: int) -> int:

@@ -17,11 +17,12 @@ import typer
 from .formats import LineParser
 from ... import autoslots
 from .. import env as cli_env
-from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options
+from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
 from .files import LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back
+from .on_ray import import_ray_pool, open_pool
 from .writer import RecordWriter
 
 # Finished lines that may wait behind a slow one in --order input, per --max-inflight.
@@ -66,6 +67,20 @@ def run_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary on stderr."),
     progress_every: float = typer.Option(10.0, "--progress-every", min=0.0,
                                          help="Seconds between progress lines when stderr is not a terminal."),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="[ADDRESS]", show_default=False,
+                                      rich_help_panel="Ray",
+                                      help="Run on Ray, one engine per worker. Alone: start a local Ray "
+                                           "instance; auto, HOST:PORT or ray://HOST:PORT: join that cluster."),
+    ray_workers: Optional[int] = typer.Option(None, "--ray-workers", min=1, show_default=False,
+                                              rich_help_panel="Ray",
+                                              help="Engines \\[default: one per node that has the CPUs]."),
+    ray_cpus_per_worker: Optional[int] = typer.Option(None, "--ray-cpus-per-worker", min=1, show_default=False,
+                                                      rich_help_panel="Ray",
+                                                      help="CPUs per engine, also its llama.cpp threads "
+                                                           "\\[default: all CPUs of a node, shared by its engines]."),
+    ray_gpus_per_worker: Optional[float] = typer.Option(None, "--ray-gpus-per-worker", min=0.0,
+                                                        show_default=False, rich_help_panel="Ray",
+                                                        help="GPUs per engine (CUDA builds; with --n-gpu-layers)."),
     *,
     opts: SharedOptions,
 ) -> None:
@@ -83,6 +98,7 @@ def run_command(
     Crash-safe: each record is flushed when written. After an interruption or a crash, run
     the same command with --resume to finish the rest.
     """
+    ray_pool = import_ray_pool(ray) if ray is not None else None  # no Ray: exit 2 before anything
     resolved = resolve_options(opts)
     if resume and output in (None, "-"):
         raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
@@ -106,12 +122,18 @@ def run_command(
             sink.discard()
             raise fail(str(exc), EXIT_ERROR) from None
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
-        lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
-        engine = open_engine(resolved, max_slots=lines)  # auto never opens more slots than lines
+        if ray_pool is None:
+            lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
+            engine = open_engine(resolved, max_slots=lines)  # auto never opens more slots than lines
+            cluster = None
+        else:
+            engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
+                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say)
     except BaseException:
         sink.discard()
         raise
-    inflight = max_inflight or 4 * engine.config.n_parallel
+    # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
+    inflight = max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
     reporter = make_reporter(quiet, progress_every, env.stderr, live_ok=not sink.is_terminal,
                              stream_isatty=env.stderr_isatty)
     if resume:
@@ -121,7 +143,7 @@ def run_command(
         if not resume:
             sink.start_fresh()
         code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
-                    fail_on_error, input_path, output)
+                    fail_on_error, input_path, output, cluster)
     finally:
         engine.close()
         source.close()
@@ -129,10 +151,12 @@ def run_command(
 
 
 def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
-         answered, fail_on_error: bool, input_path: str, output: str | None) -> int:
+         answered, fail_on_error: bool, input_path: str, output: str | None, cluster=None) -> int:
+    """`engine` is an Engine, or with --ray the RayPool (`cluster` too), which takes lines the same way."""
     why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
-    reporter.note(f"llamabatch run: {engine.model_name}, {engine.config.n_parallel} slots x {engine.slot_ctx} "
-                  f"tokens{why}, {input_path} -> {output or 'stdout'}")
+    what = cluster.describe() if cluster else (f"{engine.model_name}, {engine.config.n_parallel} slots x "
+                                               f"{engine.slot_ctx} tokens{why}")
+    reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
     window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
     writer = RecordWriter(sink, engine.model_name, order, window)
     run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=answered)
@@ -141,12 +165,19 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     try:
         with interrupts.installed():
             run.start()
-            wait_for(run, reporter, interrupts, counter)
+            wait_for(run, reporter, interrupts, counter, cluster)
     finally:
         reporter.close()
         writer.close()
         sink.close()
     _summary(reporter, run, writer)
+    if cluster is not None:
+        for line in cluster.summary_lines():
+            reporter.note(line)
+        if cluster.fatal_error is not None:
+            reporter.say(f"llamabatch: error: {cluster.fatal_error}")
+            reporter.say(_resume_hint(writer.stats.written, input_path, output))
+            return EXIT_ERROR
     if writer.error is not None:
         reporter.say(f"llamabatch: error: {writer.error}")
         return EXIT_ERROR

@@ -25,6 +25,7 @@ class Snapshot:
     active: int  # slots prefilling or generating
     n_parallel: int
     eta_s: float | None
+    extra: str = ""  # run --ray: per-worker lines/s and tok/s
 
 
 def clock_duration(seconds: float | None) -> str:
@@ -39,7 +40,7 @@ def clock_duration(seconds: float | None) -> str:
 
 def _details(snap: Snapshot) -> str:
     return (f"{snap.tok_s:.1f} tok/s (last {RATE_WINDOW_S:g} s), {snap.active}/{snap.n_parallel} slots busy, {snap.failed} failed, "
-            f"ETA {clock_duration(snap.eta_s)}")
+            f"ETA {clock_duration(snap.eta_s)}" + (f" | {snap.extra}" if snap.extra else ""))
 
 
 class Reporter:

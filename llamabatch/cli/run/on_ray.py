@@ -1,0 +1,64 @@
+"""The --ray side of `llamabatch run`: reaching Ray and starting the engines on it.
+
+Everything else (reader, writer, --resume, progress, Ctrl-C) is run's own code: the pool
+from llamabatch/ray_pool.py stands where the Engine stands in a local run.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable
+
+from ..options import Resolved
+from .. import env as cli_env
+from ..common import EXIT_ERROR, EXIT_USAGE, fail
+
+INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'llamabatch[ray]'"
+LOCAL = "local"  # --ray without an ADDRESS: start a Ray instance on this machine
+
+# What --ray accepts as its optional ADDRESS; anything else after a bare --ray is the next argument.
+_ADDRESS = re.compile(r"^(auto|local|ray://\S+|\[[0-9a-fA-F:]+\]:\d+|[\w.-]+:\d+)$")
+
+
+def with_bare_ray_flag(argv: list[str]) -> list[str]:
+    """Typer has no options with an optional value, so a bare `--ray` is spelled `--ray=local`
+    here before parsing. `--ray ADDRESS` keeps its value only when it looks like an address
+    (auto, HOST:PORT, ray://HOST:PORT), so `run --ray prompts.jsonl` still means the file."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[i:]
+        if arg == "--ray" and (i + 1 == len(argv) or not _ADDRESS.match(argv[i + 1])):
+            out.append(f"--ray={LOCAL}")
+        else:
+            out.append(arg)
+    return out
+
+
+def import_ray_pool(address: str):
+    """The ray_pool module, or exit 2 with how to install Ray."""
+    if address == LOCAL:
+        # A Ray instance of our own serves this machine only: Ray then gives its node the
+        # loopback address instead of the machine's network one (read when ray is imported).
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        from ... import ray_pool
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "ray":
+            raise
+        raise fail(INSTALL_HINT, EXIT_USAGE) from None
+    return ray_pool
+
+
+def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, cpus: int | None,
+              gpus: float | None, note: Callable[[str], None]):
+    """Start the engines on Ray; anything that stops them is one line and exit 1, before any work."""
+    try:
+        return ray_pool.RayPool.start(resolved.engine, resolved.sampling,
+                                      address=None if address == LOCAL else address, workers=workers,
+                                      cpus_per_worker=cpus, gpus_per_worker=gpus or 0.0,
+                                      log_to_driver=cli_env.current().debug, note=note)
+    except ray_pool.RayStartError as exc:
+        if cli_env.current().debug:
+            raise
+        raise fail(str(exc), EXIT_ERROR) from None
