@@ -193,6 +193,8 @@ class RayPool:
         Raises RayStartError before any line runs: no cluster, no room, a node without the model.
         """
         owns = address is None
+        if not log_to_driver:  # Ray's own warnings (token auth, ...) are not ours to show; --debug shows them
+            logging.getLogger("ray").setLevel(logging.ERROR)
         try:
             if owns:
                 ray.init(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
