@@ -99,6 +99,9 @@ class WorkerTally:
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
 
+    def stop(self) -> None:
+        self.ended = time.monotonic()
+
     def elapsed(self) -> float:
         return max((self.ended or time.monotonic()) - self.started, 1e-6)
 

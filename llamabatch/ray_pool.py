@@ -3,48 +3,48 @@ exactly as it uses an Engine (submit with a callback, cancel, stats, close).
 
 This is the only module that imports ray, as runner.py is for llama_cpp. Import it lazily:
 without Ray installed the import fails and the CLI prints how to install the extra.
+What runs where is decided in ray_dispatch.py (pure); this module is the Ray side: starting
+or joining Ray, placing and starting the actors, the calls, and watching them finish.
 
 Why Ray core actors and our own dispatcher rather than Ray Data with an actor pool: run
 already has a streaming reader, a reorder-buffer writer, --resume and per-line errors. Ray
 Data would own the read and the write (its own datasource/datasink, its own ordering and
-retries), so run's one code path for records would become two. With actors the driver keeps
-all of that and only the engine moves: each actor owns a continuous-batching engine and gets
-single lines, a bounded number at a time (backpressure), so a slow line never holds a whole
-block hostage and a dead worker costs exactly its in-flight lines, which we know by id.
+retries), so run's one code path for records would become two. With actors only the engine
+moves: each actor owns a continuous-batching engine and gets single lines, a bounded number
+at a time, so a slow line never holds a block back and a dead worker costs exactly its
+in-flight lines, which the driver knows by id.
 
-Faults: an actor whose process dies is restarted in place by Ray (up to MAX_RESTARTS times);
-its in-flight lines go back to the front of the queue and run on whichever worker is free.
-A line that was in flight in several crashes is isolated and then answered with an error
-record (the poison rule). A lost node's workers are gone; when every worker is gone the pool
-stops with `fatal_error` set and the unanswered lines get no record, so --resume finishes them.
+Faults: an actor whose process dies is restarted in place by Ray (up to MAX_RESTARTS times)
+and its in-flight lines are retried under the shared poison-line rule. A worker that can't
+come back (its node is gone) is gone; when every worker is gone the pool sets `fatal_error`
+and the unanswered lines get no record, so --resume finishes them.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .config import EngineConfig
 from .engine import Engine, EngineStats
 from .errors import LlamaBatchError
 from .params import SamplingParams
-from .ray_plan import Node, Placement, WorkerTally, place_workers
-from .results import Result, Timings, Usage
+from .ray_dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
+from .ray_plan import Node, PlacementError, WorkerTally, place_workers
+from .results import Result
 
 log = logging.getLogger("llamabatch.ray")
 
 MAX_RESTARTS = 4  # per worker and run: a worker that keeps dying (bad node, poison lines) is given up
 RESTART_TIMEOUT_S = 300.0  # a worker not back by then (its node gone, no room) counts as gone
-POLL_S = 0.05  # how long the dispatcher waits for results before looking at new lines
+POLL_S = 0.05  # how long the watcher waits for results before looking again
 
 
 class RayStartError(LlamaBatchError):
@@ -68,7 +68,7 @@ class EngineWorker:
         self._lock = threading.Lock()
 
     def start(self) -> dict:
-        """Load the model; report where we are and what we loaded (or why not)."""
+        """Load the model; say where we are and what we loaded (or why not)."""
         info = {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
         if self._engine is None:
             try:
@@ -76,10 +76,9 @@ class EngineWorker:
             except LlamaBatchError as exc:
                 return {**info, "error": str(exc)}
         e = self._engine
-        return {**info, "model_name": e.model_name, "slot_ctx": e.slot_ctx, "n_parallel": e.config.n_parallel,
-                "threads": e.config.n_threads}
+        return {**info, "model_name": e.model_name, "slot_ctx": e.slot_ctx, "n_parallel": e.config.n_parallel}
 
-    def generate(self, key: int, prompt: Any, params: SamplingParams) -> Result:
+    def generate(self, key: int, prompt: Any, params: SamplingParams | None) -> Result:
         assert self._engine is not None, "generate before start"
         handle = self._engine.submit(prompt, params, stream=False)
         with self._lock:
@@ -102,25 +101,14 @@ class EngineWorker:
         if handle is not None:
             handle.cancel()
 
-    def pid(self) -> int:
-        return os.getpid()
-
 
 _RemoteWorker = ray.remote(EngineWorker)
 
 
 # -- the driver side ----------------------------------------------------------------------------
 
-def cancelled_result() -> Result:
-    return Result(-1, "", [], "cancelled", Usage(), Timings())
-
-
-def crashed_result(message: str) -> Result:
-    return Result(-1, "", [], "error", Usage(), Timings(), error=message, error_code="engine_crashed")
-
-
 class PoolHandle:
-    """What `RayPool.submit` returns: enough of a RequestHandle for run's batch loop."""
+    """What `RayPool.submit` returns: the part of a RequestHandle run's batch loop uses."""
 
     def __init__(self, pool: "RayPool", key: int):
         self._pool = pool
@@ -132,53 +120,22 @@ class PoolHandle:
             self._pool._cancel(self.request_id)
 
 
-@dataclass
-class _Line:
-    key: int
-    prompt: Any
-    params: SamplingParams
-    callback: Callable[[PoolHandle, Result], None] | None
-    handle: PoolHandle
-    crashes: int = 0  # workers that died while this line was in flight on them
-    alone: bool = False  # run with nothing else on its worker (a crash suspect)
-    worker: "_Worker | None" = None
-    ref: Any = None
-    cancel_asked: bool = False
-
-
-class _Worker:
-    def __init__(self, index: int, placement: Placement, actor: Any, cap: int):
-        self.placement = placement
-        self.actor = actor
-        self.cap = cap  # most lines in flight on it: its slots plus as many queued in its engine
-        self.state = "starting"  # starting -> ready -> restarting -> ready ... | gone
-        self.start_ref: Any = None
-        self.down_since = 0.0
-        self.inflight: dict[int, _Line] = {}
-        self.running_alone = False
-        self.n_parallel = 0
-        self.tally = WorkerTally(f"w{index}", placement.node.address, 0, placement.cpus)
-
-
 class RayPool:
     """Engines on Ray workers behind one submit(). Build it with `RayPool.start(...)`."""
 
-    def __init__(self, workers: list[_Worker], model_name: str, slot_ctx: int, owns_ray: bool, address: str):
+    def __init__(self, workers: list[WorkerState], model_name: str, slot_ctx: int, owns_ray: bool, address: str):
         self.model_name = model_name
         self.slot_ctx = slot_ctx
         self.address = address  # "local" or what --ray was given
-        self.fatal_error: str | None = None
         self._owns_ray = owns_ray
         self._workers = workers
         self._lock = threading.Lock()
-        self._pending: collections.deque[_Line] = collections.deque()
-        self._by_ref: dict[Any, _Line] = {}
+        self._by_ref: dict[Any, Line] = {}
+        self._dispatcher = Dispatcher(workers, self._send, self._cancel_remote)
         self._next_key = 0
-        self._retries = 0
-        self._isolated: list[int] = []
         self._submitted = self._finished = self._generated = 0
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._dispatch_loop, name="llamabatch-ray", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="llamabatch-ray", daemon=True)
         self._thread.start()
 
     # -- starting -------------------------------------------------------------------------------
@@ -203,8 +160,8 @@ class RayPool:
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError ... by case
             hint = ""
             if not owns and not os.environ.get("RAY_AUTH_MODE"):
-                hint = (" (a cluster started with token authentication, Ray's default, also needs "
-                        "RAY_AUTH_MODE=token here and its token in ~/.ray/auth_token)")
+                hint = (" (a cluster with token authentication also needs RAY_AUTH_MODE=token here and "
+                        "its token in ~/.ray/auth_token)")
             raise RayStartError(f"cannot {'start Ray' if owns else f'join the Ray cluster at {address}'}: "
                                 f"{_first_line(exc)}{hint}") from None
         _raylet_messages_to_log()
@@ -219,8 +176,6 @@ class RayPool:
     def _start_workers(cls, config: EngineConfig, default_params: SamplingParams, owns: bool, address: str,
                        workers: int | None, cpus: int | None, gpus: float, inflight: int | None,
                        note: Callable[[str], None]) -> "RayPool":
-        from .ray_plan import PlacementError
-
         nodes = [Node(n["NodeID"], n["NodeManagerAddress"], int(n["Resources"].get("CPU", 0)),
                       float(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n.get("Alive")]
         try:
@@ -230,53 +185,46 @@ class RayPool:
         cap = inflight or 2 * config.n_parallel
         if config.model is not None:  # the same absolute path on every node, not the driver's cwd
             config = config.replace(model=os.path.abspath(os.path.expanduser(config.model)))
-        pool_workers = []
+        states = []
         for i, p in enumerate(placements, start=1):
             actor = _RemoteWorker.options(
-                num_cpus=p.cpus, num_gpus=p.gpus or None, max_restarts=MAX_RESTARTS, max_task_retries=0,
+                num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=MAX_RESTARTS, max_task_retries=0,
                 max_concurrency=cap + 4,  # room for cancel calls beside `cap` generate calls
                 scheduling_strategy=NodeAffinitySchedulingStrategy(p.node.node_id, soft=False),
             ).remote(config.replace(threads=p.cpus), default_params)
-            w = _Worker(i, p, actor, cap)
-            w.start_ref = actor.start.remote()
-            pool_workers.append(w)
+            w = WorkerState(WorkerTally(f"w{i}", p.node.address, 0, p.cpus), cap, config.n_parallel,
+                            actor=actor, start_ref=actor.start.remote())
+            states.append(w)
         note(f"llamabatch run: Ray {'local instance' if owns else address}: {len(nodes)} node(s); starting "
              f"{len(placements)} engine(s) and loading the model on each")
-        infos = _wait_all([w.start_ref for w in pool_workers], note)
+        infos = _wait_all([w.start_ref for w in states], note)
         problems = []
-        for w, info in zip(pool_workers, infos):
+        for w, p, info in zip(states, placements, infos):
+            w.start_ref = None
             if isinstance(info, BaseException):
-                problems.append(f"node {w.placement.node.address}: worker {w.tally.name} did not start: "
-                                f"{_first_line(info)}")
+                problems.append(f"node {p.node.address}: worker {w.tally.name} did not start: {_first_line(info)}")
             elif "error" in info:
                 problems.append(f"node {info['node']} ({info['host']}): {info['error']}")
             else:
-                w.state, w.n_parallel, w.start_ref = "ready", info["n_parallel"], None
-                w.tally.pid = info["pid"]
+                w.n_parallel, w.tally.pid = info["n_parallel"], info["pid"]
         if problems:
-            raise RayStartError(problems[0] + (f" (and {len(problems) - 1} more worker(s))" if len(problems) > 1
-                                               else ""))
-        first = infos[0]
-        pool = cls(pool_workers, first["model_name"], first["slot_ctx"], owns, address)
-        for w in pool_workers:
-            note(f"llamabatch run: {w.tally.name}: node {w.placement.node.address}, pid {w.tally.pid}, "
-                 f"{w.placement.cpus} CPU(s) = threads" + (f", {w.placement.gpus:g} GPU(s)" if w.placement.gpus
-                                                           else "") + f", {w.n_parallel} slots")
-        return pool
+            more = f" (and {len(problems) - 1} more worker(s))" if len(problems) > 1 else ""
+            raise RayStartError(problems[0] + more)
+        for w, p in zip(states, placements):
+            w.tally.started = time.monotonic()
+            note(f"llamabatch run: {w.tally.name}: node {p.node.address}, pid {w.tally.pid}, {p.cpus} CPU(s) = "
+                 f"threads" + (f", {p.gpus:g} GPU(s)" if p.gpus else "") + f", {w.n_parallel} slots")
+        return cls(states, infos[0]["model_name"], infos[0]["slot_ctx"], owns, address)
 
     # -- what run's batch loop calls --------------------------------------------------------------
 
     @property
-    def n_parallel(self) -> int:
-        return sum(w.n_parallel for w in self._workers)
-
-    @property
-    def workers(self) -> int:
-        return len(self._workers)
+    def fatal_error(self) -> str | None:
+        return self._dispatcher.fatal_error
 
     @property
     def inflight_cap(self) -> int:
-        """Lines the pool can take at once without queueing on the driver."""
+        """Lines the workers hold at once: run's --max-inflight default."""
         return sum(w.cap for w in self._workers)
 
     def submit(self, prompt: Any, params: SamplingParams | None = None, *, stream: bool = False,
@@ -284,21 +232,19 @@ class RayPool:
         with self._lock:
             key = self._next_key
             self._next_key += 1
-            line = _Line(key, prompt, params, callback, PoolHandle(self, key))
             self._submitted += 1
-            if self.fatal_error is None and not self._closed.is_set():
-                self._pending.append(line)
-                self._dispatch()
-                return line.handle
-        self._deliver(line, cancelled_result())  # no worker left: no record, --resume runs it
+            line = Line(key, prompt, params, callback, PoolHandle(self, key))
+            outcomes = self._dispatcher.submit(line)
+        self._deliver(outcomes)
         return line.handle
 
     def stats(self) -> EngineStats:
         with self._lock:
-            busy = sum(min(len(w.inflight), w.n_parallel) for w in self._workers if w.state == "ready")
-            n = self.n_parallel
+            live = [w for w in self._workers if w.state == READY]
+            busy = sum(min(len(w.inflight), w.n_parallel) for w in live)
+            n = sum(w.n_parallel for w in self._workers)
             return EngineStats(slots_idle=n - busy, slots_prefilling=0, slots_generating=busy,
-                               queue_depth=len(self._pending), n_parallel=n, slot_ctx=self.slot_ctx,
+                               queue_depth=self._dispatcher.waiting, n_parallel=n, slot_ctx=self.slot_ctx,
                                submitted=self._submitted, finished=self._finished, cancelled=0, failed=0,
                                timed_out=0, prompt_tokens=0, cached_tokens=0, generated_tokens=self._generated,
                                ticks=0, uptime_s=0.0)
@@ -310,17 +256,17 @@ class RayPool:
 
     def summary_lines(self) -> list[str]:
         with self._lock:
+            d = self._dispatcher
             lines = [w.tally.summary() for w in self._workers]
             restarts = sum(w.tally.restarts for w in self._workers)
-            lines.append(f"llamabatch run: Ray: {restarts} worker restart(s), {self._retries} line(s) retried"
-                         + (f", isolated and failed: {self._isolated}" if self._isolated else ""))
+            lines.append(f"llamabatch run: Ray: {restarts} worker restart(s), {d.retries} line(s) retried"
+                         + (f", {len(d.isolated)} line(s) failed as poison (engine_crashed)" if d.isolated else ""))
         return lines
 
     def describe(self) -> str:
-        where = "local Ray instance" if self._owns_ray else f"Ray cluster {self.address}"
-        per = self._workers[0].n_parallel
-        return (f"{self.model_name}, {len(self._workers)} engine(s) x {per} slots x {self.slot_ctx} tokens "
-                f"on a {where}")
+        where = "a local Ray instance" if self._owns_ray else f"Ray cluster {self.address}"
+        return (f"{self.model_name}, {len(self._workers)} engine(s) x {self._workers[0].n_parallel} slots x "
+                f"{self.slot_ctx} tokens on {where}")
 
     def close(self) -> None:
         self._closed.set()
@@ -332,215 +278,109 @@ class RayPool:
                 pass
         ray.shutdown()  # a local instance we started goes away with it; a cluster is only left
 
-    # -- dispatching (under self._lock) -------------------------------------------------------------
+    # -- Ray calls (the dispatcher calls these under self._lock) -------------------------------------
 
-    def _dispatch(self) -> None:
-        """Hand queued lines to workers with room, least loaded first. A crash suspect waits for
-        a worker of its own; the others keep flowing to the rest."""
-        while self._pending:
-            ready = [w for w in self._workers if w.state == "ready" and not w.running_alone]
-            if not ready:
-                return
-            line = self._pending[0]
-            if line.alone:
-                idle = [w for w in ready if not w.inflight]
-                if not idle:
-                    # let the least busy worker drain; others keep taking ordinary lines
-                    drain = min(ready, key=lambda w: len(w.inflight))
-                    others = [l for l in self._pending if not l.alone]
-                    rest = [w for w in ready if w is not drain and len(w.inflight) < w.cap]
-                    while others and rest:
-                        target = min(rest, key=lambda w: len(w.inflight))
-                        self._pending.remove(others[0])
-                        self._send(others.pop(0), target)
-                        rest = [w for w in rest if len(w.inflight) < w.cap]
-                    return
-                self._pending.popleft()
-                self._send(line, idle[0], alone=True)
-                continue
-            room = [w for w in ready if len(w.inflight) < w.cap]
-            if not room:
-                return
-            self._pending.popleft()
-            self._send(line, min(room, key=lambda w: len(w.inflight)))
-
-    def _send(self, line: _Line, worker: _Worker, alone: bool = False) -> None:
-        line.worker = worker
+    def _send(self, line: Line, worker: WorkerState) -> None:
         line.ref = worker.actor.generate.remote(line.key, line.prompt, line.params)
-        worker.inflight[line.key] = line
-        worker.running_alone = alone
-        worker.tally.inflight = len(worker.inflight)
-        if line.crashes:
-            worker.tally.retried_here += 1
         self._by_ref[line.ref] = line
-        if line.cancel_asked:
-            worker.actor.cancel.remote(line.key)
+
+    def _cancel_remote(self, line: Line) -> None:
+        if line.worker is not None:
+            line.worker.actor.cancel.remote(line.key)
 
     def _cancel(self, key: int) -> None:
         with self._lock:
-            line = next((l for l in self._pending if l.key == key), None)
-            if line is not None:
-                self._pending.remove(line)
-            else:
-                for w in self._workers:
-                    if key in w.inflight:
-                        w.inflight[key].cancel_asked = True
-                        w.actor.cancel.remote(key)
-                        return
-                return
-        self._deliver(line, cancelled_result())
+            outcomes = self._dispatcher.cancel(key)
+        self._deliver(outcomes)
 
-    # -- the dispatcher thread ----------------------------------------------------------------------
+    # -- the watcher thread: results, deaths, restarts -----------------------------------------------
 
-    def _dispatch_loop(self) -> None:
+    def _watch(self) -> None:
         while not self._closed.is_set():
             with self._lock:
-                late = self._give_up_late_restarts()
+                outcomes = self._restarts()
                 refs = list(self._by_ref) + [w.start_ref for w in self._workers if w.start_ref is not None]
-            for line, result in late:
-                self._deliver(line, result)
+            self._deliver(outcomes)
             if not refs:
                 time.sleep(POLL_S)
                 continue
             try:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_S)
-                if ready:
-                    rest = [r for r in refs if r not in ready]
-                    if rest:
-                        more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
-                        ready += more
-            except Exception:  # Ray shutting down under us (close): leave quietly
-                if self._closed.is_set():
+                ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_S)
+                if ready and rest:
+                    more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                    ready += more
+            except Exception:
+                if self._closed.is_set():  # Ray shutting down under us
                     return
                 log.exception("ray.wait failed")
                 time.sleep(POLL_S)
                 continue
-            deliveries: list[tuple[_Line, Result]] = []
             for ref in ready:
-                deliveries += self._collect(ref)
-            for line, result in deliveries:
-                self._deliver(line, result)
+                self._deliver(self._collect(ref))
 
-    def _collect(self, ref: Any) -> list[tuple[_Line, Result]]:
-        """One finished call: a line's result, a worker's death, or a restarted worker back."""
+    def _collect(self, ref: Any) -> Outcomes:
+        """One finished call: a line's answer, a worker's death, or a restarted worker back."""
+        error: BaseException | None = None
+        value: Any = None
         try:
             value = ray.get(ref, timeout=0)
-            error: BaseException | None = None
-        except RayActorError as exc:
-            value, error = None, exc
-        except RayTaskError as exc:  # a bug in the worker for this line: its record says so
-            value, error = None, exc
+        except (RayActorError, RayTaskError) as exc:
+            error = exc
         except GetTimeoutError:
             return []
         with self._lock:
+            d = self._dispatcher
             worker = next((w for w in self._workers if w.start_ref is not None and w.start_ref == ref), None)
-            if worker is not None:
-                return self._restarted(worker, value, error)
+            if worker is not None:  # `start` after a death: back, or not coming back
+                worker.start_ref = None
+                if error is None and "error" not in value:
+                    return d.back(worker, value["pid"])
+                if isinstance(error, ActorUnavailableError):  # still restarting: ask again shortly
+                    worker.ask_again_at = time.monotonic() + 0.5
+                    return []
+                return d.gone(worker, _first_line(error) if error is not None else value["error"])
             line = self._by_ref.pop(ref, None)
             if line is None or line.worker is None:
                 return []  # a call of a worker already counted as dead
             worker = line.worker
             if isinstance(error, RayActorError):
-                return self._died(worker, error)
-            del worker.inflight[line.key]
-            worker.running_alone = False
-            worker.tally.inflight = len(worker.inflight)
-            if error is not None:
-                result = crashed_result(f"the Ray worker failed on this line: {_first_line(error)}")
-            else:
-                result = value
-                worker.tally.lines += 1
-                worker.tally.generated += result.usage.completion_tokens
-                self._generated += result.usage.completion_tokens
+                for lost in worker.inflight.values():
+                    self._by_ref.pop(lost.ref, None)
+                outcomes = d.died(worker, _first_line(error))
+                # Ray restarts the actor in place; `start` answers once it is back, or raises
+                # if it can't come back (its node is gone, or its restarts are used up).
+                worker.down_since = worker.ask_again_at = time.monotonic()
+                log.info("worker %s died: %s", worker.tally.name, worker.tally.death)
+                return outcomes
+            result = value if error is None else crashed_result(
+                f"the Ray worker failed on this line: {_first_line(error)}")
             self._finished += 1
-            self._dispatch()
-            return [(line, result)]
+            self._generated += result.usage.completion_tokens
+            return d.answered(line, result)
 
-    def _died(self, worker: _Worker, error: BaseException) -> list[tuple[_Line, Result]]:
-        """A worker's process or node is gone: retry its lines elsewhere, fail the poison ones."""
-        lost = list(worker.inflight.values())
-        worker.inflight.clear()
-        worker.running_alone = False
-        worker.tally.inflight = 0
-        worker.tally.died_with += len(lost)
-        worker.tally.death = _first_line(error)
-        worker.tally.restarts += 1
-        for line in lost:
-            self._by_ref.pop(line.ref, None)
-        out: list[tuple[_Line, Result]] = []
-        retry: list[_Line] = []
-        for line in sorted(lost, key=lambda l: l.key):
-            line.worker = None
-            if line.cancel_asked:  # Ctrl-C twice: no answer, --resume runs it
-                out.append((line, cancelled_result()))
-                continue
-            line.crashes += 1
-            verdict = self._poison_verdict(line)
-            if verdict == "fail":
-                self._isolated.append(line.key)
-                self._finished += 1
-                out.append((line, crashed_result(
-                    f"a Ray worker died each of the {line.crashes} times this line ran "
-                    f"(last: node {worker.placement.node.address}: {worker.tally.death})")))
-            else:
-                line.alone = verdict == "alone"
-                retry.append(line)
-        self._retries += len(retry)
-        self._pending.extendleft(reversed(retry))  # retried lines first, in their order
-        # Ray restarts the actor in place (max_restarts); `start` answers once it is back, or
-        # raises if it can't come back (its node is gone, or its restarts are used up).
-        worker.state = "restarting"
-        worker.down_since = time.monotonic()
-        worker.start_ref = worker.actor.start.remote()
-        log.info("worker %s died (%s); %d line(s) retried", worker.tally.name, worker.tally.death, len(retry))
-        self._dispatch()
-        return out + self._check_all_gone()
-
-    def _poison_verdict(self, line: _Line) -> str:
-        # TODO(issue 18): the shared poison-line rule replaces this.
-        if line.crashes >= 3:
-            return "fail"
-        return "alone" if line.crashes >= 2 else "retry"
-
-    def _restarted(self, worker: _Worker, info: Any, error: BaseException | None) -> list[tuple[_Line, Result]]:
-        worker.start_ref = None
-        if error is None and "error" not in info:
-            worker.state = "ready"
-            worker.tally.pid = info["pid"]
-            self._dispatch()
-            return []
-        worker.state = "gone"
-        worker.tally.alive = False
-        worker.tally.ended = time.monotonic()
-        worker.tally.death = _first_line(error) if error is not None else info["error"]
-        return self._check_all_gone()
-
-    def _give_up_late_restarts(self) -> list[tuple[_Line, Result]]:
+    def _restarts(self) -> Outcomes:
+        """Ask restarting workers whether they are back; give up on those that take too long."""
         now = time.monotonic()
-        out: list[tuple[_Line, Result]] = []
+        out: Outcomes = []
         for w in self._workers:
-            if w.state == "restarting" and now - w.down_since > RESTART_TIMEOUT_S:
-                out += self._restarted(w, None, TimeoutError(f"not back {RESTART_TIMEOUT_S:.0f}s after it died"))
+            if w.state != RESTARTING:
+                continue
+            if now - w.down_since > RESTART_TIMEOUT_S:
+                w.start_ref = None
+                out += self._dispatcher.gone(w, f"not back {RESTART_TIMEOUT_S:.0f}s after it died")
+            elif w.start_ref is None and now >= w.ask_again_at:
+                w.start_ref = w.actor.start.remote()
         return out
 
-    def _check_all_gone(self) -> list[tuple[_Line, Result]]:
-        if any(w.state != "gone" for w in self._workers) or self.fatal_error is not None:
-            return []
-        last = self._workers[-1].tally
-        self.fatal_error = (f"every Ray worker is gone ({len(self._workers)} of {len(self._workers)}; "
-                            f"last: {last.name} on {last.node}: {last.death})")
-        out = [(line, cancelled_result()) for line in self._pending]
-        self._pending.clear()
-        return out
-
-    def _deliver(self, line: _Line, result: Result) -> None:
+    def _deliver(self, outcomes: Outcomes) -> None:
         # Never under self._lock: the callback takes run's own lock (see BatchRun._admit).
-        line.handle.done = True
-        if line.callback is not None:
-            try:
-                line.callback(line.handle, result)
-            except Exception:
-                log.exception("callback for line %s failed", line.key)
+        for line, result in outcomes:
+            line.handle.done = True
+            if line.callback is not None:
+                try:
+                    line.callback(line.handle, result)
+                except Exception:
+                    log.exception("callback for line %s failed", line.key)
 
 
 def _raylet_messages_to_log() -> None:
