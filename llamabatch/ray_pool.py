@@ -346,7 +346,7 @@ class RayPool:
             if isinstance(error, RayActorError):
                 for lost in worker.inflight.values():
                     self._by_ref.pop(lost.ref, None)
-                outcomes = d.died(worker, _first_line(error))
+                outcomes = d.died(worker, _death(error))
                 # Ray restarts the actor in place; `start` answers once it is back, or raises
                 # if it can't come back (its node is gone, or its restarts are used up).
                 worker.down_since = worker.ask_again_at = time.monotonic()
@@ -422,6 +422,13 @@ def _wait_all(refs: list, note: Callable[[str], None]) -> list:
             last_note = time.monotonic()
             note(f"llamabatch run: waiting for {len(waiting)} engine(s) to start (placing and loading the model)")
     return [results[i] for i in range(len(refs))]
+
+
+def _death(exc: BaseException) -> str:
+    """Why a worker's call failed, short: Ray's own text is a paragraph with ids."""
+    if isinstance(exc, ActorUnavailableError):
+        return "its process died or can't be reached (ActorUnavailableError)"
+    return _first_line(exc)[:200]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -126,7 +126,8 @@ def start_cli(env: dict, stderr_file: Path, *args: str) -> subprocess.Popen:
 
 
 def lines_file(path: Path, n: int, max_tokens: int) -> Path:
-    """n lines of every shape: plain prompts, chat messages, OpenAI Batch requests, text."""
+    """n lines of every shape: plain prompts, chat messages, OpenAI Batch requests, text (text
+    lines take --max-tokens: give it too)."""
     rows = []
     for i in range(n):
         topic = ["the sea", "a city", "bread", "winter", "a clock"][i % 5]
@@ -209,7 +210,7 @@ def test_a_killed_worker_loses_no_line(cluster, ray_env, tmp_path):
     inp = lines_file(tmp_path / "in.jsonl", 40, 12)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
     proc = start_cli(env, err, str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS,
-                     "--order", "completion")
+                     "--max-tokens", "12", "--order", "completion")
     try:
         wait_records(out, 4, proc)
         pid = int(re.search(r"w1: node \S+, pid (\d+)", err.read_text()).group(1))
@@ -266,7 +267,7 @@ def test_resume_after_kill_9_of_the_driver(cluster, ray_env, tmp_path):
     env, _ = ray_env
     inp = lines_file(tmp_path / "in.jsonl", 40, 8)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
-    args = [str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS]
+    args = [str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS, "--max-tokens", "8"]
     proc = start_cli(env, err, *args)
     try:
         wait_records(out, 6, proc)
