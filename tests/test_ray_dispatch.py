@@ -1,8 +1,8 @@
 """run --ray's dispatcher without Ray: which worker gets which line, crashes, poison, cancel."""
 from __future__ import annotations
 
-from llamabatch.ray_dispatch import GONE, Dispatcher, Line, WorkerState
-from llamabatch.ray_plan import WorkerTally
+from llamabatch.cluster.dispatch import GONE, Dispatcher, Line, WorkerState
+from llamabatch.cluster.plan import WorkerTally
 from llamabatch.results import Result, Timings, Usage
 
 

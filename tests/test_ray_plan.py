@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from llamabatch.cli.run.on_ray import with_bare_ray_flag
-from llamabatch.ray_plan import Node, PlacementError, WorkerTally, place_workers
+from llamabatch.cluster.plan import Node, PlacementError, WorkerTally, place_workers
 
 A, B = Node("a", "10.0.0.1", 8), Node("b", "10.0.0.2", 4)
 

@@ -42,7 +42,7 @@ def import_ray_pool(address: str):
         # loopback address instead of the machine's network one (read when ray is imported).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
-        from ... import ray_pool
+        from ...cluster import pool as ray_pool
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "ray":
             raise

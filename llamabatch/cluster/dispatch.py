@@ -1,6 +1,6 @@
 """Which worker runs which line, for `run --ray`'s driver: pure bookkeeping, no ray import.
 
-The pool (ray_pool.py) reports what happened — a line submitted, answered or cancelled, a
+The pool (pool.py) reports what happened — a line submitted, answered or cancelled, a
 worker dead, back after a restart, or gone — and the Dispatcher decides what runs where,
 calling `send(line, worker)` for each line it hands out. Each method returns the lines that
 now have their outcome, as (line, Result) pairs for run's batch loop. The pool calls it
@@ -18,9 +18,9 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .poison import PoisonRule
-from .ray_plan import WorkerTally
-from .results import Result, Timings, Usage
+from ..poison import PoisonRule
+from .plan import WorkerTally
+from ..results import Result, Timings, Usage
 
 READY, RESTARTING, GONE = "ready", "restarting", "gone"
 

@@ -3,7 +3,7 @@ exactly as it uses an Engine (submit with a callback, cancel, stats, close).
 
 This is the only module that imports ray, as runner.py is for llama_cpp. Import it lazily:
 without Ray installed the import fails and the CLI prints how to install the extra.
-What runs where is decided in ray_dispatch.py (pure); this module is the Ray side: starting
+What runs where is decided in dispatch.py (pure); this module is the Ray side: starting
 or joining Ray, placing and starting the actors, the calls, and watching them finish.
 
 Why Ray core actors and our own dispatcher rather than Ray Data with an actor pool: run
@@ -32,13 +32,13 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .config import EngineConfig
-from .engine import Engine, EngineStats
-from .errors import LlamaBatchError
-from .params import SamplingParams
-from .ray_dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
-from .ray_plan import Node, PlacementError, WorkerTally, place_workers
-from .results import Result
+from ..config import EngineConfig
+from ..engine import Engine, EngineStats
+from ..errors import LlamaBatchError
+from ..params import SamplingParams
+from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
+from .plan import Node, PlacementError, WorkerTally, place_workers
+from ..results import Result
 
 log = logging.getLogger("llamabatch.ray")
 
