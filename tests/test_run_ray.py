@@ -290,7 +290,7 @@ def test_without_ray_installed_run_ray_exits_2_with_the_install_hint(tmp_path):
     inp = tmp_path / "in.txt"
     inp.write_text("hello\n")
     code = ("import sys; sys.modules['ray'] = None; sys.argv = ['llamabatch', 'run', sys.argv[1], '--ray']; "
-            "from llamabatch.cli.app import main; main()")
+            "from llamabatch.cli.app import main; sys.exit(main())")
     res = subprocess.run([sys.executable, "-c", code, str(inp)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
