@@ -1,5 +1,8 @@
-"""Placing `run --ray` engines on nodes, what a worker reports, and the bare --ray flag: no Ray needed."""
+"""Placing `run --ray` engines on nodes, what a worker reports, the bare --ray flag, and --ray without Ray installed: no cluster, no model."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -64,3 +67,15 @@ def test_worker_tally_lines():
 ])
 def test_bare_ray_flag_means_a_local_instance(argv, expected):
     assert with_bare_ray_flag(argv) == expected
+
+
+def test_without_ray_installed_run_ray_exits_2_with_the_install_hint(tmp_path):
+    inp = tmp_path / "in.txt"
+    inp.write_text("hello\n")
+    code = ("import sys; sys.modules['ray'] = None; sys.argv = ['llamabatch', 'run', sys.argv[1], '--ray']; "
+            "from llamabatch.cli.app import main; sys.exit(main())")
+    res = subprocess.run([sys.executable, "-c", code, str(inp)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "llamabatch: error: --ray needs Ray, which is not installed: pip install 'llamabatch[ray]'"]
+    assert res.stdout == ""

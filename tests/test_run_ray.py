@@ -284,15 +284,3 @@ def test_resume_after_kill_9_of_the_driver(cluster, ray_env, tmp_path):
     ids = [rid(r) for r in got]
     assert len(got) == 40 and len(set(ids)) == 40, resumed.stderr
     assert re.search(rf"resuming: {first} record\(s\) already", resumed.stderr), resumed.stderr
-
-
-def test_without_ray_installed_run_ray_exits_2_with_the_install_hint(tmp_path):
-    inp = tmp_path / "in.txt"
-    inp.write_text("hello\n")
-    code = ("import sys; sys.modules['ray'] = None; sys.argv = ['llamabatch', 'run', sys.argv[1], '--ray']; "
-            "from llamabatch.cli.app import main; sys.exit(main())")
-    res = subprocess.run([sys.executable, "-c", code, str(inp)], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [
-        "llamabatch: error: --ray needs Ray, which is not installed: pip install 'llamabatch[ray]'"]
-    assert res.stdout == ""
