@@ -1,4 +1,5 @@
-"""Placing `run --ray` engines on nodes, what a worker reports, the bare --ray flag, and --ray without Ray installed: no cluster, no model."""
+"""Placing `run --ray` engines on nodes, what a worker reports, the bare --ray flag, and --ray
+without Ray installed: no cluster, no model."""
 from __future__ import annotations
 
 import subprocess
