@@ -53,6 +53,9 @@ def import_ray_pool(address: str):
 def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, cpus: int | None,
               gpus: float | None, note: Callable[[str], None]):
     """Start the engines on Ray; anything that stops them is one line and exit 1, before any work."""
+    if resolved.engine.n_parallel == "auto":  # auto measures one machine; workers differ
+        raise fail("--n-parallel auto is not supported with --ray yet: give each engine's slots as a number",
+                   EXIT_USAGE)
     if resolved.sources.get("threads", "default") != "default":
         note("llamabatch run: --threads is not used with --ray: each engine runs --ray-cpus-per-worker threads")
     try:
