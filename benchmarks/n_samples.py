@@ -6,8 +6,9 @@ One engine, one process: P prompts of about 300 tokens, K samples of M tokens ea
   A: P requests with n=K      (one prefill per prompt, KV forked into K-1 more slots)
   B: P*K separate requests    (the same seeds: B's request i of a prompt = A's sample i)
 
-The prefix cache is off, so B evaluates every prompt K times and A once; with it on, B would
-get part of that back wherever a copy lands in a slot a finished copy left behind. Every
+Prefix sharing across slots is off (share_prefix_min=0) so B evaluates every prompt K times and
+A once; the prefix cache stays on (n needs its full-size SWA cache to fork), so B gets part of
+that back wherever a copy lands in a slot a finished copy of its prompt left behind. Every
 request generates exactly M tokens (ignore_eos). Prints per round: wall seconds, prompt
 tokens evaluated, the llama_decode time of ticks that evaluated prompt tokens, generated
 tok/s; per pair the ratios A/B. It measures and prints; it never asserts on time.
@@ -70,13 +71,13 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     args = ap.parse_args()
     config = EngineConfig(model=resolve_model(args.model), n_parallel=args.slots, n_ctx=512 * args.slots,
-                          threads=args.threads, cache_prompt=False)
+                          threads=args.threads, share_prefix_min=0)
     params = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True, seed=42)
     with Engine(config) as engine:
         prompts = [make_prompt(i, engine) for i in range(args.prompts)]
         sizes = [len(engine.tokenize(p)) for p in prompts]
         print(f"{args.prompts} prompts of {min(sizes)}-{max(sizes)} tokens, n={args.n}, {args.tokens} tokens each, "
-              f"{args.slots} slots, {args.threads} threads, prefix cache off; rounds alternate A (n={args.n}) "
+              f"{args.slots} slots, {args.threads} threads, prefix sharing off; rounds alternate A (n={args.n}) "
               f"and B ({args.prompts * args.n} separate requests)")
         engine.generate(["warm up"], params.replace(max_tokens=4))  # untimed
         pairs = []

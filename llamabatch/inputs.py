@@ -128,6 +128,11 @@ class InputPreparer:
                                  "the samples of one prompt generate side by side, one slot each")
         if params.n == 1:
             return Sequence(request_id, tokens, params, seed, self.runner.build_sampler(params, seed))
+        if not getattr(self.runner, "can_fork", False):
+            # the samples get the prompt by a KV fork (plan.Fork), which needs the full-size SWA
+            # cache (kept only while cache_prompt is on) and a model whose memory can be trimmed
+            raise InvalidRequest(f"n={params.n} needs a KV fork of the prompt, which this engine cannot do "
+                                 "(cache_prompt is off, or the model's memory is recurrent/hybrid)")
         # n samples, seeds seed, seed+1, ...: sample i is what a single request with seed+i gives
         seqs: list[Sequence] = []
         try:

@@ -129,3 +129,12 @@ def test_logprobs_for_every_sample():
     with make_engine(runner) as engine:
         r = engine.submit("x", GREEDY.replace(n=2, seed=5, logprobs=1)).result(WAIT)
     assert [[lp["id"] for lp in s.logprobs] for s in r.samples] == [text_tokens("ab"), text_tokens("cd")]
+
+
+def test_n_without_a_runner_that_can_fork_is_one_clear_error_not_a_crash():
+    runner = FakeRunner(n_slots=4, slot_ctx=200, can_fork=False)
+    with make_engine(runner, cache_prompt=False) as engine:
+        r = engine.submit("x", GREEDY.replace(n=2)).result(WAIT)
+        ok = engine.submit("y").result(WAIT)  # the engine goes on serving
+    assert r.finish_reason == "error" and r.error_code == "invalid_request" and "needs a KV fork" in r.error
+    assert ok.text == "y!"
