@@ -37,6 +37,9 @@ class Outcome:
 def fake_factory(make_runner: Callable[..., FakeRunner], engines: list[Engine]):
     """An Environment.engine_factory that builds the engine over `make_runner(config)`."""
     def build(config, params):
+        # The CLI resolved --model (the bundled file) and named it; the fake runner stands in
+        # for that model, so records name the fake, as they would name whatever really loaded.
+        config = config.replace(model_name=None)
         runner = make_runner(config)
         if runner.n_batch is None:
             runner.n_batch = config.n_batch
