@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import InvalidRequest
+from .grammar_guard import nul_only_position
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 
@@ -82,6 +83,9 @@ class SamplingParams:
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "an integer >= 1", self.n)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
         _check(not (self.grammar and self.json_schema), "grammar", "either grammar or json_schema, not both", "both")
+        if isinstance(self.grammar, str) and (nul := nul_only_position(self.grammar)) is not None:
+            # llama.cpp would throw while sampling and abort the process: refuse it here
+            raise InvalidRequest(f"grammar: {nul} matches only a NUL character, which no token can produce")
         for tok, bias in self.logit_bias.items():
             _check(isinstance(tok, int) and tok >= 0, "logit_bias", "a map of token id -> bias", tok)
             _check(isinstance(bias, (int, float)) and not isinstance(bias, bool), "logit_bias", "a map of token id -> number", bias)

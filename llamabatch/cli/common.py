@@ -67,7 +67,7 @@ def resolve_options(opts: SharedOptions) -> Resolved:
     return resolve_model_layer(resolve_layers(opts))
 
 
-def open_engine(resolved: Resolved, max_slots: int | None = None) -> "Engine":
+def open_engine(resolved: Resolved, max_slots: int | None = None, *, isolated: bool = False) -> "Engine":
     """Build the command's engine (loads the model; ModelLoadError is one line and exit 1).
     A chat-template fallback is said once on stderr, when chat messages first need it.
     n_parallel "auto" is measured first (autoslots), bounded by `max_slots` (e.g. the number
@@ -81,7 +81,13 @@ def open_engine(resolved: Resolved, max_slots: int | None = None) -> "Engine":
         check_gguf(path)
         config, choice = resolve(config, path, max_slots=max_slots)
         reason = choice.reason
-    engine = env.current().engine_factory(config, resolved.sampling)
+    if isolated and env.current().engine_factory is env.real_engine:
+        # in a supervised child process (llamabatch/supervised): a llama.cpp abort costs a restart
+        from ..supervised import SupervisedEngine
+
+        engine = SupervisedEngine(config, default_params=resolved.sampling)
+    else:
+        engine = env.current().engine_factory(config, resolved.sampling)
     if reason:
         engine.slots_reason = reason
     engine.on_notice = lambda line: say(f"llamabatch: {line}")

@@ -25,6 +25,7 @@ from ...engine import Engine, RequestHandle
 from ...errors import LlamaBatchError
 from .formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
 from ...results import Result
+from ...supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
 from .progress import RATE_WINDOW_S, Reporter, Snapshot
 from .ids import Answered, IdSet
 from .files import LineCounter, Source
@@ -45,6 +46,7 @@ class BatchRun:
         self.skipped = 0  # lines already answered in OUTPUT (--resume)
         self.cancelled = False  # the second Ctrl-C came
         self.read_error: str | None = None
+        self.isolated: list = []  # ids of lines whose request crashed the engine process (engine_crashed)
         self._stopping = False
         self._window = window
         self._inflight = threading.Semaphore(max_inflight)
@@ -84,6 +86,11 @@ class BatchRun:
         for handle in handles:
             handle.cancel()
         return len(handles)
+
+    @property
+    def restarts(self) -> int:
+        """Engine processes started after a crash (a supervised engine; 0 in-process)."""
+        return getattr(self.engine, "restarts", 0)
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started
@@ -165,6 +172,10 @@ class BatchRun:
                                             callback=functools.partial(self._on_event, seq, item))
             except LlamaBatchError as exc:  # the engine refuses (closed): this line still gets its record
                 self._inflight.release()
+                if getattr(self.engine, "fatal_error", None) is not None:  # no engine left: --resume runs it
+                    self._stopping = True
+                    self.writer.skip(seq)
+                    return False
                 self.writer.put(seq, item, error_result(exc.code, str(exc)))
                 return True
             if not handle.done:  # a request that failed at submit has already called back
@@ -179,9 +190,14 @@ class BatchRun:
         with self._lock:
             self._handles.pop(seq, None)
         self._inflight.release()
-        if event.finish_reason == "cancelled":
+        if event.error_code == ENGINE_UNAVAILABLE:  # the engine process could not be restarted
+            self._stopping = True
+            self.writer.skip(seq)  # never ran to the end: --resume runs it again
+        elif event.finish_reason == "cancelled":
             self.writer.skip(seq)  # no answer: --resume runs this line again
         else:
+            if event.error_code == ENGINE_CRASHED:
+                self.isolated.append(item.id)
             self.writer.put(seq, item, event)
 
 

@@ -64,6 +64,10 @@ def run_command(
     echo: bool = typer.Option(False, "--echo", help="Copy each line's prompt and extra fields into its record "
                                                     "under \"input\" (plain shape)."),
     fail_on_error: bool = typer.Option(False, "--fail-on-error", help="Exit 1 if any line failed."),
+    isolate: bool = typer.Option(True, "--isolate/--no-isolate",
+                                 help="Run llama.cpp in a supervised child process: a crash costs a restart and "
+                                      "the line causing it gets an engine_crashed record. --no-isolate: in this "
+                                      "process (a crash ends the run)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary on stderr."),
     progress_every: float = typer.Option(10.0, "--progress-every", min=0.0,
                                          help="Seconds between progress lines when stderr is not a terminal."),
@@ -124,7 +128,7 @@ def run_command(
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
         if ray_pool is None:
             lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
-            engine = open_engine(resolved, max_slots=lines)  # auto never opens more slots than lines
+            engine = open_engine(resolved, max_slots=lines, isolated=isolate)  # auto never opens more slots than lines
             cluster = None
         else:
             engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
@@ -181,6 +185,11 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     if writer.error is not None:
         reporter.say(f"llamabatch: error: {writer.error}")
         return EXIT_ERROR
+    fatal = getattr(engine, "fatal_error", None)
+    if fatal is not None:  # the engine process died and could not be restarted
+        reporter.say(f"llamabatch: error: {fatal}")
+        reporter.say(_resume_hint(writer.stats.written, input_path, output))
+        return EXIT_ERROR
     if run.read_error is not None:
         reporter.say(f"llamabatch: error: {run.read_error}")
         reporter.say(_resume_hint(writer.stats.written, input_path, output))
@@ -202,6 +211,10 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
     if writer.skipped:
         line += f"; {writer.skipped} cancelled (not written)"
     reporter.note(line)
+    if run.restarts:
+        isolated = ", ".join(repr(i) for i in run.isolated) or "none"
+        reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s); "
+                      f"isolated: {isolated}")
     share = f"{100 * s.cached_tokens / s.prompt_tokens:.0f}%" if s.prompt_tokens else "0%"
     reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}), "
                   f"generated {s.completion_tokens}, {wall:.1f}s wall, "

@@ -32,6 +32,10 @@ def serve_stdin(
         "--on-eof", show_default=False,
         help="At end of input: drain = finish what is in flight, then exit; cancel = cancel it, then exit "
              "\\[default: drain]")] = None,
+    isolate: Annotated[bool, typer.Option(
+        "--isolate/--no-isolate",
+        help="Run llama.cpp in a supervised child process: a crash costs a restart and the request causing it "
+             "gets an engine_crashed error. --no-isolate: in this process (a crash ends the server).")] = True,
     *,
     opts: SharedOptions,
 ) -> None:
@@ -57,7 +61,7 @@ def serve_stdin(
     if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (see loop.py)
         raise fail("serve-stdin needs stdin and stdout with file descriptors")
     with protocol_stdout(out_fd) as events_fd:
-        engine = open_engine(resolved)
+        engine = open_engine(resolved, isolated=isolate)
         if getattr(engine, "slots_reason", ""):  # for people, on stderr: the ready event has the count
             print(f"llamabatch serve-stdin: {engine.config.n_parallel} slots x {engine.slot_ctx} tokens "
                   f"({engine.slots_reason})", file=env.stderr, flush=True)

@@ -21,6 +21,7 @@ import os
 import queue
 import select
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -188,6 +189,9 @@ class Server:
             "max_decode_tokens_per_tick": self._max_decode_tokens,
             "last_tick": last.to_dict() if last is not None else None,
         }
+        if hasattr(self.engine, "restarts"):  # a supervised engine: crashes survived so far
+            telemetry["engine_restarts"] = self.engine.restarts
+            telemetry["isolated"] = len(self.engine.isolated)
         return stats_event(self.engine.stats().to_dict(), telemetry, command.id)
 
     def _forget(self, flight: Flight) -> None:
@@ -273,6 +277,8 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int
         while True:
             if signals or output.broken or _reader_gone(out_fd):
                 break
+            if getattr(engine, "fatal_error", None) is not None:  # its process died and could not restart
+                break
             if server.eof and (on_eof == "cancel" or server.in_flight == 0):
                 break
             woken.wait(0.1)
@@ -286,6 +292,11 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int
             signal.signal(sig, handler)
     if signals:
         return 128 + signals[0]
+    fatal = getattr(engine, "fatal_error", None)
+    if fatal is not None:
+        log.error("%s", fatal)
+        print(f"llamabatch: error: {fatal}", file=sys.stderr, flush=True)
+        return 1
     if output.broken or _reader_gone(out_fd):
         return EXIT_BROKEN_PIPE
     return 0

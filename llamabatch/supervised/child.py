@@ -1,0 +1,199 @@
+"""The child process of the supervised engine: `python -m llamabatch.supervised.child`.
+
+It runs an ordinary in-process Engine and speaks frames (wire.py) with its parent:
+
+    stdin   parent -> child   ("init", config, default_params) once, then
+                              ("submit", [(pid, prompt, params), ...]) / ("cancel", pid) /
+                              ("tokenize", call_id, text, special) / ("close",)
+    stdout  child -> parent   ("ready", info) or ("load_error", message) once, then
+                              ("batch", items, slot_counts): everything one tick produced
+    stderr  llama.cpp's log lines and whatever C++ prints when it aborts; the parent keeps
+            the last lines to name the cause of a crash
+
+Token streams cross the pipe once per tick: Deltas, Results and the TickRecord of a tick go
+in one frame, written by the engine thread when the tick ends. `pid` is the parent's
+request id; the child's own ids restart with every child and never leave it.
+
+Test-only hooks (environment): LLAMABATCH_TEST_CRASH_PROMPT=TEXT makes the child call
+os.abort() when a request whose prompt is exactly TEXT produces its first token;
+LLAMABATCH_TEST_CRASH_AT_LOAD=1 makes it abort before loading the model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from ..engine import Engine, RequestHandle
+from ..errors import LlamaBatchError
+from ..results import Delta, Result, Timings, Usage
+from ..telemetry import RequestRecord, TickRecord
+from . import wire
+
+CRASH_PROMPT_ENV = "LLAMABATCH_TEST_CRASH_PROMPT"
+CRASH_AT_LOAD_ENV = "LLAMABATCH_TEST_CRASH_AT_LOAD"
+STRAY_FLUSH_S = 0.002  # events outside a tick (a submit that failed, a cancel) wait this long to be sent
+
+
+class Link:
+    """The child's side of the pipes: submits into the engine, batches what comes out."""
+
+    def __init__(self, engine: Engine, out_fd: int):
+        self.engine = engine
+        self.out_fd = out_fd
+        self._outbox: list[tuple] = []
+        self._lock = threading.Lock()  # the outbox
+        self._write_lock = threading.Lock()  # one frame at a time on out_fd
+        self._handles: dict[int, RequestHandle] = {}  # pid -> handle, until its Result
+        self._pids: dict[int, int] = {}  # child request id -> pid
+        self._wake = threading.Event()
+        self._closed = False
+        self._crash_prompt = os.environ.get(CRASH_PROMPT_ENV)
+        self._doomed: set[int] = set()
+        engine.subscribe(self._on_record)
+        self._flusher = threading.Thread(target=self._flush_strays, name="llamabatch-child-flush", daemon=True)
+        self._flusher.start()
+
+    def serve(self, in_fd: int) -> None:
+        """Handle the parent's frames until it says close or its end of the pipe goes away."""
+        while True:
+            try:
+                message = wire.recv(in_fd)
+            except EOFError:
+                break
+            kind = message[0]
+            if kind == "submit":
+                self._submit(message[1])
+            elif kind == "cancel":
+                handle = self._handles.get(message[1])
+                if handle is not None:
+                    handle.cancel()
+            elif kind == "tokenize":
+                self._tokenize(*message[1:])
+            elif kind == "close":
+                break
+        self.engine.close()  # cancels what is left: those Results go out below
+        self._closed = True
+        self._wake.set()
+        self.flush()
+
+    def _submit(self, batch: list[tuple[int, Any, Any]]) -> None:
+        # Inside hold(): the engine thread admits none of them before their ids are known here.
+        with self.engine.hold():
+            for pid, prompt, params in batch:
+                if self._crash_prompt is not None and prompt == self._crash_prompt:
+                    self._doomed.add(pid)
+                try:
+                    handle = self.engine.submit(prompt, params, stream=False, callback=self._callback(pid))
+                except Exception as exc:  # in-process this would raise to the caller: here it ends the request
+                    self._append(("r", pid, Result(pid, "", [], "error", Usage(), Timings(), seed=params.seed,
+                                                   error=f"{type(exc).__name__}: {exc}",
+                                                   error_code=getattr(exc, "code", "internal_error"))))
+                    continue
+                if not handle.done:
+                    self._handles[pid] = handle
+                    self._pids[handle.request_id] = pid
+        self._wake.set()
+
+    def _tokenize(self, call_id: int, text: str, special: bool) -> None:
+        try:
+            reply = ("k", call_id, self.engine.tokenize(text, special=special), None)
+        except Exception as exc:
+            reply = ("k", call_id, None, exc if isinstance(exc, LlamaBatchError) else RuntimeError(str(exc)))
+        self._append(reply)
+
+    # -- from the engine thread -------------------------------------------------------------
+
+    def _callback(self, pid: int):
+        def on_item(handle: RequestHandle, item: Delta | Result) -> None:
+            if isinstance(item, Delta):
+                if pid in self._doomed:
+                    os.write(2, f"llamabatch test hook: {CRASH_PROMPT_ENV} matched; calling os.abort()\n".encode())
+                    os.abort()
+                # Deltas come from a tick, whose end sends them: no wake-up per token
+                self._append(("d", pid, item.text, item.token_ids), wake=False)
+            else:
+                self._handles.pop(pid, None)
+                self._pids.pop(handle.request_id, None)
+                self._append(("r", pid, item))  # may come from a tick with nothing to decode: wake the flusher
+        return on_item
+
+    def _on_record(self, record: Any) -> None:
+        if isinstance(record, TickRecord):
+            self._append(("t", record), wake=False)
+            self.flush()  # the tick is over: send all it produced in one frame
+        elif isinstance(record, RequestRecord) and record.kind == "start":
+            pid = self._pids.get(record.request_id)
+            if pid is not None:
+                self._append(("s", pid), wake=False)
+        # done/exception records: the parent makes its own, once per request across restarts
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _append(self, item: tuple, wake: bool = True) -> None:
+        with self._lock:
+            self._outbox.append(item)
+        if wake:
+            self._wake.set()
+
+    def flush(self) -> None:
+        with self._write_lock:
+            with self._lock:
+                items, self._outbox = self._outbox, []
+            if items:
+                s = self.engine.stats()
+                wire.send(self.out_fd, ("batch", items, (s.slots_idle, s.slots_prefilling, s.slots_generating,
+                                                         s.queue_depth)))
+
+    def _flush_strays(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            time.sleep(STRAY_FLUSH_S)  # a tick in progress sends its own frame when it ends
+            self._wake.clear()
+            try:
+                self.flush()
+            except OSError:
+                return  # the parent is gone; the main thread sees EOF and exits
+
+
+def _log_llama_cpp_to_stderr() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    runner_log = logging.getLogger("llamabatch.runner")
+    runner_log.addHandler(handler)
+    runner_log.setLevel(logging.DEBUG)
+    runner_log.propagate = False
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # a stray print or C printf must not corrupt the frames
+    _log_llama_cpp_to_stderr()
+    try:
+        _, config, default_params = wire.recv(0)
+    except EOFError:
+        return 0
+    if os.environ.get(CRASH_AT_LOAD_ENV) == "1":
+        os.write(2, f"llamabatch test hook: {CRASH_AT_LOAD_ENV}=1; calling os.abort()\n".encode())
+        os.abort()
+    try:
+        engine = Engine(config, default_params=default_params)
+    except LlamaBatchError as exc:
+        wire.send(out_fd, ("load_error", type(exc).__name__, str(exc)))
+        return 1
+    runner = engine.runner
+    wire.send(out_fd, ("ready", {
+        "model_path": engine.model_path, "slot_ctx": engine.slot_ctx, "n_slots": runner.n_slots,
+        "n_vocab": getattr(runner, "n_vocab", None), "metadata": getattr(runner, "metadata", {}),
+        "bos_text": getattr(runner, "bos_text", ""), "eos_text": getattr(runner, "eos_text", ""), "pid": os.getpid()}))
+    Link(engine, out_fd).serve(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

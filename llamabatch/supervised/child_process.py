@@ -1,0 +1,109 @@
+"""One child process as the parent sees it: its pipes, its stderr tail, how it died."""
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from .. import errors
+from ..errors import LlamaBatchError, ModelLoadError
+from . import wire
+
+log = logging.getLogger("llamabatch.child")
+TAIL_LINES = 20
+
+
+class StartFailed(Exception):
+    """The child died (or hung up) before it said ready."""
+
+
+class ChildProcess:
+    def __init__(self, config: Any, default_params: Any, env: dict[str, str] | None = None):
+        # A new session: Ctrl-C in the terminal reaches the parent only, which decides what it
+        # means. The child still ends with the parent: its stdin closes and it exits.
+        self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch.supervised.child"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                     env=env)
+        self.info: dict[str, Any] = {}
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._send_lock = threading.Lock()
+        self._stderr = threading.Thread(target=self._read_stderr, name="llamabatch-child-stderr", daemon=True)
+        self._stderr.start()
+        self.send(("init", config, default_params))
+
+    # -- talking ------------------------------------------------------------------------------
+
+    def send(self, message: Any) -> bool:
+        """Write one frame; False when the child is gone (its death is noticed by the reader)."""
+        try:
+            with self._send_lock:
+                wire.send(self.proc.stdin.fileno(), message)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def recv(self) -> Any:
+        return wire.recv(self.proc.stdout.fileno())
+
+    def wait_ready(self) -> dict[str, Any]:
+        """The child's facts once the model is loaded. Raises the child's own load error (the
+        same each time: no point retrying) or StartFailed when it died on the way."""
+        try:
+            message = self.recv()
+        except (EOFError, OSError):
+            raise StartFailed(self.death()) from None
+        if message[0] == "load_error":
+            self.wait()
+            kind = getattr(errors, message[1], None)
+            raise (kind if isinstance(kind, type) and issubclass(kind, LlamaBatchError) else ModelLoadError)(message[2])
+        self.info = message[1]
+        return self.info
+
+    # -- ending -------------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def death(self) -> str:
+        """How the child ended, with llama.cpp's last words: 'killed by SIGABRT; last log line: ...'."""
+        code = self.wait(10)
+        self._stderr.join(5)
+        why = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
+        last = self.last_line()
+        return f"{why}; last log line: {last}" if last else why
+
+    def last_line(self) -> str:
+        for line in reversed(self._tail):
+            if line.strip():
+                return line.strip()[:300]
+        return ""
+
+    def close_pipes(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def _read_stderr(self) -> None:
+        for raw in iter(self.proc.stderr.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            self._tail.append(line)
+            log.debug("%s", line)
+        self.proc.stderr.close()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+

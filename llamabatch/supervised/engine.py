@@ -1,0 +1,493 @@
+"""SupervisedEngine: the Engine API, with the engine and llama.cpp in a child process that is
+restarted when it dies.
+
+llama.cpp aborts the whole process on an assertion or a C++ throw, some reachable from
+request data. Here that costs a restart, not the run:
+
+- every request in flight in the dead child is retried in a fresh one, in quarantine groups
+  decided by llamabatch/poison.py, so the request that causes the crash is found;
+- that request ends with an `engine_crashed` error naming how the child died and llama.cpp's
+  last log line; every other request finishes normally, each with exactly one Result;
+- a child that dies while starting is retried a few times, then the engine stops with a
+  ModelLoadError (first start) or `fatal_error` set and every request ended with
+  `engine_unavailable` (a restart).
+
+Threads: callers submit and cancel under `_lock`, which is never held while writing to or
+reading from a pipe (frames go out through the sender thread); the supervisor thread reads
+the child's frames, delivers Deltas and Results, and restarts the child.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence as Seq
+
+from ..config import EngineConfig
+from ..engine import EngineStats, EventCallback, Prompt, RequestHandle
+from ..errors import EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError, QueueFull
+from ..params import SamplingParams, random_seed
+from ..poison import MAX_CRASHES, PoisonRule
+from ..results import Delta, Result, Timings, Usage
+from ..telemetry import RequestRecord, Telemetry, TickRecord
+from .child_process import ChildProcess, StartFailed
+
+log = logging.getLogger("llamabatch.supervised")
+
+ENGINE_CRASHED = "engine_crashed"  # this request was in flight in the crashes that isolated it
+ENGINE_UNAVAILABLE = "engine_unavailable"  # no child could be started again: the request never ran to the end
+START_ATTEMPTS = 3  # a child that dies this many times in a row before it is ready is not restarted again
+# Crashes in a row with no request finishing in between: the child dies whatever it runs (a
+# broken build, a bad machine), so stop rather than loop. One poison line takes at most 3.
+MAX_FRUITLESS_CRASHES = 8
+CLOSE_WAIT_S = 30.0
+
+
+@dataclass
+class _Flight:
+    """A request without its terminal outcome, and what its caller has already been streamed."""
+
+    handle: RequestHandle
+    prompt: Any
+    params: SamplingParams
+    submitted_at: float
+    cancel_requested: bool = False
+    sent_chars: int = 0  # streamed to the caller so far (over every attempt)
+    sent_tokens: int = 0
+    attempt_chars: int = 0  # produced by the current attempt
+    attempt_tokens: int = 0
+    crashes: list[str] = field(default_factory=list)  # how each child it was in died
+
+    @property
+    def pid(self) -> int:
+        return self.handle.request_id
+
+    def new_part(self, text: str, tokens: list[int]) -> Delta | None:
+        """The part of a Delta the caller has not seen: a retry streams again from the start."""
+        skip_chars = max(0, self.sent_chars - self.attempt_chars)
+        skip_tokens = max(0, self.sent_tokens - self.attempt_tokens)
+        self.attempt_chars += len(text)
+        self.attempt_tokens += len(tokens)
+        self.sent_chars = max(self.sent_chars, self.attempt_chars)
+        self.sent_tokens = max(self.sent_tokens, self.attempt_tokens)
+        text, tokens = text[skip_chars:], tokens[skip_tokens:]
+        return Delta(text, list(tokens)) if text or tokens else None
+
+
+class SupervisedEngine:
+    """A continuous-batching engine whose llama.cpp runs in a supervised child process.
+
+    Same use as Engine: submit / stream / generate / cancel / stats / subscribe / close, as a
+    context manager. `restarts` counts children started after a crash; `isolated` lists the
+    request ids ended with `engine_crashed`; `fatal_error` is set when no child could be
+    started again (every request then ends with `engine_unavailable`).
+    """
+
+    def __init__(self, config: EngineConfig | None = None, *, default_params: SamplingParams | None = None,
+                 max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None):
+        from ..models import check_gguf, resolve_model
+
+        self.config = (config or EngineConfig()).validate()
+        self.default_params = (default_params or SamplingParams()).validate()
+        self.model_path = resolve_model(self.config.model)
+        check_gguf(self.model_path)  # a missing or non-GGUF file fails here, before any child starts
+        self._child_config = self.config.replace(model=self.model_path, max_queue=0)  # the parent bounds the queue
+        self._env = env
+        self.telemetry = Telemetry()
+        self.rule: PoisonRule[int] = PoisonRule(max_crashes=max_crashes)
+        self.restarts = 0
+        self._fruitless = 0  # crashes since a request last finished in a child
+        self.isolated: list[int] = []
+        self.fatal_error: str | None = None
+        self._lock = threading.RLock()
+        self._flights: dict[int, _Flight] = {}  # every request without an outcome
+        self._in_child: dict[int, _Flight] = {}  # those sent to the current child, in order
+        self._held: list[int] = []  # fresh requests waiting for a child (restart, quarantine, hold())
+        self._holding = 0
+        self._next_id = 0
+        self._closing = False
+        self._slot_counts = (self.config.n_parallel, 0, 0, 0)  # idle, prefilling, generating, child queue
+        self._calls: dict[int, list] = {}  # tokenize calls waiting: id -> [event, tokens, error]
+        self._call_ids = itertools.count()
+        self._chat_template = None
+        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._send_loop, name="llamabatch-supervised-send", daemon=True)
+        self._sender.start()
+        try:
+            self._child: ChildProcess | None = self._start_child()
+        except BaseException:
+            self._outgoing.put(None)
+            raise
+        info = self._child.info
+        self.slot_ctx = info["slot_ctx"]
+        self.n_slots = info["n_slots"]
+        self._slot_counts = (self.n_slots, 0, 0, 0)
+        self._thread = threading.Thread(target=self._supervise, name="llamabatch-supervisor", daemon=True)
+        self._thread.start()
+
+    # -- the Engine API ------------------------------------------------------------------------
+
+    def __enter__(self) -> "SupervisedEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def model_name(self) -> str:
+        from ..models import model_display_name
+
+        return model_display_name(self.model_path)
+
+    @property
+    def chat_template(self):
+        if self._chat_template is None:
+            from ..chat_template import from_gguf
+
+            info = self._child.info if self._child is not None else {}
+            meta = info.get("metadata", {})
+            self._chat_template = from_gguf(meta.get("tokenizer.chat_template"), meta.get("general.architecture"),
+                                            bos_token=info.get("bos_text", ""), eos_token=info.get("eos_text", ""),
+                                            choice=self.config.chat_template)
+        return self._chat_template
+
+    def render_chat(self, messages: Seq[dict]) -> str:
+        from ..chat_template import validate_messages
+
+        return self.chat_template.render(validate_messages(messages), add_generation_prompt=True)
+
+    def tokenize(self, text: str, *, special: bool = False, timeout: float = 60.0) -> list[int]:
+        """Tokenize in the child (the model lives there). Raises EngineClosed if it dies meanwhile."""
+        call = [threading.Event(), None, None]
+        with self._lock:
+            if self._closing or self._child is None:
+                raise EngineClosed("the engine is closed" if self._closing else "the engine process is restarting")
+            call_id = next(self._call_ids)
+            self._calls[call_id] = call
+            self._outgoing.put((self._child, ("tokenize", call_id, text, special)))
+        if not call[0].wait(timeout):
+            with self._lock:
+                self._calls.pop(call_id, None)
+            raise TimeoutError(f"tokenize took more than {timeout}s")
+        if call[2] is not None:
+            raise call[2]
+        return call[1]
+
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None, *, stream: bool = True,
+               callback: EventCallback | None = None) -> RequestHandle:
+        """Queue one request (see Engine.submit). Prompt errors found in the child end the
+        handle with finish_reason 'error' a moment later instead of at once."""
+        if self._closing:
+            raise EngineClosed("the engine is closed")
+        if self.fatal_error is not None:
+            raise EngineClosed(self.fatal_error)
+        with self._lock:
+            pid = self._next_id
+            self._next_id += 1
+            self.telemetry.totals.submitted += 1
+        handle = RequestHandle(self, pid, stream, callback)  # type: ignore[arg-type]
+        try:
+            params = (params or self.default_params).validate()
+            if params.seed is None:  # fixed here, so a retry in a new child samples the same way
+                params = params.replace(seed=self.config.seed if self.config.seed is not None else random_seed())
+        except LlamaBatchError as exc:
+            self._finish(None, handle, _error_result(pid, str(exc), exc.code))
+            return handle
+        flight = _Flight(handle, prompt, params, time.perf_counter())
+        with self._lock:
+            if self._closing or self.fatal_error is not None:
+                raise EngineClosed(self.fatal_error or "the engine is closed")
+            if self.config.max_queue and len(self._flights) >= self.n_slots + self.config.max_queue:
+                self.telemetry.totals.submitted -= 1  # rejected: never entered the engine
+                raise QueueFull(f"queue is full ({self.config.max_queue} requests waiting)")
+            self._flights[pid] = flight
+            self._held.append(pid)
+            self._dispatch()
+        return handle
+
+    def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None) -> list[Result]:
+        """Run every prompt concurrently; results come back in input order."""
+        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(per) != len(prompts):
+            raise InvalidRequest(f"{len(prompts)} prompts but {len(per)} SamplingParams")
+        handles: list[RequestHandle] = []
+        for prompt, p in zip(prompts, per):
+            while True:
+                try:
+                    handles.append(self.submit(prompt, p, stream=False))
+                    break
+                except QueueFull:
+                    time.sleep(0.01)
+        return [h.result() for h in handles]
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Requests submitted inside reach the child in one frame and start in the same tick."""
+        with self._lock:
+            self._holding += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holding -= 1
+                self._dispatch()
+
+    def stats(self) -> EngineStats:
+        idle, prefilling, generating, child_queue = self._slot_counts
+        t = self.telemetry.totals
+        with self._lock:
+            outside = len(self._flights) - len(self._in_child)
+        return EngineStats(
+            slots_idle=idle, slots_prefilling=prefilling, slots_generating=generating,
+            queue_depth=child_queue + outside, n_parallel=self.n_slots, slot_ctx=self.slot_ctx,
+            submitted=t.submitted, finished=t.finished, cancelled=t.cancelled, failed=t.failed,
+            timed_out=t.timed_out, prompt_tokens=t.prompt_tokens, cached_tokens=t.cached_tokens,
+            generated_tokens=t.generated_tokens, ticks=t.ticks,
+            uptime_s=round(time.perf_counter() - self.telemetry.started_at, 3))
+
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Receive every TickRecord and RequestRecord (on the supervisor thread). Returns unsubscribe."""
+        return self.telemetry.subscribe(callback)
+
+    def close(self) -> None:
+        """Cancel what is in flight (each gets its Result), stop the child, stop the threads."""
+        with self._lock:
+            already = self._closing
+            self._closing = True
+            child = self._child
+        if not already and child is not None:
+            self._outgoing.put((child, ("close",)))
+        if threading.current_thread() is not self._thread:
+            self._thread.join(CLOSE_WAIT_S)
+            if self._thread.is_alive() and child is not None:
+                log.warning("the engine process did not stop in %ss; killing it", CLOSE_WAIT_S)
+                child.proc.kill()
+                self._thread.join()
+        self._outgoing.put(None)
+
+    # -- caller side -----------------------------------------------------------------------------
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        with self._lock:
+            flight = self._flights.get(handle.request_id)
+            if flight is None:
+                return
+            flight.cancel_requested = True
+            if flight.pid in self._in_child:
+                self._outgoing.put((self._child, ("cancel", flight.pid)))
+                return
+            # held here (waiting for a child or for its quarantine group): it ends now
+            self._forget(flight)
+            self._dispatch()
+        self._finish(flight, handle, _result(flight.pid, "cancelled", flight.params.seed))
+
+    def _dispatch(self) -> None:
+        """Send what may go to the child now (under _lock). During quarantine only one suspect
+        group is in the child, alone; fresh requests wait until the quarantine is over."""
+        if self._child is None or self._holding or self._closing:
+            return
+        if self.rule.quarantining:
+            if self._in_child:
+                return
+            group = self.rule.next_group()
+            if group:
+                self._send([self._flights[pid] for pid in group])
+                return
+        if self._held:
+            held, self._held = self._held, []
+            self._send([self._flights[pid] for pid in held])
+
+    def _send(self, flights: list[_Flight]) -> None:
+        batch = []
+        for flight in flights:
+            params = flight.params
+            if params.timeout is not None:  # a retry gets what is left of the request's time
+                left = params.timeout - (time.perf_counter() - flight.submitted_at)
+                params = params.replace(timeout=max(left, 1e-3))
+            flight.attempt_chars = flight.attempt_tokens = 0
+            self._in_child[flight.pid] = flight
+            batch.append((flight.pid, flight.prompt, params))
+        self._outgoing.put((self._child, ("submit", batch)))
+
+    def _send_loop(self) -> None:
+        # The only writer of child stdin: a full pipe never blocks a caller holding _lock.
+        while True:
+            item = self._outgoing.get()
+            if item is None:
+                return
+            child, message = item
+            if child is not None:
+                child.send(message)
+
+    def _forget(self, flight: _Flight) -> None:
+        self._flights.pop(flight.pid, None)
+        self._in_child.pop(flight.pid, None)
+        if flight.pid in self._held:
+            self._held.remove(flight.pid)
+        self.rule.finished(flight.pid)
+
+    def _finish(self, flight: _Flight | None, handle: RequestHandle, result: Result) -> None:
+        """The one terminal outcome of a request (never under _lock: it calls the caller back)."""
+        kind = "exception" if result.finish_reason == "error" else "done"
+        self.telemetry.record_request(RequestRecord(kind, result.request_id, result.finish_reason, result.usage,
+                                                    result.timings, result.error))
+        handle._finish(result)
+
+    # -- the supervisor thread ------------------------------------------------------------------
+
+    def _start_child(self) -> ChildProcess:
+        deaths = []
+        for _ in range(START_ATTEMPTS):
+            child = ChildProcess(self._child_config, self.default_params, self._env)
+            try:
+                child.wait_ready()
+                log.debug("engine process %s ready", child.proc.pid)
+                return child
+            except StartFailed as exc:
+                deaths.append(str(exc))
+                child.close_pipes()
+        raise ModelLoadError(f"the engine process died {len(deaths)} times while loading {self.model_path} "
+                             f"({deaths[-1]})")
+
+    def _supervise(self) -> None:
+        try:
+            self._supervise_children()
+        except BaseException as exc:  # never leave a caller waiting on a dead supervisor
+            log.exception("the supervisor thread failed")
+            self._give_up(f"the engine supervisor failed: {exc}")
+
+    def _supervise_children(self) -> None:
+        child = self._child
+        while child is not None:
+            try:
+                while True:
+                    self._on_frame(child.recv())
+            except (EOFError, OSError):
+                pass
+            except Exception:  # a frame we cannot read: treat the child as dead
+                log.exception("bad frame from the engine process")
+                child.proc.kill()
+            how = child.death()
+            child.close_pipes()
+            with self._lock:
+                self._child = None
+                if self._closing:
+                    break
+                ended = self._crashed(how)
+                self._fruitless += 1
+            for flight, result in ended:
+                self._finish(flight, flight.handle, result)
+            if self._fruitless >= MAX_FRUITLESS_CRASHES:
+                self._give_up(f"the engine process crashed {self._fruitless} times in a row with no request "
+                              f"finishing ({how})")
+                return
+            try:
+                child = self._start_child()
+            except LlamaBatchError as exc:
+                self._give_up(f"the engine process could not be restarted: {exc}")
+                return
+            with self._lock:
+                self.restarts += 1
+                self._child = child
+                if self._closing:
+                    self._outgoing.put((child, ("close",)))
+                    continue  # read its last frames, then end as at close
+                self._dispatch()
+        self._end_all("cancelled", None, None)
+
+    def _crashed(self, how: str) -> list[tuple[_Flight, Result]]:
+        """The child died with `_in_child` in flight (under _lock): ask the rule who is to blame."""
+        in_flight = list(self._in_child.values())
+        self._in_child.clear()
+        self._slot_counts = (self.n_slots, 0, 0, 0)
+        for call in self._calls.values():
+            call[2] = EngineClosed(f"the engine process died ({how})")
+            call[0].set()
+        self._calls.clear()
+        ended = []
+        for flight in in_flight:
+            if flight.cancel_requested:  # its cancel died with the child: it ends as asked
+                self._forget(flight)
+                ended.append((flight, _result(flight.pid, "cancelled", flight.params.seed)))
+        suspects = [f for f in in_flight if not f.cancel_requested]
+        for flight in suspects:
+            flight.crashes.append(how)
+        verdict = self.rule.crashed([f.pid for f in suspects])
+        log.warning("the engine process died (%s) with %d request(s) in flight; retrying them", how, len(suspects))
+        for pid in verdict.poisoned:
+            flight = self._flights[pid]
+            self._forget(flight)
+            self.isolated.append(pid)
+            message = (f"the engine process crashed {len(flight.crashes)} times with this request in flight, the last "
+                       f"time with no other request in it ({how})")
+            ended.append((flight, _error_result(pid, message, ENGINE_CRASHED, flight.params.seed)))
+        return ended
+
+    def _on_frame(self, message: Any) -> None:
+        if message[0] != "batch":
+            return
+        _, items, slot_counts = message
+        out: list[tuple[Any, Any]] = []  # deliveries, done after _lock is released, in order
+        with self._lock:
+            self._slot_counts = slot_counts
+            for item in items:
+                tag = item[0]
+                if tag == "d":
+                    flight = self._in_child.get(item[1])
+                    delta = flight.new_part(item[2], item[3]) if flight is not None else None
+                    if delta is not None:
+                        out.append((flight, delta))
+                elif tag == "r":
+                    flight = self._in_child.get(item[1])
+                    if flight is not None:
+                        self._forget(flight)
+                        self._fruitless = 0
+                        out.append((flight, dataclasses.replace(item[2], request_id=flight.pid)))
+                elif tag in ("t", "s"):
+                    out.append((None, item[1] if tag == "t" else RequestRecord("start", item[1])))
+                elif tag == "k":
+                    call = self._calls.pop(item[1], None)
+                    if call is not None:
+                        call[1], call[2] = item[2], item[3]
+                        call[0].set()
+            self._dispatch()
+        for flight, thing in out:
+            if flight is None:
+                if isinstance(thing, TickRecord):
+                    self.telemetry.record_tick(thing)
+                else:
+                    self.telemetry.record_request(thing)
+            elif isinstance(thing, Delta):
+                flight.handle._deliver(thing)
+            else:
+                self._finish(flight, flight.handle, thing)
+
+    def _give_up(self, message: str) -> None:
+        log.error("%s", message)
+        self.fatal_error = message
+        self._end_all("error", message, ENGINE_UNAVAILABLE)
+
+    def _end_all(self, reason: str, message: str | None, code: str | None) -> None:
+        with self._lock:
+            flights = list(self._flights.values())
+            for flight in flights:
+                self._forget(flight)
+            for call in self._calls.values():
+                call[2] = EngineClosed(message or "the engine is closed")
+                call[0].set()
+            self._calls.clear()
+        for flight in flights:
+            self._finish(flight, flight.handle, _result(flight.pid, reason, flight.params.seed, message, code))
+
+
+def _result(pid: int, reason: str, seed: int | None, error: str | None = None, code: str | None = None) -> Result:
+    return Result(pid, "", [], reason, Usage(), Timings(), seed=seed, error=error, error_code=code)
+
+
+def _error_result(pid: int, message: str, code: str, seed: int | None = None) -> Result:
+    return _result(pid, "error", seed, message, code)
