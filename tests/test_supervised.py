@@ -1,8 +1,9 @@
-"""The supervised engine on the bundled model: a child that aborts costs a restart, never the run.
+"""The supervised engine with the scripted fake runner in its child: a child that aborts costs a
+restart, never the other requests. (tests/test_supervised_cli.py does the same on the model.)
 
 The crash is planted with the child's test-only hook: LLAMABATCH_TEST_CRASH_PROMPT=TEXT makes
 the child call os.abort() when the request whose prompt is TEXT yields its first token, as
-llama.cpp does on an assertion or a C++ throw. Small slots and few tokens keep it quick.
+llama.cpp does on an assertion or a C++ throw.
 """
 from __future__ import annotations
 
@@ -14,24 +15,31 @@ from pathlib import Path
 
 import pytest
 
-from llamabatch import Delta, EngineConfig, ModelLoadError, SamplingParams
+from llamabatch import Delta, EngineClosed, EngineConfig, ModelLoadError, SamplingParams
 from llamabatch.supervised import ENGINE_CRASHED, SupervisedEngine
-from llamabatch.supervised.child import CRASH_AT_LOAD_ENV, CRASH_PROMPT_ENV
+from llamabatch.supervised.child import CRASH_AT_LOAD_ENV, CRASH_PROMPT_ENV, RUNNER_ENV
+from llamabatch.supervised.engine import ENGINE_UNAVAILABLE, MAX_FRUITLESS_CRASHES
 
-pytestmark = pytest.mark.model
+RUNNERS = Path(__file__).with_name("supervised_child_runner.py")
 
 DOOMED = "this prompt makes the child abort"
 CONFIG = EngineConfig(n_parallel=4, n_ctx=1024, threads=1)
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
 
-def child_env(**extra: str) -> dict[str, str]:
+@pytest.fixture(autouse=True)
+def _bundled_model(model_path):
+    """The parent resolves the bundled model before starting a child (assembled once)."""
+
+
+def child_env(runner: str = "fake", **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "LLAMABATCH_MODEL"}
+    env[RUNNER_ENV] = f"{RUNNERS}:{runner}"
     env.update(extra)
     return env
 
 
-def test_planted_crash_isolates_the_one_request_and_the_others_finish(model_path):
+def test_planted_crash_isolates_the_one_request_and_the_others_finish():
     with SupervisedEngine(CONFIG, default_params=GREEDY, env=child_env(**{CRASH_PROMPT_ENV: DOOMED})) as engine:
         prompts = [f"Count from {i}:" for i in range(10)]
         prompts.insert(5, DOOMED)
@@ -48,6 +56,7 @@ def test_planted_crash_isolates_the_one_request_and_the_others_finish(model_path
         assert "SIGABRT" in bad.error and CRASH_PROMPT_ENV in bad.error  # the signal and the child's last line
         others = results[:5] + results[6:]
         assert all(r.finish_reason == "length" and r.usage.completion_tokens == 6 for r in others)
+        assert [r.text for r in others] == [p[:6] for p in prompts[:5] + prompts[6:]]  # the fake echoes
         for h, r in zip(handles, results):  # a retried request streams no text twice
             if r.ok:
                 assert "".join(streamed.get(h.request_id, [])) == r.text
@@ -67,7 +76,7 @@ def test_planted_crash_isolates_the_one_request_and_the_others_finish(model_path
             assert held.done and held.result().finish_reason == "cancelled"
 
 
-def test_a_child_that_dies_at_load_is_one_model_load_error(model_path):
+def test_a_child_that_dies_at_load_is_one_model_load_error():
     with pytest.raises(ModelLoadError) as info:
         SupervisedEngine(CONFIG, env=child_env(**{CRASH_AT_LOAD_ENV: "1"}))
     message = str(info.value)
@@ -75,71 +84,14 @@ def test_a_child_that_dies_at_load_is_one_model_load_error(model_path):
     assert "\n" not in message
 
 
-# -- the commands ----------------------------------------------------------------------------------
-
-FAST = ["--n-parallel", "4", "--n-ctx", "1024", "--max-tokens", "4", "--temperature", "0", "--threads", "1"]
 
 
-def llamabatch(*args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llamabatch", *args], input=stdin, capture_output=True, text=True,
-                          timeout=300, env=child_env(**env))
-
-
-def write_jsonl(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return path
-
-
-def test_the_grammar_that_aborted_llama_cpp_is_one_error_record(tmp_path):
-    inp = tmp_path / "in.jsonl"
-    inp.write_text('{"id":"r1","prompt":"x","max_tokens":4,"grammar":"root ::= \\"\\\\u0000\\""}\n'
-                   '{"id":"r2","prompt":"hello","max_tokens":4}\n')
-    proc = llamabatch("run", str(inp), *FAST)
-    assert proc.returncode == 0, proc.stderr
-    r1, r2 = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert r1["id"] == "r1" and r1["error"]["code"] == "invalid_request" and "NUL" in r1["error"]["message"]
-    assert r2["id"] == "r2" and r2["error"] is None and r2["finish_reason"] == "length"
-    assert llamabatch("run", str(inp), *FAST, "--fail-on-error").returncode == 1
-
-
-def test_run_planted_crash_in_40_lines_gives_39_records_and_1_engine_crashed(tmp_path):
-    lines = [{"id": f"q{i}", "prompt": DOOMED if i == 20 else f"Count from {i}:"} for i in range(40)]
-    inp = write_jsonl(tmp_path / "in.jsonl", lines)
-    out = tmp_path / "out.jsonl"
-    proc = llamabatch("run", str(inp), "-o", str(out), *FAST, **{CRASH_PROMPT_ENV: DOOMED})
-    assert proc.returncode == 0, proc.stderr
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in records] == [f"q{i}" for i in range(40)]  # each once, in input order
-    crashed = [r for r in records if r["error"]]
-    assert [r["id"] for r in crashed] == ["q20"] and crashed[0]["error"]["code"] == ENGINE_CRASHED
-    assert all(r["finish_reason"] == "length" for r in records if r["id"] != "q20")
-    assert "restarted" in proc.stderr and "isolated: 'q20'" in proc.stderr
-
-
-def test_run_child_dying_at_load_is_exit_1_with_one_line(tmp_path):
-    inp = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "prompt": "hi"}])
-    out = tmp_path / "out.jsonl"
-    proc = llamabatch("run", str(inp), "-o", str(out), *FAST, **{CRASH_AT_LOAD_ENV: "1"})
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("llamabatch: error: the engine process died"), proc.stderr
-    assert not out.exists()  # nothing was written: the same command runs everything later
-
-
-def test_serve_stdin_keeps_serving_other_requests_through_a_crash():
-    requests = [{"id": f"s{i}", "prompt": f"Count from {i}:", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
-                 "stream": True} for i in range(6)]
-    requests.insert(3, {"id": "bad", "prompt": DOOMED, "max_tokens": 8})
-    stdin = "".join(json.dumps(r) + "\n" for r in requests) + '{"op": "stats", "id": "st"}\n'
-    proc = llamabatch("serve-stdin", "--n-parallel", "4", "--n-ctx", "1024", "--threads", "1", stdin=stdin,
-                      **{CRASH_PROMPT_ENV: DOOMED})
-    assert proc.returncode == 0, proc.stderr
-    events = [json.loads(line) for line in proc.stdout.splitlines()]
-    ends = {e["id"]: e for e in events if e["event"] in ("done", "error") and e.get("id", "").startswith(("s", "b"))}
-    assert len([e for e in events if e["event"] in ("done", "error") and e.get("id") != "st"]) == 7  # one each
-    assert ends["bad"]["event"] == "error" and ends["bad"]["error"]["code"] == ENGINE_CRASHED
-    for r in requests:
-        if r["id"] != "bad":
-            assert ends[r["id"]]["event"] == "done" and ends[r["id"]]["finish_reason"] == "length"
-            tokens = "".join(e["text"] for e in events if e["event"] == "token" and e["id"] == r["id"])
-            assert tokens == ends[r["id"]]["text"]  # no token event twice across the retry
+def test_a_child_that_crashes_whatever_it_runs_stops_the_engine():
+    with SupervisedEngine(CONFIG, default_params=GREEDY, env=child_env("always_aborts")) as engine:
+        handles = [engine.submit(f"line {i}") for i in range(10)]
+        results = [h.result(timeout=120) for h in handles]
+        codes = {r.error_code for r in results}
+        assert codes <= {ENGINE_CRASHED, ENGINE_UNAVAILABLE} and ENGINE_UNAVAILABLE in codes
+        assert engine.fatal_error is not None and f"{MAX_FRUITLESS_CRASHES} times in a row" in engine.fatal_error
+        with pytest.raises(EngineClosed):
+            engine.submit("one more")

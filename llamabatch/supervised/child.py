@@ -16,7 +16,9 @@ request id; the child's own ids restart with every child and never leave it.
 
 Test-only hooks (environment): LLAMABATCH_TEST_CRASH_PROMPT=TEXT makes the child call
 os.abort() when a request whose prompt is exactly TEXT produces its first token;
-LLAMABATCH_TEST_CRASH_AT_LOAD=1 makes it abort before loading the model.
+LLAMABATCH_TEST_CRASH_AT_LOAD=1 makes it abort before loading the model;
+LLAMABATCH_TEST_CHILD_RUNNER=FILE.py:FUNCTION builds the runner with FUNCTION(config) instead
+of loading the model (the supervisor's unit tests run the scripted fake runner this way).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from . import wire
 
 CRASH_PROMPT_ENV = "LLAMABATCH_TEST_CRASH_PROMPT"
 CRASH_AT_LOAD_ENV = "LLAMABATCH_TEST_CRASH_AT_LOAD"
+RUNNER_ENV = "LLAMABATCH_TEST_CHILD_RUNNER"
 STRAY_FLUSH_S = 0.002  # events outside a tick (a submit that failed, a cancel) wait this long to be sent
 
 
@@ -169,6 +172,19 @@ def _log_llama_cpp_to_stderr() -> None:
     runner_log.propagate = False
 
 
+def _test_runner(config: Any) -> Any:
+    spec = os.environ.get(RUNNER_ENV)
+    if not spec:
+        return None  # the real one: Engine loads the model
+    import importlib.util
+
+    path, name = spec.rsplit(":", 1)
+    loader = importlib.util.spec_from_file_location("llamabatch_test_child_runner", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return getattr(module, name)(config)
+
+
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     out_fd = os.dup(1)
@@ -182,7 +198,7 @@ def main() -> int:
         os.write(2, f"llamabatch test hook: {CRASH_AT_LOAD_ENV}=1; calling os.abort()\n".encode())
         os.abort()
     try:
-        engine = Engine(config, default_params=default_params)
+        engine = Engine(config, default_params=default_params, runner=_test_runner(config))
     except LlamaBatchError as exc:
         wire.send(out_fd, ("load_error", type(exc).__name__, str(exc)))
         return 1
