@@ -30,7 +30,8 @@ import threading
 import time
 from typing import Any
 
-from ..engine import Engine, RequestHandle
+from ..engine import Engine
+from ..handle import RequestHandle
 from ..errors import LlamaBatchError
 from ..results import Delta, Result, Timings, Usage
 from ..telemetry import RequestRecord, TickRecord

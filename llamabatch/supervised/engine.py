@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence as Seq
 
 from ..config import EngineConfig
-from ..engine import EngineStats, EventCallback, Prompt, RequestHandle
+from ..handle import EventCallback, RequestHandle
+from ..inputs import Prompt
 from ..errors import EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError, QueueFull
 from ..params import SamplingParams, random_seed
 from ..poison import MAX_CRASHES, PoisonRule
 from ..results import Delta, Result, Timings, Usage
-from ..telemetry import RequestRecord, Telemetry, TickRecord
+from ..telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 from .child_process import ChildProcess, StartFailed
 
 log = logging.getLogger("llamabatch.supervised")
@@ -238,17 +239,11 @@ class SupervisedEngine:
                 self._dispatch()
 
     def stats(self) -> EngineStats:
-        idle, prefilling, generating, child_queue = self._slot_counts
-        t = self.telemetry.totals
+        idle, prefilling, generating, child_queue = self._slot_counts  # as of the child's last tick
         with self._lock:
-            outside = len(self._flights) - len(self._in_child)
-        return EngineStats(
-            slots_idle=idle, slots_prefilling=prefilling, slots_generating=generating,
-            queue_depth=child_queue + outside, n_parallel=self.n_slots, slot_ctx=self.slot_ctx,
-            submitted=t.submitted, finished=t.finished, cancelled=t.cancelled, failed=t.failed,
-            timed_out=t.timed_out, prompt_tokens=t.prompt_tokens, cached_tokens=t.cached_tokens,
-            generated_tokens=t.generated_tokens, ticks=t.ticks,
-            uptime_s=round(time.perf_counter() - self.telemetry.started_at, 3))
+            outside = len(self._flights) - len(self._in_child)  # held here: restart, quarantine, hold()
+        states = ["idle"] * idle + ["prefilling"] * prefilling + ["generating"] * generating
+        return self.telemetry.stats(states, child_queue + outside, self.slot_ctx)
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Receive every TickRecord and RequestRecord (on the supervisor thread). Returns unsubscribe."""
