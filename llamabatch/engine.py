@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence as Seq
 
 from .config import EngineConfig
-from .errors import DecodeError, EngineClosed, InvalidRequest, LlamaBatchError, QueueFull
+from .errors import DecodeError, EngineClosed, InternalError, InvalidRequest, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
 from .inputs import InputPreparer, Prompt
 from .params import SamplingParams
@@ -148,7 +148,10 @@ class Engine:
         handle = RequestHandle(self, request_id, stream, callback)
         try:
             seq = self.inputs.prepare(request_id, prompt, params)
-        except LlamaBatchError as exc:
+        except Exception as exc:
+            if not isinstance(exc, LlamaBatchError):  # a bug, or a value that slipped past the checks
+                log.exception("request %s could not be prepared", request_id)
+                exc = InternalError(f"{type(exc).__name__}: {exc}")  # this request's error only
             with self._cond:
                 if self._closing:
                     raise EngineClosed("the engine is closed") from None

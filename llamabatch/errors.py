@@ -38,6 +38,12 @@ class DecodeError(LlamaBatchError):
     code = "decode_error"
 
 
+class InternalError(LlamaBatchError):
+    """Something unexpected went wrong with one request (a bug): that request fails, nothing else."""
+
+    code = "internal_error"
+
+
 class EngineClosed(LlamaBatchError):
     """A request was submitted to an engine that has been closed."""
 

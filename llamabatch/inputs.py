@@ -12,6 +12,7 @@ import threading
 from typing import Any, Callable, Sequence as Seq, Union
 
 from .errors import ContextOverflow, InvalidRequest
+from .json_line import find_surrogate, surrogate_at
 from .params import SamplingParams, random_seed
 from .sequence import Sequence
 
@@ -87,8 +88,14 @@ class InputPreparer:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequest("prompt is empty")
+            bad = surrogate_at(prompt)
+            if bad:  # it can't be encoded as UTF-8 for the tokenizer
+                raise InvalidRequest(f"prompt {bad}")
             tokens = self.runner.tokenize(prompt, special=False)
         elif is_chat(prompt):
+            bad = find_surrogate(list(prompt), "messages")
+            if bad:
+                raise InvalidRequest(bad)
             tokens = self.runner.tokenize(self.render_chat(prompt), special=True)
         elif isinstance(prompt, (list, tuple)):
             if not prompt:

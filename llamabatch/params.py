@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import InvalidRequest
 from .grammar_guard import nul_only_position
+from .json_line import find_surrogate
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
+# Bounds on stop strings (OpenAI allows 4 of any length; llama.cpp's server any number): enough
+# for any real use, and they keep one request from costing every other one time and memory.
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1000
+MAX_BREAKERS = 64
 
 
 @dataclass
@@ -61,6 +68,10 @@ class SamplingParams:
 
     def validate(self) -> "SamplingParams":
         """Raise InvalidRequest naming the first bad field; return self when all are fine."""
+        for name in FLOAT_FIELDS:  # NaN and infinities (JSON lines may spell them) mean nothing here
+            value = getattr(self, name)
+            if value is not None and isinstance(value, (int, float)) and not math.isfinite(value):
+                raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer >= 1", self.max_tokens)
         _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens, "min_tokens", "an integer >= 0", self.min_tokens)
         _check(self.temperature >= 0, "temperature", "a number >= 0", self.temperature)
@@ -77,11 +88,27 @@ class SamplingParams:
         _check(0 <= self.xtc_probability <= 1, "xtc_probability", "a number in [0, 1]", self.xtc_probability)
         _check(0 <= self.xtc_threshold <= 1, "xtc_threshold", "a number in [0, 1]", self.xtc_threshold)
         _check(self.mirostat in (0, 2), "mirostat", "0 (off) or 2 (mirostat v2)", self.mirostat)
+        _check(self.mirostat_tau >= 0, "mirostat_tau", "a number >= 0", self.mirostat_tau)
+        _check(self.mirostat_eta >= 0, "mirostat_eta", "a number >= 0", self.mirostat_eta)
         _check(self.seed is None or is_seed(self.seed), "seed", SEED_ALLOWED, self.seed)
         _check(self.timeout is None or self.timeout > 0, "timeout", "a number of seconds > 0", self.timeout)
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs", "an integer in [0, 20]", self.logprobs)
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "an integer >= 1", self.n)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
+        _check(len(self.stop) <= MAX_STOPS, "stop", f"at most {MAX_STOPS} strings", f"{len(self.stop)} strings")
+        _check(all(len(s) <= MAX_STOP_CHARS for s in self.stop), "stop", f"strings of at most {MAX_STOP_CHARS} characters",
+               f"one of {max(map(len, self.stop), default=0)}")
+        _check(len(self.dry_sequence_breakers) <= MAX_BREAKERS, "dry_sequence_breakers",
+               f"at most {MAX_BREAKERS} strings", f"{len(self.dry_sequence_breakers)} strings")
+        _check(isinstance(self.dry_allowed_length, int) and self.dry_allowed_length >= 0, "dry_allowed_length",
+               "an integer >= 0", self.dry_allowed_length)
+        _check(isinstance(self.dry_penalty_last_n, int) and self.dry_penalty_last_n >= -1, "dry_penalty_last_n",
+               "an integer >= -1", self.dry_penalty_last_n)
+        # Every string goes to llama.cpp as UTF-8, which a lone surrogate ("\ud800" in JSON) can't be.
+        for name in ("stop", "dry_sequence_breakers", "grammar", "json_schema"):
+            bad = find_surrogate(getattr(self, name), name)
+            if bad is not None:
+                raise InvalidRequest(bad)
         _check(not (self.grammar and self.json_schema), "grammar", "either grammar or json_schema, not both", "both")
         if isinstance(self.grammar, str) and (nul := nul_only_position(self.grammar)) is not None:
             # llama.cpp would throw while sampling and abort the process: refuse it here
@@ -89,6 +116,8 @@ class SamplingParams:
         for tok, bias in self.logit_bias.items():
             _check(isinstance(tok, int) and tok >= 0, "logit_bias", "a map of token id -> bias", tok)
             _check(isinstance(bias, (int, float)) and not isinstance(bias, bool), "logit_bias", "a map of token id -> number", bias)
+            # -inf bans the token; +inf and NaN would make every probability NaN
+            _check(math.isfinite(bias) or bias == -math.inf, "logit_bias", "finite biases (or -inf to ban a token)", bias)
         return self
 
     @classmethod
@@ -188,4 +217,5 @@ FIELD_TYPES: dict[str, type] = {
              else bool if f.type == "bool" else object)
     for f in dataclasses.fields(SamplingParams)
 }
+FLOAT_FIELDS = tuple(name for name, kind in FIELD_TYPES.items() if kind is float)
 NULLABLE = {f.name for f in dataclasses.fields(SamplingParams) if "None" in str(f.type)}

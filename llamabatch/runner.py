@@ -14,6 +14,9 @@ import itertools
 import json
 import logging
 import math
+import os
+import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -207,11 +210,18 @@ class LlamaRunner:
                     raise InvalidRequest(f"json_schema cannot be turned into a grammar: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
             if grammar:
                 mark = _log_mark()
-                g = C.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
+                with _stderr_captured() as said:  # the parser prints its complaint with fprintf(stderr)
+                    g = C.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
                 if not g:
-                    raise InvalidRequest(f"grammar does not parse ({_first_error(mark)})")
+                    raise InvalidRequest(f"grammar does not parse ({_grammar_complaint(said) or _first_error(mark)})")
                 add(g)
             bias = dict(p.logit_bias)
+            if p.grammar or p.json_schema is not None:
+                # Under a grammar, a -inf bias on every token the grammar allows (EOG once it is
+                # complete, or the one character it wants) leaves no token at all, and llama.cpp's
+                # grammar then throws and aborts the process (found by benchmarks/fuzz_sampling.py).
+                # So there a ban is a very strong dislike: picked only when nothing else is allowed.
+                bias = {t: max(b, GRAMMAR_BAN) for t, b in bias.items()}
             if block_eog:
                 bias.update({t: -math.inf for t in self._eog_ids})
             if bias:
@@ -222,15 +232,19 @@ class LlamaRunner:
                 add(C.llama_sampler_init_logit_bias(self.n_vocab, len(bias), arr))
             if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
                 # this llama.cpp takes n_vocab first; -1 means the whole slot (llama.cpp itself
-                # would read -1 as 0, i.e. penalties off)
-                last_n = p.penalty_last_n if p.penalty_last_n >= 0 else self.slot_ctx
+                # would read -1 as 0, i.e. penalties off). A window longer than the slot can't hold
+                # more tokens than the slot does, and llama.cpp allocates the whole window up front.
+                last_n = self._window(p.penalty_last_n)
                 add(C.llama_sampler_init_penalties(self.n_vocab, last_n, p.repeat_penalty, p.frequency_penalty,
                                                    p.presence_penalty))
             if p.dry_multiplier > 0:
                 breakers = [b.encode() for b in p.dry_sequence_breakers]
                 arr = (ctypes.c_char_p * len(breakers))(*breakers)
-                add(C.llama_sampler_init_dry(self.vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
-                                             p.dry_penalty_last_n, arr, len(breakers)))
+                # -1 is "the whole slot" (llama.cpp's own init reads -1 as 0: DRY silently off), and a
+                # longer window is clamped to the slot as for the penalties above.
+                add(C.llama_sampler_init_dry(self.vocab, p.dry_multiplier, p.dry_base,
+                                             min(p.dry_allowed_length, self.slot_ctx),
+                                             self._window(p.dry_penalty_last_n), arr, len(breakers)))
             if p.greedy:
                 add(C.llama_sampler_init_greedy())
             elif p.mirostat == 2:
@@ -240,7 +254,7 @@ class LlamaRunner:
                 if p.top_n_sigma > 0:
                     add(C.llama_sampler_init_top_n_sigma(p.top_n_sigma))
                 if p.top_k > 0:
-                    add(C.llama_sampler_init_top_k(p.top_k))
+                    add(C.llama_sampler_init_top_k(min(p.top_k, self.n_vocab)))  # int32 in C
                 if p.typical_p < 1.0:
                     add(C.llama_sampler_init_typical(p.typical_p, 1))
                 if p.top_p < 1.0:
@@ -255,6 +269,10 @@ class LlamaRunner:
             C.llama_sampler_free(chain)
             raise
         return chain
+
+    def _window(self, last_n: int) -> int:
+        """A penalty window in tokens: -1 and anything longer than a slot mean the whole slot."""
+        return self.slot_ctx if last_n < 0 else min(last_n, self.slot_ctx)
 
     def free_sampler(self, sampler: _Sampler | None) -> None:
         if sampler is None:
@@ -428,6 +446,55 @@ def _cpu_advertises_amx() -> bool:
             return any(line.startswith("flags") and " amx_tile" in line for line in f)
     except OSError:
         return False
+
+
+# The bias a -inf logit_bias becomes under a grammar: far below any real logit (they span tens),
+# finite, and small enough that dividing by a tiny temperature stays finite in float32 for long.
+GRAMMAR_BAN = -1e4
+
+_stderr_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[list[str]]:
+    """Catch what C code prints on fd 2 during the block (llama.cpp's grammar parser uses fprintf,
+    not the log callback). Output other threads print meanwhile is passed on afterwards."""
+    said: list[str] = []
+    with _stderr_lock, tempfile.TemporaryFile() as tmp:
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to catch
+            yield said
+            return
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode("utf-8", "replace")
+            if text:
+                said.append(text)
+                log.debug("llama.cpp printed: %s", text.rstrip())
+                ours = text
+                if _GRAMMAR_COMPLAINT in text:  # from its line on: the complaint and the grammar echoed
+                    before = text[:text.index(_GRAMMAR_COMPLAINT)]
+                    ours = before[:before.rfind("\n") + 1]
+                if ours.strip():
+                    os.write(2, ours.encode())
+
+
+_GRAMMAR_COMPLAINT = "error parsing grammar: "
+
+
+def _grammar_complaint(said: list[str]) -> str:
+    """'expecting name at ...' from llama.cpp's "parse: error parsing grammar: ...\n\n<grammar>"."""
+    for text in said:
+        if _GRAMMAR_COMPLAINT in text:
+            return text.split(_GRAMMAR_COMPLAINT, 1)[1].split("\n", 1)[0].strip()
+    return ""
 
 
 def _log_mark() -> int:

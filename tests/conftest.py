@@ -8,6 +8,7 @@ real process on the model without them carries `@pytest.mark.model` itself.
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from llamabatch.models import resolve_model
 
@@ -27,3 +28,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+
+
+# Hypothesis profiles for tests/test_fuzz.py: "fast" in the normal suite (a few seconds), "long"
+# for a deliberate fuzzing session: pytest tests/test_fuzz.py --hypothesis-profile=long
+settings.register_profile("fast", max_examples=40, deadline=None, derandomize=False)
+settings.register_profile("long", max_examples=2000, deadline=None)
+
+
+def pytest_configure(config):
+    if not config.getoption("hypothesis_profile", None):
+        settings.load_profile("fast")

@@ -115,3 +115,38 @@ def test_serve_on_eof_cancel():
     assert code == 0
     [done] = [e for e in events if e["event"] == "done"]
     assert done["finish_reason"] == "cancelled"
+
+
+def test_a_slow_reader_of_stdout_stops_the_reading_of_requests():
+    # Backpressure: nobody reads stdout at first. Once `limit` events wait, serve-stdin reads no
+    # further line, so the client's own writes block (its pipe fills) instead of memory growing.
+    engine = make_engine()
+    n, limit = 20_000, 16
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    fed = threading.Event()
+    blocked: list[bool] = []
+    output: list[bytes] = []
+
+    def feed_all() -> None:
+        os.write(stdin_w, b'{"op": "stats"}\n' * n)  # 320 KB: several times what a pipe holds
+        os.close(stdin_w)
+        fed.set()
+
+    def read_late() -> None:
+        blocked.append(not fed.wait(2.0))  # without backpressure the whole input is read in a blink
+        output.append(read_all(out_r))
+
+    threading.Thread(target=feed_all, daemon=True).start()
+    reader = threading.Thread(target=read_late)
+    reader.start()
+    try:
+        code = serve(engine, stdin_r, out_w, "drain", max_pending=limit)  # signal handlers: main thread
+    finally:
+        engine.close()
+        os.close(out_w)
+        os.close(stdin_r)
+    reader.join()
+    assert code == 0 and blocked == [True]
+    events = [json.loads(line) for line in output[0].splitlines()]
+    assert len(events) == n + 1 and sum(e["event"] == "stats" for e in events) == n

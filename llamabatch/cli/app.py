@@ -15,7 +15,7 @@ from typer.exceptions import TyperException
 from .. import __version__
 from .bench.command import bench_command
 from .chat.command import chat_command
-from .common import exit_code_for, setup_logging
+from .common import exit_code_for, setup_logging, sigterm_raises
 from .config.command import config_app
 from . import env as env_module
 from .env import Environment, activate, current
@@ -68,7 +68,7 @@ app.add_typer(config_app, name="config")
 
 def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]) in `env` (default: the real
-    streams) and return its exit code: 0 ok, 1 error, 2 usage, 130 interrupted.
+    streams) and return its exit code: 0 ok, 1 error, 2 usage, 130 interrupted, 143 terminated.
 
     Library errors raised anywhere in a command end here as one line on stderr; --debug
     re-raises them with their traceback instead."""
@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> i
     previous = env_module.current()
     activate(env)
     try:
-        return _main(argv, env)
+        with sigterm_raises():  # SIGTERM ends a command like Ctrl-C, with exit 143
+            return _main(argv, env)
     finally:
         activate(previous)  # an embedding caller's next call starts clean
 

@@ -47,6 +47,7 @@ class BatchRun:
         self.cancelled = False  # the second Ctrl-C came
         self.read_error: str | None = None
         self.isolated: list = []  # ids of lines whose request crashed the engine process (engine_crashed)
+        self.read_note: str | None = None  # something to tell about INPUT that cost no line
         self._stopping = False
         self._window = window
         self._inflight = threading.Semaphore(max_inflight)
@@ -135,6 +136,8 @@ class BatchRun:
                     item = duplicate_id_error(item)
                 if not self._admit(item):
                     break
+            else:
+                self.read_error, self.read_note = self.source.changed()
         except OSError as exc:
             self.read_error = f"cannot read INPUT {self.source.name}: {exc.strerror or exc}"
         except Exception as exc:  # never leave the main thread waiting on a dead reader
@@ -178,6 +181,11 @@ class BatchRun:
                     return False
                 self.writer.put(seq, item, error_result(exc.code, str(exc)))
                 return True
+            except Exception as exc:  # a bug: seq is counted, so it must get a record or the run waits forever
+                log.exception("submitting line %d failed", item.line_no)
+                self._inflight.release()
+                self.writer.put(seq, item, error_result("internal_error", f"{type(exc).__name__}: {exc}"))
+                return True
             if not handle.done:  # a request that failed at submit has already called back
                 self._handles[seq] = handle
         return True
@@ -202,21 +210,32 @@ class BatchRun:
 
 
 class Interrupts:
-    """Counts Ctrl-C presses; the main loop acts on them (a handler must not touch the display)."""
+    """Counts Ctrl-C presses and SIGTERMs (what service managers and `timeout` send: handled
+    the same way); the main loop acts on them (a handler must not touch the display)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.count = 0
+        self.first: int | None = None  # the first signal's number: the exit code is 128 + it
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.count += 1
+        if self.first is None:
+            self.first = signum
+
+    @property
+    def word(self) -> str:
+        return "terminated" if self.first == signal.SIGTERM else "interrupted"
 
     @contextlib.contextmanager
     def installed(self) -> Iterator["Interrupts"]:
-        previous = signal.signal(signal.SIGINT, self._handler)
+        previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
         try:
             yield self
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: LineCounter | None,
@@ -234,7 +253,7 @@ def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter:
             acted_on += 1
             if acted_on == 1:
                 n = run.stop_admitting()
-                reporter.say(f"llamabatch run: interrupted: reading no further; finishing {n} in-flight "
+                reporter.say(f"llamabatch run: {interrupts.word}: reading no further; finishing {n} in-flight "
                              "line(s) (Ctrl-C again cancels them)")
             else:
                 n = run.cancel_inflight()

@@ -49,9 +49,10 @@ def run_command(
     output: Optional[str] = typer.Option(None, "--output", "-o", show_default=False,
                                          help="Results file, one JSON line per input line \\[default: stdout]."),
     input_format: InputFormat = typer.Option(InputFormat.auto, "--input-format",
-                                             help="auto: per line, { or [ starts JSON, anything else is a text "
-                                                  "prompt (.txt files: all text); text: every line is a prompt; "
-                                                  "jsonl: every line is JSON."),
+                                             help="auto: .jsonl files are JSON lines, .txt files text; otherwise "
+                                                  "the first line decides ({ or [ starts JSON lines). text: every "
+                                                  "line is a prompt; jsonl: every line is JSON (one that is not "
+                                                  "gets an error record)."),
     system: Optional[str] = typer.Option(None, "--system", show_default=False,
                                          help="System prompt for lines without one (text and prompt lines then "
                                               "run as chat)."),
@@ -107,8 +108,8 @@ def run_command(
     if resume and output in (None, "-"):
         raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
     fmt = input_format.value
-    if fmt == "auto" and input_path.lower().endswith(".txt"):
-        fmt = "text"
+    if fmt == "auto":
+        fmt = format_for_path(input_path)
     parser = LineParser(resolved.sampling, input_format=fmt, system=system, echo=echo)
 
     # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
@@ -145,13 +146,26 @@ def run_command(
                       + (f"; cut off a torn last line ({torn} bytes)" if torn else ""))
     try:
         if not resume:
-            sink.start_fresh()
+            try:
+                sink.start_fresh()
+            except RunFileError as exc:
+                raise fail(str(exc), EXIT_ERROR) from None
         code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
                     fail_on_error, input_path, output, cluster)
     finally:
         engine.close()
         source.close()
     raise typer.Exit(code)
+
+
+def format_for_path(path: str) -> str:
+    """The input format a file's name implies; "auto" lets its first line decide."""
+    name = path.lower()
+    if name.endswith(".txt"):
+        return "text"
+    if name.endswith((".jsonl", ".ndjson")):
+        return "jsonl"  # a line that is not JSON there is damage, not a prompt
+    return "auto"
 
 
 def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
@@ -161,6 +175,7 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     what = cluster.describe() if cluster else (f"{engine.model_name}, {engine.config.n_parallel} slots x "
                                                f"{engine.slot_ctx} tokens{why}")
     reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
+    resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
     window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
     writer = RecordWriter(sink, engine.model_name, order, window)
     run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=answered)
@@ -182,8 +197,12 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
             reporter.say(f"llamabatch: error: {cluster.fatal_error}")
             reporter.say(_resume_hint(writer.stats.written, input_path, output))
             return EXIT_ERROR
+    if run.read_note is not None:
+        reporter.say(f"llamabatch run: {run.read_note}")
     if writer.error is not None:
         reporter.say(f"llamabatch: error: {writer.error}")
+        if resumable:  # every record in it is whole (a torn last one is cut on resume)
+            reporter.say(_resume_hint(writer.stats.written, input_path, output))
         return EXIT_ERROR
     fatal = getattr(engine, "fatal_error", None)
     if fatal is not None:  # the engine process died and could not be restarted
@@ -196,7 +215,7 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
         return EXIT_ERROR
     if run.stopping:
         reporter.say(_resume_hint(writer.stats.written, input_path, output))
-        return EXIT_INTERRUPTED
+        return 128 + interrupts.first if interrupts.first else EXIT_INTERRUPTED
     if fail_on_error and writer.stats.failed:
         return EXIT_ERROR
     return EXIT_OK

@@ -32,10 +32,41 @@ class Source:
     name: str  # the path, or "-" for stdin
     stream: BinaryIO
     is_file: bool  # a regular file: its lines can be counted ahead
+    read_bytes: int = 0  # how far the lines read so far reach
+
+    def __post_init__(self) -> None:
+        # What the file was when opened, to notice it being cut short or replaced under the run.
+        self._opened: os.stat_result | None = None
+        if self.is_file:
+            try:
+                self._opened = os.fstat(self.stream.fileno())
+            except (OSError, ValueError):
+                pass
 
     def lines(self) -> Iterator[tuple[int, bytes]]:
         """(1-based line number, raw line) pairs, read lazily."""
-        return enumerate(self.stream, start=1)
+        for number, raw in enumerate(self.stream, start=1):
+            self.read_bytes += len(raw)
+            yield number, raw
+
+    def changed(self) -> tuple[str | None, str | None]:
+        """After the last line: (error, note) about INPUT changing while it was read.
+        Cut short (truncated, or overwritten with less) is an error: lines were never read.
+        Replaced (a new file renamed over it) is a note: this run read the file it opened, whole."""
+        if self._opened is None:
+            return None, None
+        error = note = None
+        if self.read_bytes < self._opened.st_size:
+            error = (f"INPUT {self.name} was cut short while it was read: it had {self._opened.st_size} bytes "
+                     f"when the run started, only {self.read_bytes} could be read; the lines after that did not run")
+        try:
+            now = os.stat(self.name)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (self._opened.st_dev, self._opened.st_ino):
+            note = (f"INPUT {self.name} was {'removed' if now is None else 'replaced'} while it was read; "
+                    "this run read the file as it was when the run started")
+        return error, note
 
     def close(self) -> None:
         if self.name != "-":  # stdin's copy stays open: the reader may still block on it
@@ -50,8 +81,11 @@ def open_input(path: str, stdin: TextIO | None = None) -> Source:
         # a read, interpreter shutdown must not wait for sys.stdin's lock.
         try:
             return Source("-", os.fdopen(os.dup(stdin.fileno()), "rb"), False)
-        except (OSError, ValueError, AttributeError):  # no fd (an in-memory stream)
-            return Source("-", stdin.buffer, False)
+        except (OSError, ValueError, AttributeError):  # no fd (an in-memory stream), or fd 0 closed
+            pass
+        if stdin is None or getattr(stdin, "buffer", None) is None:  # `llamabatch run - <&-`
+            raise RunFileError("cannot read INPUT -: stdin is closed")
+        return Source("-", stdin.buffer, False)
     if os.path.isdir(path):
         raise RunFileError(f"cannot read INPUT {path}: is a directory")
     try:
@@ -80,6 +114,13 @@ class Sink:
         return "stdout" if self.is_stdout else f"OUTPUT {self.name}"
 
     @property
+    def is_regular_file(self) -> bool:
+        try:
+            return not self.is_stdout and stat.S_ISREG(os.fstat(self.stream.fileno()).st_mode)
+        except (OSError, ValueError):
+            return False
+
+    @property
     def is_terminal(self) -> bool:
         try:
             return os.isatty(self.stream.fileno())
@@ -97,9 +138,14 @@ class Sink:
             pass  # a pipe or terminal: nothing to sync
 
     def start_fresh(self) -> None:
-        """Empty the file (a run without --resume replaces OUTPUT)."""
-        if not self.is_stdout:
-            self.stream.truncate(0)
+        """Empty the file (a run without --resume replaces OUTPUT). Raises RunFileError."""
+        if self.is_stdout:
+            return
+        try:
+            if stat.S_ISREG(os.fstat(self.stream.fileno()).st_mode):  # /dev/full, a FIFO: nothing to empty
+                self.stream.truncate(0)
+        except OSError as exc:
+            raise RunFileError(f"cannot write {self.label}: {_why(exc)}") from None
 
     def close(self) -> None:
         try:
@@ -158,12 +204,15 @@ def open_output(path: str | None, input_path: str, stdout: TextIO | None = None)
 def _stdout_sink() -> Sink:
     """Records go to a private copy of fd 1, and fd 1 itself points at stderr while the run
     lasts, so a stray print (or a C library's printf) can't corrupt the data stream."""
-    sys.stdout.flush()
+    if sys.stdout is not None:
+        sys.stdout.flush()
     try:
         private = os.dup(1)
         saved = os.dup(1)
         os.dup2(2, 1)
     except OSError:  # no real fd 1 (an embedding host): write where sys.stdout writes
+        if sys.stdout is None:  # `llamabatch run ... >&-`
+            raise RunFileError("cannot write stdout: it is closed") from None
         return Sink("-", sys.stdout.buffer, False, owned=False)
     sink = Sink("-", os.fdopen(private, "wb"), False)
     sink.restore_fd = saved
@@ -175,6 +224,12 @@ def read_back(sink: Sink) -> tuple[Answered, int]:
     (a write cut short by a kill) were cut off so the next record starts on a fresh line."""
     answered = Answered()
     f = sink.stream
+    try:
+        regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+    except (OSError, ValueError):
+        regular = False
+    if not regular:  # /dev/full reads as endless NUL bytes, a FIFO as whatever comes: nothing to resume
+        raise RunFileError(f"cannot resume: OUTPUT {sink.name} is not a regular file")
     f.seek(0)
     good_end = 0
     line_no = 0

@@ -1,8 +1,8 @@
 """Batch-file line shapes for `llamabatch run`: parsing one input line, building one output record.
 
-Input lines (detected per line):
-  - text: one prompt per line (a `.txt` file, `--input-format text`, or an auto-detected
-    line that does not start with `{` or `[`),
+Input lines:
+  - text: one prompt per line (a `.txt` file, `--input-format text`, or auto-detected input
+    whose first line does not start with `{` or `[`),
   - `{"prompt": ..., "id": ..., <sampling fields>}` and `{"messages": [...], "id": ...}`,
   - OpenAI Batch API lines `{"custom_id", "method": "POST", "url", "body"}`.
 Output records: a plain shape (`id`, `text`, `finish_reason`, `usage`, `timings`, `seed`,
@@ -14,13 +14,13 @@ A line that can't be run becomes a `LineError`, which is written as that line's 
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Union
 
 from ...errors import InvalidRequest
+from ...json_line import BadJSON, loads, sniff_id
 from ...params import FIELD_TYPES, SamplingParams
 from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ...results import Result, Timings, Usage
@@ -95,7 +95,14 @@ class LineParser:
         self.echo = echo
 
     def parse(self, raw: str | bytes, line_no: int) -> LineRequest | LineError | None:
-        """One input line (with or without its line ending) -> request, error, or None when blank."""
+        """One input line (with or without its line ending) -> request, error, or None when blank.
+        Never raises: whatever the line holds, it gets an answer of its own."""
+        try:
+            return self._parse(raw, line_no)
+        except Exception as exc:  # a bug here must cost this line, never the run
+            return LineError(line_no, line_no, "internal_error", f"line {line_no}: {type(exc).__name__}: {exc}")
+
+    def _parse(self, raw: str | bytes, line_no: int) -> LineRequest | LineError | None:
         if isinstance(raw, bytes):
             try:
                 raw = raw.decode("utf-8")
@@ -107,12 +114,22 @@ class LineParser:
             text = text.lstrip("\ufeff")  # a BOM some editors write
         if not text.strip():
             return None
-        if self.input_format == "text" or (self.input_format == "auto" and text.lstrip()[:1] not in ("{", "[")):
+        if self.input_format == "auto":
+            # The first line that says anything decides for the whole input: in a JSON-lines
+            # file a line that is not JSON is corruption (a torn write, a NUL-filled block),
+            # never a prompt to run.
+            self.input_format = "jsonl" if text.lstrip()[:1] in ("{", "[") else "text"
+        if self.input_format == "text":
             return self._text(text, line_no)
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return _malformed(text, line_no, f"line {line_no} is not valid JSON: {exc.msg} at column {exc.colno}")
+            data = loads(text)
+        except BadJSON as bad:
+            if bad.code == "invalid_json":
+                return _malformed(text, line_no, f"line {line_no} is not valid JSON: {bad.message}")
+            custom_id = sniff_id(text, "custom_id")
+            if custom_id is not None:
+                return LineError(line_no, custom_id, bad.code, f"line {line_no}: {bad.message}", OPENAI)
+            return LineError(line_no, _readable_id(sniff_id(text), line_no), bad.code, f"line {line_no}: {bad.message}")
         if not isinstance(data, dict):
             return LineError(line_no, line_no, "unknown_shape",
                              f"line {line_no} is {json_kind(data)}, not an object with prompt, messages or custom_id")
@@ -126,7 +143,11 @@ class LineParser:
 
     # -- shapes ---------------------------------------------------------------------------
 
-    def _text(self, text: str, line_no: int) -> LineRequest:
+    def _text(self, text: str, line_no: int) -> LineRequest | LineError:
+        if "\x00" in text:
+            return LineError(line_no, line_no, "invalid_request",
+                             f"line {line_no} has NUL characters: not a text prompt (a UTF-16 or binary file? "
+                             "prompts files are UTF-8)")
         prompt = _as_chat(text, self.system) if self.system else text
         return LineRequest(line_no, line_no, prompt, self.defaults, echo={"prompt": text} if self.echo else None)
 
@@ -306,19 +327,11 @@ def _as_chat(text: str, system: str) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 
 
-_CUSTOM_ID = re.compile(r'"custom_id"\s*:\s*("(?:[^"\\]|\\.)*")')
-
-
 def _malformed(text: str, line_no: int, message: str) -> LineError:
     """Malformed JSON still names its custom_id, most often: keep it so the error can be matched."""
-    match = _CUSTOM_ID.search(text)
-    if match:
-        try:
-            custom_id = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            custom_id = None
-        if isinstance(custom_id, str) and custom_id:
-            return LineError(line_no, custom_id, "invalid_json", message, OPENAI)
+    custom_id = sniff_id(text, "custom_id")
+    if isinstance(custom_id, str) and custom_id:
+        return LineError(line_no, custom_id, "invalid_json", message, OPENAI)
     return LineError(line_no, line_no, "invalid_json", message)
 
 

@@ -117,11 +117,14 @@ class RecordWriter:
     def _write(self, item: LineRequest | LineError, result: Result) -> None:
         if self.error is not None:
             return  # OUTPUT is gone: the run is stopping; nothing more can be saved
-        record = build_record(item, result, self.model)
         try:
-            data = json.dumps(record, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate in the text: escape it rather than lose the line
-            data = json.dumps(record).encode("ascii")
+            data = _encode(build_record(item, result, self.model))
+        except Exception as exc:  # a record that can't be built is still this line's answer, not the run's end
+            log.exception("building the record of line %d failed", item.line_no)
+            message = f"the record could not be built: {type(exc).__name__}: {exc}"
+            item = LineError(item.line_no, item.id, "internal_error", message, item.shape, item.url)  # no echo
+            result = item.result()
+            data = _encode(build_record(item, result, self.model))
         try:
             self.sink.write_line(data + b"\n")
         except OSError as exc:
@@ -150,3 +153,10 @@ class RecordWriter:
             self.sink.sync()
             self._dirty = False
         self._last_sync = time.monotonic()
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    try:
+        return json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate in the text: escape it rather than lose the line
+        return json.dumps(record).encode("ascii")

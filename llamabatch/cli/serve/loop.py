@@ -7,7 +7,11 @@
 Why this shape:
 - Reading stdin never waits on generation: the reader only parses and submits.
 - The engine thread never waits on a slow reader of stdout: callbacks put finished lines
-  on an unbounded queue (a bounded one would stall every request's generation).
+  on the output queue without blocking (a blocking one would stall every request's
+  generation). Backpressure comes from the other end instead: while MAX_PENDING_EVENTS
+  lines wait for the reader of stdout, no new input line is read, so the client's writes
+  block (the pipe contract) and memory stays bounded by that plus what the requests
+  already in flight still generate.
 - One writer thread owns the output fd, so lines of concurrent requests never mix.
 - Reads and writes use os.read / os.write on raw fds, never sys.stdin / sys.stdout, so a
   daemon thread blocked in I/O holds no Python buffer lock at interpreter exit.
@@ -39,20 +43,40 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what `seq 1e9 | head -1` reports for 
 _CLOSE = None
 
 
+# Lines written but not yet read by the client at which serve-stdin stops reading requests.
+MAX_PENDING_EVENTS = 1024
+
+
 class Output:
     """The single writer of protocol lines. `send` never blocks; a broken pipe is remembered."""
 
     def __init__(self, fd: int, on_broken: Callable[[], None] = lambda: None):
         self._fd = fd
-        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()  # unbounded on purpose
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()  # never blocks the engine thread
         self._on_broken = on_broken
         self.broken = False
+        self._pending = 0  # lines queued and not yet written
+        self._room = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="llamabatch-serve-writer", daemon=True)
         self._thread.start()
 
     def send(self, event: dict[str, Any]) -> None:
         if not self.broken:
-            self._queue.put(encode(event))
+            data = encode(event)
+            with self._room:
+                self._pending += 1
+            self._queue.put(data)
+
+    def wait_for_room(self, limit: int, give_up: Callable[[], bool] = lambda: False) -> None:
+        """Block while `limit` or more lines wait to be written (the reader of stdout is slow)."""
+        with self._room:
+            while self._pending >= limit and not self.broken and not give_up():
+                self._room.wait(0.1)
+
+    def _written(self) -> None:
+        with self._room:
+            self._pending -= 1
+            self._room.notify_all()
 
     def close(self, give_up: Callable[[], bool] = lambda: False) -> None:
         """Write everything queued, then stop. `give_up()` true ends the wait early (a second signal)."""
@@ -65,9 +89,9 @@ class Output:
             data = self._queue.get()
             if data is _CLOSE:
                 return
-            if self.broken:
-                continue  # nobody is reading: drop, but keep consuming until _CLOSE
             try:
+                if self.broken:
+                    continue  # nobody is reading: drop, but keep consuming until _CLOSE
                 view = memoryview(data)
                 while view:  # os.write may write less than asked on a pipe
                     view = view[os.write(self._fd, view):]
@@ -76,6 +100,8 @@ class Output:
                     log.error("writing stdout failed: %s", exc)
                 self.broken = True
                 self._on_broken()
+            finally:
+                self._written()
 
 
 @dataclass
@@ -92,9 +118,11 @@ class Flight:
 class Server:
     """Turns input lines into engine work and engine events into output lines."""
 
-    def __init__(self, engine: Engine, output: Output, wake: threading.Event):
+    def __init__(self, engine: Engine, output: Output, wake: threading.Event,
+                 max_pending: int = MAX_PENDING_EVENTS):
         self.engine = engine
         self.output = output
+        self.max_pending = max_pending  # backpressure: see the module docstring
         self.wake = wake  # set when something the main loop waits for may have happened
         self.eof = False
         self._flights: dict[RequestId, Flight] = {}
@@ -125,6 +153,7 @@ class Server:
     def read_from(self, fd: int) -> None:
         try:
             for number, raw in enumerate(_lines(fd), start=1):
+                self.output.wait_for_room(self.max_pending, lambda: self._stopping)
                 with self._line_lock:
                     if self._stopping:
                         return
@@ -171,6 +200,11 @@ class Server:
         except EngineClosed as exc:
             self._forget(flight)
             raise BadLine(exc.code, str(exc), command.line, command.id) from None
+        except Exception as exc:  # a bug: this request's error, and it must not stay "in flight" forever
+            log.exception("submitting line %d failed", command.line)
+            self._forget(flight)
+            raise BadLine("internal_error", f"line {command.line}: {type(exc).__name__}: {exc}", command.line,
+                          command.id) from None
 
     def _cancel(self, command: Cancel) -> None:
         with self._flights_lock:
@@ -252,7 +286,8 @@ def _lines(fd: int, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int:
+def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain",
+          max_pending: int = MAX_PENDING_EVENTS) -> int:
     """Serve until EOF (drain or cancel what is in flight), a signal, or a broken stdout.
 
     Closes the engine (its close() cancels whatever is still running, and those requests'
@@ -261,7 +296,7 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain") -> int
     signals: list[int] = []
     woken = threading.Event()
     output = Output(out_fd, on_broken=woken.set)
-    server = Server(engine, output, woken)
+    server = Server(engine, output, woken, max_pending)
     output.send(ready_event(engine.model_name, engine.config.n_parallel, engine.config.total_ctx, engine.slot_ctx))
 
     def on_signal(signum: int, frame: Any) -> None:

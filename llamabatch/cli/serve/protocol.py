@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from ...errors import InvalidRequest
+from ...json_line import BadJSON, loads, sniff_id
 from ...params import SamplingParams
 from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ...results import Result
@@ -79,9 +80,13 @@ def parse_line(text: str | bytes, line: int, defaults: SamplingParams) -> Comman
     if not text.strip():
         return None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadLine("invalid_json", f"line {line} is not JSON: {exc.msg} at column {exc.colno}", line) from None
+        data = loads(text)
+    except BadJSON as bad:
+        # The id, where the line states it plainly, lets the client match the error to its request.
+        request_id = sniff_id(text)
+        if bad.code == "invalid_json":
+            raise BadLine("invalid_json", f"line {line} is not JSON: {bad.message}", line, request_id) from None
+        raise BadLine(bad.code, f"line {line}: {bad.message}", line, request_id) from None
     if not isinstance(data, dict):
         raise BadLine("invalid_json", f"line {line} must be a JSON object, got {json_kind(data)}", line)
     if "op" in data:

@@ -1,0 +1,169 @@
+"""Soak: thousands of mixed requests through ONE `llamabatch serve-stdin` process, checking
+that every request line is answered exactly once and that memory levels off.
+
+    python benchmarks/soak.py [--requests 2000] [--inflight 32] [--n-parallel 8] [--seed 16]
+
+The mix: random prompt lengths (a few words to a few hundred tokens) and output lengths
+(1-32 tokens); 10% are cancelled shortly after they are sent; 5% are invalid (a bad field
+value or a line cut off mid-JSON, each still naming its id); 5% have a timeout short enough
+to fire; 3% reuse the id of a request still in flight (a duplicate). The child's RSS is read
+from /proc every 100 answered requests.
+
+Prints: requests answered / sent, the distribution of answers per request line (must be
+exactly 1), outcomes by kind, and RSS at 200 and at the end with the growth in between.
+Exit 1 if any line was not answered exactly once. Measures only; asserts no timing.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+WORDS = ("river stone market lantern winter orchard signal harbor copper meadow engine violet "
+         "thunder basket compass ribbon glacier pepper candle falcon").split()
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class Child:
+    def __init__(self, args: list[str]):
+        self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch", "serve-stdin", *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.cond = threading.Condition()
+        self.answers: collections.Counter = collections.Counter()  # id -> answer events (terminal or duplicate)
+        self.outcomes: collections.Counter = collections.Counter()
+        self.answered = 0
+        self.ready = threading.Event()
+        self.stderr = b""
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: setattr(self, "stderr", self.proc.stderr.read()), daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            event = json.loads(raw)
+            kind = event["event"]
+            with self.cond:
+                if kind == "ready":
+                    self.ready.set()
+                elif kind in ("done", "error") and "op" not in event:
+                    self.answers[event.get("id")] += 1
+                    self.answered += 1
+                    self.outcomes[event["error"]["code"] if kind == "error" else event["finish_reason"]] += 1
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write((line + "\n").encode())
+        self.proc.stdin.flush()
+
+
+def make_request(rng: random.Random, req_id: str) -> tuple[str, str]:
+    """(line, kind) for one request."""
+    prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([3, 10, 40, 150])))
+    req: dict[str, Any] = {"id": req_id, "prompt": prompt, "max_tokens": rng.randint(1, 32),
+                           "temperature": rng.choice([0, 0.7]), "stream": rng.random() < 0.3}
+    roll = rng.random()
+    if roll < 0.025:
+        req["top_p"] = 7  # out of range: invalid_request with the id
+        return json.dumps(req), "invalid"
+    if roll < 0.05:
+        return json.dumps(req)[:-12], "invalid"  # cut off mid-JSON: invalid_json, the id read from the text
+    if roll < 0.10:
+        req.update(timeout=0.05, max_tokens=64, ignore_eos=True)
+        return json.dumps(req), "timeout"
+    return json.dumps(req), "plain"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--inflight", type=int, default=32)
+    ap.add_argument("--n-parallel", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=16)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    child = Child(["--n-parallel", str(args.n_parallel), "--n-ctx", str(512 * args.n_parallel),
+                   "--threads", str(args.threads)])
+    if not child.ready.wait(180):
+        raise SystemExit(f"serve-stdin did not start: {child.stderr.decode(errors='replace')[-500:]}")
+    sent: collections.Counter = collections.Counter()  # id -> lines sent with it
+    kinds: collections.Counter = collections.Counter()
+    open_ids: list[str] = []  # ids sent recently (duplicates reuse one, cancels target one)
+    rss: dict[int, int] = {0: rss_kib(child.proc.pid)}
+    next_sample = 100
+    start = time.monotonic()
+    lines_sent = 0
+    for k in range(args.requests):
+        with child.cond:  # keep at most --inflight request lines unanswered
+            while lines_sent - child.answered >= args.inflight and child.proc.poll() is None:
+                child.cond.wait(0.5)
+            answered = child.answered
+        if child.proc.poll() is not None:
+            break
+        while answered >= next_sample:
+            rss[next_sample] = rss_kib(child.proc.pid)
+            next_sample += 100
+        if open_ids and rng.random() < 0.03:
+            req_id = rng.choice(open_ids[-args.inflight:])  # a duplicate of a (probably) in-flight id
+            line, kind = json.dumps({"id": req_id, "prompt": "duplicate", "max_tokens": 2}), "duplicate"
+        else:
+            req_id = f"s{k}"
+            line, kind = make_request(rng, req_id)
+        child.send(line)
+        lines_sent += 1
+        sent[req_id] += 1
+        kinds[kind] += 1
+        open_ids.append(req_id)
+        if kind == "plain" and rng.random() < 0.10:
+            if rng.random() < 0.5:
+                time.sleep(rng.uniform(0, 0.05))  # sometimes after it started, sometimes before
+            child.send(json.dumps({"op": "cancel", "id": req_id}))
+            kinds["cancel sent"] += 1
+    deadline = time.monotonic() + 600
+    with child.cond:  # everything answered: the last RSS sample, then EOF
+        while child.answered < lines_sent and child.proc.poll() is None and time.monotonic() < deadline:
+            child.cond.wait(0.5)
+        final = child.answered
+    if child.proc.poll() is None:
+        rss[final] = rss_kib(child.proc.pid)
+    child.proc.stdin.close()  # EOF: drain what is in flight, then exit
+    code = child.proc.wait(timeout=600)
+    wall = time.monotonic() - start
+    with child.cond:
+        per_line = collections.Counter(child.answers[i] - sent[i] for i in sent)
+        extra = [i for i in child.answers if i not in sent]
+        answered = child.answered
+        outcomes = dict(child.outcomes)
+    exact = per_line.get(0, 0) == len(sent) and not extra
+    print(f"soak: {lines_sent} request lines ({len(sent)} ids) in {wall:.0f}s, serve-stdin exit {code}")
+    print(f"  answered: {answered} / {lines_sent} sent; ids answered exactly as often as sent: "
+          f"{per_line.get(0, 0)} / {len(sent)}" + (f"; answers for unknown ids: {extra[:5]}" if extra else ""))
+    if not exact:
+        print(f"  MISMATCH (answers minus lines, per id): {dict(per_line)}")
+    print(f"  sent by kind: {dict(kinds)}")
+    print(f"  outcomes: {outcomes}")
+    samples = sorted(rss)
+    print("  RSS MiB by requests answered: " + ", ".join(f"{n}: {rss[n] / 1024:.0f}" for n in samples))
+    if 200 in rss and len(samples) > 2:
+        last = samples[-1]
+        growth = 100 * (rss[last] - rss[200]) / rss[200]
+        print(f"  RSS at 200: {rss[200] / 1024:.1f} MiB, at {last}: {rss[last] / 1024:.1f} MiB, growth {growth:+.1f}%")
+    return 0 if exact and code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
