@@ -220,7 +220,7 @@ def run_lines(tmp_path, data: bytes, input_format: str = "auto") -> list[dict]:
         sink.close()
         engine.close()
     assert run.read_error is None and writer.error is None
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    return [json.loads(line) for line in out.read_bytes().split(b"\n") if line]
 
 
 def test_run_answers_every_line_once_whatever_it_holds(tmp_path):
