@@ -91,11 +91,17 @@ class SupervisedEngine:
 
     def __init__(self, config: EngineConfig | None = None, *, default_params: SamplingParams | None = None,
                  max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None):
-        from ..models import check_gguf, resolve_model
+        from ..models import check_gguf, resolve_model_ref
 
         self.config = (config or EngineConfig()).validate()
         self.default_params = (default_params or SamplingParams()).validate()
-        self.model_path = resolve_model(self.config.model)
+        ref = resolve_model_ref(self.config.model)
+        self.model_path = ref.path
+        # As Engine does: records call the model what the user called it (a store name, an
+        # alias), and a store's default stops apply; the child only ever sees the file.
+        self._model_name = self.config.model_name or ref.name
+        if ref.stop and not self.default_params.stop:
+            self.default_params = self.default_params.replace(stop=list(ref.stop))
         check_gguf(self.model_path)  # a missing or non-GGUF file fails here, before any child starts
         self._child_config = self.config.replace(model=self.model_path, max_queue=0)  # the parent bounds the queue
         self._env = env
@@ -141,9 +147,7 @@ class SupervisedEngine:
 
     @property
     def model_name(self) -> str:
-        from ..models import model_display_name
-
-        return model_display_name(self.model_path)
+        return self._model_name
 
     @property
     def chat_template(self):
