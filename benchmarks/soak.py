@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import random
 import subprocess
 import sys
@@ -29,12 +30,37 @@ WORDS = ("river stone market lantern winter orchard signal harbor copper meadow 
          "thunder basket compass ribbon glacier pepper candle falcon").split()
 
 
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+def _own_rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:  # the process ended between listing and reading
+        pass
     return 0
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def rss_kib(pid: int) -> int:
+    """RSS of serve-stdin and every process under it: by default the engine (and its model)
+    lives in a supervised child process, so the parent alone would hide what matters."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += _own_rss_kib(p)
+        todo += _children(p)
+    return total
 
 
 class Child:
