@@ -1,0 +1,340 @@
+"""llamabatch's engine against llama.cpp's own llama-server, side by side in one process run.
+
+Builds (once, cached) llama-server and llama-batched-bench from the llama.cpp sources inside
+llama-cpp-python's sdist with ../shared/tools/build-llama-cpp-tools.sh, then runs three
+workloads, greedy with ignore_eos (every request generates exactly its token count), the
+same token-id prompts for both sides:
+
+  (a) uniform:  32 prompts x 64 tokens out
+  (b) shared:   64 lines sharing one ~700-token labelling instruction with examples, short
+                items, 16 tokens out
+  (c) mixed:    24 prompts of 10..1,500 tokens (seeded), 32 tokens out
+
+Each workload runs every system twice, in alternating order (A B A B ...):
+  server-tuned   llama-server -np N --swa-full (as a user would tune it, equal slots)
+  engine         the llamabatch Engine with N slots
+  server-default llama-server with nothing but the model and threads
+  engine-auto    the Engine with n_parallel="auto" (when this build has it)
+All requests are sent at once (the server gets one HTTP client per request); model load and
+server start-up are not timed; each run has one untimed warm-up request. Figures are
+generated tokens per second of wall clock; ratios are per pair (run i of one system over
+run i of the other), since others may share the CPU.
+
+Last, decode speed: llama-batched-bench S_TG (pp 32, tg 64) against the engine's S_TG from
+the same workload through `llamabatch bench`'s code (benchkit), at each B of --batched.
+
+It measures and prints; it never asserts on time. Usage:
+
+  python benchmarks/vs_llama_server.py [--slots 8] [--threads 2] [--workloads a,b,c]
+      [--repeat 2] [--batched 1,4,8,16] [--bin DIR] [--model PATH] [--no-defaults] [--defaults-for a,b,c]
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llamabatch import Engine, EngineConfig, SamplingParams
+from llamabatch.models import resolve_model
+from llamabatch.runner import model_params
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
+SLOT_CTX = 2048  # per slot, both sides: the longest mixed prompt (1,500) plus its answer fits
+
+
+def same_kernels() -> list[str]:
+    """llama.cpp flags that put the C++ tools on the engine's kernels: where the runner keeps
+    weights out of llama.cpp's extra (repacked/AMX) buffers because the CPU lists AMX without
+    enabling it (runner.model_params), the tools do the same with --no-repack."""
+    return [] if model_params().use_extra_bufts else ["--no-repack"]
+
+
+def say(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+# -- workloads ------------------------------------------------------------------------------
+
+@dataclass
+class Workload:
+    key: str
+    title: str
+    prompts: list[list[int]]
+    max_tokens: int
+    notes: str = ""
+
+
+REVIEWS = [
+    ("The battery lasts two full days and the screen is sharp.", "POSITIVE"),
+    ("Stopped charging after a week; support never answered.", "NEGATIVE"),
+    ("Great sound, but the ear cushions hurt after an hour.", "MIXED"),
+    ("Arrived broken and the replacement was broken too.", "NEGATIVE"),
+    ("Does exactly what it says, quietly and quickly.", "POSITIVE"),
+    ("Cheap plastic, yet it has survived three drops.", "MIXED"),
+    ("The app crashes every time I open the settings.", "NEGATIVE"),
+    ("Setup took two minutes and it has worked ever since.", "POSITIVE"),
+    ("Beautiful design, terrible instructions.", "MIXED"),
+    ("Refund took a month and three phone calls.", "NEGATIVE"),
+]
+
+
+def labelling_instruction() -> str:
+    """~700 tokens: the rules, then worked examples (as a user's few-shot prompt would be)."""
+    rules = ("You are a careful labelling assistant for an online shop. Read one customer review and "
+             "answer with exactly one label: POSITIVE when the customer is satisfied overall, NEGATIVE "
+             "when the customer is dissatisfied overall, MIXED when the review clearly praises one thing "
+             "and criticises another. Ignore spelling mistakes, shipping jokes and star ratings. Do not "
+             "explain the label. Do not repeat the review. Answer in upper case.\n\n")
+    examples = "".join(f"Review {i + 1}: {text}\nLabel: {label}\n\n"
+                       for i, (text, label) in enumerate(REVIEWS * 3))
+    return rules + "Examples:\n\n" + examples
+
+
+ITEMS = ["Fast delivery, but the box was crushed.", "I love it and bought a second one.",
+         "It broke on the first day.", "Works fine, nothing special.", "Too loud to use at night.",
+         "The colour is lovely and it fits well.", "Missing parts and no reply from the seller.",
+         "Good value for the price, slow app though."]
+
+
+def workloads(tokenize, which: str) -> list[Workload]:
+    out = []
+    if "a" in which:
+        prompts = [tokenize(f"Question {i}: explain in a few sentences why the sky looks blue at noon and red at dusk.")
+                   for i in range(32)]
+        out.append(Workload("a", "uniform, 32 prompts x 64 tokens", prompts, 64))
+    if "b" in which:
+        instruction = labelling_instruction()
+        prompts = [tokenize(f"{instruction}Review {31 + i}: {ITEMS[i % len(ITEMS)]} (order {1000 + i})\nLabel:")
+                   for i in range(64)]
+        shared = os.path.commonprefix(prompts)
+        out.append(Workload("b", "shared instruction, 64 lines x 16 tokens", prompts, 16,
+                            f"instruction {len(tokenize(instruction))} tokens, {len(shared)} shared by every line"))
+    if "c" in which:
+        rng = random.Random(11)
+        pool = tokenize(" ".join(f"Record {i}: the sensor in room {i % 17} read {i * 37 % 101} degrees at "
+                                 f"{i % 24:02d}:00 and the door was {'open' if i % 3 else 'closed'}."
+                                 for i in range(400)))[1:]
+        lengths = sorted(rng.randint(10, 1500) for _ in range(24))
+        rng.shuffle(lengths)
+        prompts = []
+        for j, n in enumerate(lengths):
+            start = (j * 613) % (len(pool) - 1600)  # distinct starts: no shared prefixes
+            prompts.append(tokenize("")[:1] + pool[start:start + n - 1])
+        out.append(Workload("c", "mixed prompt lengths, 24 prompts x 32 tokens", prompts, 32,
+                            f"prompt lengths {min(lengths)}..{max(lengths)} tokens, {sum(lengths)} in all"))
+    return out
+
+
+# -- llama-server ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, binary: str, model: str, threads: int, extra: list[str]):
+        self.port = free_port()
+        self.args = [binary, "-m", model, "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
+                     "--port", str(self.port), *same_kernels(), *extra]
+        self.log = open(os.devnull, "w")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def __enter__(self) -> "Server":
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {' '.join(self.args)}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if json.load(r).get("status") == "ok":
+                        return self
+            except Exception:
+                time.sleep(0.3)
+        raise RuntimeError("llama-server did not become healthy in 180 s")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+    def complete(self, prompt: list[int], n: int) -> int:
+        body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
+                           "cache_prompt": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            return json.load(r)["tokens_predicted"]
+
+    def props(self) -> dict:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/props", timeout=5) as r:
+                return json.load(r)
+        except Exception:
+            return {}
+
+
+def run_server(binary: str, model: str, threads: int, extra: list[str], w: Workload) -> tuple[float, str]:
+    with Server(binary, model, threads, extra) as server:
+        server.complete(w.prompts[0][:1] + [w.prompts[0][-1]], 2)  # untimed warm-up
+        slots = server.props().get("total_slots", "?")
+        t0 = time.perf_counter()
+        with cf.ThreadPoolExecutor(len(w.prompts)) as pool:
+            generated = sum(pool.map(lambda p: server.complete(p, w.max_tokens), w.prompts))
+        seconds = time.perf_counter() - t0
+    return generated / seconds, f"{slots} slots"
+
+
+# -- the engine -----------------------------------------------------------------------------
+
+def run_engine(model: str, threads: int, slots, w: Workload) -> tuple[float, str]:
+    n = slots if isinstance(slots, int) else None
+    config = EngineConfig(model=model, n_parallel=slots, n_ctx=SLOT_CTX * n if n else None, threads=threads)
+    params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=True)
+    with Engine(config) as engine:
+        engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], params.replace(max_tokens=2))  # untimed warm-up
+        t0 = time.perf_counter()
+        results = engine.generate(w.prompts, params)
+        seconds = time.perf_counter() - t0
+        cached = sum(r.usage.cached_tokens for r in results)
+        note = f"{engine.config.n_parallel} slots, {cached} prompt tokens copied or cached"
+    bad = [r for r in results if not r.ok]
+    if bad:
+        raise RuntimeError(f"engine: {len(bad)} requests failed, first: {bad[0].error}")
+    return sum(r.usage.completion_tokens for r in results) / seconds, note
+
+
+# -- llama-batched-bench ----------------------------------------------------------------------
+
+def batched_bench(binary: str, model: str, threads: int, levels: list[int]) -> dict[int, float]:
+    ctx = max(levels) * 128
+    out = subprocess.run([binary, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", "32",
+                          "-ntg", "64", "-npl", ",".join(map(str, levels)), "-t", str(threads), "-tb", str(threads),
+                          *same_kernels()],
+                         capture_output=True, text=True, check=True).stdout
+    s_tg = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and all(re.fullmatch(r"[\d.]+", c) for c in cells[:8]):
+            s_tg[int(cells[2])] = float(cells[7])  # PP TG B N_KV T_PP S_PP T_TG S_TG ...
+    return s_tg
+
+
+def engine_s_tg(model: str, threads: int, b: int) -> float:
+    from llamabatch.cli.bench import benchkit
+
+    config = EngineConfig(model=model, n_parallel=b, n_ctx=128 * b, threads=threads)
+    engine = Engine(config)
+    prompts = benchkit.synthetic_prompts(engine.tokenize, b, 32)
+    run = benchkit.run_level(engine, prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    return benchkit.batched_figures(run, 32, 64)["speed_tg"]
+
+
+# -- the table ---------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    system: str
+    runs: list[float] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+def ratios(a: Row, b: Row) -> str:
+    return ", ".join(f"{x / y:.2f}" for x, y in zip(a.runs, b.runs) if y > 0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", default="a,b,c")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--batched", default="1,4,8,16", help="B levels for the S_TG comparison ('' = skip)")
+    ap.add_argument("--bin", help="folder with llama-server and llama-batched-bench [default: build them]")
+    ap.add_argument("--model", help="GGUF model [default: the bundled Gemma 3 270M]")
+    ap.add_argument("--no-defaults", action="store_true", help="skip llama-server on its defaults and engine auto")
+    ap.add_argument("--defaults-for", default="a,b,c",
+                    help="workloads that also run llama-server on its defaults and engine auto [default: all]")
+    args = ap.parse_args()
+
+    model = resolve_model(args.model)
+    bin_dir = args.bin or subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
+                                         check=True).stdout.strip().splitlines()[-1]
+    server_bin = str(Path(bin_dir) / "llama-server")
+    with Engine(EngineConfig(model=model, n_parallel=1, n_ctx=2048, threads=args.threads)) as probe:
+        tokenize = probe.tokenize
+        loads = workloads(lambda text: tokenize(text), args.workloads)
+    order = [k.strip() for k in args.workloads.split(",")]
+    loads.sort(key=lambda w: order.index(w.key))  # in the order asked: the most wanted first
+    n = args.slots
+    systems = [("server-tuned", lambda w: run_server(server_bin, model, args.threads,
+                                                     ["-np", str(n), "-c", str(SLOT_CTX * n), "--swa-full"], w)),
+               (f"engine {n} slots", lambda w: run_engine(model, args.threads, n, w))]
+    if not args.no_defaults:
+        systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, [], w)))
+        systems.append(("engine auto", lambda w: run_engine(model, args.threads, "auto", w)))
+
+    print(f"# llamabatch vs llama-server: {Path(model).name}, {args.threads} threads, greedy, ignore_eos, "
+          f"{os.cpu_count()} CPUs (shared machine: figures are noisy, compare ratios per pair)\n")
+    for w in loads:
+        say(f"== ({w.key}) {w.title} {w.notes}")
+        these = systems if w.key in args.defaults_for else systems[:2]
+        rows = [Row(name) for name, _ in these]
+        for rep in range(args.repeat):
+            for row, (name, fn) in zip(rows, these):
+                tok_s, note = fn(w)
+                row.runs.append(tok_s)
+                row.notes.append(note)
+                say(f"   run {rep + 1} {name}: {tok_s:.1f} tok/s ({note})")
+        print(f"## ({w.key}) {w.title}" + (f" ({w.notes})" if w.notes else "") + "\n")
+        print("| system | tok/s per run | notes |\n|---|---|---|")
+        for row in rows:
+            print(f"| {row.system} | {fmt(row.runs)} | {row.notes[0]} |")
+        print()
+        print(f"- engine {n} slots / server-tuned, per pair: {ratios(rows[1], rows[0])}")
+        if len(rows) >= 3:
+            print(f"- engine {n} slots / server-default, per pair: {ratios(rows[1], rows[2])}")
+        if len(rows) >= 4:
+            print(f"- engine auto / server-default, per pair: {ratios(rows[3], rows[2])}")
+        print(flush=True)
+
+    levels = [int(x) for x in args.batched.split(",") if x.strip()]
+    if levels:
+        say("== decode speed: llama-batched-bench vs the engine (pp 32, tg 64)")
+        print("## decode speed, S_TG t/s (pp 32, tg 64)\n")
+        print("| B | llama-batched-bench | engine | engine / batched-bench |\n|---|---|---|---|")
+        ref_runs, eng_runs = [], []
+        for rep in range(args.repeat):
+            ref_runs.append(batched_bench(str(Path(bin_dir) / "llama-batched-bench"), model, args.threads, levels))
+            eng_runs.append({b: engine_s_tg(model, args.threads, b) for b in levels})
+            say(f"   run {rep + 1}: batched-bench {ref_runs[-1]}, engine {eng_runs[-1]}")
+        for b in levels:
+            refs = [r.get(b, 0.0) for r in ref_runs]
+            engs = [e[b] for e in eng_runs]
+            print(f"| {b} | {fmt(refs)} | {fmt(engs)} | "
+                  f"{', '.join(f'{e / r:.2f}' for e, r in zip(engs, refs) if r)} |")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
