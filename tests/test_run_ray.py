@@ -126,8 +126,9 @@ def start_cli(env: dict, stderr_file: Path, *args: str) -> subprocess.Popen:
 
 
 def lines_file(path: Path, n: int, max_tokens: int) -> Path:
-    """n lines of every shape: plain prompts, chat messages, OpenAI Batch requests, text (text
-    lines take --max-tokens: give it too)."""
+    """n lines of every JSON shape: plain prompts (with and without an id), chat messages,
+    OpenAI Batch requests. (A bare text line in a .jsonl file is that line's invalid_json
+    error since the hardening issue: text lines belong in .txt files.)"""
     rows = []
     for i in range(n):
         topic = ["the sea", "a city", "bread", "winter", "a clock"][i % 5]
@@ -139,7 +140,8 @@ def lines_file(path: Path, n: int, max_tokens: int) -> Path:
             rows.append(json.dumps({"id": f"m{i}", "max_tokens": max_tokens,
                                     "messages": [{"role": "user", "content": f"Name a fact about {topic}"}]}))
         elif i % 4 == 2:
-            rows.append(f"Line {i}: a short story about {topic} begins")
+            rows.append(json.dumps({"prompt": f"Line {i}: a short story about {topic} begins",
+                                    "max_tokens": max_tokens}))
         else:
             rows.append(json.dumps({"id": f"p{i}", "prompt": f"Item {i}. Here is a poem about {topic}:",
                                     "max_tokens": max_tokens}))

@@ -7,6 +7,7 @@ It runs an ordinary in-process Engine and speaks frames (wire.py) with its paren
                               ("tokenize", call_id, text, special) / ("close",)
     stdout  child -> parent   ("ready", info) or ("load_error", message) once, then
                               ("batch", items, slot_counts): everything one tick produced
+                              (items also carry notices, e.g. a chat-template fallback)
     stderr  llama.cpp's log lines and whatever C++ prints when it aborts; the parent keeps
             the last lines to name the cause of a crash
 
@@ -59,6 +60,8 @@ class Link:
         self._crash_prompt = os.environ.get(CRASH_PROMPT_ENV)
         self._doomed: set[int] = set()
         engine.subscribe(self._on_record)
+        # A template fallback is said once, by the parent (which knows where stderr goes)
+        engine.on_notice = lambda line: self._append(("n", line))
         self._flusher = threading.Thread(target=self._flush_strays, name="llamabatch-child-flush", daemon=True)
         self._flusher.start()
 

@@ -122,6 +122,9 @@ class SupervisedEngine:
         self._calls: dict[int, list] = {}  # tokenize calls waiting: id -> [event, tokens, error]
         self._call_ids = itertools.count()
         self._chat_template = None
+        # What the child's engine says once (Engine.on_notice): a logged warning unless set
+        self.on_notice: Callable[[str], None] = lambda line: log.warning("%s", line)
+        self._notices_said: set[str] = set()
         self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_loop, name="llamabatch-supervised-send", daemon=True)
         self._sender.start()
@@ -447,6 +450,10 @@ class SupervisedEngine:
                         self._forget(flight)
                         self._fruitless = 0
                         out.append((flight, dataclasses.replace(item[2], request_id=flight.pid)))
+                elif tag == "n":
+                    if item[1] not in self._notices_said:  # once per engine, not once per child
+                        self._notices_said.add(item[1])
+                        out.append((None, ("notice", item[1])))
                 elif tag in ("t", "s"):
                     out.append((None, item[1] if tag == "t" else RequestRecord("start", item[1])))
                 elif tag == "k":
@@ -457,7 +464,9 @@ class SupervisedEngine:
             self._dispatch()
         for flight, thing in out:
             if flight is None:
-                if isinstance(thing, TickRecord):
+                if isinstance(thing, tuple):
+                    self.on_notice(thing[1])
+                elif isinstance(thing, TickRecord):
                     self.telemetry.record_tick(thing)
                 else:
                     self.telemetry.record_request(thing)
