@@ -12,6 +12,10 @@ from /proc every 100 answered requests.
 Prints: requests answered / sent, the distribution of answers per request line (must be
 exactly 1), outcomes by kind, and RSS at 200 and at the end with the growth in between.
 Exit 1 if any line was not answered exactly once. Measures only; asserts no timing.
+
+A full run takes a while (about 2 s of engine time per request on a shared 2-core machine), so
+a progress line goes to stderr every 100 answers; and if request lines stay unanswered with no
+answer at all for --stall-seconds, it stops and names them (a stall is a verdict, not a wait).
 """
 from __future__ import annotations
 
@@ -71,6 +75,7 @@ class Child:
         self.answers: collections.Counter = collections.Counter()  # id -> answer events (terminal or duplicate)
         self.outcomes: collections.Counter = collections.Counter()
         self.answered = 0
+        self.last_answer_at = time.monotonic()
         self.ready = threading.Event()
         self.stderr = b""
         threading.Thread(target=self._read, daemon=True).start()
@@ -82,10 +87,12 @@ class Child:
             kind = event["event"]
             with self.cond:
                 if kind == "ready":
+                    self.last_answer_at = time.monotonic()  # the stall clock starts once the model is loaded
                     self.ready.set()
                 elif kind in ("done", "error") and "op" not in event:
                     self.answers[event.get("id")] += 1
                     self.answered += 1
+                    self.last_answer_at = time.monotonic()
                     self.outcomes[event["error"]["code"] if kind == "error" else event["finish_reason"]] += 1
                 self.cond.notify_all()
         with self.cond:
@@ -113,6 +120,22 @@ def make_request(rng: random.Random, req_id: str) -> tuple[str, str]:
     return json.dumps(req), "plain"
 
 
+def stalled(child: Child, stall_s: float) -> bool:
+    """Called with child.cond held, while lines are outstanding."""
+    return time.monotonic() - child.last_answer_at > stall_s
+
+
+def report_stall(child: Child, sent: collections.Counter, lines: dict[str, str], stall_s: float) -> int:
+    with child.cond:
+        missing = {i: n - child.answers[i] for i, n in sent.items() if child.answers[i] < n}
+    print(f"STALL: no answer for {stall_s:.0f}s with {len(missing)} request lines unanswered:", file=sys.stderr)
+    for req_id in list(missing)[:20]:
+        print(f"  {req_id}: {lines[req_id][:200]}", file=sys.stderr)
+    child.proc.kill()
+    print(f"serve-stdin stderr (last 2000 chars): {child.stderr.decode(errors='replace')[-2000:]}", file=sys.stderr)
+    return 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=2000)
@@ -120,6 +143,8 @@ def main() -> int:
     ap.add_argument("--n-parallel", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--stall-seconds", type=float, default=300,
+                    help="stop and name the unanswered lines after this long without any answer")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     child = Child(["--n-parallel", str(args.n_parallel), "--n-ctx", str(512 * args.n_parallel),
@@ -127,6 +152,7 @@ def main() -> int:
     if not child.ready.wait(180):
         raise SystemExit(f"serve-stdin did not start: {child.stderr.decode(errors='replace')[-500:]}")
     sent: collections.Counter = collections.Counter()  # id -> lines sent with it
+    lines: dict[str, str] = {}  # id -> the last request line sent with it (for a stall report)
     kinds: collections.Counter = collections.Counter()
     open_ids: list[str] = []  # ids sent recently (duplicates reuse one, cancels target one)
     rss: dict[int, int] = {0: rss_kib(child.proc.pid)}
@@ -136,12 +162,19 @@ def main() -> int:
     for k in range(args.requests):
         with child.cond:  # keep at most --inflight request lines unanswered
             while lines_sent - child.answered >= args.inflight and child.proc.poll() is None:
+                if stalled(child, args.stall_seconds):
+                    break
                 child.cond.wait(0.5)
             answered = child.answered
+            is_stalled = lines_sent > child.answered and stalled(child, args.stall_seconds)
+        if is_stalled:
+            return report_stall(child, sent, lines, args.stall_seconds)
         if child.proc.poll() is not None:
             break
         while answered >= next_sample:
             rss[next_sample] = rss_kib(child.proc.pid)
+            print(f"  ... {next_sample} answered in {time.monotonic() - start:.0f}s, "
+                  f"RSS {rss[next_sample] / 1024:.0f} MiB", file=sys.stderr, flush=True)
             next_sample += 100
         if open_ids and rng.random() < 0.03:
             req_id = rng.choice(open_ids[-args.inflight:])  # a duplicate of a (probably) in-flight id
@@ -152,6 +185,7 @@ def main() -> int:
         child.send(line)
         lines_sent += 1
         sent[req_id] += 1
+        lines[req_id] = line
         kinds[kind] += 1
         open_ids.append(req_id)
         if kind == "plain" and rng.random() < 0.10:
@@ -159,11 +193,14 @@ def main() -> int:
                 time.sleep(rng.uniform(0, 0.05))  # sometimes after it started, sometimes before
             child.send(json.dumps({"op": "cancel", "id": req_id}))
             kinds["cancel sent"] += 1
-    deadline = time.monotonic() + 600
     with child.cond:  # everything answered: the last RSS sample, then EOF
-        while child.answered < lines_sent and child.proc.poll() is None and time.monotonic() < deadline:
+        while child.answered < lines_sent and child.proc.poll() is None:
+            if stalled(child, args.stall_seconds):
+                break
             child.cond.wait(0.5)
         final = child.answered
+    if final < lines_sent and child.proc.poll() is None:
+        return report_stall(child, sent, lines, args.stall_seconds)
     if child.proc.poll() is None:
         rss[final] = rss_kib(child.proc.pid)
     child.proc.stdin.close()  # EOF: drain what is in flight, then exit
