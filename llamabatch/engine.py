@@ -44,11 +44,10 @@ class Engine:
         params = (default_params or SamplingParams()).validate()
         self.slots_reason = ""  # why this many slots, when n_parallel="auto" chose them
         if runner is None:
-            from .models import check_gguf, resolve_model_ref
+            from .models import open_model_ref
             from .runner import LlamaRunner  # the only import of llama_cpp, kept lazy
 
-            ref = resolve_model_ref(self.config.model)
-            check_gguf(ref.path)
+            ref, self._model_name, params = open_model_ref(self.config, params)
             if self.config.n_parallel == "auto":
                 from .autoslots import resolve
 
@@ -57,10 +56,6 @@ class Engine:
                 self.slots_reason = choice.reason
             runner = LlamaRunner(self.config, ref.path)
             self.model_path = ref.path
-            self._model_name = self.config.model_name or ref.name
-            if ref.stop and not params.stop:
-                # a store's default stops (Ollama's params layer), as Ollama applies them
-                params = params.replace(stop=list(ref.stop))
         else:
             from .models import model_display_name
 

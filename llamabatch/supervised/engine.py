@@ -91,18 +91,13 @@ class SupervisedEngine:
 
     def __init__(self, config: EngineConfig | None = None, *, default_params: SamplingParams | None = None,
                  max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None):
-        from ..models import check_gguf, resolve_model_ref
+        from ..models import open_model_ref
 
         self.config = (config or EngineConfig()).validate()
-        self.default_params = (default_params or SamplingParams()).validate()
-        ref = resolve_model_ref(self.config.model)
+        # As Engine does (and before any child starts); the child only ever sees the file.
+        ref, self._model_name, self.default_params = open_model_ref(
+            self.config, (default_params or SamplingParams()).validate())
         self.model_path = ref.path
-        # As Engine does: records call the model what the user called it (a store name, an
-        # alias), and a store's default stops apply; the child only ever sees the file.
-        self._model_name = self.config.model_name or ref.name
-        if ref.stop and not self.default_params.stop:
-            self.default_params = self.default_params.replace(stop=list(ref.stop))
-        check_gguf(self.model_path)  # a missing or non-GGUF file fails here, before any child starts
         self._child_config = self.config.replace(model=self.model_path, max_queue=0)  # the parent bounds the queue
         self._env = env
         self.telemetry = Telemetry()
