@@ -261,13 +261,17 @@ def read_back(sink: Sink) -> tuple[Answered, int]:
 def count_lines(source: Source, cap: int) -> int | None:
     """INPUT's non-blank lines, counting no further than `cap` (enough to bound the slot
     count); None when the file cannot be read again."""
+    return _count_nonblank(source.name, cap)
+
+
+def _count_nonblank(path: str, cap: int | None = None) -> int | None:
     n = 0
     try:
-        with open(source.name, "rb") as f:
+        with open(path, "rb") as f:
             for raw in f:
                 if raw.strip():
                     n += 1
-                    if n >= cap:
+                    if cap is not None and n >= cap:
                         break
     except OSError:
         return None
@@ -283,12 +287,5 @@ class LineCounter:
         threading.Thread(target=self._count, name="llamabatch-count", daemon=True).start()
 
     def _count(self) -> None:
-        n = 0
-        try:
-            with open(self._path, "rb") as f:
-                for raw in f:
-                    if raw.strip():
-                        n += 1
-        except OSError:
-            return  # the total stays unknown; the run itself reports read errors
-        self.total = n
+        # None on a read error: the total stays unknown; the run itself reports read errors
+        self.total = _count_nonblank(self._path)
