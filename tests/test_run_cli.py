@@ -373,3 +373,14 @@ def test_second_ctrl_c_cancels_in_flight_lines(tmp_path, bundled_model):
     # cancelled lines get no record: --resume will run them
     assert all(r["finish_reason"] == "length" for r in read_records(out))
     assert len(read_records(out)) < 16
+
+
+def test_resume_hint_repeats_the_command_line_main_was_given():
+    from llamabatch.cli.run.command import _resume_hint
+
+    typed = ("--config", "c.toml", "run", "in.jsonl", "-o", "out.jsonl", "--n-parallel", "4")
+    hint = _resume_hint(3, "in.jsonl", "out.jsonl", typed)
+    assert "3 record(s) written to out.jsonl" in hint
+    assert hint.endswith("\n  llamabatch --config c.toml run in.jsonl -o out.jsonl --n-parallel 4 --resume")
+    # called without a command line (an embedding caller): the minimal command that resumes
+    assert _resume_hint(0, "in.jsonl", "out.jsonl", ()).endswith("\n  llamabatch run in.jsonl -o out.jsonl --resume")

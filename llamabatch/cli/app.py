@@ -84,7 +84,9 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> i
 
 def _main(argv: Sequence[str] | None, env: Environment) -> int:
     try:
-        args = with_bare_ray_flag(list(argv) if argv is not None else sys.argv[1:])
+        given = list(argv) if argv is not None else sys.argv[1:]
+        env.argv = tuple(given)
+        args = with_bare_ray_flag(given)
         result = app(args=args, prog_name="llamabatch", standalone_mode=False, obj=env)
         return result if isinstance(result, int) else 0  # click returns an Exit's code here
     except typer.Exit as exc:

@@ -45,6 +45,7 @@ class Environment:
     engine_factory: EngineFactory = real_engine
     debug: bool = False  # --debug: tracebacks instead of one-line errors, llama.cpp logs on stderr
     config_path: str | None = None  # the global --config FILE
+    argv: tuple[str, ...] = ()  # the command line as given (main sets it), e.g. for run's resume hint
 
     def __post_init__(self) -> None:
         for name in ("stdin", "stdout", "stderr"):

@@ -7,7 +7,6 @@ progress in progress.py.
 from __future__ import annotations
 
 import shlex
-import sys
 import threading
 from enum import Enum
 from typing import Optional
@@ -195,26 +194,26 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
             reporter.note(line)
         if cluster.fatal_error is not None:
             reporter.say(f"llamabatch: error: {cluster.fatal_error}")
-            reporter.say(_resume_hint(writer.stats.written, input_path, output))
+            reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
             return EXIT_ERROR
     if run.read_note is not None:
         reporter.say(f"llamabatch run: {run.read_note}")
     if writer.error is not None:
         reporter.say(f"llamabatch: error: {writer.error}")
         if resumable:  # every record in it is whole (a torn last one is cut on resume)
-            reporter.say(_resume_hint(writer.stats.written, input_path, output))
+            reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
         return EXIT_ERROR
     fatal = getattr(engine, "fatal_error", None)
     if fatal is not None:  # the engine process died and could not be restarted
         reporter.say(f"llamabatch: error: {fatal}")
-        reporter.say(_resume_hint(writer.stats.written, input_path, output))
+        reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
         return EXIT_ERROR
     if run.read_error is not None:
         reporter.say(f"llamabatch: error: {run.read_error}")
-        reporter.say(_resume_hint(writer.stats.written, input_path, output))
+        reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
         return EXIT_ERROR
     if run.stopping:
-        reporter.say(_resume_hint(writer.stats.written, input_path, output))
+        reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
         return 128 + interrupts.first if interrupts.first else EXIT_INTERRUPTED
     if fail_on_error and writer.stats.failed:
         return EXIT_ERROR
@@ -240,11 +239,11 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
                   f"{s.completion_tokens / wall if wall > 0 else 0:.1f} generated tok/s")
 
 
-def _resume_hint(written: int, input_path: str, output: str | None) -> str:
+def _resume_hint(written: int, input_path: str, output: str | None, argv: tuple[str, ...]) -> str:
     if output in (None, "-"):
         return (f"llamabatch run: stopped early; {written} record(s) went to stdout. To finish the rest, "
                 f"run again with -o FILE (the file stdout went to) and --resume")
-    args = sys.argv[1:]
+    args = list(argv)
     if "run" in args:  # the command as typed, with every option kept
         command = shlex.join(["llamabatch", *args] + ([] if "--resume" in args else ["--resume"]))
     else:
