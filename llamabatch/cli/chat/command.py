@@ -14,10 +14,15 @@ from typing import Annotated, Any, Optional, TextIO
 
 import typer
 
+from . import parameters
+from .autosave import Autosave
+from .conversation import Conversation
+from .listing import print_list
 from .slash_commands import QUIT, looks_like_command, run_slash_command
 from .session import ChatIO, ChatSession
+from .store import Store, StoreError, Stored, default_path
 from .. import env as cli_env
-from ..common import open_engine, resolve_options, say
+from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options
 
 MULTILINE = '"""'
@@ -178,8 +183,17 @@ def pipe_io(stdin: TextIO, stdout: TextIO, stderr: TextIO) -> ChatIO:
 
 @with_shared_options
 def chat_command(
+    prompt: Annotated[Optional[str], typer.Argument(
+        metavar="PROMPT", show_default=False,
+        help="One-shot: print the reply to PROMPT and exit. Piped stdin is then the material PROMPT is about.")] = None,
     system: Annotated[Optional[str], typer.Option("--system", "-s", help="System prompt.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="After each reply, print Ollama-style stats (with cached tokens) on stderr.")] = False,
+    continue_: Annotated[bool, typer.Option("--continue", "-c", help="Continue the most recent saved conversation.")] = False,
+    resume: Annotated[Optional[int], typer.Option("--resume", metavar="ID", help="Continue saved conversation ID (--list shows them).")] = None,
+    load: Annotated[Optional[str], typer.Option("--load", metavar="FILE", help="Continue a JSON transcript written by /save (saved as a new conversation).")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List the saved conversations, newest first, and exit.")] = False,
+    search: Annotated[Optional[str], typer.Option("--search", metavar="TEXT", help="List the saved conversations with messages containing every word of TEXT, and exit.")] = None,
+    no_save: Annotated[bool, typer.Option("--no-save", help="Do not record this chat in the conversation database.")] = False,
     *,
     opts: SharedOptions,
 ) -> None:
@@ -189,21 +203,99 @@ def chat_command(
 
     With stdin piped, each line is one user turn and each reply goes to stdout as it is.
 
+    Every turn is saved as it happens in $XDG_STATE_HOME/llamabatch/conversations.db (SQLite); -c continues the last conversation.
+
     Chat uses one slot (all of --n-ctx) unless --n-parallel is set.
     """
-    resolved = resolve_options(opts)  # n_parallel defaults to 1 here (options.COMMAND_DEFAULTS)
     env = cli_env.current()
+    if list_ or search is not None:
+        store = Store(create=False)
+        try:
+            print_list(store, search, lambda line: print(line, file=env.stdout, flush=True), say)
+        finally:
+            store.close()
+        return
+    if continue_ + (resume is not None) + (load is not None) > 1:
+        raise fail("use one of --continue, --resume ID and --load FILE", EXIT_USAGE)
+    resolved = resolve_options(opts)  # n_parallel defaults to 1 here (options.COMMAND_DEFAULTS)
+    stored = read_stored(continue_, resume)
+    loaded = Conversation.load(load) if load is not None else None  # a bad file: one line, exit 2
+    store, broken = (None, None) if no_save else open_store()
     started = time.perf_counter()
     engine = open_engine(resolved)
     load_s = time.perf_counter() - started
     try:
-        interactive = env.stdin_isatty
+        interactive = env.stdin_isatty and prompt is None
         io = terminal_io(env) if interactive else pipe_io(env.stdin, env.stdout, env.stderr)
         engine.on_notice = io.notice  # a template fallback is said once, dim like other notices
         template = engine.chat_template  # an unusable --chat-template fails here, before any turn
+        session = ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s)
+        if not no_save:
+            session.autosave = Autosave(store, meta=lambda: conversation_meta(session), notice=io.notice,
+                                        fallback_dir=default_path().parent, broken=broken)
+        if stored is not None:
+            resume_stored(session, stored, system)
+        elif loaded is not None:
+            session.replace_conversation(loaded)
+            io.notice(f"loaded {len(loaded.messages)} messages from {load}")
+        if prompt is not None:
+            one_shot(session, prompt, env)
+            return
         if interactive:
             io.notice(f"{engine.model_name} · template {template.name} · {engine.slot_ctx}-token context · "
                       f"/help for commands, Ctrl-D or /bye to exit")
-        chat_loop(ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s))
+        chat_loop(session)
     finally:
         engine.close()
+        if store is not None:
+            store.close()
+
+
+def open_store() -> tuple[Store | None, str | None]:
+    """The conversation database, or (None, why) when it cannot be used: the chat goes on and
+    saves to a JSON file instead (the database is left as it is)."""
+    try:
+        return Store(), None
+    except StoreError as exc:
+        return None, str(exc)
+
+
+def read_stored(continue_: bool, resume: int | None) -> Stored | None:
+    """The conversation --continue or --resume ID names; one line and exit 1 when there is none."""
+    if not continue_ and resume is None:
+        return None
+    store = Store(create=False)
+    try:
+        chosen = store.latest_id() if continue_ else resume
+        stored = store.read(chosen) if chosen is not None else None
+    finally:
+        store.close()
+    if stored is None:
+        raise fail("no saved conversation to continue yet" if chosen is None else
+                   f"no saved conversation {chosen} (llamabatch chat --list shows them)")
+    return stored
+
+
+def resume_stored(session: ChatSession, stored: Stored, system: str | None) -> None:
+    conversation = Conversation(stored.system, stored.messages)
+    session.replace_conversation(conversation, stored)  # evaluates it once, in the background
+    if system is not None:
+        session.set_system(system)
+    other = f" (started with {stored.model})" if stored.model and stored.model != session.engine.model_name else ""
+    session.io.notice(f"continuing conversation {stored.id}: {len(stored.messages)} messages{other}")
+
+
+def one_shot(session: ChatSession, prompt: str, env: cli_env.Environment) -> None:
+    """`chat PROMPT`: one reply on stdout. Piped stdin is the material, PROMPT the instruction
+    after it (as simonw/llm does)."""
+    material = "" if env.stdin_isatty else env.stdin.read()
+    text = f"{material.rstrip()}\n\n{prompt}" if material.strip() else prompt
+    result = session.say(text)
+    if result.finish_reason == "error":
+        raise typer.Exit(EXIT_ERROR)
+
+
+def conversation_meta(session: ChatSession) -> dict:
+    """What a new conversation row records besides its messages."""
+    return {"model": session.engine.model_name, "template": session.template.name,
+            "settings": {"num_ctx": session.num_ctx, **parameters.settings(session.params)}}

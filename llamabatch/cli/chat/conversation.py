@@ -33,6 +33,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 # Stands in for the last reply when checking that the template extends the previous prompt.
 # A private-use character cannot come from the tokenizer's text or the user by accident.
 _MARKER = "\ue000llamabatch-reply\ue000"
+MAX_STEPS_BACK = 32  # /undo steps that still splice from the slot's tokens (older ones re-tokenize)
 
 
 class Conversation:
@@ -41,6 +42,7 @@ class Conversation:
     def __init__(self, system: str | None = None, messages: Sequence[dict] | None = None):
         self.system = system or None
         self.messages: list[dict] = [{"role": m["role"], "content": m["content"]} for m in (messages or [])]
+        self.dropped = 0  # messages dropped from the front to fit the context (the autosave keeps them)
 
     def full(self) -> list[dict]:
         """What the template renders: the system prompt first (when set), then the messages."""
@@ -71,11 +73,23 @@ class Conversation:
             return 0
         cut = users[1]
         del self.messages[:cut]
+        self.dropped += cut
         return cut
+
+    def undo(self) -> int:
+        """Drop the last exchange: the last user message and the reply after it.
+        Returns how many messages went (0: there is no exchange to drop)."""
+        users = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+        if not users:
+            return 0
+        n = len(self.messages) - users[-1]
+        del self.messages[users[-1]:]
+        return n
 
     def clear(self) -> None:
         """A new conversation with the same system prompt."""
         self.messages = []
+        self.dropped = 0
 
     # -- JSON ----------------------------------------------------------------------------
 
@@ -152,7 +166,13 @@ class PromptBuilder:
         self.tokenize = tokenize  # text -> tokens, parsing special-token text, adding BOS
         self.slot_ctx = slot_ctx
         self._leading = tokenize("")  # what the tokenizer puts in front of any text (BOS)
-        self._last: _Sent | None = None
+        # What was sent for each reply, newest last: /undo steps back to the one before, so
+        # the next prompt is spliced from tokens the slot still holds.
+        self._sent: list[_Sent] = []
+
+    @property
+    def _last(self) -> _Sent | None:
+        return self._sent[-1] if self._sent else None
 
     @classmethod
     def for_engine(cls, engine: Any) -> "PromptBuilder":
@@ -184,10 +204,19 @@ class PromptBuilder:
     def remember(self, prompt: TurnPrompt, reply_text: str, reply_tokens: list[int] | None) -> None:
         """Record what was sent and what came back. Pass reply_tokens only when they spell
         exactly reply_text (not when a stop string was cut from the text)."""
-        self._last = _Sent(prompt, reply_text, list(reply_tokens) if reply_tokens is not None else None)
+        sent = _Sent(prompt, reply_text, list(reply_tokens) if reply_tokens is not None else None)
+        if self._sent and self._sent[-1].prompt.text == prompt.text:
+            self._sent[-1] = sent  # /retry: the same prompt, another reply
+        else:
+            self._sent = self._sent[-(MAX_STEPS_BACK - 1):] + [sent]
+
+    def step_back(self) -> None:
+        """Forget the last reply's prompt (/undo): the one before it is the base again."""
+        if self._sent:
+            self._sent.pop()
 
     def forget(self) -> None:
-        self._last = None
+        self._sent = []
 
     # -- internals -----------------------------------------------------------------------
 

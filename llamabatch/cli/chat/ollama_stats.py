@@ -3,12 +3,15 @@
     total duration:       1.2s
     load duration:        35ms
     prompt eval count:    6 token(s)
-    cached tokens:        20 token(s)
     prompt eval duration: 120ms
     prompt eval rate:     50.00 tokens/s
     eval count:           298 token(s)
     eval duration:        4.1s
     eval rate:            72.68 tokens/s
+    cached tokens:        20 token(s)
+
+Ollama's lines come in Ollama's order, so scripts that read them keep working; the cached
+line is llamabatch's own and comes last.
 
 As in Ollama, `prompt eval count` is the prompt tokens actually evaluated; `cached tokens`
 are the ones the prefix cache served instead (together: the whole prompt). The first
@@ -50,12 +53,12 @@ def stats_lines(result: Result, total_s: float, load_s: float = 0.0) -> list[str
         ("total duration", go_duration(total_s)),
         ("load duration", go_duration(load_s)),
         ("prompt eval count", f"{evaluated} token(s)"),
-        ("cached tokens", f"{usage.cached_tokens} token(s)"),
         ("prompt eval duration", go_duration(timings.prompt_ms / 1000)),
         ("prompt eval rate", f"{timings.prompt_tokens_per_s:.2f} tokens/s"),
         ("eval count", f"{usage.completion_tokens} token(s)"),
         ("eval duration", go_duration(timings.decode_ms / 1000)),
         ("eval rate", f"{timings.generated_tokens_per_s:.2f} tokens/s"),
+        ("cached tokens", f"{usage.cached_tokens} token(s)"),
     ]
     return [f"{label + ':':<{LABEL_WIDTH}}{value}" for label, value in rows]
 
@@ -75,5 +78,5 @@ def parse_stats(text: str) -> list[dict[str, str]]:
     return blocks
 
 
-_LABELS = ("total duration", "load duration", "prompt eval count", "cached tokens", "prompt eval duration",
-           "prompt eval rate", "eval count", "eval duration", "eval rate")
+_LABELS = ("total duration", "load duration", "prompt eval count", "prompt eval duration",
+           "prompt eval rate", "eval count", "eval duration", "eval rate", "cached tokens")

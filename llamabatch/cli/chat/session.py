@@ -9,7 +9,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .autosave import Autosave
 from .conversation import Conversation, PromptBuilder, TurnPrompt
+from .store import Stored
 from ...params import SamplingParams
 from ...results import Result
 from .ollama_stats import stats_lines
@@ -48,7 +50,7 @@ class SessionTotals:
 
 class ChatSession:
     def __init__(self, engine: Any, params: SamplingParams, io: ChatIO, *, system: str | None = None,
-                 verbose: bool = False, load_s: float = 0.0):
+                 verbose: bool = False, load_s: float = 0.0, autosave: Autosave | None = None):
         self.engine = engine
         self.params = params
         self.io = io
@@ -59,6 +61,16 @@ class ChatSession:
         self.last_result: Result | None = None
         self._load_s = load_s  # shown as "load duration" once, with the first reply
         self._warmup: Any = None
+        self.autosave = autosave  # None: --no-save
+
+    @property
+    def num_ctx(self) -> int:
+        """Tokens the conversation may use: the slot, or less after /set parameter num_ctx."""
+        return self.builder.slot_ctx
+
+    @num_ctx.setter
+    def num_ctx(self, n: int) -> None:
+        self.builder.slot_ctx = min(n, self.engine.slot_ctx)
 
     @property
     def template(self):
@@ -76,6 +88,8 @@ class ChatSession:
             raise
         if result.finish_reason == "error":
             self._drop_unanswered(text)
+        else:
+            self._save(result)
         return result
 
     def retry(self) -> Result | None:
@@ -90,7 +104,28 @@ class ChatSession:
             raise
         if result.finish_reason == "error":
             self._restore_reply(old)
+        else:
+            self._save(result)
         return result
+
+    def undo(self) -> bool:
+        """Drop the last exchange (/undo). The slot keeps the tokens before it, so the next
+        reply evaluates only what is new from there. False: nothing to drop."""
+        if not self.conversation.undo():
+            return False
+        self.builder.step_back()
+        self._save()
+        return True
+
+    def set_system(self, text: str | None) -> None:
+        self.conversation.system = text or None
+        self._save()
+
+    def clear(self) -> None:
+        """A new conversation with the same system prompt (the old one stays saved)."""
+        self.conversation.clear()
+        if self.autosave is not None:
+            self.autosave.start_over()
 
     def _restore_reply(self, old: str | None) -> None:
         if old is not None and self.conversation.last_role == "user":
@@ -142,12 +177,19 @@ class ChatSession:
 
     # -- conversation changes -----------------------------------------------------------------
 
-    def replace_conversation(self, conversation: Conversation) -> None:
-        """Start from a loaded transcript: evaluate it once now, in the background, so the
-        next reply finds it in the prefix cache while the person types."""
+    def replace_conversation(self, conversation: Conversation, stored: Stored | None = None) -> None:
+        """Start from a loaded transcript (a new saved conversation) or a `stored` one (which
+        goes on being saved as itself): evaluate it once now, in the background, so the next
+        reply finds it in the prefix cache while the person types."""
         self._wait_for_warmup()
         self.conversation = conversation
         self.builder.forget()
+        if self.autosave is not None:
+            if stored is not None:
+                self.autosave.attach(stored)
+            else:
+                self.autosave.start_over()
+                self.autosave.sync(conversation)
         messages = conversation.full()
         if not messages:
             return
@@ -184,6 +226,10 @@ class ChatSession:
         if self._warmup is not None:
             self._wait(self._warmup)
             self._warmup = None
+
+    def _save(self, result: Result | None = None) -> None:
+        if self.autosave is not None:
+            self.autosave.sync(self.conversation, result)
 
     def _remember(self, prompt: TurnPrompt, result: Result) -> None:
         # Generated tokens spell the text exactly unless a stop string was cut off it.

@@ -8,26 +8,27 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
+from . import parameters, show
 from .conversation import Conversation
 from ...errors import InvalidRequest
 from .session import ChatSession
 
-# /set PARAM VALUE: the sampling settings a person tunes while chatting, and their types
-SETTABLE = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "max_tokens": int,
-            "seed": int, "repeat_penalty": float}
-SHOW_TOPICS = ("model", "template", "parameters", "context", "system")
-COMMAND_LIST = "/help /system /set /show /clear /retry /save /load /stats /bye"
+COMMAND_LIST = "/help /system /set /show /clear /retry /undo /save /load /stats /bye"
 
 HELP = """\
 /help                 this list
 /system TEXT          set the system prompt (/system alone shows it; /system "" removes it)
-/set PARAM VALUE      temperature, top_k, top_p, min_p, max_tokens, seed (or random), repeat_penalty
+/set PARAM VALUE      temperature, top_k, top_p, min_p, max_tokens, seed (or random), repeat_penalty, stop
+/set parameter NAME VALUE  Ollama's names: num_ctx, num_predict, temperature, top_k, top_p, min_p,
+                      repeat_penalty, seed, stop
+/set system TEXT      the same as /system TEXT
 /set verbose [on|off] print timing and token stats after each reply (/set quiet: off)
-/show [WHAT]          model, template, parameters, context, system (all of them without WHAT)
-/clear                start a new conversation (the system prompt stays)
+/show [WHAT]          info, model, template, parameters, context, system (/show alone: the middle four)
+/clear                start a new conversation (the system prompt stays; the old one stays saved)
 /retry                generate the last reply again
+/undo                 drop the last exchange
 /save FILE            write the conversation as JSON
-/load FILE            continue a saved conversation
+/load FILE            continue a conversation from a JSON file (saved as a new conversation)
 /stats                token and request counts for this session
 /bye                  leave (or Ctrl-D)
 Multi-line input: start and end it with \"\"\" lines, or press Esc then Enter for a new line.
@@ -68,13 +69,18 @@ def _system(session: ChatSession, rest: str) -> None:
                         'no system prompt; /system TEXT sets one')
         return
     text = _unquote(rest) if rest[:1] in ("'", '"') else rest
-    session.conversation.system = text or None
+    session.set_system(text)
     session.io.info("system prompt set" if text else "system prompt removed")
 
 
 def _set(session: ChatSession, rest: str) -> None:
     name, _, value = rest.partition(" ")
     name, value = name.lower(), value.strip()
+    if name == "system":
+        return _system(session, value)
+    if name == "parameter":  # Ollama's /set parameter NAME VALUE
+        name, _, value = value.partition(" ")
+        name, value = name.lower(), value.strip()
     if name in ("verbose", "quiet"):
         on = _switch(value) if name == "verbose" else (False if not value else None)
         if on is None:
@@ -83,26 +89,20 @@ def _set(session: ChatSession, rest: str) -> None:
         session.verbose = on
         session.io.info(f"verbose {'on' if on else 'off'}")
         return
-    kind = SETTABLE.get(name)
-    if kind is None or not value:
-        session.io.info(f"usage: /set PARAM VALUE with PARAM one of {', '.join(SETTABLE)}, verbose")
+    known = name == parameters.NUM_CTX or parameters.field_for(name) is not None
+    if not known or not value:
+        session.io.info(f"usage: /set PARAM VALUE or /set parameter NAME VALUE, with a name from "
+                        f"{', '.join(parameters.NAMES)}; /set verbose, /set system TEXT")
         return
     try:
-        parsed = _parse(name, value, kind)
-        session.params = session.params.replace(**{name: parsed}).validate()
+        if name == parameters.NUM_CTX:
+            session.num_ctx = parsed = parameters.parse_num_ctx(value, session.engine.slot_ctx)
+        else:
+            session.params, parsed = parameters.apply(session.params, name, value)
     except InvalidRequest as exc:
         session.io.info(f"/set {name}: {exc}")
         return
     session.io.info(f"{name} = {'random' if parsed is None else parsed}")
-
-
-def _parse(name: str, value: str, kind: type):
-    if name == "seed" and value.lower() in ("random", "none", "-1"):
-        return None
-    try:
-        return kind(value)
-    except ValueError:
-        raise InvalidRequest(f"{value!r} is not {'an integer' if kind is int else 'a number'}") from None
 
 
 def _switch(value: str) -> bool | None:
@@ -115,67 +115,26 @@ def _switch(value: str) -> bool | None:
 
 
 def _show(session: ChatSession, rest: str) -> None:
-    topic = rest.lower()
-    if topic in ("params", "param", "parameter"):
-        topic = "parameters"
-    if topic and topic not in SHOW_TOPICS:
-        session.io.info(f"usage: /show [{'|'.join(SHOW_TOPICS)}]")
-        return
-    for t in ([topic] if topic else [t for t in SHOW_TOPICS if t != "system"]):
-        for line in SHOW[t](session):
-            session.io.info(line)
-
-
-def _show_model(session: ChatSession) -> list[str]:
-    return [f"model: {session.engine.model_name} ({session.engine.model_path})"]
-
-
-def _show_template(session: ChatSession) -> list[str]:
-    template = session.template
-    lines = [f"template: {template.name}" + (f" ({template.source})" if template.source.startswith("built-in")
-                                             else f" (Jinja, {len(template.source)} characters)")]
-    if template.fallback_reason:
-        lines.append(f"  {template.fallback_reason}")
-    if not template.source.startswith("built-in"):
-        lines.extend("  " + line for line in template.source.splitlines())
-    return lines
-
-
-def _show_parameters(session: ChatSession) -> list[str]:
-    p = session.params
-    values = {name: getattr(p, name) for name in SETTABLE}
-    values["seed"] = "random" if p.seed is None else p.seed
-    shown = " ".join(f"{k}={v}" for k, v in values.items())
-    stops = f" stop={p.stop!r}" if p.stop else ""
-    return [f"parameters: {shown}{stops} verbose={'on' if session.verbose else 'off'}"]
-
-
-def _show_context(session: ChatSession) -> list[str]:
-    used = session.context_used()
-    ctx = session.engine.slot_ctx
-    room = ctx - session.builder.budget(session.params.max_tokens)
-    return [f"context: {used} of {ctx} tokens used ({len(session.conversation.messages)} messages; "
-            f"{room} kept free for the reply)"]
-
-
-def _show_system(session: ChatSession) -> list[str]:
-    return [f"system: {session.conversation.system!r}" if session.conversation.system else "system: none"]
-
-
-SHOW: dict[str, Callable[[ChatSession], list[str]]] = {
-    "model": _show_model, "template": _show_template, "parameters": _show_parameters,
-    "context": _show_context, "system": _show_system,
-}
+    lines = show.lines_for(session, rest)
+    for line in lines if lines is not None else [show.usage()]:
+        session.io.info(line)
 
 
 def _clear(session: ChatSession, rest: str) -> None:
-    session.conversation.clear()
+    session.clear()
     session.io.info("new conversation" + (" (system prompt kept)" if session.conversation.system else ""))
 
 
 def _retry(session: ChatSession, rest: str) -> None:
     if session.retry() is None:
         session.io.info("nothing to retry: no message yet")
+
+
+def _undo(session: ChatSession, rest: str) -> None:
+    if not session.undo():
+        session.io.info("nothing to undo: no exchange yet")
+        return
+    session.io.info(f"dropped the last exchange ({len(session.conversation.messages)} messages left)")
 
 
 def _save(session: ChatSession, rest: str) -> None:
@@ -236,5 +195,5 @@ def _stats(session: ChatSession, rest: str) -> None:
 
 COMMANDS: dict[str, Callable[[ChatSession, str], str | None]] = {
     "help": _help, "?": _help, "system": _system, "set": _set, "show": _show, "clear": _clear,
-    "retry": _retry, "save": _save, "load": _load, "stats": _stats, "bye": _bye, "exit": _bye, "quit": _bye,
+    "retry": _retry, "undo": _undo, "save": _save, "load": _load, "stats": _stats, "bye": _bye, "exit": _bye, "quit": _bye,
 }
