@@ -8,6 +8,7 @@ import os
 import pty
 import select
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -171,7 +172,7 @@ def test_ctrl_c_in_a_terminal_cancels_the_reply_and_returns_to_the_prompt(tmp_pa
             read_some()
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
         cancelled_at = wait_for(b"reply cancelled", mark)
-        stats_at = wait_for(b"eval count:", cancelled_at)
+        stats_at = wait_for(b"\neval count:", cancelled_at)  # not "prompt eval count:"
         wait_for(b">>>", stats_at)
         os.write(master, b"\x04")  # Ctrl-D at the prompt
         assert proc.wait(timeout=60) == 0
@@ -183,6 +184,11 @@ def test_ctrl_c_in_a_terminal_cancels_the_reply_and_returns_to_the_prompt(tmp_pa
     assert 0 < eval_count < 2000
     history = (tmp_path / "state" / "llamabatch" / "chat_history").read_text()
     assert "+Write a very long story about a dragon." in history
+    # the exchange was saved as it happened, the partial reply with it
+    with sqlite3.connect(tmp_path / "state" / "llamabatch" / "conversations.db") as db:
+        rows = db.execute("SELECT role, content, tokens FROM messages ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == ["user", "assistant"] and rows[0][1] == "Write a very long story about a dragon."
+    assert rows[1][1].strip() and rows[1][2] == eval_count
 
 
 # -- the loop with injected input ---------------------------------------------------------

@@ -95,3 +95,9 @@ def test_the_committed_bash_script_completes_in_bash():
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["--n-parallel"]
+
+
+def test_bash_completes_chat_options():
+    offered = complete_bash(["llamabatch", "chat", "--re"], 2)
+    assert {"--resume", "--repeat-penalty"} <= set(offered)
+    assert {"--continue", "--list", "--search", "--load", "--no-save"} <= set(complete_bash(["llamabatch", "chat", "--"], 2))
