@@ -276,14 +276,15 @@ while not os.path.exists(os.path.join(sys.argv[2], "go")):  # start both chats t
     time.sleep(0.01)
 turns = "".join(f"{{sys.argv[1]}} turn {{i}}\\n" for i in range({turns}))
 result = invoke(["chat", "--max-tokens", "2", "--temperature", "0"], input=turns,
-                runner=runner_for(reply=lambda prompt: " ok"), env={{"XDG_STATE_HOME": sys.argv[2]}})
+                runner=runner_for(reply=lambda prompt: " ok", step_delay=0.01),  # turns that take time, like a model's
+                env={{"XDG_STATE_HOME": sys.argv[2]}})
 print(result.stderr, file=sys.stderr)
 sys.exit(result.exit_code)
 """
 
 
 def test_two_chat_processes_writing_at_once_keep_all_their_turns(tmp_path):
-    turns = 60
+    turns = 40
     script = textwrap.dedent(WRITER.format(tests=str(TESTS), turns=turns))
     state = tmp_path / "state"
     state.mkdir()
