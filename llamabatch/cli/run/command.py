@@ -170,6 +170,7 @@ def format_for_path(path: str) -> str:
 def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
          answered, fail_on_error: bool, input_path: str, output: str | None, cluster=None) -> int:
     """`engine` is an Engine, or with --ray the RayPool (`cluster` too), which takes lines the same way."""
+    env = cli_env.current()  # its argv goes into the resume hint
     why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
     what = cluster.describe() if cluster else (f"{engine.model_name}, {engine.config.n_parallel} slots x "
                                                f"{engine.slot_ctx} tokens{why}")
