@@ -13,7 +13,7 @@ import logging
 from .config import EngineConfig
 from .engine import Engine
 from .handle import RequestHandle
-from .errors import (ContextOverflow, DecodeError, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError,
+from .errors import (ContextOverflow, DecodeError, DeterminismUnavailable, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError,
                      QueueFull)
 from .params import SamplingParams
 from .results import Delta, Result, Timings, Usage
@@ -27,5 +27,5 @@ logging.getLogger("llamabatch").addHandler(logging.NullHandler())
 __all__ = [
     "Engine", "EngineConfig", "EngineStats", "RequestHandle", "SamplingParams", "Result", "Delta", "Usage",
     "Timings", "TickRecord", "RequestRecord", "LlamaBatchError", "InvalidRequest", "ContextOverflow", "QueueFull",
-    "ModelLoadError", "DecodeError", "EngineClosed", "__version__",
+    "ModelLoadError", "DecodeError", "EngineClosed", "DeterminismUnavailable", "__version__",
 ]

@@ -50,6 +50,9 @@ class EngineConfig:
     # One KV cache for all slots instead of one stream per slot: a tick is one graph run
     # whatever its shape, and forks share cells instead of copying them.
     kv_unified: bool = False
+    # A request's tokens depend only on its prompt, sampling parameters and seed, not on what
+    # else shares the batch (see llamabatch/batch_invariance.py and the README). CPU builds only.
+    deterministic: bool = False
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -88,6 +91,9 @@ class EngineConfig:
             _bad("n_ctx", f"an integer >= 16 per slot ({16 * slots} for {slots} slots)", self.n_ctx)
         if self.n_batch < slots:
             _bad("n_batch", f"an integer >= n_parallel ({slots})", self.n_batch)
+        if self.deterministic and self.kv_unified:
+            # the invariance rests on one KV stream per sequence (llamabatch/batch_invariance.py)
+            _bad("kv_unified", "false when deterministic is on", self.kv_unified)
         return self
 
 
@@ -128,6 +134,7 @@ KEY_RULES: dict[str, Rule] = {
     "seed": optional(_seed),
     "share_prefix_min": integer(0, "an integer >= 0 (0 = off)"),
     "kv_unified": boolean,
+    "deterministic": boolean,
 }
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
 

@@ -70,9 +70,14 @@ class Engine:
                                     on_notice=on_notice or (lambda line: log.warning("%s", line)))
         # Prefix sharing across slots forks KV between slots: only where the runner can.
         share_min = self.config.share_prefix_min if self.config.cache_prompt and getattr(runner, "can_fork", False) else 0
+        if self.config.deterministic:
+            # Cross-slot prefix sharing is off in deterministic mode: the invariance tests do not
+            # cover it, so it is not promised. An n-request's forks stay (the runner applies them
+            # in _execute_invariant too): they copy sample 0's prefill-computed prompt KV, bit for bit.
+            share_min = 0
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
                                    self.config.policy, self.config.cache_prompt, runner.token_bytes, runner.is_eog,
-                                   share_min=share_min)
+                                   share_min=share_min, cache_generated=not self.config.deterministic)
         self.telemetry = Telemetry()
         # Everything below is shared between callers and the engine thread, under _cond.
         self._cond = threading.Condition()
@@ -346,6 +351,7 @@ class Engine:
         if not all(m.completed for m in seq.members):
             return  # an n-request's Result waits for its last sample
         result = seq.request_result()
+        result.deterministic = self.config.deterministic
         handle = self._handles.pop(seq.request_id, None)
         kind = "exception" if result.finish_reason == "error" else "done"
         self.telemetry.record_request(RequestRecord(kind, seq.request_id, result.finish_reason, result.usage,
@@ -355,7 +361,8 @@ class Engine:
 
     def _reject(self, handle: RequestHandle, exc: LlamaBatchError) -> None:
         """End a request whose input was refused at submit (it never became a Sequence)."""
-        result = Result(handle.request_id, "", [], "error", Usage(), Timings(), error=str(exc), error_code=exc.code)
+        result = Result(handle.request_id, "", [], "error", Usage(), Timings(), error=str(exc), error_code=exc.code,
+                        deterministic=self.config.deterministic)
         self.telemetry.record_request(RequestRecord("exception", handle.request_id, "error", result.usage,
                                                     result.timings, str(exc)))
         handle._finish(result)

@@ -48,3 +48,9 @@ class EngineClosed(LlamaBatchError):
     """A request was submitted to an engine that has been closed."""
 
     code = "engine_closed"
+
+
+class DeterminismUnavailable(InvalidRequest):
+    """`deterministic=True` on a build where llamabatch cannot promise it (a GPU backend)."""
+
+    code = "determinism_unavailable"

@@ -58,6 +58,7 @@ class Result:
     logprobs: list[dict[str, Any]] | None = None
     index: int = 0  # which sample of an n-request this is
     samples: list["Result"] | None = None  # n > 1: one Result per sample, in index order
+    deterministic: bool = False  # produced in deterministic mode (batch-invariant)
 
     @property
     def all_logprobs(self) -> Any:
@@ -76,7 +77,7 @@ class Result:
                                     "finish_reasons": [s.finish_reason for s in self.samples]}
         else:
             head = {"text": self.text}
-        return {
+        out: dict[str, Any] = {
             **head,
             "finish_reason": self.finish_reason,
             "usage": self.usage.to_dict(),
@@ -84,3 +85,6 @@ class Result:
             "seed": self.seed,
             "error": None if self.error is None else {"code": self.error_code, "message": self.error},
         }
+        if self.deterministic:
+            out["deterministic"] = True
+        return out

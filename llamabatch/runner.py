@@ -25,8 +25,9 @@ from typing import Any, Iterator
 import llama_cpp
 from llama_cpp import llama_cpp as C
 
+from . import batch_invariance as invariance
 from .config import EngineConfig
-from .errors import InvalidRequest, ModelLoadError
+from .errors import DeterminismUnavailable, InvalidRequest, ModelLoadError
 from .params import SamplingParams
 from .plan import Fork, StepPlan, StepResult
 
@@ -70,12 +71,24 @@ class _Sampler:
         self.seed = seed
 
 
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build has a GPU backend (CUDA, Metal, Vulkan, ...)."""
+    return bool(C.llama_supports_gpu_offload())
+
+
 class LlamaRunner:
     def __init__(self, config: EngineConfig, model_path: str):
         init_backend()
         self.config = config
         self.model_path = model_path
         self._closed = False
+        self.deterministic = config.deterministic
+        if self.deterministic and gpu_offload_supported():
+            # A GPU backend takes big matmuls even with n_gpu_layers=0 (op offload), with
+            # kernels nobody has checked for batch invariance: refuse rather than promise.
+            raise DeterminismUnavailable(
+                "--deterministic needs a CPU-only llama.cpp build; this one can offload to a GPU, "
+                "where llamabatch cannot promise batch-invariant output")
         mparams = model_params()
         mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
         mark = _log_mark()
@@ -90,17 +103,28 @@ class LlamaRunner:
         cparams.n_batch = config.n_batch
         cparams.n_ubatch = config.n_batch
         cparams.n_seq_max = config.n_parallel
+        self.n_seq_ids = config.n_parallel
+        if self.deterministic:
+            # Spare sequence ids pad decode passes (each id is a KV stream of slot_ctx cells),
+            # room for the padding rows in every pass, and the attention path known to be
+            # batch-invariant: flash attention off, one stream per sequence (below).
+            self.n_seq_ids = invariance.n_sequence_ids(config.n_parallel)
+            cparams.n_seq_max = self.n_seq_ids
+            cparams.n_ctx = config.slot_ctx * self.n_seq_ids
+            cparams.n_batch = cparams.n_ubatch = config.n_batch + invariance.MIN_ROWS * self.n_seq_ids
+            cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_threads = config.n_threads
         cparams.n_threads_batch = config.n_threads
         # Prefix reuse trims a slot's KV back to the shared prefix. With a sliding-window
         # cache (Gemma 3: 512 tokens) cells before the window are gone even though seq_rm
         # reports success, so keep the full-size SWA cache whenever caching is on.
-        cparams.swa_full = bool(config.cache_prompt)
+        cparams.swa_full = bool(config.cache_prompt) or self.deterministic  # padding rows are trimmed too
         # One KV stream per slot (default): each slot gets n_ctx / n_parallel cells and attends
         # only to its own cells. llama.cpp then splits a batch into ubatches of consecutive
         # slots with equal token counts, so a mixed prefill+decode tick is several graph runs.
         # A unified cache takes a whole tick in one graph run and shares forked cells instead
-        # of copying them (see plan.Fork); config.kv_unified chooses.
+        # of copying them (see plan.Fork); config.kv_unified chooses (never with deterministic:
+        # config.validate refuses it; the invariance rests on one stream per sequence).
         cparams.kv_unified = bool(config.kv_unified)
         self.kv_unified = bool(config.kv_unified)
         cparams.no_perf = True
@@ -118,7 +142,9 @@ class LlamaRunner:
         # sliding window's early cells (see plan.Fork).
         self.can_fork = bool((cparams.swa_full or C.llama_model_n_swa(self.model) == 0)
                              and not C.llama_model_is_recurrent(self.model) and not C.llama_model_is_hybrid(self.model))
-        self.n_batch = config.n_batch
+        if self.deterministic:
+            self.slot_ctx -= invariance.extra_cells()  # a final chunk's padding rows need cells
+        self.n_batch = cparams.n_batch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._piece_cache: dict[int, bytes] = {}
         self._lp_tokens: dict[int, tuple[str, list[int]]] = {}  # token -> (text, bytes) for logprobs
@@ -318,6 +344,8 @@ class LlamaRunner:
     def execute(self, plan: StepPlan) -> StepResult:
         for fork in plan.forks:
             self.fork(fork)
+        if self.deterministic:
+            return self._execute_invariant(plan)  # forks applied above: the first llama_decode copies
         batch = self.batch
         token, pos, n_seq, seq_ids, want = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
         rows: list[tuple[Any, int]] = []  # (chunk, row)
@@ -345,16 +373,19 @@ class LlamaRunner:
         if status != 0:
             return result
         for chunk, row in rows:
-            # the chunk's own sampler, then those of an n-request's other samples, which take
-            # their first token from the same row (llama_sampler_sample leaves the logits as
-            # they are), each with its own chain and seed
-            for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
-                tok = self._sample(sampler, row, chunk.suppress_eog)
-                result.sampled[slot] = tok
-                if chunk.logprobs is not None:
-                    result.logprobs[slot] = self._logprobs(row, tok, chunk.logprobs)
+            self._sample_chunk(chunk, row, result)
         result.sample_ms = (time.perf_counter() - t1) * 1000
         return result
+
+    def _sample_chunk(self, chunk: Any, row: int, result: StepResult) -> None:
+        # the chunk's own sampler, then those of an n-request's other samples, which take
+        # their first token from the same row (llama_sampler_sample leaves the logits as
+        # they are), each with its own chain and seed
+        for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
+            tok = self._sample(sampler, row, chunk.suppress_eog)
+            result.sampled[slot] = tok
+            if chunk.logprobs is not None:
+                result.logprobs[slot] = self._logprobs(row, tok, chunk.logprobs)
 
     def _sample(self, sampler: _Sampler, row: int, suppress_eog: bool) -> int:
         if suppress_eog and sampler.no_eog_chain:
@@ -365,6 +396,54 @@ class LlamaRunner:
             C.llama_sampler_accept(sampler.chain, tok)
             return tok
         return C.llama_sampler_sample(sampler.chain, self.ctx, row)
+
+    def _execute_invariant(self, plan: StepPlan) -> StepResult:
+        """Deterministic mode: the plan as up to two llama_decode calls (prefill chunks, then
+        decode rows) shaped by batch_invariance, padding cells removed after each."""
+        result = StepResult()
+        prefills = [c for c in plan.chunks if not c.is_decode]
+        decodes = [c for c in plan.chunks if c.is_decode]
+        done: list[Any] = []  # chunks already evaluated: rolled back if a later pass fails
+        for chunks in (prefills, decodes):
+            if not chunks:
+                continue
+            shaped = (invariance.prefill_pass(chunks) if chunks is prefills
+                      else invariance.decode_pass(chunks, self.n_seq_ids, self._next_pos))
+            status = self._run_pass(shaped, result)
+            if status != 0:
+                for chunk in done:  # llama.cpp rolls back a failed call, not an earlier one
+                    C.llama_memory_seq_rm(self.mem, chunk.slot, chunk.start_pos, -1)
+                result.status = status
+                result.sampled.clear()
+                result.logprobs.clear()
+                return result
+            done += chunks
+        return result
+
+    def _next_pos(self, seq: int) -> int:
+        return C.llama_memory_seq_pos_max(self.mem, seq) + 1
+
+    def _run_pass(self, shaped: invariance.Pass, result: StepResult) -> int:
+        batch = self.batch
+        for i, r in enumerate(shaped.rows):
+            batch.token[i] = r.token
+            batch.pos[i] = r.pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = r.seq
+            batch.logits[i] = 1 if r.logits else 0
+        batch.n_tokens = len(shaped.rows)
+        t0 = time.perf_counter()
+        status = C.llama_decode(self.ctx, batch)
+        C.llama_synchronize(self.ctx)
+        t1 = time.perf_counter()
+        if status == 0:
+            for chunk, row in shaped.sample_rows:
+                self._sample_chunk(chunk, row, result)
+        for seq, pos in shaped.trims:  # the padding rows' cells (none are left after a failure)
+            C.llama_memory_seq_rm(self.mem, seq, pos, -1)
+        result.eval_ms += (t1 - t0) * 1000
+        result.sample_ms += (time.perf_counter() - t1) * 1000
+        return status
 
     def _logprobs(self, row: int, chosen: int, top_n: int) -> dict[str, Any]:
         """The chosen token's log probability and the `top_n` likeliest tokens', from the row's

@@ -58,7 +58,7 @@ class Admission(NamedTuple):
 class Scheduler:
     def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
                  cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
-                 share_min: int = 0):
+                 share_min: int = 0, cache_generated: bool = True):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
         self.slot_ctx = slot_ctx
@@ -66,6 +66,9 @@ class Scheduler:
         self.chunk_size = chunk_size
         self.policy = POLICIES[policy]
         self.cache_prompt = cache_prompt
+        # Deterministic mode reuses only KV that prefill computed: a generated token's KV comes
+        # from the decode path, which rounds differently from evaluating it as prompt.
+        self.cache_generated = cache_generated
         self.token_bytes = token_bytes
         self.is_eog = is_eog
         self._detok: dict[Sequence, IncrementalDetokenizer] = {}  # by sequence: the n samples share an id
@@ -218,7 +221,8 @@ class Scheduler:
             if seq is None or seq.request_id != chunk.request_id:
                 continue  # finished (cancelled) while the tick ran
             seq.num_computed += len(chunk.tokens)
-            slot.cached.extend(chunk.tokens)
+            if self.cache_generated or not chunk.is_decode:
+                slot.cached.extend(chunk.tokens)
             if chunk.wants_logits and chunk.slot in result.sampled:
                 events.append(self._accept(seq, result.sampled[chunk.slot], result.logprobs.get(chunk.slot)))
             for slot_id, _ in chunk.siblings:

@@ -43,6 +43,7 @@ SHARED_OPTIONS: dict[str, Any] = {
     "cache_prompt": Annotated[Optional[bool], _opt("--cache-prompt/--no-cache-prompt", help="Reuse cached prompt prefixes [default: on]", panel=ENGINE)],
     "n_gpu_layers": Annotated[Optional[int], _opt("--n-gpu-layers", help="Layers offloaded to the GPU, -1 = all [default: 0]", panel=ENGINE)],
     "chat_template": Annotated[Optional[str], _opt("--chat-template", help="Chat format NAME (llama.cpp's built-ins: chatml, llama2, mistral-v7, phi3, ...; or plain) or a Jinja FILE [default: the GGUF's own]", panel=ENGINE)],
+    "deterministic": Annotated[Optional[bool], _opt("--deterministic/--no-deterministic", help="A request's tokens depend only on its prompt, sampling settings and seed, not on what else runs (CPU builds) [default: off]", panel=ENGINE)],
     "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
     "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
     "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],
@@ -154,7 +155,7 @@ def _kind(key: str) -> Any:
         return "list"
     if key == "n_parallel":
         return "slots"
-    if key == "cache_prompt":
+    if key in ("cache_prompt", "deterministic"):
         return bool
     defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}
     t = str(defaults.get(key, "str"))

@@ -15,8 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ... import __version__
 from . import benchkit
 from ...errors import InvalidRequest
-from .tables import (baseline_table, batched_table, latency_table, throughput_table, tick_summary_line,
-                           ticks_table)
+from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table,
+                     tick_summary_line, ticks_table)
 from .. import env as cli_env
 from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options
@@ -48,6 +48,8 @@ def bench_command(
 
     3. Every tick of each level (or the last --ticks N) with its means: batch fill, the share of ticks mixing prefill with decode, and the Python overhead share of tick time.
 
+    --deterministic runs every level twice, default engine first, and adds a table of what the mode costs: output tokens per second of each and their ratio (the other tables show the deterministic runs).
+
     --baseline adds llama-cpp-python's Llama.create_completion over the same prompts, one at a time, and a Speedup column: the level's tokens per second of wall clock over the baseline's. Sampling options apply to both; --parallel and --tg replace --n-parallel and --max-tokens.
     """
     levels, prompt_lines = _check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks)
@@ -69,25 +71,31 @@ def bench_command(
 
     progress = _progress()
     figures: list[dict[str, Any]] = []
+    default_figures: list[dict[str, Any]] = []  # with --deterministic: the same levels without it
+    deterministic = resolved.engine.deterministic
     model: dict[str, Any] = {}
     all_prompts: list[list[int]] = []
     with progress:
         # progress counts generated tokens, the baseline's included
-        task = progress.add_task("bench", total=sum(counts) * tg + (max(counts) * tg if baseline else 0))
+        task = progress.add_task("bench", total=sum(counts) * tg * (2 if deterministic else 1)
+                                 + (max(counts) * tg if baseline else 0))
         advance = lambda n: progress.advance(task, n)  # noqa: E731  (called on the engine thread)
         for b, config, count in zip(levels, configs, counts):
-            progress.update(task, description=f"B={b}")
-            engine = open_engine(dataclasses.replace(resolved, engine=config))
-            try:
-                if not all_prompts:
-                    model = benchkit.model_info(engine)
-                    all_prompts = _build_prompts(engine, prompt_lines, max(counts), pp, tg, smallest_slot)
-                level_prompts = all_prompts[:count]
-                level_pp = pp if prompt_lines is None else sum(map(len, level_prompts)) / len(level_prompts)
-                run = benchkit.run_level(engine, level_prompts, params, on_token=advance)
-            finally:
-                engine.close()
-            figures.append(benchkit.level_figures(run, level_pp, tg))
+            # --deterministic: the default engine first, then the deterministic one, side by side
+            for variant in ([config.replace(deterministic=False)] if deterministic else []) + [config]:
+                progress.update(task, description=f"B={b}" + (" deterministic" if variant.deterministic else ""))
+                engine = open_engine(dataclasses.replace(resolved, engine=variant))
+                try:
+                    if not all_prompts:
+                        model = benchkit.model_info(engine)
+                        all_prompts = _build_prompts(engine, prompt_lines, max(counts), pp, tg, smallest_slot)
+                    level_prompts = all_prompts[:count]
+                    level_pp = pp if prompt_lines is None else sum(map(len, level_prompts)) / len(level_prompts)
+                    run = benchkit.run_level(engine, level_prompts, params, on_token=advance)
+                finally:
+                    engine.close()
+                level = benchkit.level_figures(run, level_pp, tg)
+                (figures if variant.deterministic == deterministic else default_figures).append(level)
         base = None
         if baseline:
             progress.update(task, description="baseline")
@@ -98,7 +106,7 @@ def bench_command(
             for level in figures:
                 level.update(benchkit.speedup(level, base))
 
-    _print_tables(figures, base, ticks, configs[0].n_batch)
+    _print_tables(figures, base, ticks, configs[0].n_batch, default_figures if deterministic else None)
     failed = [e for level in figures for e in level["errors"]]
     for level in figures:
         if level["errors"]:
@@ -106,6 +114,8 @@ def bench_command(
                 f"{len(level['requests'])} requests failed, first: {level['errors'][0]}")
     if json_file:
         document = _document(figures, base, model, resolved, configs[0], levels, counts, pp, tg, requests, prompts)
+        if deterministic:
+            document["default_levels"] = default_figures  # "levels" are the deterministic runs
         try:
             with open(json_file, "w", encoding="utf-8") as f:
                 json.dump(document, f, indent=2)
@@ -158,7 +168,8 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
 
 
-def _print_tables(figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int) -> None:
+def _print_tables(figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int,
+                  default_figures: list[dict[str, Any]] | None = None) -> None:
     env = cli_env.current()
     out = (Console(file=env.stdout, force_terminal=True) if env.stdout_isatty
            else Console(file=env.stdout, width=200))  # a pipe must not fold columns
@@ -168,6 +179,8 @@ def _print_tables(figures: list[dict[str, Any]], base: dict[str, Any] | None, la
     for level in figures:
         out.print(ticks_table(level, last_ticks))
         out.print(tick_summary_line(level, n_batch), soft_wrap=True, highlight=False)
+    if default_figures is not None:  # --deterministic: what the mode costs, level by level
+        out.print(deterministic_table(default_figures, figures))
     if base is not None:
         out.print(baseline_table(base))
         if base["stopped_early"]:
@@ -192,6 +205,7 @@ def _document(figures: list[dict[str, Any]], base: dict[str, Any] | None, model:
             "requests_per_level": counts, "prompts_file": prompts, "policy": config.policy,
             "n_batch": config.n_batch, "chunk_size": config.chunk_size, "cache_prompt": config.cache_prompt,
             "n_ctx": config.n_ctx, "n_gpu_layers": config.n_gpu_layers, "threads": config.n_threads,
+            "deterministic": config.deterministic,
             "sampling": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
                          "repeat_penalty": s.repeat_penalty, "seed": s.seed, "ignore_eos": True},
             "warm_up": benchkit.WARM_UP_NOTE,

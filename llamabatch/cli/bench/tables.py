@@ -11,6 +11,7 @@ THROUGHPUT_COLUMNS = ("B", "Requests", "Failed", "Duration s", "Request/s", "Out
 TICK_COLUMNS = ("Tick", "Batch", "Decode", "Prefill", "Active", "Queue", "Eval ms", "Sample ms", "Overhead ms")
 BASELINE_COLUMNS = ("Requests", "Prompt tokens", "Generated", "Time s", "Request/s", "Output tok/s", "Total tok/s")
 SPEEDUP_COLUMN = "Speedup"
+DETERMINISTIC_COLUMNS = ("B", "Default tok/s", "Deterministic tok/s", "Ratio")
 
 
 def _table(title: str, columns: Sequence[str], first_left: int = 0) -> Table:
@@ -93,4 +94,13 @@ def baseline_table(baseline: dict[str, Any]) -> Table:
     table.add_row(str(baseline["requests"]), str(baseline["prompt_tokens"]), str(baseline["generated_tokens"]),
                   f"{baseline['seconds']:.3f}", f"{baseline['request_throughput']:.2f}",
                   f"{baseline['output_throughput']:.2f}", f"{baseline['total_token_throughput']:.2f}")
+    return table
+
+
+def deterministic_table(default: Sequence[dict[str, Any]], deterministic: Sequence[dict[str, Any]]) -> Table:
+    """bench --deterministic: output tokens per second of both modes per level, and their ratio."""
+    table = _table("Cost of --deterministic (output tokens per second)", DETERMINISTIC_COLUMNS)
+    for a, b in zip(default, deterministic):
+        da, db = a["latency"]["output_throughput"], b["latency"]["output_throughput"]
+        table.add_row(str(a["n_parallel"]), f"{da:.2f}", f"{db:.2f}", f"{db / da:.2f}" if da else "-")
     return table

@@ -19,7 +19,7 @@ import logging
 import signal
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ...engine import Engine, RequestHandle
 from ...errors import LlamaBatchError
@@ -36,12 +36,14 @@ log = logging.getLogger("llamabatch.cli.run")
 
 class BatchRun:
     def __init__(self, engine: Engine, parser: LineParser, source: Source, writer: RecordWriter,
-                 window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None):
+                 window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None,
+                 on_result: Callable[[LineRequest, Result], None] | None = None):
         self.engine = engine
         self.parser = parser
         self.source = source
         self.writer = writer
         self.answered = answered
+        self.on_result = on_result  # sees every engine Result with its line (run --verify samples them)
         self.admitted = 0  # lines handed to the writer or the engine (seq numbers 0..admitted-1)
         self.skipped = 0  # lines already answered in OUTPUT (--resume)
         self.cancelled = False  # the second Ctrl-C came
@@ -206,6 +208,8 @@ class BatchRun:
         else:
             if event.error_code == ENGINE_CRASHED:
                 self.isolated.append(item.id)
+            if self.on_result is not None:
+                self.on_result(item, event)
             self.writer.put(seq, item, event)
 
 

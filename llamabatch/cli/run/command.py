@@ -17,6 +17,7 @@ from .formats import LineParser
 from ... import autoslots
 from .. import env as cli_env
 from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options, say
+from .verify import Reservoir, rerun_alone
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
@@ -85,6 +86,10 @@ def run_command(
     ray_gpus_per_worker: Optional[float] = typer.Option(None, "--ray-gpus-per-worker", min=0.0,
                                                         show_default=False, rich_help_panel="Ray",
                                                         help="GPUs per engine (CUDA builds; with --n-gpu-layers)."),
+    verify: Optional[int] = typer.Option(None, "--verify", min=1, metavar="N", show_default=False,
+                                         help="After the run, re-run N randomly sampled lines one at a time and "
+                                              "compare tokens (e.g. --verify 8); exit 1 if any differ. Meant for "
+                                              "--deterministic."),
     *,
     opts: SharedOptions,
 ) -> None:
@@ -150,7 +155,8 @@ def run_command(
             except RunFileError as exc:
                 raise fail(str(exc), EXIT_ERROR) from None
         code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
-                    fail_on_error, input_path, output, cluster)
+                    fail_on_error, input_path, output, cluster, verify,
+                    deterministic=resolved.engine.deterministic)
     finally:
         engine.close()
         source.close()
@@ -168,7 +174,8 @@ def format_for_path(path: str) -> str:
 
 
 def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
-         answered, fail_on_error: bool, input_path: str, output: str | None, cluster=None) -> int:
+         answered, fail_on_error: bool, input_path: str, output: str | None, cluster=None,
+         verify: int | None = None, deterministic: bool = False) -> int:
     """`engine` is an Engine, or with --ray the RayPool (`cluster` too), which takes lines the same way."""
     env = cli_env.current()  # its argv goes into the resume hint
     why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
@@ -177,8 +184,11 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
     resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
     window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
-    writer = RecordWriter(sink, engine.model_name, order, window)
-    run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=answered)
+    writer = RecordWriter(sink, engine.model_name, order, window, deterministic=deterministic)
+    reservoir = Reservoir(verify) if verify else None
+    run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=answered,
+                   on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))
+                   if reservoir else None)
     counter = LineCounter(source.name) if source.is_file else None
     interrupts = Interrupts()
     try:
@@ -216,9 +226,32 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     if run.stopping:
         reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
         return 128 + interrupts.first if interrupts.first else EXIT_INTERRUPTED
+    if reservoir is not None and not _verified(engine, reservoir, reporter, deterministic):
+        return EXIT_ERROR
     if fail_on_error and writer.stats.failed:
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _verified(engine, reservoir: Reservoir, reporter: Reporter, deterministic: bool) -> bool:
+    """--verify: re-run the sampled lines alone; say what came out (always, even with -q)."""
+    samples = reservoir.samples
+    if not samples:
+        reporter.say("llamabatch run: verify: no finished line to re-run")
+        return True
+    reporter.note(f"llamabatch run: verify: re-running {len(samples)} of {reservoir.seen} finished line(s) "
+                  "one at a time")
+    differences = rerun_alone(engine, samples)
+    if not differences:
+        reporter.say(f"llamabatch run: verified {len(samples)}/{len(samples)} identical")
+        return True
+    reporter.say(f"llamabatch run: verify: {len(differences)} of {len(samples)} differ: "
+                 + ", ".join(repr(d.key) for d in differences))
+    for d in differences:
+        reporter.say(f"llamabatch run: verify: id {d.key!r}: {d.why}")
+    if not deterministic:
+        reporter.say("llamabatch run: verify: without --deterministic, output may depend on the batch")
+    return False
 
 
 def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:

@@ -45,11 +45,13 @@ class RecordWriter:
     one, so in input order at most that many finished lines wait behind a slow one.
     """
 
-    def __init__(self, sink: Sink, model: str, order: str, window: threading.Semaphore, sync_every: float = 2.0):
+    def __init__(self, sink: Sink, model: str, order: str, window: threading.Semaphore, sync_every: float = 2.0,
+                 deterministic: bool = False):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.sink = sink
         self.model = model
+        self.deterministic = deterministic  # every record says so, bad lines included
         self.in_order = order == "input"
         self.stats = WriterStats()
         self.handled = 0  # lines written or skipped
@@ -114,17 +116,23 @@ class RecordWriter:
             self.handled += 1
             self._window.release()
 
+    def _record(self, item: LineRequest | LineError, result: Result) -> dict:
+        record = build_record(item, result, self.model)
+        if self.deterministic:
+            record["deterministic"] = True
+        return record
+
     def _write(self, item: LineRequest | LineError, result: Result) -> None:
         if self.error is not None:
             return  # OUTPUT is gone: the run is stopping; nothing more can be saved
         try:
-            data = _encode(build_record(item, result, self.model))
+            data = _encode(self._record(item, result))
         except Exception as exc:  # a record that can't be built is still this line's answer, not the run's end
             log.exception("building the record of line %d failed", item.line_no)
             message = f"the record could not be built: {type(exc).__name__}: {exc}"
             item = LineError(item.line_no, item.id, "internal_error", message, item.shape, item.url)  # no echo
             result = item.result()
-            data = _encode(build_record(item, result, self.model))
+            data = _encode(self._record(item, result))
         try:
             self.sink.write_line(data + b"\n")
         except OSError as exc:

@@ -191,6 +191,8 @@ def terminal_event(request_id: RequestId, result: Result, line: int | None = Non
             event["stops"] = [s.stop for s in result.samples]
     elif result.stop is not None:
         event["stop"] = result.stop
+    if result.deterministic:
+        event["deterministic"] = True
     if result.logprobs is not None:
         event["logprobs"] = result.all_logprobs
     return event

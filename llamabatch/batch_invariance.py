@@ -1,0 +1,117 @@
+"""Deterministic mode's batch shapes: every row of every forward pass takes the same kernel path.
+
+Why (measured on this project's CPU build; see the README's "Deterministic mode"): a row's
+result in llama.cpp's CPU matmuls does not depend on the other rows, but WHICH kernel runs
+depends on how many rows the ubatch has, and the kernels round differently:
+  - repacked Q4_K weights: a 4-row `gemm` for rows - rows % 4, a 1-row `gemv` for the rest
+    (ggml-cpu repack.cpp, forward_mul_mat_one_chunk);
+  - Q5_0 / Q8_0 weights: llamafile's tinyBLAS for >= 2 rows, ggml's vec_dot for 1
+    (llamafile_sgemm: "only enable sgemm for prompt processing");
+  - Q6_K weights (not repacked on x86): the "tiled" K-quant kernel for >= 8 rows, vec_dot
+    below (ggml-cpu tiled.cpp, ggml_tiled_min_batch).
+So every ubatch gets a multiple of TILE rows and at least MIN_ROWS, and so do the rows that
+ask for logits (llama.cpp runs the last layer's FFN on those rows only).
+
+Attention is already row-invariant with flash attention off and one KV stream per sequence,
+as long as a token always meets the same path: a prompt token is always evaluated with the
+other tokens of its chunk (>= 2 query rows per stream: tinyBLAS), a generated token always
+alone in its stream (1 row: vec_dot). Hence:
+  - prefill and decode never share a llama_decode call;
+  - a prefill chunk is padded INSIDE its own sequence with dummy tokens after its end (causal
+    attention: the real rows never see them), trimmed right after; a chunk that ends the
+    prompt asks logits for its last MIN_ROWS rows. Every sequence then holds a multiple of
+    TILE tokens, so every ubatch llama.cpp's split_equal cuts (a run of consecutive sequence
+    ids, equal token counts) holds a multiple of TILE too;
+  - a decode pass is ONE ubatch: the ids from the lowest to the highest decoding slot, gaps
+    filled and the run extended to a multiple of TILE (>= MIN_ROWS) with one-token rows of
+    idle slots or spare sequence ids, all asking logits, removed right after.
+Pure functions: the runner turns a Pass into llama_batch rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .plan import Chunk
+
+TILE = 4  # rows per gemm tile of the repacked kernels
+MIN_ROWS = 8  # fewest rows in any ubatch: at or above the tiled Q6_K kernel's threshold
+PAD_TOKEN = 0  # what a padding row holds; its value never reaches a real row
+
+
+@dataclass
+class Row:
+    seq: int
+    token: int
+    pos: int
+    logits: bool
+
+
+@dataclass
+class Pass:
+    """One llama_decode call: its rows, which row each chunk samples from, and the padding
+    cells to remove afterwards ((seq, first position to drop))."""
+
+    rows: list[Row] = field(default_factory=list)
+    sample_rows: list[tuple[Chunk, int]] = field(default_factory=list)
+    trims: list[tuple[int, int]] = field(default_factory=list)
+
+
+def padded_len(n: int) -> int:
+    """Rows a prefill chunk of n tokens takes: a multiple of TILE, at least MIN_ROWS."""
+    return max(MIN_ROWS, n + (-n) % TILE)
+
+
+def n_sequence_ids(n_slots: int) -> int:
+    """Sequence ids the context needs: the slots plus spares, so that a decode pass can always
+    be extended to a multiple of TILE rows, at least MIN_ROWS."""
+    return max(MIN_ROWS, n_slots + (-n_slots) % TILE)
+
+
+def extra_cells() -> int:
+    """Cells a slot must keep free beyond its tokens for the padding rows after a chunk."""
+    return MIN_ROWS - 1
+
+
+def prefill_pass(chunks: list[Chunk]) -> Pass:
+    out = Pass()
+    for chunk in chunks:
+        n = len(chunk.tokens)
+        size = padded_len(n)
+        first_logit_row = size - MIN_ROWS if chunk.wants_logits else size
+        base = len(out.rows)
+        for j in range(size):
+            token = chunk.tokens[j] if j < n else PAD_TOKEN
+            out.rows.append(Row(chunk.slot, token, chunk.start_pos + j, j >= first_logit_row))
+        if chunk.wants_logits:
+            out.sample_rows.append((chunk, base + n - 1))
+        if size > n:
+            out.trims.append((chunk.slot, chunk.start_pos + n))
+    return out
+
+
+def decode_pass(chunks: list[Chunk], n_ids: int, next_pos: Callable[[int], int]) -> Pass:
+    """`next_pos(seq)`: the position after the last token a sequence holds (0 when empty)."""
+    out = Pass()
+    if not chunks:
+        return out
+    by_slot = {c.slot: c for c in chunks}
+    ids = list(range(min(by_slot), max(by_slot) + 1))
+    while len(ids) % TILE or len(ids) < MIN_ROWS:
+        if ids[-1] + 1 < n_ids:
+            ids.append(ids[-1] + 1)
+        elif ids[0] > 0:
+            ids.insert(0, ids[0] - 1)
+        else:
+            raise ValueError(f"{n_ids} sequence ids cannot hold a decode pass of {len(ids) + 1}+ rows")
+    for seq in ids:
+        chunk = by_slot.get(seq)
+        if chunk is not None:
+            (token,) = chunk.tokens
+            out.sample_rows.append((chunk, len(out.rows)))
+            out.rows.append(Row(seq, token, chunk.start_pos, True))
+        else:
+            pos = next_pos(seq)
+            out.rows.append(Row(seq, PAD_TOKEN, pos, True))
+            out.trims.append((seq, pos))
+    return out

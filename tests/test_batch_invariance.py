@@ -1,0 +1,183 @@
+"""Deterministic mode without a model: the batch shapes, the --verify sampler and comparison,
+the refusal on GPU builds, and the flag's way through options and the config file."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from typer.testing import CliRunner
+
+from llamabatch import batch_invariance as inv
+from llamabatch.cli.app import app
+from llamabatch.cli.options import SharedOptions, resolve
+from llamabatch.cli.run.progress import PlainReporter
+from llamabatch.cli.run.command import _verified
+from llamabatch.config import EngineConfig
+from llamabatch.cli.config.config_file import parse_text
+from llamabatch.errors import DeterminismUnavailable
+from llamabatch.params import SamplingParams
+from llamabatch.plan import Chunk
+from llamabatch.results import Result, Timings, Usage
+from llamabatch.cli.run.verify import Reservoir, rerun_alone
+
+
+def prefill(slot: int, n: int, start: int = 0, last: bool = True) -> Chunk:
+    return Chunk(slot, 100 + slot, list(range(10, 10 + n)), start, wants_logits=last, is_decode=False)
+
+
+def decode(slot: int, pos: int = 5) -> Chunk:
+    return Chunk(slot, 100 + slot, [7], pos, wants_logits=True, is_decode=True)
+
+
+def rows_per_seq(p: inv.Pass) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r in p.rows:
+        out[r.seq] = out.get(r.seq, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 9, 13, 16, 255, 256])
+def test_prefill_chunk_padded_to_tile_inside_its_sequence(n):
+    p = inv.prefill_pass([prefill(2, n, start=40)])
+    size = len(p.rows)
+    assert size % inv.TILE == 0 and size >= inv.MIN_ROWS and size - n < max(inv.TILE, inv.MIN_ROWS)
+    assert [r.pos for r in p.rows] == list(range(40, 40 + size))  # consecutive: dummies after the chunk
+    assert all(r.seq == 2 for r in p.rows)
+    assert [r.token for r in p.rows[:n]] == list(range(10, 10 + n))
+    # the final chunk asks logits for exactly MIN_ROWS rows, and samples its last real one
+    assert sum(r.logits for r in p.rows) == inv.MIN_ROWS
+    assert p.sample_rows == [(p.sample_rows[0][0], n - 1)] and p.rows[n - 1].logits
+    assert p.trims == ([(2, 40 + n)] if size > n else [])
+
+
+def test_middle_prefill_chunk_asks_no_logits():
+    p = inv.prefill_pass([prefill(0, 5, last=False), prefill(1, 12)])
+    assert rows_per_seq(p) == {0: 8, 1: 12}
+    assert [r.logits for r in p.rows[:8]] == [False] * 8
+    assert sum(r.logits for r in p.rows[8:]) == inv.MIN_ROWS
+    assert [(c.slot, row) for c, row in p.sample_rows] == [(1, 8 + 11)]
+
+
+def test_every_sequence_holds_a_multiple_of_tile_so_every_equal_split_does():
+    # split_equal cuts runs of consecutive ids into equal per-sequence counts: with every
+    # count a multiple of TILE, every cut is one too
+    p = inv.prefill_pass([prefill(s, n) for s, n in [(0, 3), (1, 17), (2, 8), (3, 30)]])
+    assert all(count % inv.TILE == 0 for count in rows_per_seq(p).values())
+
+
+def test_decode_pass_fills_gaps_and_pads_to_a_tile_of_at_least_min_rows():
+    ends = {i: 20 + i for i in range(12)}
+    p = inv.decode_pass([decode(2, 9), decode(5, 11)], 12, ends.__getitem__)
+    assert [r.seq for r in p.rows] == list(range(2, 10))  # 2..5 filled, extended to 8 rows
+    assert all(r.logits for r in p.rows)
+    assert [(c.slot, row) for c, row in p.sample_rows] == [(2, 0), (5, 3)]
+    assert {s: pos for s, pos in p.trims} == {s: ends[s] for s in (3, 4, 6, 7, 8, 9)}
+    assert [r.pos for r in p.rows][:1] == [9] and p.rows[3].pos == 11
+
+
+def test_decode_pass_extends_downwards_at_the_top_of_the_ids():
+    p = inv.decode_pass([decode(7)], 8, lambda s: 0)
+    assert [r.seq for r in p.rows] == list(range(0, 8))
+
+
+@pytest.mark.parametrize("n_slots", [1, 2, 3, 4, 5, 7, 8, 9, 16])
+def test_enough_sequence_ids_for_any_decode_pass(n_slots):
+    n_ids = inv.n_sequence_ids(n_slots)
+    assert n_ids >= n_slots
+    p = inv.decode_pass([decode(s) for s in range(n_slots)], n_ids, lambda s: 0)
+    assert len(p.rows) % inv.TILE == 0 and len(p.rows) >= inv.MIN_ROWS
+    assert len({r.seq for r in p.rows}) == len(p.rows)  # one token per sequence: one ubatch
+
+
+def ok(tokens: list[int], seed: int = 5) -> Result:
+    return Result(0, "x", tokens, "stop", Usage(), Timings(), seed=seed)
+
+
+def test_reservoir_keeps_n_finished_lines_with_their_seed():
+    r = Reservoir(3)
+    params = SamplingParams(temperature=0.7)
+    for i in range(20):
+        r.offer(i, f"p{i}", params, ok([i], seed=1000 + i))
+    r.offer("bad", "p", params, Result(0, "", [], "error", Usage(), Timings(), error="boom"))
+    assert r.seen == 20 and len(r.samples) == 3
+    assert all(s.params.seed == 1000 + s.key and s.token_ids == [s.key] for s in r.samples)
+
+
+class PlantedDifference:
+    """A test double for the engine: answers every re-run with the tokens it is given, except
+    for one prompt, whose re-run differs at token 2."""
+
+    def __init__(self, answers: dict[str, list[int]], differ: str | None):
+        self.answers, self.differ, self.seen = answers, differ, []
+
+    def submit(self, prompt, params, stream=False):
+        self.seen.append((prompt, params.seed))
+        tokens = list(self.answers[prompt])
+        if prompt == self.differ:
+            tokens[2] += 1
+
+        class Handle:
+            def result(self_inner):
+                return ok(tokens)
+        return Handle()
+
+    class config:
+        deterministic = True
+
+
+def test_rerun_alone_catches_a_planted_difference():
+    answers = {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8], "c": [9, 9, 9]}
+    r = Reservoir(8)
+    for key, tokens in answers.items():
+        r.offer(key, key, SamplingParams(), ok(tokens, seed=42))
+    assert rerun_alone(PlantedDifference(answers, None), r.samples) == []
+    engine = PlantedDifference(answers, "b")
+    diffs = rerun_alone(engine, r.samples)
+    assert [(d.key, d.why) for d in diffs] == [("b", "first difference at token 2 (4 tokens in the run, 4 alone)")]
+    assert {seed for _, seed in engine.seen} == {42}  # re-run with the seed the run used
+
+
+def test_verify_report_lists_the_ids_that_differ_and_fails():
+    answers = {"a": [1, 2, 3], "b": [4, 5, 6]}
+    r = Reservoir(8)
+    for key, tokens in answers.items():
+        r.offer(key, key, SamplingParams(), ok(tokens))
+    out = io.StringIO()
+    assert _verified(PlantedDifference(answers, "a"), r, PlainReporter(out)) is False
+    assert "verify: 1 of 2 differ: 'a'" in out.getvalue()
+    out = io.StringIO()
+    assert _verified(PlantedDifference(answers, None), r, PlainReporter(out)) is True
+    assert "verified 2/2 identical" in out.getvalue()
+
+
+def test_gpu_build_refuses_in_one_line_with_exit_2(monkeypatch, tmp_path):
+    import llamabatch.runner as runner
+
+    monkeypatch.setattr(runner, "gpu_offload_supported", lambda: True)
+    with pytest.raises(DeterminismUnavailable):
+        runner.LlamaRunner(EngineConfig(deterministic=True), "never-loaded.gguf")
+    prompts = tmp_path / "in.txt"
+    prompts.write_text("hello\n")
+    result = CliRunner().invoke(app, ["run", str(prompts), "--deterministic"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--deterministic needs a CPU-only llama.cpp build" in lines[0]
+
+
+def test_flag_env_and_config_file_reach_engine_config(monkeypatch):
+    monkeypatch.delenv("LLAMABATCH_DETERMINISTIC", raising=False)
+    assert resolve(SharedOptions({}, "run")).engine.deterministic is False
+    assert resolve(SharedOptions({"deterministic": True}, "run")).engine.deterministic is True
+    monkeypatch.setenv("LLAMABATCH_DETERMINISTIC", "1")
+    assert resolve(SharedOptions({}, "run")).engine.deterministic is True
+    monkeypatch.delenv("LLAMABATCH_DETERMINISTIC")
+    config = parse_text("deterministic = true\n[bench]\ndeterministic = false\n", "llamabatch.toml")
+    assert resolve(SharedOptions({}, "run"), config.values_for("run")).engine.deterministic is True
+    assert resolve(SharedOptions({}, "bench"), config.values_for("bench")).engine.deterministic is False
+
+
+def test_records_say_deterministic_only_when_on():
+    assert "deterministic" not in ok([1]).to_dict()
+    r = ok([1])
+    r.deterministic = True
+    assert r.to_dict()["deterministic"] is True

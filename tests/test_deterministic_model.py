@@ -1,0 +1,97 @@
+"""Deterministic mode on the bundled model: 8 requests give the same tokens alone, together in
+8 slots, in 3 slots, mixed with 20 other requests arriving mid-run, and with another chunk
+size; greedy and seeded sampling. `run --deterministic --verify` passes end to end.
+
+(Without the flag the same comparison is allowed to differ; nothing here asserts that it does.)
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from llamabatch import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.model
+
+TOKENS = 12
+PROMPTS = [
+    "Write a short story about a cat who finds a key.",
+    "List three facts about the moon.",
+    "The capital of France is",
+    "Explain why the sky is blue in one sentence, then give an example about sunsets and clouds.",
+    "def fibonacci(n):",
+    "Translate to German: good morning, my friend",
+    "Once upon a time",
+    "A recipe for pancakes needs",
+]
+GREEDY = SamplingParams(max_tokens=TOKENS, temperature=0)
+SEEDED = [SamplingParams(max_tokens=TOKENS, temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=1000 + i)
+          for i in range(len(PROMPTS))]
+OTHERS = [f"Item {i}: describe {'a very ' * (i % 6)}small town in {3 + i % 4} words" for i in range(20)]
+
+
+def targets() -> list[tuple[str, SamplingParams]]:
+    return [(p, GREEDY) for p in PROMPTS] + list(zip(PROMPTS, SEEDED))
+
+
+def engine(model_path: str, n_parallel: int, chunk_size: int = 256) -> Engine:
+    return Engine(EngineConfig(model=model_path, n_parallel=n_parallel, n_ctx=512 * n_parallel, threads=2,
+                               chunk_size=chunk_size, deterministic=True))
+
+
+def together(e: Engine) -> list[list[int]]:
+    return [r.token_ids for r in e.generate([p for p, _ in targets()], [q for _, q in targets()])]
+
+
+@pytest.fixture(scope="module")
+def alone(model_path) -> list[list[int]]:
+    with engine(model_path, 8) as e:
+        out = [e.generate([p], q)[0].token_ids for p, q in targets()]
+    assert all(len(t) > 0 for t in out)
+    return out
+
+
+def test_eight_slots_same_tokens_as_alone(model_path, alone):
+    with engine(model_path, 8) as e:
+        assert together(e) == alone
+
+
+def test_three_slots_same_tokens_as_alone(model_path, alone):
+    with engine(model_path, 3) as e:
+        assert together(e) == alone
+
+
+def test_other_chunk_size_same_tokens_as_alone(model_path, alone):
+    # chunks of 5 prompt tokens: every prompt is split differently from the 256-token chunks
+    with engine(model_path, 8, chunk_size=5) as e:
+        assert together(e) == alone
+
+
+def test_twenty_others_arriving_mid_run_change_nothing(model_path, alone):
+    with engine(model_path, 8) as e:
+        started = threading.Event()
+        handles = [e.submit(p, q, stream=False, callback=lambda h, ev: started.set()) for p, q in targets()]
+        assert started.wait(120)  # a target has produced a token: the others arrive mid-run
+        others = [e.submit(text, SamplingParams(max_tokens=3 + i % 9, temperature=0.7, seed=i), stream=False)
+                  for i, text in enumerate(OTHERS)]
+        got = [h.result().token_ids for h in handles]
+        assert all(o.result().finish_reason in ("stop", "length") for o in others)
+    assert got == alone
+
+
+def test_run_verify_passes_and_records_say_deterministic(model_path, tmp_path):
+    lines = [json.dumps({"id": f"q{i}", "prompt": p, "seed": 7 + i}) for i, p in enumerate(PROMPTS)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "llamabatch", "run", str(src), "--deterministic", "--verify", "3",
+                           "--n-parallel", "4", "--n-ctx", "1024", "--threads", "2", "--max-tokens", "6",
+                           "--temperature", "0.8", "--model", model_path],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "verified 3/3 identical" in proc.stderr
+    records = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert len(records) == len(PROMPTS) and all(r["deterministic"] is True for r in records)
