@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 
 import pytest
-from typer.testing import CliRunner
+
+from cli_harness import invoke
 
 from llamabatch import batch_invariance as inv
-from llamabatch.cli.app import app
 from llamabatch.cli.options import SharedOptions, resolve
 from llamabatch.cli.run.progress import PlainReporter
 from llamabatch.cli.run.command import _verified
@@ -121,9 +121,6 @@ class PlantedDifference:
                 return ok(tokens)
         return Handle()
 
-    class config:
-        deterministic = True
-
 
 def test_rerun_alone_catches_a_planted_difference():
     answers = {"a": [1, 2, 3, 4], "b": [5, 6, 7, 8], "c": [9, 9, 9]}
@@ -143,10 +140,10 @@ def test_verify_report_lists_the_ids_that_differ_and_fails():
     for key, tokens in answers.items():
         r.offer(key, key, SamplingParams(), ok(tokens))
     out = io.StringIO()
-    assert _verified(PlantedDifference(answers, "a"), r, PlainReporter(out)) is False
+    assert _verified(PlantedDifference(answers, "a"), r, PlainReporter(out), deterministic=True) is False
     assert "verify: 1 of 2 differ: 'a'" in out.getvalue()
     out = io.StringIO()
-    assert _verified(PlantedDifference(answers, None), r, PlainReporter(out)) is True
+    assert _verified(PlantedDifference(answers, None), r, PlainReporter(out), deterministic=True) is True
     assert "verified 2/2 identical" in out.getvalue()
 
 
@@ -158,7 +155,9 @@ def test_gpu_build_refuses_in_one_line_with_exit_2(monkeypatch, tmp_path):
         runner.LlamaRunner(EngineConfig(deterministic=True), "never-loaded.gguf")
     prompts = tmp_path / "in.txt"
     prompts.write_text("hello\n")
-    result = CliRunner().invoke(app, ["run", str(prompts), "--deterministic"])
+    # in-process (--no-isolate): the monkeypatch does not reach a supervised child; there the
+    # child's DeterminismUnavailable comes back to the parent by name and ends the same way
+    result = invoke(["run", str(prompts), "--deterministic", "--no-isolate"])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--deterministic needs a CPU-only llama.cpp build" in lines[0]
@@ -181,3 +180,23 @@ def test_records_say_deterministic_only_when_on():
     r = ok([1])
     r.deterministic = True
     assert r.to_dict()["deterministic"] is True
+
+
+def test_deterministic_refuses_a_unified_kv_cache():
+    # the invariance rests on one KV stream per sequence
+    with pytest.raises(Exception, match="kv_unified must be false when deterministic is on"):
+        EngineConfig(deterministic=True, kv_unified=True).validate()
+    EngineConfig(deterministic=True).validate()
+
+
+def test_deterministic_turns_cross_slot_prefix_sharing_off_and_keeps_n_forks():
+    from llamabatch import Engine
+    from fake_runner import FakeRunner
+
+    with Engine(EngineConfig(deterministic=True), runner=FakeRunner(n_slots=4)) as e:
+        assert e.scheduler.share_min == 0 and not e.scheduler.cache_generated
+        # n samples still fork sample 0's prompt KV (FakeRunner checks every fork it applies)
+        r = e.generate(["hello"], SamplingParams(n=2, max_tokens=3, temperature=0.8, seed=5))[0]
+        assert r.ok and len(r.samples) == 2
+    with Engine(EngineConfig(), runner=FakeRunner(n_slots=4)) as e:
+        assert e.scheduler.share_min == EngineConfig().share_prefix_min
