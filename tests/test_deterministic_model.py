@@ -51,7 +51,11 @@ def together(e: Engine) -> list[list[int]]:
 def alone(model_path) -> list[list[int]]:
     with engine(model_path, 8) as e:
         out = [e.generate([p], q)[0].token_ids for p, q in targets()]
-    assert all(len(t) > 0 for t in out)
+    # the comparisons compare something: every greedy target generates tokens, and so do the
+    # seeded ones but the odd one whose seed samples end-of-generation first (seed 1004 on
+    # "def fibonacci(n):" does): that empty answer must then come out empty in every batch too
+    assert all(len(t) > 0 for t in out[:len(PROMPTS)])
+    assert sum(len(t) > 0 for t in out[len(PROMPTS):]) >= len(PROMPTS) - 1
     return out
 
 
