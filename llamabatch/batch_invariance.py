@@ -19,9 +19,13 @@ alone in its stream (1 row: vec_dot). Hence:
   - prefill and decode never share a llama_decode call;
   - a prefill chunk is padded INSIDE its own sequence with dummy tokens after its end (causal
     attention: the real rows never see them), trimmed right after; a chunk that ends the
-    prompt asks logits for its last MIN_ROWS rows. Every sequence then holds a multiple of
-    TILE tokens, so every ubatch llama.cpp's split_equal cuts (a run of consecutive sequence
-    ids, equal token counts) holds a multiple of TILE too;
+    prompt asks logits for its last MIN_ROWS rows;
+  - chunks of different padded lengths never share a llama_decode call. llama.cpp's
+    split_equal cuts a ubatch from a run of consecutive sequence ids, taking the SAME number
+    of tokens from each: a 12-row chunk next to an 8-row one would run as 8 rows in one
+    ubatch and its last 4 rows alone in another, below MIN_ROWS (traced: that flipped a
+    seeded answer at 3 slots). With one length per call every chunk runs whole, in a ubatch
+    of >= MIN_ROWS rows;
   - a decode pass is ONE ubatch: the ids from the lowest to the highest decoding slot, gaps
     filled and the run extended to a multiple of TILE (>= MIN_ROWS) with one-token rows of
     idle slots or spare sequence ids, all asking logits, removed right after.
@@ -49,9 +53,10 @@ class Row:
 
 @dataclass
 class Pass:
-    """One llama_decode call: its rows, which row each chunk samples from, and the padding
+    """One llama_decode call: the chunks it evaluates, its rows, which row each chunk samples from, and the padding
     cells to remove afterwards ((seq, first position to drop))."""
 
+    chunks: list[Chunk] = field(default_factory=list)  # the plan's chunks this call evaluates
     rows: list[Row] = field(default_factory=list)
     sample_rows: list[tuple[Chunk, int]] = field(default_factory=list)
     trims: list[tuple[int, int]] = field(default_factory=list)
@@ -73,8 +78,18 @@ def extra_cells() -> int:
     return MIN_ROWS - 1
 
 
+def prefill_passes(chunks: list[Chunk]) -> list[Pass]:
+    """The prefill chunks as llama_decode calls: one per padded length, slots ascending (so
+    consecutive slots of that length share a ubatch, each with all its rows)."""
+    groups: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        groups.setdefault(padded_len(len(chunk.tokens)), []).append(chunk)
+    return [prefill_pass(sorted(group, key=lambda c: c.slot)) for _, group in sorted(groups.items())]
+
+
 def prefill_pass(chunks: list[Chunk]) -> Pass:
-    out = Pass()
+    """One llama_decode call's rows for prefill chunks (of one padded length: prefill_passes)."""
+    out = Pass(chunks=list(chunks))
     for chunk in chunks:
         n = len(chunk.tokens)
         size = padded_len(n)
@@ -92,7 +107,7 @@ def prefill_pass(chunks: list[Chunk]) -> Pass:
 
 def decode_pass(chunks: list[Chunk], n_ids: int, next_pos: Callable[[int], int]) -> Pass:
     """`next_pos(seq)`: the position after the last token a sequence holds (0 when empty)."""
-    out = Pass()
+    out = Pass(chunks=list(chunks))
     if not chunks:
         return out
     by_slot = {c.slot: c for c in chunks}

@@ -398,17 +398,19 @@ class LlamaRunner:
         return C.llama_sampler_sample(sampler.chain, self.ctx, row)
 
     def _execute_invariant(self, plan: StepPlan) -> StepResult:
-        """Deterministic mode: the plan as up to two llama_decode calls (prefill chunks, then
-        decode rows) shaped by batch_invariance, padding cells removed after each."""
+        """Deterministic mode: the plan as llama_decode calls shaped by batch_invariance (the
+        prefill chunks, one call per padded length, then the decode rows), padding cells
+        removed after each."""
         result = StepResult()
-        prefills = [c for c in plan.chunks if not c.is_decode]
         decodes = [c for c in plan.chunks if c.is_decode]
+
+        def passes() -> Iterator[invariance.Pass]:
+            yield from invariance.prefill_passes([c for c in plan.chunks if not c.is_decode])
+            if decodes:  # shaped only now: its padding rows go after what the prefill passes added
+                yield invariance.decode_pass(decodes, self.n_seq_ids, self._next_pos)
+
         done: list[Any] = []  # chunks already evaluated: rolled back if a later pass fails
-        for chunks in (prefills, decodes):
-            if not chunks:
-                continue
-            shaped = (invariance.prefill_pass(chunks) if chunks is prefills
-                      else invariance.decode_pass(chunks, self.n_seq_ids, self._next_pos))
+        for shaped in passes():
             status = self._run_pass(shaped, result)
             if status != 0:
                 for chunk in done:  # llama.cpp rolls back a failed call, not an earlier one
@@ -417,7 +419,7 @@ class LlamaRunner:
                 result.sampled.clear()
                 result.logprobs.clear()
                 return result
-            done += chunks
+            done += shaped.chunks
         return result
 
     def _next_pos(self, seq: int) -> int:

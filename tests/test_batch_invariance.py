@@ -58,11 +58,46 @@ def test_middle_prefill_chunk_asks_no_logits():
     assert [(c.slot, row) for c, row in p.sample_rows] == [(1, 8 + 11)]
 
 
-def test_every_sequence_holds_a_multiple_of_tile_so_every_equal_split_does():
-    # split_equal cuts runs of consecutive ids into equal per-sequence counts: with every
-    # count a multiple of TILE, every cut is one too
-    p = inv.prefill_pass([prefill(s, n) for s, n in [(0, 3), (1, 17), (2, 8), (3, 30)]])
-    assert all(count % inv.TILE == 0 for count in rows_per_seq(p).values())
+def split_equal(rows: list[inv.Row]) -> list[list[inv.Row]]:
+    """How llama.cpp (src/llama-batch.cpp, split_equal(sequential=true), one KV stream per
+    sequence) cuts one llama_decode call into ubatches: a run of consecutive sequence ids,
+    starting at the first unused row's, and the SAME number of rows taken from each."""
+    used = [False] * len(rows)
+    out = []
+    while not all(used):
+        seqs: list[int] = []
+        for i, r in enumerate(rows):
+            if not used[i] and r.seq not in seqs and (not seqs or r.seq == seqs[-1] + 1):
+                seqs.append(r.seq)
+        left = {s: [i for i, r in enumerate(rows) if r.seq == s and not used[i]] for s in seqs}
+        take = min(len(v) for v in left.values())
+        idx = [i for s in seqs for i in left[s][:take]]
+        for i in idx:
+            used[i] = True
+        out.append([rows[i] for i in idx])
+    return out
+
+
+def test_chunks_of_different_lengths_in_one_call_would_be_cut_below_min_rows():
+    # the defect prefill_passes avoids: 8 rows of slot 1 next to 12 of slot 2 run as a
+    # 16-row ubatch and a 4-row one holding the end of slot 2's chunk
+    cuts = split_equal(inv.prefill_pass([prefill(1, 5), prefill(2, 12)]).rows)
+    assert [len(u) for u in cuts] == [16, 4]
+
+
+@pytest.mark.parametrize("mix", [[(0, 3), (1, 17), (2, 8), (3, 30)], [(1, 5), (2, 12)],
+                                 [(5, 1), (2, 9), (3, 12), (4, 4), (0, 256), (6, 11)]])
+def test_every_prefill_chunk_runs_whole_in_a_ubatch_of_at_least_min_rows(mix):
+    passes = inv.prefill_passes([prefill(s, n, last=s % 2 == 0) for s, n in mix])
+    assert sorted(c.slot for p in passes for c in p.chunks) == sorted(s for s, _ in mix)
+    for p in passes:
+        assert len({inv.padded_len(len(c.tokens)) for c in p.chunks}) == 1  # one length per call
+        for ubatch in split_equal(p.rows):
+            assert len(ubatch) % inv.TILE == 0 and len(ubatch) >= inv.MIN_ROWS
+            n_logits = sum(r.logits for r in ubatch)
+            assert n_logits == 0 or (n_logits % inv.TILE == 0 and n_logits >= inv.MIN_ROWS)
+            for seq in {r.seq for r in ubatch}:  # each sequence's chunk whole in this ubatch
+                assert sum(r.seq == seq for r in ubatch) == sum(r.seq == seq for r in p.rows)
 
 
 def test_decode_pass_fills_gaps_and_pads_to_a_tile_of_at_least_min_rows():
