@@ -7,8 +7,9 @@ depends on how many rows the ubatch has, and the kernels round differently:
     (ggml-cpu repack.cpp, forward_mul_mat_one_chunk);
   - Q5_0 / Q8_0 weights: llamafile's tinyBLAS for >= 2 rows, ggml's vec_dot for 1
     (llamafile_sgemm: "only enable sgemm for prompt processing");
-  - Q6_K weights (not repacked on x86): the "tiled" K-quant kernel for >= 8 rows, vec_dot
-    below (ggml-cpu tiled.cpp, ggml_tiled_min_batch).
+  - K-quant weights that are not repacked (Q6_K on x86; Q4_K too where repacking is off, as
+    on a machine whose AMX traps): the "tiled" kernel for >= 8 rows, vec_dot below (ggml-cpu
+    tiled.cpp, ggml_tiled_min_batch).
 So every ubatch gets a multiple of TILE rows and at least MIN_ROWS, and so do the rows that
 ask for logits (llama.cpp runs the last layer's FFN on those rows only).
 

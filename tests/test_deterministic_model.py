@@ -1,6 +1,8 @@
-"""Deterministic mode on the bundled model: 8 requests give the same tokens alone, together in
-8 slots, in 3 slots, mixed with 20 other requests arriving mid-run, and with another chunk
-size; greedy and seeded sampling. `run --deterministic --verify` passes end to end.
+"""Deterministic mode on the bundled model: 8 requests (4 greedy, 4 with seeded sampling) give
+the same tokens alone, together in 8 slots, in 3 slots, mixed with 20 other requests arriving
+mid-run, and with another chunk size. `run --deterministic --verify` passes end to end.
+(Sizes are kept small for the suite's time budget: every decode pass of this mode computes at
+least 8 rows with logits, so running 8 requests alone costs as much as 8 slots' worth.)
 
 (Without the flag the same comparison is allowed to differ; nothing here asserts that it does.)
 """
@@ -17,7 +19,7 @@ from llamabatch import Engine, EngineConfig, SamplingParams
 
 pytestmark = pytest.mark.model
 
-TOKENS = 12
+TOKENS = 8
 PROMPTS = [
     "Write a short story about a cat who finds a key.",
     "List three facts about the moon.",
@@ -29,13 +31,14 @@ PROMPTS = [
     "A recipe for pancakes needs",
 ]
 GREEDY = SamplingParams(max_tokens=TOKENS, temperature=0)
-SEEDED = [SamplingParams(max_tokens=TOKENS, temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=1000 + i)
+SEEDED = [SamplingParams(max_tokens=TOKENS, temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=2000 + i)
           for i in range(len(PROMPTS))]
 OTHERS = [f"Item {i}: describe {'a very ' * (i % 6)}small town in {3 + i % 4} words" for i in range(20)]
 
 
 def targets() -> list[tuple[str, SamplingParams]]:
-    return [(p, GREEDY) for p in PROMPTS] + list(zip(PROMPTS, SEEDED))
+    """Even prompts greedy, odd ones with seeded sampling."""
+    return [(p, SEEDED[i] if i % 2 else GREEDY) for i, p in enumerate(PROMPTS)]
 
 
 def engine(model_path: str, n_parallel: int, chunk_size: int = 256) -> Engine:
@@ -51,12 +54,11 @@ def together(e: Engine) -> list[list[int]]:
 def alone(model_path) -> list[list[int]]:
     with engine(model_path, 8) as e:
         out = [e.generate([p], q)[0].token_ids for p, q in targets()]
-    # the comparisons compare something: every greedy target generates tokens, and so do the
-    # seeded ones but the odd one whose seed samples end-of-generation first (seed 1004 on
-    # "def fibonacci(n):" does): that empty answer must then come out empty in every batch too
-    assert all(len(t) > 0 for t in out[:len(PROMPTS)])
-    assert sum(len(t) > 0 for t in out[len(PROMPTS):]) >= len(PROMPTS) - 1
+    # the comparisons compare something: every target generates tokens (seeds 2000.. are
+    # chosen so that none samples end-of-generation first; seed 1003 would, on prompt 3)
+    assert all(len(t) > 0 for t in out)
     return out
+
 
 
 def test_eight_slots_same_tokens_as_alone(model_path, alone):
@@ -80,7 +82,7 @@ def test_twenty_others_arriving_mid_run_change_nothing(model_path, alone):
         started = threading.Event()
         handles = [e.submit(p, q, stream=False, callback=lambda h, ev: started.set()) for p, q in targets()]
         assert started.wait(120)  # a target has produced a token: the others arrive mid-run
-        others = [e.submit(text, SamplingParams(max_tokens=3 + i % 9, temperature=0.7, seed=i), stream=False)
+        others = [e.submit(text, SamplingParams(max_tokens=2 + i % 4, temperature=0.7, seed=i), stream=False)
                   for i, text in enumerate(OTHERS)]
         got = [h.result().token_ids for h in handles]
         assert all(o.result().finish_reason in ("stop", "length") for o in others)
@@ -92,7 +94,7 @@ def test_run_verify_passes_and_records_say_deterministic(model_path, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines) + "\n")
     proc = subprocess.run([sys.executable, "-m", "llamabatch", "run", str(src), "--deterministic", "--verify", "3",
-                           "--n-parallel", "4", "--n-ctx", "1024", "--threads", "2", "--max-tokens", "6",
+                           "--n-parallel", "4", "--n-ctx", "1024", "--threads", "2", "--max-tokens", "4",
                            "--temperature", "0.8", "--model", model_path],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
