@@ -203,15 +203,18 @@ def test_engine_answers_surrogate_prompts_and_unexpected_errors_with_that_reques
 # -- whole runs on the fake engine ---------------------------------------------------------------
 
 
-def run_lines(tmp_path, data: bytes, input_format: str = "auto") -> list[dict]:
-    """`llamabatch run` minus the command line: reader, engine, writer, on the fake runner."""
+def run_lines(tmp_path, data: bytes, input_format: str = "auto", max_inflight: int = 4) -> list[dict]:
+    """`llamabatch run` minus the command line: reader, engine, writer, on the fake runner.
+    (tests/test_fuzz.py calls it once per Hypothesis example in the same tmp_path, so OUTPUT
+    is emptied first, as a run without --resume does.)"""
     engine = fake_engine()
     out = tmp_path / "out.jsonl"
     sink = open_output(str(out), "in")
+    sink.start_fresh()
     parser = LineParser(engine.default_params, input_format=input_format)
     window = threading.Semaphore(64)
     writer = RecordWriter(sink, engine.model_name, "input", window)
-    run = BatchRun(engine, parser, Source("in", io.BytesIO(data), False), writer, window, max_inflight=4)
+    run = BatchRun(engine, parser, Source("in", io.BytesIO(data), False), writer, window, max_inflight=max_inflight)
     try:
         run.start()
         wait_for(run, make_reporter(True, 1000, live_ok=False), Interrupts(), None)
@@ -220,6 +223,7 @@ def run_lines(tmp_path, data: bytes, input_format: str = "auto") -> list[dict]:
         sink.close()
         engine.close()
     assert run.read_error is None and writer.error is None
+    # split on "\n" only: str.splitlines() also splits inside a record at U+2028, U+0085...
     return [json.loads(line) for line in out.read_bytes().split(b"\n") if line]
 
 

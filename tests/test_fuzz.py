@@ -8,7 +8,6 @@ conftest.py); `pytest tests/test_fuzz.py --hypothesis-profile=long` runs 50x mor
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import threading
@@ -17,10 +16,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from llamabatch import SamplingParams
-from llamabatch.cli.run.progress import make_reporter
-from llamabatch.cli.run.batch import BatchRun, Interrupts, wait_for
-from llamabatch.cli.run.files import Source, open_output
-from llamabatch.cli.run.writer import RecordWriter
 from llamabatch.cli.serve.loop import serve
 from llamabatch.detok import IncrementalDetokenizer
 from llamabatch.errors import InvalidRequest
@@ -28,7 +23,7 @@ from llamabatch.cli.run.formats import LineError, LineParser, LineRequest
 from llamabatch.params import FIELD_TYPES
 from llamabatch.cli.serve.protocol import BadLine, Cancel, Stats, Submit, encode, parse_line
 
-from test_bad_input import fake_engine
+from test_bad_input import fake_engine, run_lines
 
 CODES = {"invalid_json", "unknown_shape", "invalid_url", "invalid_request", "duplicate_id", "context_overflow",
          "internal_error", "unknown_op", "unknown_id", "queue_full", "engine_closed", "line_too_long"}
@@ -168,26 +163,9 @@ whole = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.functi
 @given(batch=st.lists(raw_lines, min_size=1, max_size=12))
 def test_run_writes_exactly_one_record_per_line(tmp_path, batch):
     batch = [b.replace(b"\n", b" ").replace(b"\r", b" ") for b in batch]
-    engine = fake_engine()
-    out = tmp_path / "out.jsonl"
-    sink = open_output(str(out), "in")
-    sink.start_fresh()
-    window = threading.Semaphore(64)
-    writer = RecordWriter(sink, engine.model_name, "input", window)
-    run = BatchRun(engine, LineParser(engine.default_params), Source("in", io.BytesIO(b"\n".join(batch)), False),
-                   writer, window, max_inflight=3)
-    try:
-        run.start()
-        wait_for(run, make_reporter(True, 1000, live_ok=False), Interrupts(), None)
-    finally:
-        writer.close()
-        sink.close()
-        engine.close()
-    assert run.read_error is None and writer.error is None
+    records = run_lines(tmp_path, b"\n".join(batch), max_inflight=3)
     parser = LineParser(SamplingParams())  # the same decisions, to know which lines are blank
     expected = [n for n, raw in enumerate(batch, start=1) if parser.parse(raw, n) is not None]
-    # split on "\n" only: str.splitlines() also splits inside a record at U+2028, U+0085...
-    records = [json.loads(line) for line in out.read_bytes().split(b"\n") if line]
     assert len(records) == len(expected)
     for record in records:
         error = record.get("error")
