@@ -2,15 +2,15 @@
 Ctrl-C, with exit 143. (serve-stdin's is tested in test_serve_stdin.py.)"""
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from test_run_cli import read_records, slow_lines, start_run, wait_for_lines, write_lines
 
 pytestmark = pytest.mark.model
 FAST = ["--n-parallel", "2", "--n-ctx", "512", "--temperature", "0", "--threads", "1"]
@@ -27,16 +27,12 @@ def start(*args: str, stdin=subprocess.DEVNULL) -> subprocess.Popen:
 
 
 def test_sigterm_stops_run_like_ctrl_c_and_exits_143(tmp_path):
-    lines = [{"id": f"q{i}", "prompt": f"Count from {i}:", "max_tokens": 8, "ignore_eos": True} for i in range(12)]
-    inp = tmp_path / "in.jsonl"
-    inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    lines = slow_lines(12, max_tokens=8)
+    inp = write_lines(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
-    proc = start("run", str(inp), "-o", str(out), *FAST, "--max-inflight", "2", "--order", "completion")
+    proc = start_run(str(inp), "-o", str(out), *FAST, "--max-inflight", "2", "--order", "completion")
     try:
-        deadline = time.monotonic() + 120
-        while not (out.exists() and out.read_bytes().count(b"\n") >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
-            time.sleep(0.05)
+        wait_for_lines(out, 1, proc)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:
@@ -44,7 +40,7 @@ def test_sigterm_stops_run_like_ctrl_c_and_exits_143(tmp_path):
             proc.kill()
     assert proc.returncode == 143, stderr
     assert "terminated: reading no further" in stderr and re.search(r"Resume with:\n  llamabatch run ", stderr)
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    records = read_records(out)
     assert 1 <= len(records) < len(lines)
     assert all(r["usage"]["completion_tokens"] == 8 for r in records)  # in-flight lines finished, not cut
 
