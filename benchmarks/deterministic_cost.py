@@ -10,6 +10,7 @@ on time. Usage:
 
   python benchmarks/deterministic_cost.py [--prompts 32] [--tokens 64] [--slots 8,1,3,5]
                                           [--rounds 2] [--threads 2] [--model PATH]
+                                          [--cpu-buffers auto|plain|repack]
 """
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ def make_prompts(n: int) -> list[str]:
             for i in range(n)]
 
 
-def one_run(model: str, slots: int, deterministic: bool, prompts: list[str], tokens: int, threads: int) -> float:
+def one_run(model: str, slots: int, deterministic: bool, prompts: list[str], tokens: int, threads: int,
+            cpu_buffers: str | None = None) -> float:
     """Generated tokens per second of wall time for generate(prompts)."""
     config = EngineConfig(model=model, n_parallel=slots, n_ctx=SLOT_CTX * slots, threads=threads,
-                          deterministic=deterministic)
+                          deterministic=deterministic, cpu_buffers=cpu_buffers)
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     with Engine(config) as engine:
         engine.generate(["warm up"], SamplingParams(max_tokens=2, temperature=0.0))
@@ -53,17 +55,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="A B pairs per slot count")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--cpu-buffers", choices=["auto", "plain", "repack"], default=None,
+                    help="CPU weight layout for both modes [default: auto, what this machine would choose]")
     args = ap.parse_args()
     model = resolve_model(args.model)
     check_gguf(model)
     prompts = make_prompts(args.prompts)
-    print(f"{args.prompts} prompts x {args.tokens} tokens, greedy, {args.threads} threads, {SLOT_CTX} ctx per slot")
+    from llamabatch.machine_verdicts import cpu_identity
+    from llamabatch.runner import kernel_path
+
+    path = kernel_path(EngineConfig(model=model, cpu_buffers=args.cpu_buffers), model)
+    print(f"{args.prompts} prompts x {args.tokens} tokens, greedy, {args.threads} threads, {SLOT_CTX} ctx per slot; "
+          f"{cpu_identity().split(' flags=')[0]}, {path.name} kernels ({path.why})")
     summary = []
     for slots in [int(s) for s in args.slots.split(",")]:
         ratios = []
         for r in range(args.rounds):
-            a = one_run(model, slots, False, prompts, args.tokens, args.threads)
-            b = one_run(model, slots, True, prompts, args.tokens, args.threads)
+            a = one_run(model, slots, False, prompts, args.tokens, args.threads, args.cpu_buffers)
+            b = one_run(model, slots, True, prompts, args.tokens, args.threads, args.cpu_buffers)
             ratios.append(b / a)
             print(f"slots {slots} round {r + 1}: default {a:7.1f} tok/s   deterministic {b:7.1f} tok/s   "
                   f"ratio {b / a:.2f}", flush=True)

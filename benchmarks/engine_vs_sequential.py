@@ -43,7 +43,7 @@ def run_sequential(model: str, prompts: list[str], max_tokens: int, threads: int
 
     from llamabatch.runner import llama_uses_model_params  # what the engine loads with (see there)
 
-    with llama_uses_model_params():
+    with llama_uses_model_params(None, model):
         llm = llama_cpp.Llama(model_path=model, n_ctx=SEQ_CTX, n_threads=threads, n_threads_batch=threads,
                               verbose=False)
     try:

@@ -64,7 +64,7 @@ def run_sequential(prompts: list[str], tokens: int, threads: int, model_path: st
     from llamabatch.runner import llama_uses_model_params  # what the engine loads with (see there)
 
     start = time.perf_counter()
-    with llama_uses_model_params():
+    with llama_uses_model_params(None, model_path):
         llm = Llama(model_path=model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False)
     load = time.perf_counter() - start
     generated = 0

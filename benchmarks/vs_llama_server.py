@@ -46,17 +46,36 @@ from pathlib import Path
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models import resolve_model
-from llamabatch.runner import model_params
+from llamabatch.runner import cpu_extra_buffer_types, kernel_path
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
 SLOT_CTX = 2048  # per slot, both sides: the longest mixed prompt (1,500) plus its answer fits
 
 
-def same_kernels() -> list[str]:
-    """llama.cpp flags that put the C++ tools on the engine's kernels: where the runner keeps
-    weights out of llama.cpp's extra (repacked/AMX) buffers because the CPU lists AMX without
-    enabling it (runner.model_params), the tools do the same with --no-repack."""
-    return [] if model_params().use_extra_bufts else ["--no-repack"]
+CPU_BUFFERS: str | None = None  # --cpu-buffers: the weight layout both sides run (None: auto)
+
+
+def engine_kernels(model: str):
+    return kernel_path(EngineConfig(model=model, cpu_buffers=CPU_BUFFERS), model)
+
+
+def same_kernels(model: str) -> list[str]:
+    """llama.cpp flags that put the C++ tools on the engine's kernels (cpu_buffers.py): plain
+    weights are --no-repack; llama.cpp's default layout is no flag; CPU_REPACK alone is the
+    default where the build has no other extra buffer type (no AMX, no KleidiAI)."""
+    path = engine_kernels(model)
+    if not path.use_extra_bufts and not path.pin_repack:
+        return ["--no-repack"]
+    if path.pin_repack and set(cpu_extra_buffer_types()) != {"CPU_REPACK"}:
+        raise SystemExit(f"--cpu-buffers repack: this build also has {', '.join(cpu_extra_buffer_types())}; the C++ "
+                         f"tools cannot be told to use CPU_REPACK alone here")
+    return []
+
+
+def cpu_name() -> str:
+    from llamabatch.machine_verdicts import cpu_identity
+
+    return cpu_identity().split(" flags=")[0]
 
 
 def say(*args) -> None:
@@ -147,7 +166,7 @@ class Server:
     def __init__(self, binary: str, model: str, threads: int, extra: list[str]):
         self.port = free_port()
         self.args = [binary, "-m", model, "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
-                     "--port", str(self.port), *same_kernels(), *extra]
+                     "--port", str(self.port), *same_kernels(model), *extra]
         self.log = open(os.devnull, "w")
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -204,7 +223,8 @@ def run_server(binary: str, model: str, threads: int, extra: list[str], w: Workl
 
 def run_engine(model: str, threads: int, slots, w: Workload) -> tuple[float, str]:
     n = slots if isinstance(slots, int) else None
-    config = EngineConfig(model=model, n_parallel=slots, n_ctx=SLOT_CTX * n if n else None, threads=threads)
+    config = EngineConfig(model=model, n_parallel=slots, n_ctx=SLOT_CTX * n if n else None, threads=threads,
+                          cpu_buffers=CPU_BUFFERS)
     params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=True)
     with Engine(config) as engine:
         engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], params.replace(max_tokens=2))  # untimed warm-up
@@ -225,7 +245,7 @@ def batched_bench(binary: str, model: str, threads: int, levels: list[int]) -> d
     ctx = max(levels) * 128
     out = subprocess.run([binary, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", "32",
                           "-ntg", "64", "-npl", ",".join(map(str, levels)), "-t", str(threads), "-tb", str(threads),
-                          *same_kernels()],
+                          *same_kernels(model)],
                          capture_output=True, text=True, check=True).stdout
     s_tg = {}
     for line in out.splitlines():
@@ -238,7 +258,7 @@ def batched_bench(binary: str, model: str, threads: int, levels: list[int]) -> d
 def engine_s_tg(model: str, threads: int, b: int) -> float:
     from llamabatch.cli.bench import benchkit
 
-    config = EngineConfig(model=model, n_parallel=b, n_ctx=128 * b, threads=threads)
+    config = EngineConfig(model=model, n_parallel=b, n_ctx=128 * b, threads=threads, cpu_buffers=CPU_BUFFERS)
     engine = Engine(config)
     prompts = benchkit.synthetic_prompts(engine.tokenize, b, 32)
     run = benchkit.run_level(engine, prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
@@ -274,7 +294,11 @@ def main() -> int:
     ap.add_argument("--no-defaults", action="store_true", help="skip llama-server on its defaults and engine auto")
     ap.add_argument("--defaults-for", default="a,b,c",
                     help="workloads that also run llama-server on its defaults and engine auto [default: all]")
+    ap.add_argument("--cpu-buffers", choices=["auto", "plain", "repack"], default=None,
+                    help="CPU weight layout for both sides [default: auto, what this machine would choose]")
     args = ap.parse_args()
+    global CPU_BUFFERS
+    CPU_BUFFERS = args.cpu_buffers
 
     model = resolve_model(args.model)
     bin_dir = args.bin or subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
@@ -293,8 +317,10 @@ def main() -> int:
         systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, [], w)))
         systems.append(("engine auto", lambda w: run_engine(model, args.threads, "auto", w)))
 
+    path = engine_kernels(model)
     print(f"# llamabatch vs llama-server: {Path(model).name}, {args.threads} threads, greedy, ignore_eos, "
-          f"{os.cpu_count()} CPUs (shared machine: figures are noisy, compare ratios per pair)\n")
+          f"{os.cpu_count()} CPUs, {cpu_name()}, {path.name} kernels ({path.why}; server flags: "
+          f"{' '.join(same_kernels(model)) or 'none'}) (figures are noisy: compare ratios per pair)\n")
     for w in loads:
         say(f"== ({w.key}) {w.title} {w.notes}")
         these = systems if w.key in args.defaults_for else systems[:2]

@@ -10,8 +10,11 @@ depends on how many rows the ubatch has, and the kernels round differently:
   - K-quant weights that are not repacked (Q6_K on x86; Q4_K too where repacking is off, as
     on a machine whose AMX traps): the "tiled" kernel for >= 8 rows, vec_dot below (ggml-cpu
     tiled.cpp, ggml_tiled_min_batch).
-So every ubatch gets a multiple of TILE rows and at least MIN_ROWS, and so do the rows that
-ask for logits (llama.cpp runs the last layer's FFN on those rows only).
+So every ubatch gets a multiple of `tile` rows and at least `min_rows`, and so do the rows
+that ask for logits (llama.cpp runs the last layer's FFN on those rows only). `derive_shapes`
+chooses the two from the kernels the loaded weights really use (the repack rule, the tensor
+types, the CPU); the runner's self-check (determinism_check.py) is the guard where the
+derivation is wrong.
 
 Attention is already row-invariant with flash attention off and one KV stream per sequence,
 as long as a token always meets the same path: a prompt token is always evaluated with the
@@ -39,9 +42,49 @@ from typing import Callable
 
 from .plan import Chunk
 
-TILE = 4  # rows per gemm tile of the repacked kernels
-MIN_ROWS = 8  # fewest rows in any ubatch: at or above the tiled Q6_K kernel's threshold
+TILE = 4  # rows per gemm tile of the repacked kernels (the default Shapes)
+MIN_ROWS = 8  # fewest rows in any ubatch: at or above the tiled K-quant kernel's threshold
 PAD_TOKEN = 0  # what a padding row holds; its value never reaches a real row
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Deterministic mode's row rule: every ubatch a multiple of `tile` rows, >= `min_rows`."""
+
+    tile: int = TILE
+    min_rows: int = MIN_ROWS
+    why: str = "defaults"
+
+
+DEFAULT = Shapes()
+# K-quant and IQ types ggml-cpu's tiled matmul takes (x86 builds with AVX/AVX2/AVX-512 only;
+# ggml/src/ggml-cpu/tiled/tiled.cpp): Q2_K..Q6_K, IQ4_XS, IQ2_*, IQ3_*, IQ1_*.
+TILED_TYPES = {10, 11, 12, 13, 14, 16, 17, 18, 19, 21, 22, 23, 29}
+TILED_MIN_BATCH = 8  # ggml_tiled_min_batch: the tiled kernel runs at >= 8 rows, vec_dot below
+REPACK_GEMM_TILE = 4  # repack.cpp forward_mul_mat_one_chunk: gemm on rows - rows % 4, gemv after
+
+
+def derive_shapes(weight_types: list[tuple[int, bool]], x86: bool) -> Shapes:
+    """The row rule for the matmul weights a model really uses: (ggml type, repacked) each.
+
+    - Repacked weights (CPU_REPACK, x86 and ARM alike): 4-row gemm tiles, gemv for the rest
+      -> every run of rows a multiple of 4, at least 4.
+    - Weights left plain: on ARM with int8 matmul (i8mm) ggml's vec_dot takes 2 rows at a
+      time, so rows pair up; a multiple of 4 covers that too. On x86 a K-quant/IQ type that is
+      not repacked takes the tiled kernel at >= 8 rows and vec_dot below -> at least 8.
+      llamafile's tinyBLAS (Q8_0, Q4_0, Q5_0, F16, ... at >= 2 rows) is below both.
+    """
+    reasons = []
+    min_rows = REPACK_GEMM_TILE
+    if any(repacked for _, repacked in weight_types):
+        reasons.append(f"CPU_REPACK gemm in {REPACK_GEMM_TILE}-row tiles")
+    plain_tiled = sorted({t for t, repacked in weight_types if not repacked and t in TILED_TYPES})
+    if x86 and plain_tiled:
+        min_rows = TILED_MIN_BATCH
+        reasons.append(f"tiled K-quant matmul from {TILED_MIN_BATCH} rows (ggml types {', '.join(map(str, plain_tiled))})")
+    if any(not repacked for _, repacked in weight_types):
+        reasons.append("plain weights: vec_dot / tinyBLAS")
+    return Shapes(REPACK_GEMM_TILE, min_rows, "; ".join(reasons) or "no quantized matmul weights")
 
 
 @dataclass
@@ -63,38 +106,38 @@ class Pass:
     trims: list[tuple[int, int]] = field(default_factory=list)
 
 
-def padded_len(n: int) -> int:
-    """Rows a prefill chunk of n tokens takes: a multiple of TILE, at least MIN_ROWS."""
-    return max(MIN_ROWS, n + (-n) % TILE)
+def padded_len(n: int, shapes: Shapes = DEFAULT) -> int:
+    """Rows a prefill chunk of n tokens takes: a multiple of the tile, at least min_rows."""
+    return max(shapes.min_rows, n + (-n) % shapes.tile)
 
 
-def n_sequence_ids(n_slots: int) -> int:
+def n_sequence_ids(n_slots: int, shapes: Shapes = DEFAULT) -> int:
     """Sequence ids the context needs: the slots plus spares, so that a decode pass can always
-    be extended to a multiple of TILE rows, at least MIN_ROWS."""
-    return max(MIN_ROWS, n_slots + (-n_slots) % TILE)
+    be extended to a multiple of the tile, at least min_rows."""
+    return max(shapes.min_rows, n_slots + (-n_slots) % shapes.tile)
 
 
-def extra_cells() -> int:
+def extra_cells(shapes: Shapes = DEFAULT) -> int:
     """Cells a slot must keep free beyond its tokens for the padding rows after a chunk."""
-    return MIN_ROWS - 1
+    return max(shapes.min_rows, shapes.tile) - 1
 
 
-def prefill_passes(chunks: list[Chunk]) -> list[Pass]:
+def prefill_passes(chunks: list[Chunk], shapes: Shapes = DEFAULT) -> list[Pass]:
     """The prefill chunks as llama_decode calls: one per padded length, slots ascending (so
     consecutive slots of that length share a ubatch, each with all its rows)."""
     groups: dict[int, list[Chunk]] = {}
     for chunk in chunks:
-        groups.setdefault(padded_len(len(chunk.tokens)), []).append(chunk)
-    return [prefill_pass(sorted(group, key=lambda c: c.slot)) for _, group in sorted(groups.items())]
+        groups.setdefault(padded_len(len(chunk.tokens), shapes), []).append(chunk)
+    return [prefill_pass(sorted(group, key=lambda c: c.slot), shapes) for _, group in sorted(groups.items())]
 
 
-def prefill_pass(chunks: list[Chunk]) -> Pass:
+def prefill_pass(chunks: list[Chunk], shapes: Shapes = DEFAULT) -> Pass:
     """One llama_decode call's rows for prefill chunks (of one padded length: prefill_passes)."""
     out = Pass(chunks=list(chunks))
     for chunk in chunks:
         n = len(chunk.tokens)
-        size = padded_len(n)
-        first_logit_row = size - MIN_ROWS if chunk.wants_logits else size
+        size = padded_len(n, shapes)
+        first_logit_row = size - shapes.min_rows if chunk.wants_logits else size
         base = len(out.rows)
         for j in range(size):
             token = chunk.tokens[j] if j < n else PAD_TOKEN
@@ -106,14 +149,14 @@ def prefill_pass(chunks: list[Chunk]) -> Pass:
     return out
 
 
-def decode_pass(chunks: list[Chunk], n_ids: int, next_pos: Callable[[int], int]) -> Pass:
+def decode_pass(chunks: list[Chunk], n_ids: int, next_pos: Callable[[int], int], shapes: Shapes = DEFAULT) -> Pass:
     """`next_pos(seq)`: the position after the last token a sequence holds (0 when empty)."""
     out = Pass(chunks=list(chunks))
     if not chunks:
         return out
     by_slot = {c.slot: c for c in chunks}
     ids = list(range(min(by_slot), max(by_slot) + 1))
-    while len(ids) % TILE or len(ids) < MIN_ROWS:
+    while len(ids) % shapes.tile or len(ids) < shapes.min_rows:
         if ids[-1] + 1 < n_ids:
             ids.append(ids[-1] + 1)
         elif ids[0] > 0:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .cpu_buffers import CHOICES as CPU_BUFFERS
 from .errors import InvalidRequest
 from .params import SEED_ALLOWED, is_seed
 from .policies import POLICIES
@@ -53,6 +54,10 @@ class EngineConfig:
     # A request's tokens depend only on its prompt, sampling parameters and seed, not on what
     # else shares the batch (see llamabatch/batch_invariance.py and the README). CPU builds only.
     deterministic: bool = False
+    # Which CPU weight layout llama.cpp loads with, and so which kernels run (cpu_buffers.py):
+    # "auto" (llama.cpp's default, AMX only where a probe shows it runs), "plain" or
+    # "repack". None = $LLAMABATCH_CPU_BUFFERS, else "auto".
+    cpu_buffers: str | None = None
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -135,6 +140,7 @@ KEY_RULES: dict[str, Rule] = {
     "share_prefix_min": integer(0, "an integer >= 0 (0 = off)"),
     "kv_unified": boolean,
     "deterministic": boolean,
+    "cpu_buffers": optional(choice(*CPU_BUFFERS)),
 }
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
 

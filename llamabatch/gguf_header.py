@@ -51,6 +51,13 @@ class Array:
     length: int
 
 
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dims: tuple[int, ...]  # ggml's ne: dims[0] is the row length, dims[1] the number of rows
+    ggml_type: int  # ggml_type: 2 Q4_0, 8 Q8_0, 12 Q4_K, 14 Q6_K, ...
+
+
 @dataclass
 class Header:
     version: int
@@ -160,3 +167,24 @@ def read_header(path: str) -> Header:
             except struct.error:
                 raise GGUFError(f"{path}: GGUF header is truncated at byte {reader.pos}") from None
             return Header(version, tensor_count, metadata, reader.pos)
+
+
+def read_tensor_infos(path: str) -> list[TensorInfo]:
+    """Each tensor's name, shape and ggml type (the infos after the key-value header), for
+    choosing which weights to pin to a buffer type (cpu_buffers)."""
+    header = read_header(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        reader = _Reader(data, path)
+        reader.pos = header.end
+        out = []
+        try:
+            for _ in range(header.tensor_count):
+                name = reader.string()
+                n_dims = reader.take("<I", 4)
+                dims = tuple(reader.take("<Q", 8) for _ in range(n_dims))
+                ggml_type = reader.take("<I", 4)
+                reader.take("<Q", 8)  # offset of the data
+                out.append(TensorInfo(name, dims, ggml_type))
+        except struct.error:
+            raise GGUFError(f"{path}: GGUF tensor infos are truncated at byte {reader.pos}") from None
+        return out

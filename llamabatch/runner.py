@@ -26,6 +26,7 @@ import llama_cpp
 from llama_cpp import llama_cpp as C
 
 from . import batch_invariance as invariance
+from . import cpu_buffers
 from .config import EngineConfig
 from .errors import DeterminismUnavailable, InvalidRequest, ModelLoadError
 from .params import SamplingParams
@@ -37,6 +38,8 @@ log = logging.getLogger("llamabatch.runner")
 # and forward them to Python logging (shown with --debug) instead of printing.
 _recent_log: deque[tuple[int, str]] = deque(maxlen=40)  # (line number, text)
 _log_count = itertools.count(1)
+# "<buffer type> model buffer size = N MiB" lines, kept apart: a load logs hundreds of lines
+_buffer_log: deque[tuple[int, str]] = deque(maxlen=64)
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
 
@@ -45,7 +48,10 @@ _GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: loggin
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     line = text.decode("utf-8", "replace").rstrip()
     if line:
-        _recent_log.append((next(_log_count), line))
+        number = next(_log_count)
+        _recent_log.append((number, line))
+        if "model buffer size" in line:
+            _buffer_log.append((number, line))
         log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", line)
 
 
@@ -77,7 +83,8 @@ def gpu_offload_supported() -> bool:
 
 
 class LlamaRunner:
-    def __init__(self, config: EngineConfig, model_path: str):
+    def __init__(self, config: EngineConfig, model_path: str, path: "cpu_buffers.KernelPath | None" = None):
+        """`path`: the weight layout to load with; None resolves `config.cpu_buffers`."""
         init_backend()
         self.config = config
         self.model_path = model_path
@@ -89,12 +96,14 @@ class LlamaRunner:
             raise DeterminismUnavailable(
                 "--deterministic needs a CPU-only llama.cpp build; this one can offload to a GPU, "
                 "where llamabatch cannot promise batch-invariant output")
-        mparams = model_params()
+        self.kernels = path or kernel_path(config, model_path)
+        mparams = model_params(self.kernels, model_path)
         mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
         mark = _log_mark()
         self.model = C.llama_model_load_from_file(model_path.encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"{model_path}: llama.cpp could not load the model ({_first_error(mark)})")
+        self.weight_buffers = weight_buffers(mark)  # which layouts the weights took, by use
         self.vocab = C.llama_model_get_vocab(self.model)
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         self.n_slots = config.n_parallel
@@ -104,14 +113,19 @@ class LlamaRunner:
         cparams.n_ubatch = config.n_batch
         cparams.n_seq_max = config.n_parallel
         self.n_seq_ids = config.n_parallel
+        self.shapes = invariance.DEFAULT
         if self.deterministic:
-            # Spare sequence ids pad decode passes (each id is a KV stream of slot_ctx cells),
-            # room for the padding rows in every pass, and the attention path known to be
-            # batch-invariant: flash attention off, one stream per sequence (below).
-            self.n_seq_ids = invariance.n_sequence_ids(config.n_parallel)
+            # The row rule for the kernels these weights really took (the CPU_REPACK buffer
+            # holds weights or not), then spare sequence ids to pad decode passes (each id is
+            # a KV stream of slot_ctx cells), room for the padding rows in every pass, and the
+            # attention path known to be batch-invariant: flash attention off, one stream per
+            # sequence (below).
+            self.shapes = derive_shapes_for(model_path, self.weight_buffers)
+            self.n_seq_ids = invariance.n_sequence_ids(config.n_parallel, self.shapes)
             cparams.n_seq_max = self.n_seq_ids
             cparams.n_ctx = config.slot_ctx * self.n_seq_ids
-            cparams.n_batch = cparams.n_ubatch = config.n_batch + invariance.MIN_ROWS * self.n_seq_ids
+            rows = max(self.shapes.min_rows, self.shapes.tile)
+            cparams.n_batch = cparams.n_ubatch = config.n_batch + rows * self.n_seq_ids
             cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_threads = config.n_threads
         cparams.n_threads_batch = config.n_threads
@@ -143,7 +157,7 @@ class LlamaRunner:
         self.can_fork = bool((cparams.swa_full or C.llama_model_n_swa(self.model) == 0)
                              and not C.llama_model_is_recurrent(self.model) and not C.llama_model_is_hybrid(self.model))
         if self.deterministic:
-            self.slot_ctx -= invariance.extra_cells()  # a final chunk's padding rows need cells
+            self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
         self.n_batch = cparams.n_batch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._piece_cache: dict[int, bytes] = {}
@@ -154,6 +168,14 @@ class LlamaRunner:
         # the text of BOS/EOS, for chat templates that mention them
         self.bos_text = self.token_text(C.llama_vocab_bos(self.vocab)) if C.llama_vocab_bos(self.vocab) >= 0 else ""
         self.eos_text = self.token_text(C.llama_vocab_eos(self.vocab)) if C.llama_vocab_eos(self.vocab) >= 0 else ""
+        if self.deterministic:
+            from .determinism_check import check
+
+            try:
+                check(self)  # refuses, with one line naming the kernels, where the row rule does not hold
+            except BaseException:
+                self.close()
+                raise
 
     # -- model facts -------------------------------------------------------------------
 
@@ -405,9 +427,9 @@ class LlamaRunner:
         decodes = [c for c in plan.chunks if c.is_decode]
 
         def passes() -> Iterator[invariance.Pass]:
-            yield from invariance.prefill_passes([c for c in plan.chunks if not c.is_decode])
+            yield from invariance.prefill_passes([c for c in plan.chunks if not c.is_decode], self.shapes)
             if decodes:  # shaped only now: its padding rows go after what the prefill passes added
-                yield invariance.decode_pass(decodes, self.n_seq_ids, self._next_pos)
+                yield invariance.decode_pass(decodes, self.n_seq_ids, self._next_pos, self.shapes)
 
         done: list[Any] = []  # chunks already evaluated: rolled back if a later pass fails
         for shaped in passes():
@@ -493,40 +515,161 @@ class LlamaRunner:
 _default_model_params = C.llama_model_default_params
 
 
-def model_params() -> Any:
-    """llama.cpp's default model parameters with this machine's one adjustment.
+# -- CPU weight layouts (see cpu_buffers.py) ----------------------------------------------------
 
-    llama.cpp's extra CPU buffer types include AMX tile kernels, chosen when CPUID lists
-    AMX. In a VM that lists it without enabling it (this Firecracker guest), the first
-    decode dies with SIGILL at `tilezero`; there the weights stay in plain CPU buffers.
-    """
+@functools.lru_cache(maxsize=1)
+def cpu_extra_buffer_types() -> dict[str, int]:
+    """This build's extra CPU buffer types, name -> ggml_backend_buffer_type_t (AMX,
+    CPU_REPACK, KLEIDIAI, ...), as llama.cpp's model loader asks for them."""
+    from llama_cpp._ggml import libggml as lib
+
+    init_backend()
+    lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_buft_name.restype = ctypes.c_char_p
+    lib.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    dev = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not dev:
+        return {}
+    fn = lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(dev), b"ggml_backend_dev_get_extra_bufts")
+    if not fn:
+        return {}
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(dev)
+    out: dict[str, int] = {}
+    i = 0
+    while bufts and bufts[i]:
+        out[lib.ggml_backend_buft_name(bufts[i]).decode()] = bufts[i]
+        i += 1
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features() -> dict[str, bool]:
+    """The CPU features ggml-cpu was built for and checks when it picks a repack layout."""
+    from llama_cpp._ggml import libggml_base_path
+
+    names = ("avx2", "avx512", "neon", "dotprod", "matmul_int8", "sve")
+    out = {name: False for name in names}
+    for lib_name in ("libggml-cpu.so", "libggml-cpu.dylib", "ggml-cpu.dll", "libggml.so"):
+        path = libggml_base_path / lib_name
+        if not path.exists():
+            continue
+        lib = ctypes.CDLL(str(path))
+        for name in names:
+            fn = getattr(lib, f"ggml_cpu_has_{name}", None)
+            if fn is not None:
+                fn.restype = ctypes.c_int
+                out[name] = bool(fn())
+        break
+    return out
+
+
+def kernel_path(config: EngineConfig, model_path: str) -> cpu_buffers.KernelPath:
+    """The weight layout `config.cpu_buffers` means on this machine (may run the AMX probe once)."""
+    choice = config.cpu_buffers or cpu_buffers.env_choice() or "auto"
+    try:
+        return cpu_buffers.resolve(choice, list(cpu_extra_buffer_types()),
+                                   lambda: cpu_buffers.amx_verdict(model_path), config.deterministic)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+class _TensorBuftOverride(ctypes.Structure):
+    """llama.h's struct llama_model_tensor_buft_override (llama-cpp-python declares the field
+    as a void pointer and no struct)."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+_pinned: dict[tuple[str, str], Any] = {}  # keeps each override array alive while llama.cpp may read it
+
+
+def model_params(path: cpu_buffers.KernelPath | None = None, model_path: str | None = None) -> Any:
+    """llama.cpp's default model parameters with the weight layout of `path` (None: "auto")."""
     params = _default_model_params()
-    if _cpu_advertises_amx():
-        params.use_extra_bufts = False
+    if path is None:
+        path = cpu_buffers.resolve(cpu_buffers.env_choice() or "auto", list(cpu_extra_buffer_types()),
+                                   lambda: cpu_buffers.amx_verdict(model_path or ""))
+    params.use_extra_bufts = path.use_extra_bufts
+    if path.pin_repack and model_path:
+        params.tensor_buft_overrides = _repack_overrides(model_path)
     return params
 
 
+def _repack_overrides(model_path: str) -> int:
+    """A NULL-terminated llama_model_tensor_buft_override array pinning every weight ggml
+    would repack here to CPU_REPACK (one exact-name pattern each); its address."""
+    from .gguf_header import read_tensor_infos
+    from .repack_rule import repacked_names
+
+    key = (model_path, json.dumps(sorted(cpu_features().items())))
+    if key not in _pinned:
+        buft = cpu_extra_buffer_types()[cpu_buffers.REPACK]
+        names = repacked_names(read_tensor_infos(model_path), cpu_features())
+        patterns = [ctypes.create_string_buffer(f"^{re_escape(n)}$".encode()) for n in names]
+        array = (_TensorBuftOverride * (len(names) + 1))()
+        for slot, pattern in zip(array, patterns):
+            slot.pattern = ctypes.cast(pattern, ctypes.c_char_p)
+            slot.buft = buft
+        _pinned[key] = (array, patterns)
+    return ctypes.addressof(_pinned[key][0])
+
+
+def re_escape(name: str) -> str:
+    """A tensor name as a std::regex (ECMAScript) literal: only '.' occurs in GGUF names."""
+    return "".join("\\" + c if c in ".[](){}*+?^$|\\" else c for c in name)
+
+
+def derive_shapes_for(model_path: str, buffers: dict[str, float]) -> invariance.Shapes:
+    """Deterministic mode's row rule for this model on the kernels its weights took: the
+    2-D weights' types, each marked repacked when the CPU_REPACK buffer holds weights and
+    ggml's rule repacks that tensor here."""
+    import platform
+
+    from .gguf_header import read_tensor_infos
+    from .repack_rule import is_repacked
+
+    repack_used = buffers.get(cpu_buffers.REPACK, 0.0) > 0
+    features = cpu_features()
+    types = [(t.ggml_type, repack_used and is_repacked(t, features))
+             for t in read_tensor_infos(model_path) if len(t.dims) == 2]
+    x86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    return invariance.derive_shapes(types, x86)
+
+
+def weight_buffers(mark: int) -> dict[str, float]:
+    """MiB of weights per buffer type, as llama.cpp logged them while loading after `mark`:
+    which layouts the weights really took ("CPU_REPACK", "AMX", "CPU_Mapped", ...)."""
+    out: dict[str, float] = {}
+    for number, text in _buffer_log:
+        if number > mark:
+            head, _, size = text.partition("model buffer size =")
+            try:
+                out[head.split(":")[-1].strip()] = float(size.split()[0])
+            except (ValueError, IndexError):
+                continue
+    return out
+
+
 @contextlib.contextmanager
-def llama_uses_model_params() -> Iterator[None]:
-    """While active, llama-cpp-python's high-level `Llama` loads models with `model_params()`
-    (it has no option for it), so a baseline runs where the engine runs, on the same kernels."""
+def llama_uses_model_params(cpu_buffers_choice: str | None = None, model_path: str | None = None) -> Iterator[None]:
+    """While active, llama-cpp-python's high-level `Llama` loads models with the weight
+    layout `cpu_buffers_choice` means here (it has no option for it), so a baseline runs on
+    the kernels the engine runs."""
     import llama_cpp.llama as high_level
 
+    choice = cpu_buffers_choice or cpu_buffers.env_choice() or "auto"
+    path = cpu_buffers.resolve(choice, list(cpu_extra_buffer_types()), lambda: cpu_buffers.amx_verdict(model_path or ""))
     saved = high_level.llama_cpp.llama_model_default_params
-    high_level.llama_cpp.llama_model_default_params = model_params
+    high_level.llama_cpp.llama_model_default_params = lambda: model_params(path, model_path)
     try:
         yield
     finally:
         high_level.llama_cpp.llama_model_default_params = saved
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_advertises_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:
-        return False
 
 
 # The bias a -inf logit_bias becomes under a grammar: far below any real logit (they span tens),

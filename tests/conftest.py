@@ -7,6 +7,8 @@ real process on the model without them carries `@pytest.mark.model` itself.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import settings
 
@@ -34,6 +36,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # for a deliberate fuzzing session: pytest tests/test_fuzz.py --hypothesis-profile=long
 settings.register_profile("fast", max_examples=40, deadline=None, derandomize=False)
 settings.register_profile("long", max_examples=2000, deadline=None)
+
+
+# -- CPU weight layouts -----------------------------------------------------------------------
+# llama.cpp's kernels differ with the weight layout (cpu_buffers: plain, CPU_REPACK, AMX), and a
+# row's rounding with them. Tests of numerics-sensitive features take the `cpu_path` fixture
+# and run once per layout this machine can run; the header line says which were covered.
+
+@functools.lru_cache(maxsize=1)
+def _cpu_paths() -> tuple[list[str], str]:
+    from llamabatch import cpu_buffers
+    from llamabatch.runner import cpu_extra_buffer_types
+
+    extras = list(cpu_extra_buffer_types())
+    paths = cpu_buffers.test_paths(extras, lambda: cpu_buffers.amx_verdict(resolve_model(None)))
+    return paths, f"extra CPU buffer types in this llama.cpp build: {', '.join(extras) or 'none'}"
+
+
+def pytest_report_header(config):
+    paths, why = _cpu_paths()
+    return [f"llamabatch cpu_buffers paths covered by the numerics tests: {', '.join(paths)} ({why})"]
+
+
+def pytest_generate_tests(metafunc):
+    if "cpu_path" in metafunc.fixturenames:
+        metafunc.parametrize("cpu_path", _cpu_paths()[0], scope="module")
 
 
 def pytest_configure(config):

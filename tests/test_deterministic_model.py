@@ -4,6 +4,8 @@ mid-run, and with another chunk size. `run --deterministic --verify` passes end 
 (Sizes are kept small for the suite's time budget: every decode pass of this mode computes at
 least 8 rows with logits, so running 8 requests alone costs as much as 8 slots' worth.)
 
+Each comparison runs once per CPU weight layout this machine can run (`cpu_path`: plain and
+CPU_REPACK on x86, AMX too where it runs), since the row rule is derived per kernel family.
 (Without the flag the same comparison is allowed to differ; nothing here asserts that it does.)
 """
 from __future__ import annotations
@@ -41,9 +43,9 @@ def targets() -> list[tuple[str, SamplingParams]]:
     return [(p, SEEDED[i] if i % 2 else GREEDY) for i, p in enumerate(PROMPTS)]
 
 
-def engine(model_path: str, n_parallel: int, chunk_size: int = 256) -> Engine:
+def engine(model_path: str, cpu_path: str, n_parallel: int, chunk_size: int = 256) -> Engine:
     return Engine(EngineConfig(model=model_path, n_parallel=n_parallel, n_ctx=512 * n_parallel, threads=2,
-                               chunk_size=chunk_size, deterministic=True))
+                               chunk_size=chunk_size, deterministic=True, cpu_buffers=cpu_path))
 
 
 def together(e: Engine) -> list[list[int]]:
@@ -51,8 +53,8 @@ def together(e: Engine) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def alone(model_path) -> list[list[int]]:
-    with engine(model_path, 8) as e:
+def alone(model_path, cpu_path) -> list[list[int]]:
+    with engine(model_path, cpu_path, 8) as e:
         out = [e.generate([p], q)[0].token_ids for p, q in targets()]
     # the comparisons compare something: every target generates tokens (seeds 2000.. are
     # chosen so that none samples end-of-generation first; seed 1003 would, on prompt 3)
@@ -61,24 +63,24 @@ def alone(model_path) -> list[list[int]]:
 
 
 
-def test_eight_slots_same_tokens_as_alone(model_path, alone):
-    with engine(model_path, 8) as e:
+def test_eight_slots_same_tokens_as_alone(model_path, cpu_path, alone):
+    with engine(model_path, cpu_path, 8) as e:
         assert together(e) == alone
 
 
-def test_three_slots_same_tokens_as_alone(model_path, alone):
-    with engine(model_path, 3) as e:
+def test_three_slots_same_tokens_as_alone(model_path, cpu_path, alone):
+    with engine(model_path, cpu_path, 3) as e:
         assert together(e) == alone
 
 
-def test_other_chunk_size_same_tokens_as_alone(model_path, alone):
+def test_other_chunk_size_same_tokens_as_alone(model_path, cpu_path, alone):
     # chunks of 5 prompt tokens: every prompt is split differently from the 256-token chunks
-    with engine(model_path, 8, chunk_size=5) as e:
+    with engine(model_path, cpu_path, 8, chunk_size=5) as e:
         assert together(e) == alone
 
 
-def test_twenty_others_arriving_mid_run_change_nothing(model_path, alone):
-    with engine(model_path, 8) as e:
+def test_twenty_others_arriving_mid_run_change_nothing(model_path, cpu_path, alone):
+    with engine(model_path, cpu_path, 8) as e:
         started = threading.Event()
         handles = [e.submit(p, q, stream=False, callback=lambda h, ev: started.set()) for p, q in targets()]
         assert started.wait(120)  # a target has produced a token: the others arrive mid-run

@@ -210,7 +210,7 @@ def main() -> int:
     wire.send(out_fd, ("ready", {
         "model_path": engine.model_path, "slot_ctx": engine.slot_ctx, "n_slots": runner.n_slots,
         "n_vocab": getattr(runner, "n_vocab", None), "metadata": getattr(runner, "metadata", {}),
-        "bos_text": getattr(runner, "bos_text", ""), "eos_text": getattr(runner, "eos_text", ""), "pid": os.getpid()}))
+        "bos_text": getattr(runner, "bos_text", ""), "eos_text": getattr(runner, "eos_text", ""), "kernels": engine.kernels, "pid": os.getpid()}))
     Link(engine, out_fd).serve(0)
     return 0
 

@@ -131,6 +131,7 @@ class SupervisedEngine:
         info = self._child.info
         self.slot_ctx = info["slot_ctx"]
         self.n_slots = info["n_slots"]
+        self.kernels = info.get("kernels", "")  # which CPU kernels the child's llama.cpp runs, and why
         self._slot_counts = (self.n_slots, 0, 0, 0)
         self._thread = threading.Thread(target=self._supervise, name="llamabatch-supervisor", daemon=True)
         self._thread.start()

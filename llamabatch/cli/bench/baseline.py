@@ -16,7 +16,7 @@ from ...params import SamplingParams, random_seed
 
 def sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
                         n_batch: int, n_gpu_layers: int, params: SamplingParams,
-                        on_request: Any = None) -> list[dict[str, Any]]:
+                        on_request: Any = None, cpu_buffers: str | None = None) -> list[dict[str, Any]]:
     """`llamabatch bench --baseline`: llama-cpp-python's high-level Llama.create_completion
     over the same prompt token ids, one request at a time, with the same sampling settings.
 
@@ -29,7 +29,8 @@ def sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: i
     afterwards (8-slot decode ticks 40 ms -> 49 ms here), which would skew the comparison.
     """
     return run_in_own_thread(_sequential_baseline, model_path, prompts, max_tokens, threads=threads, n_ctx=n_ctx,
-                             n_batch=n_batch, n_gpu_layers=n_gpu_layers, params=params, on_request=on_request)
+                             n_batch=n_batch, n_gpu_layers=n_gpu_layers, params=params, on_request=on_request,
+                             cpu_buffers=cpu_buffers)
 
 
 def run_in_own_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -52,14 +53,14 @@ def run_in_own_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
                          n_batch: int, n_gpu_layers: int, params: SamplingParams,
-                         on_request: Any = None) -> list[dict[str, Any]]:
+                         on_request: Any = None, cpu_buffers: str | None = None) -> list[dict[str, Any]]:
     import llama_cpp
 
     from ...runner import init_backend, llama_uses_model_params
 
     init_backend()  # keeps llama.cpp's log lines off stderr, as for the engine
     seed = params.seed if params.seed is not None else random_seed()
-    with llama_uses_model_params():
+    with llama_uses_model_params(cpu_buffers, model_path):  # the engine's weight layout, so its kernels
         llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
                               n_threads_batch=threads, n_gpu_layers=-1 if n_gpu_layers == -1 else n_gpu_layers,
                               seed=seed, verbose=False)

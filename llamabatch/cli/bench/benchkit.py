@@ -366,7 +366,7 @@ def _request_row(trace: RequestTrace) -> dict[str, Any]:
 
 def run_baseline(model_path: str, prompts: Sequence[list[int]], max_tokens: int, *, threads: int, n_batch: int,
                  n_gpu_layers: int, params: SamplingParams,
-                 on_request: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 on_request: Callable[[int], None] | None = None, cpu_buffers: str | None = None) -> dict[str, Any]:
     """llama-cpp-python's Llama.create_completion over `prompts`, one after another.
 
     llama-cpp-python has no ignore_eos, and forcing one through its Python logits processor
@@ -378,7 +378,7 @@ def run_baseline(model_path: str, prompts: Sequence[list[int]], max_tokens: int,
     n_ctx = max((len(p) for p in prompts), default=1) + max_tokens + 1
     records = sequential_baseline(model_path, [list(p) for p in prompts], max_tokens, threads=threads,
                                   n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, params=params,
-                                  on_request=on_request)
+                                  on_request=on_request, cpu_buffers=cpu_buffers)
     return baseline_figures(records)
 
 

@@ -102,7 +102,7 @@ def bench_command(
             first = configs[0]
             base = benchkit.run_baseline(model["path"], all_prompts[:max(counts)], tg, threads=first.n_threads,
                                          n_batch=first.n_batch, n_gpu_layers=first.n_gpu_layers,
-                                         params=resolved.sampling, on_request=advance)
+                                         params=resolved.sampling, on_request=advance, cpu_buffers=first.cpu_buffers)
             for level in figures:
                 level.update(benchkit.speedup(level, base))
 

@@ -179,8 +179,9 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     """`engine` is an Engine, or with --ray the RayPool (`cluster` too), which takes lines the same way."""
     env = cli_env.current()  # its argv goes into the resume hint
     why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
+    kernels = f", {engine.kernels}" if getattr(engine, "kernels", "") else ""
     what = cluster.describe() if cluster else (f"{engine.model_name}, {engine.config.n_parallel} slots x "
-                                               f"{engine.slot_ctx} tokens{why}")
+                                               f"{engine.slot_ctx} tokens{why}{kernels}")
     reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
     resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
     window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
