@@ -129,13 +129,16 @@ def machine_key() -> str:
     return f"{platform.machine()} {cpu} x{os.cpu_count()}"
 
 
-def cache_key(model_path: str, threads: int) -> str:
+def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None) -> str:
     try:
         st = os.stat(model_path)
         model = f"{os.path.basename(model_path)}:{st.st_size}:{int(st.st_mtime)}"
     except OSError:
         model = os.path.basename(model_path)
-    return f"{model}|threads={threads}|{machine_key()}"
+    # the weight layout decides the kernels, and so the curve (cpu_buffers.py); "auto" keeps
+    # the key it had before the setting existed
+    layout = "" if (cpu_buffers or "auto") == "auto" else f"|cpu_buffers={cpu_buffers}"
+    return f"{model}|threads={threads}{layout}|{machine_key()}"
 
 
 def read_cache(key: str) -> dict | None:
@@ -190,7 +193,9 @@ def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = Non
         return Choice(1, "auto: bounded by 1 input line", {})
     memory = available_memory() if memory is None else memory
     measure = measure or (lambda levels: calibrate(config, model_path, levels))
-    key = cache_key(model_path, config.n_threads)
+    from .cpu_buffers import env_choice
+
+    key = cache_key(model_path, config.n_threads, config.cpu_buffers or env_choice())
     entry = read_cache(key)
     from_cache = entry is not None
     per_token = entry.get("kv_bytes_per_token") if entry else None
