@@ -63,14 +63,14 @@ def resolve(choice: str, extra_bufts: Sequence[str], amx_runs: Callable[[], tupl
                 else (lambda why: KernelPath("plain", False, False, why)))
     if AMX in extras:
         if deterministic:
-            return fallback("auto, deterministic: AMX's row rules are not derived, so no AMX")
+            return fallback("cpu_buffers=auto, deterministic: AMX's row rules are not derived, so no AMX")
         ok, why = amx_runs()
         if not ok:
-            return fallback(f"auto: AMX is built in but does not run here ({why})")
-        return KernelPath("llama.cpp default", True, False, f"auto: {', '.join(extras)} (AMX ran in a probe)")
+            return fallback(f"cpu_buffers=auto: AMX is built in but does not run here ({why})")
+        return KernelPath("llama.cpp default", True, False, f"cpu_buffers=auto: {', '.join(extras)} (AMX ran in a probe)")
     if not extras:
-        return KernelPath("plain", False, False, "auto: this build has no extra CPU buffer types")
-    return KernelPath("llama.cpp default", True, False, f"auto: {', '.join(extras)}")
+        return KernelPath("plain", False, False, "cpu_buffers=auto: this build has no extra CPU buffer types")
+    return KernelPath("llama.cpp default", True, False, f"cpu_buffers=auto: {', '.join(extras)}")
 
 
 def test_paths(extra_bufts: Sequence[str], amx_runs: Callable[[], tuple[bool, str]]) -> list[str]:
