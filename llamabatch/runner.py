@@ -588,14 +588,11 @@ class _TensorBuftOverride(ctypes.Structure):
 _pinned: dict[tuple[str, str], Any] = {}  # keeps each override array alive while llama.cpp may read it
 
 
-def model_params(path: cpu_buffers.KernelPath | None = None, model_path: str | None = None) -> Any:
-    """llama.cpp's default model parameters with the weight layout of `path` (None: "auto")."""
+def model_params(path: cpu_buffers.KernelPath, model_path: str) -> Any:
+    """llama.cpp's default model parameters with the weight layout of `path`."""
     params = _default_model_params()
-    if path is None:
-        path = cpu_buffers.resolve(cpu_buffers.env_choice() or "auto", list(cpu_extra_buffer_types()),
-                                   lambda: cpu_buffers.amx_verdict(model_path or ""))
     params.use_extra_bufts = path.use_extra_bufts
-    if path.pin_repack and model_path:
+    if path.pin_repack:
         params.tensor_buft_overrides = _repack_overrides(model_path)
     return params
 
@@ -656,14 +653,13 @@ def weight_buffers(mark: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def llama_uses_model_params(cpu_buffers_choice: str | None = None, model_path: str | None = None) -> Iterator[None]:
+def llama_uses_model_params(cpu_buffers_choice: str | None, model_path: str) -> Iterator[None]:
     """While active, llama-cpp-python's high-level `Llama` loads models with the weight
     layout `cpu_buffers_choice` means here (it has no option for it), so a baseline runs on
     the kernels the engine runs."""
     import llama_cpp.llama as high_level
 
-    choice = cpu_buffers_choice or cpu_buffers.env_choice() or "auto"
-    path = cpu_buffers.resolve(choice, list(cpu_extra_buffer_types()), lambda: cpu_buffers.amx_verdict(model_path or ""))
+    path = kernel_path(EngineConfig(model=model_path, cpu_buffers=cpu_buffers_choice), model_path)
     saved = high_level.llama_cpp.llama_model_default_params
     high_level.llama_cpp.llama_model_default_params = lambda: model_params(path, model_path)
     try:
