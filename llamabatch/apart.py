@@ -1,0 +1,161 @@
+"""Sampling apart from the tick: one request's costly sampler must not set every request's pace.
+
+Every slot's token is sampled after the tick's one llama_decode, so a request whose sampler
+is slow holds up every other slot's next token. The cost that matters is llama.cpp's grammar
+sampler: it checks every token of the vocabulary against every grammar stack, so with
+Gemma 3's 262,144 tokens even a one-line grammar costs tens of milliseconds a token, and a
+JSON-schema enum of 10,000 strings (10,000 stacks) costs seconds to a minute a token.
+
+So requests with a grammar or a json_schema are sampled here, on sampling threads: the
+runner copies the row's logits and returns a SampleJob instead of a token; their slot skips
+ticks until the job lands, and the other slots decode meanwhile. The engine waits for the
+jobs a tick started for at most GRACE × that tick's llama_decode time, so a cheap grammar
+still gets its token in the same tick and the others' tick grows by at most that fraction.
+
+A cancel or timeout ends the request at once; its job is told to stop (it checks between
+slices of the vocabulary) and its sampler chains are freed only when the job has returned.
+
+Deterministic mode samples inline: its promise is about tokens, not pace, and keeping the
+tick's shape independent of thread timing keeps that promise easy to check.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .params import SamplingParams
+from .plan import Chunk, SampleJob, SampleStopped
+
+log = logging.getLogger("llamabatch.apart")
+
+GRACE = 0.5  # of the tick's llama_decode time: how long a tick waits for the jobs it started
+SAMPLER_NICE = 10  # sampling threads yield the CPU to llama_decode's threads (Linux: per thread)
+
+
+def wants_apart(params: SamplingParams) -> bool:
+    """Which requests are sampled apart: those with a grammar (the sampler whose cost grows
+    with the vocabulary times the grammar's alternatives). The rest sample inline, cheaply."""
+    return bool(params.grammar) or params.json_schema is not None
+
+
+@dataclass(eq=False)
+class Flight:
+    """One SampleJob in flight for `seq` (an engine Sequence), from launch to landing."""
+
+    seq: Any
+    chunk: Chunk
+    job: SampleJob
+    launched_at: float = field(default_factory=time.perf_counter)
+    stop: bool = False  # set by the engine thread: the request ended, give up
+    landed: bool = False
+    outcome: tuple[dict[int, int], dict[int, dict]] | None = None  # (sampled, logprobs)
+    error: BaseException | None = None
+
+
+def _lower_priority() -> None:
+    # A slow grammar must not take the cores llama_decode's threads run on: on a small
+    # machine that would slow every other request again, the thing this module prevents.
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SAMPLER_NICE)
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
+        pass
+
+
+class ApartSampling:
+    """Runs SampleJobs on sampling threads; lands their results for the engine thread.
+
+    `cond` is the engine's condition: a landing job notifies it, so an engine waiting for
+    work wakes. Everything here except the jobs' own work happens under it."""
+
+    def __init__(self, cond: threading.Condition, max_threads: int):
+        self._cond = cond
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_threads), thread_name_prefix="llamabatch-sample",
+                                        initializer=_lower_priority)
+        self._flying: dict[Any, Flight] = {}  # seq -> its flight (a slot has one token in flight at most)
+        self._landed: list[Flight] = []
+        self._orphans: set[int] = set()  # ids of sampler chains whose request ended mid-flight
+        self._closed = False
+
+    def launch(self, seq: Any, chunk: Chunk, job: SampleJob) -> Flight:
+        flight = Flight(seq, chunk, job)
+        with self._cond:
+            self._flying[seq] = flight
+        self._pool.submit(self._run, flight)
+        return flight
+
+    def _run(self, flight: Flight) -> None:
+        try:
+            flight.outcome = flight.job.run(lambda: flight.stop)
+        except SampleStopped:
+            pass
+        except BaseException as exc:  # this request's failure, never the sampling thread's end
+            log.exception("sampling apart failed for request %s", flight.chunk.request_id)
+            flight.error = exc
+        with self._cond:
+            flight.landed = True
+            self._landed.append(flight)
+            self._cond.notify_all()
+
+    def wait(self, flights: list[Flight], seconds: float) -> float:
+        """Wait (engine thread) until `flights` have landed or `seconds` pass; the time waited."""
+        start = time.perf_counter()
+        until = start + seconds
+        with self._cond:
+            while not all(f.landed for f in flights):
+                left = until - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        return time.perf_counter() - start
+
+    def take_landed(self) -> list[Flight]:
+        """The flights that landed since the last call, in landing order."""
+        with self._cond:
+            out, self._landed = self._landed, []
+            for flight in out:
+                self._flying.pop(flight.seq, None)
+        return out
+
+    @property
+    def has_landed(self) -> bool:  # called under the engine's condition
+        return bool(self._landed)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._flying)
+
+    def holds(self, sampler: Any) -> bool:
+        """Whether a job in flight (landed or not, until taken) uses `sampler`."""
+        with self._cond:
+            return any(sampler is s for f in self._flying.values() for s in f.job.samplers)
+
+    def release_later(self, sampler: Any) -> None:
+        """`sampler`'s request ended while a job uses it: stop that job; the engine frees the
+        chain when the job lands (`orphans_of`), never under a running job."""
+        with self._cond:
+            self._orphans.add(id(sampler))
+            for flight in self._flying.values():
+                if any(sampler is s for s in flight.job.samplers):
+                    flight.stop = True
+
+    def orphans_of(self, flight: Flight) -> list[Any]:
+        """The chains of a landed flight whose request has ended: now safe to free."""
+        out = [s for s in flight.job.samplers if id(s) in self._orphans]
+        for s in out:
+            self._orphans.discard(id(s))
+        return out
+
+    def close(self) -> list[Flight]:
+        """Stop every job, wait for the sampling threads (each stops within one slice of its
+        work), and return the flights not yet taken, for their chains to be freed."""
+        with self._cond:
+            self._closed = True
+            for flight in self._flying.values():
+                flight.stop = True
+        self._pool.shutdown(wait=True)
+        return self.take_landed()
