@@ -19,7 +19,7 @@ from llama_cpp import llama_cpp as C
 
 from .plan import SampleStopped
 
-SLICE = 16384  # candidates per piece of the grammar pass: a stop waits for one piece at most
+SLICE = 4096  # candidates per piece of the grammar pass: a stop waits for one piece (1/64 of a pass) at most
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
