@@ -109,14 +109,15 @@ class Scheduler:
         """Whether a tick could do anything: a slot with tokens to evaluate (not one waiting
         for a token sampled apart, nor a sample waiting for its fork), or a queued request
         and an idle slot for it. Without it the engine thread sleeps instead of spinning."""
+        idle = 0
         for slot in self.slots:
             seq = slot.seq
             if seq is None:
-                if self.waiting:
-                    return True
+                idle += 1
             elif seq.status in (Status.PREFILLING, Status.GENERATING) and not seq.sampling_apart:
                 return True
-        return False
+        # an n-request at the head of the queue needs n idle slots (nothing overtakes it)
+        return bool(self.waiting) and idle >= len(self.waiting[0].members)
 
     def admit(self) -> list[Admission]:
         """Give idle slots to waiting requests, FIFO. For each Admission the caller trims the

@@ -159,6 +159,20 @@ def test_the_engine_thread_sleeps_while_only_a_token_in_flight_is_left():
     assert_clean(runner)
 
 
+def test_no_spinning_while_an_n_request_waits_for_the_slot_a_token_in_flight_holds():
+    runner = FakeRunner(n_slots=2, slot_ctx=200, sample_delay=lambda ctx: 1.0 if ctx.startswith("slow") else 0.0)
+    with make_engine(runner) as engine:
+        slow = engine.submit("slow: spell", SLOW.replace(max_tokens=1))
+        wait_until(lambda: 0 in runner.flying)
+        busy0 = time.process_time()
+        pair = engine.submit("two", GREEDY.replace(n=2))  # needs both slots: waits for the slow one
+        assert slow.result(timeout=WAIT).finish_reason == "length"
+        busy = time.process_time() - busy0
+        assert [s.text for s in pair.result(timeout=WAIT).samples] == ["two!", "two!"]
+    assert busy < 0.5, f"{busy:.2f} s of CPU while the queue head waited for a slot"
+    assert_clean(runner)
+
+
 def test_deterministic_mode_samples_every_row_inline():
     runner = slow_runner(0.0)
     with make_engine(runner, deterministic=True) as engine:
