@@ -199,7 +199,7 @@ class FakeRunner:
         for chunk in plan.chunks:
             self.kv[chunk.slot].extend(chunk.tokens)
         for chunk in plan.chunks:
-            if chunk.wants_logits and chunk.sample_apart and self.can_sample_apart:
+            if chunk.wants_logits and getattr(chunk, "sample_apart", False) and self.can_sample_apart:
                 job = FakeJob(self, chunk, detokenize(self.kv[chunk.slot]))
                 with self._lock:
                     self.jobs.append(job)
