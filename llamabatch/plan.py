@@ -150,7 +150,8 @@ class Runner(Protocol):
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply plan.forks, then one llama_decode of the plan's chunks; sample each
-        wants_logits row with its chunk's sampler."""
+        wants_logits row with its chunk's sampler, or, for a sample_apart chunk on a runner
+        whose `can_sample_apart` is True, return a SampleJob for it in StepResult.apart."""
 
     def close(self) -> None: ...
 
