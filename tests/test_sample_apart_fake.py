@@ -40,7 +40,9 @@ def run_beside_slow(runner: FakeRunner) -> list[tuple[str, int]]:
 
 
 def test_plain_requests_finish_while_a_slow_grammar_samples_its_first_token():
-    runner = slow_runner(0.5)
+    # its first token takes 2 s (the row's context is the prompt alone): far longer than the
+    # plain requests' few ticks, even on a busy machine
+    runner = FakeRunner(n_slots=4, slot_ctx=200, sample_delay=lambda ctx: 2.0 if ctx == "slow: spell" else 0.0)
     order = run_beside_slow(runner)
     slow_first = order.index(("token", 0))
     # every plain request ends before the slow one has its first token: no tick waited for it
