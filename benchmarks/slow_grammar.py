@@ -9,23 +9,43 @@ grammar sampler seconds to minutes on a 262,144-token vocabulary). A B A B: each
 the plain requests' mean and worst decode time (first token to last) and time to last
 result, and the B/A ratios (issue 28's target: decode time within 2x). B cancels the enum
 request once the plain ones are done, and the next run starts only after its sampling
-thread has stopped. `--inline` samples B's enum in the tick (as before apart.py): expect
+thread has stopped. Each pair also prints the process's CPU seconds in both runs and how many of B's went to the
+sampling thread: on a shared machine, where wall times swing with other jobs, that says
+whether B did more work beside the plain requests. `--inline` samples B's enum in the tick (as before apart.py): expect
 every plain token to wait for an enum token. Measures only; never asserts on time.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import statistics
 import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams
+from llamabatch.apart import THREAD_NAME
+
+
+def sampling_threads_cpu() -> float:
+    """CPU seconds used so far by this process's sampling threads (named apart.THREAD_NAME
+    at the OS level), from /proc; 0 elsewhere."""
+    total = 0
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            if open(f"{task}/comm").read().strip() != THREAD_NAME:
+                continue
+            fields = open(f"{task}/stat").read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except OSError:  # the thread ended meanwhile
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def plain_run(engine: Engine, args: argparse.Namespace, with_enum: bool) -> dict[str, float]:
     plain = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     enum = SamplingParams(temperature=0, max_tokens=16, json_schema={"enum": [f"v{i}" for i in range(args.enum)]})
     enum_tokens = []  # the enum request's tokens so far (its callback runs on the engine thread)
+    cpu0, sampling0 = time.process_time(), sampling_threads_cpu()
     start = time.perf_counter()
     with engine.hold():  # all admitted in one tick
         slow = engine.submit("Pick one value:", enum, stream=False,
@@ -34,6 +54,7 @@ def plain_run(engine: Engine, args: argparse.Namespace, with_enum: bool) -> dict
         handles = [engine.submit(f"Count from {i} to {i + 20}:", plain) for i in range(args.plain)]
     results = [h.result(timeout=3600) for h in handles]
     last = time.perf_counter() - start
+    cpu, sampling = time.process_time() - cpu0, sampling_threads_cpu() - sampling0
     assert all(r.finish_reason == "length" and r.usage.completion_tokens == args.tokens for r in results)
     enum_done = len(enum_tokens)
     if slow is not None:
@@ -42,7 +63,8 @@ def plain_run(engine: Engine, args: argparse.Namespace, with_enum: bool) -> dict
         while engine.apart is not None and engine.apart.busy:  # its sampling thread stops within a slice
             time.sleep(0.05)
     decode = [r.timings.decode_ms / 1000 for r in results]
-    return {"mean": statistics.mean(decode), "worst": max(decode), "last": last, "enum_tokens": enum_done}
+    return {"mean": statistics.mean(decode), "worst": max(decode), "last": last, "enum_tokens": enum_done,
+            "cpu": cpu, "sampling_cpu": sampling}
 
 
 def main() -> None:
@@ -72,7 +94,8 @@ def main() -> None:
                   f"all done {a['last']:6.2f} s | B beside enum  decode mean {b['mean']:6.2f} s, "
                   f"worst {b['worst']:6.2f} s, all done {b['last']:6.2f} s | "
                   f"B/A decode {b['mean'] / a['mean']:.2f}, all done {b['last'] / a['last']:.2f} "
-                  f"(enum tokens by then: {b['enum_tokens']})")
+                  f"(enum tokens by then: {b['enum_tokens']}) | process CPU A {a['cpu']:.1f} s, B {b['cpu']:.1f} s, "
+                  f"of which B's sampling thread {b['sampling_cpu']:.1f} s")
     print(f"plain decode time beside the enum / alone: median ratio {statistics.median(ratios):.2f} "
           f"over {len(ratios)} pairs (target <= 2)")
 

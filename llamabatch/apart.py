@@ -35,6 +35,7 @@ log = logging.getLogger("llamabatch.apart")
 
 GRACE = 0.5  # of the tick's llama_decode time: how long a tick waits for the jobs it started
 SAMPLER_NICE = 10  # sampling threads yield the CPU to llama_decode's threads (Linux: per thread)
+THREAD_NAME = "llamabatch-samp"  # sampling threads' OS-level name (Linux keeps 15 bytes)
 
 
 def wants_apart(params: SamplingParams) -> bool:
@@ -57,12 +58,19 @@ class Flight:
     error: BaseException | None = None
 
 
-def _lower_priority() -> None:
+def _prepare_thread() -> None:
     # A slow grammar must not take the cores llama_decode's threads run on: on a small
     # machine that would slow every other request again, the thing this module prevents.
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SAMPLER_NICE)
     except (AttributeError, OSError):  # not Linux, or not allowed: run at normal priority
+        pass
+    # The OS-level name (top -H, /proc; at most 15 bytes), so its CPU time can be told apart
+    # from llama_decode's (benchmarks/slow_grammar.py reads it).
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+            comm.write(THREAD_NAME)
+    except (AttributeError, OSError):
         pass
 
 
@@ -75,7 +83,7 @@ class ApartSampling:
     def __init__(self, cond: threading.Condition, max_threads: int):
         self._cond = cond
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_threads), thread_name_prefix="llamabatch-sample",
-                                        initializer=_lower_priority)
+                                        initializer=_prepare_thread)
         self._flying: dict[Any, Flight] = {}  # seq -> its flight (a slot has one token in flight at most)
         self._landed: list[Flight] = []
         self._orphans: set[int] = set()  # ids of sampler chains whose request ended mid-flight
