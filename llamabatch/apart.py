@@ -15,18 +15,26 @@ still gets its token in the same tick and the others' tick grows by at most that
 A cancel or timeout ends the request at once; its job is told to stop (it checks between
 slices of the vocabulary) and its sampler chains are freed only when the job has returned.
 
+When llama_decode's threads take every core (threads >= CPUs, the default on a small
+machine), a sampling thread running beside them does not just take its share: ggml's
+threads meet at a barrier after every operation, so each time one of them is preempted the
+other waits, and a low-priority thread still slowed the others' decode 2-4x on 2 CPUs
+(benchmarks/slow_grammar.py). There the jobs pause at their next slice (about 2 ms) while
+the engine thread runs llama_decode, and work in between and when nothing else decodes.
+
 Deterministic mode samples inline: its promise is about tokens, not pace, and keeping the
 tick's shape independent of thread timing keeps that promise easy to check.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from .params import SamplingParams
 from .plan import Chunk, SampleJob, SampleStopped
@@ -80,8 +88,11 @@ class ApartSampling:
     `cond` is the engine's condition: a landing job notifies it, so an engine waiting for
     work wakes. Everything here except the jobs' own work happens under it."""
 
-    def __init__(self, cond: threading.Condition, max_threads: int):
+    def __init__(self, cond: threading.Condition, max_threads: int, yield_to_decode: bool = False):
         self._cond = cond
+        self.yield_to_decode = yield_to_decode
+        self._quiet = threading.Event()  # clear while the engine thread runs llama_decode
+        self._quiet.set()
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_threads), thread_name_prefix="llamabatch-sample",
                                         initializer=_prepare_thread)
         self._flying: dict[Any, Flight] = {}  # seq -> its flight (a slot has one token in flight at most)
@@ -96,9 +107,27 @@ class ApartSampling:
         self._pool.submit(self._run, flight)
         return flight
 
+    @contextlib.contextmanager
+    def decoding(self) -> Iterator[None]:
+        """Around the engine thread's llama_decode: with yield_to_decode, jobs pause meanwhile."""
+        if not self.yield_to_decode:
+            yield
+            return
+        self._quiet.clear()
+        try:
+            yield
+        finally:
+            self._quiet.set()
+
+    def _checkpoint(self, flight: Flight) -> bool:
+        """A job's `stop()`: True when it should give up; holds it while a decode runs."""
+        while not flight.stop and not self._quiet.is_set():
+            self._quiet.wait(0.05)  # a cancel meanwhile is seen within this
+        return flight.stop
+
     def _run(self, flight: Flight) -> None:
         try:
-            flight.outcome = flight.job.run(lambda: flight.stop)
+            flight.outcome = flight.job.run(lambda: self._checkpoint(flight))
         except SampleStopped:
             pass
         except BaseException as exc:  # this request's failure, never the sampling thread's end

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence as Seq
@@ -96,7 +97,9 @@ class Engine:
         self._cond = threading.Condition()
         # Requests with a grammar are sampled on sampling threads, so one slow grammar does not
         # set every slot's pace (apart.py). Deterministic mode keeps inline sampling.
-        self.apart = (ApartSampling(self._cond, runner.n_slots)
+        # Where llama_decode's threads take every core, the sampling threads pause while it runs.
+        self.apart = (ApartSampling(self._cond, runner.n_slots,
+                                    yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
                       if getattr(runner, "can_sample_apart", False) and not self.config.deterministic else None)
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
                                    self.config.policy, self.config.cache_prompt, runner.token_bytes, runner.is_eog,
@@ -302,7 +305,8 @@ class Engine:
         if not plan:
             return
         active = len(self.scheduler.running)
-        plan, result = self._execute(plan)
+        with self.apart.decoding() if self.apart else contextlib.nullcontext():
+            plan, result = self._execute(plan)
         for event in self.scheduler.update(plan, result):
             self._deliver(event)
         if result.apart:

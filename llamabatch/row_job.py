@@ -5,13 +5,15 @@ llama_decode overwrites, so a row sampled while the engine decodes on is first c
 (n_vocab floats: 1 MiB for Gemma 3). The job then does what llama_sampler_sample does —
 candidates in token-id order, the chain's samplers applied in order, the selected token
 accepted by the chain — with one difference: the grammar sampler, whose cost is the one
-that can be large, runs over the candidates in slices, and the job checks `stop()` between
-slices. A grammar only removes candidates, each on its own, so slicing gives the same
-result. The tokens are the ones inline sampling gives (tests/test_sample_apart_model.py).
+that can be large, runs over the candidates in slices of about SLICE_SECONDS each, and the
+job checks in with `stop()` between slices (it says when to give up, and may hold the job
+while the engine decodes). A grammar only removes candidates, each on its own, so slicing
+gives the same result. The tokens are the ones inline sampling gives (tests/test_sample_apart_model.py).
 """
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -19,7 +21,8 @@ from llama_cpp import llama_cpp as C
 
 from .plan import SampleStopped
 
-SLICE = 4096  # candidates per piece of the grammar pass: a stop waits for one piece (1/64 of a pass) at most
+SLICE_SECONDS = 0.002  # the grammar pass in pieces of about this long: a stop or a pause waits for one piece
+FIRST_SLICE, MIN_SLICE, MAX_SLICE = 1024, 64, 65536  # candidates; a piece's size follows the time the last took
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
@@ -70,12 +73,19 @@ def _sample(chain: Any, data: Any, n: int, stop: Callable[[], bool]) -> int:
         if C.llama_sampler_name(element) != b"grammar":
             C.llama_sampler_apply(element, ctypes.byref(whole))
             continue
-        for start in range(0, n, SLICE):
+        start, piece = 0, FIRST_SLICE
+        while start < n:
             if stop():
                 raise SampleStopped()
+            count = min(piece, n - start)
             part = C.llama_token_data_array(ctypes.cast(base + start * size, ctypes.POINTER(C.llama_token_data)),
-                                            min(SLICE, n - start), -1, False)
+                                            count, -1, False)
+            t0 = time.perf_counter()
             C.llama_sampler_apply(element, ctypes.byref(part))
+            took = time.perf_counter() - t0
+            start += count
+            # the cost per candidate varies with the grammar's state: aim the next piece at SLICE_SECONDS
+            piece = int(min(MAX_SLICE, max(MIN_SLICE, count * SLICE_SECONDS / max(took, 1e-6))))
     if not 0 <= whole.selected < whole.size:
         # llama_sampler_sample would abort the process here (GGML_ASSERT): end the request instead
         raise RuntimeError("the sampler chain selected no token")

@@ -8,6 +8,8 @@ import threading
 import time
 
 from llamabatch import Delta, SamplingParams
+from llamabatch.apart import ApartSampling
+from llamabatch.plan import SampleStopped
 
 from fake_runner import FakeRunner
 from test_engine_fake import GREEDY, WAIT, assert_clean, make_engine, wait_until
@@ -208,3 +210,27 @@ def test_every_request_ends_once_in_a_mix_of_slow_grammars_cancels_and_timeouts(
     assert {r.finish_reason for r in results} <= {"stop", "cancelled", "timeout"}
     assert all(s.freed == 1 for s in runner.samplers)
     assert_clean(runner)
+
+
+def test_where_the_decode_takes_every_core_a_job_waits_at_its_checkpoint_until_the_decode_ends():
+    apart = ApartSampling(threading.Condition(), 1, yield_to_decode=True)
+    steps: list[float] = []
+
+    class Job:
+        samplers: list = []
+
+        def run(self, stop):
+            for _ in range(50):
+                if stop():
+                    raise SampleStopped()
+                steps.append(time.perf_counter())
+            return {}, {}
+
+    with apart.decoding():
+        flight = apart.launch(object(), None, Job())
+        time.sleep(0.2)
+        assert steps == []  # held at its first checkpoint while "llama_decode" runs
+        ended = time.perf_counter()
+    apart.wait([flight], WAIT)
+    assert flight.landed and flight.error is None and len(steps) == 50 and steps[0] >= ended
+    apart.close()
