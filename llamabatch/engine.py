@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence as Seq
 
+from .apart import GRACE, ApartSampling, Flight, wants_apart
 from .config import EngineConfig
 from .errors import DecodeError, EngineClosed, InternalError, InvalidRequest, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
@@ -90,12 +92,19 @@ class Engine:
             # cover it, so it is not promised. An n-request's forks stay (the runner applies them
             # in _execute_invariant too): they copy sample 0's prefill-computed prompt KV, bit for bit.
             share_min = 0
-        self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
-                                   self.config.policy, self.config.cache_prompt, runner.token_bytes, runner.is_eog,
-                                   share_min=share_min, cache_generated=not self.config.deterministic)
         self.telemetry = Telemetry()
         # Everything below is shared between callers and the engine thread, under _cond.
         self._cond = threading.Condition()
+        # Requests with a grammar are sampled on sampling threads, so one slow grammar does not
+        # set every slot's pace (apart.py). Deterministic mode keeps inline sampling.
+        # Where llama_decode's threads take every core, the sampling threads pause while it runs.
+        self.apart = (ApartSampling(self._cond, runner.n_slots,
+                                    yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
+                      if getattr(runner, "can_sample_apart", False) and not self.config.deterministic else None)
+        self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
+                                   self.config.policy, self.config.cache_prompt, runner.token_bytes, runner.is_eog,
+                                   share_min=share_min, cache_generated=not self.config.deterministic,
+                                   sample_apart=(lambda seq: wants_apart(seq.params)) if self.apart else None)
         self._inbox: list[Sequence] = []
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread
         self._cancels: list[Sequence] = []
@@ -259,8 +268,14 @@ class Engine:
             while True:
                 with self._cond:
                     while not (self._inbox or self._rejected or self._cancels or self._closing
-                               or self.scheduler.running or self.scheduler.waiting):
-                        self._cond.wait()
+                               or self.scheduler.has_work() or (self.apart and self.apart.has_landed)):
+                        # Nothing to run: sleep until something arrives, a token sampled apart
+                        # lands (it notifies), or the next deadline passes (a request whose
+                        # token is in flight must still time out).
+                        deadline = self.scheduler.next_deadline()
+                        if deadline is not None and deadline <= time.perf_counter():
+                            break
+                        self._cond.wait(None if deadline is None else deadline - time.perf_counter())
                     if self._closing:
                         break
                     new, self._inbox = self._inbox, []
@@ -284,15 +299,54 @@ class Engine:
                 self._end(seq, "cancelled")
         for seq in self.scheduler.expired(t_start):
             self._end(seq, "timeout")
+        self._land()
         self._admit()
         plan = self.scheduler.schedule()
         if not plan:
             return
         active = len(self.scheduler.running)
-        plan, result = self._execute(plan)
+        with self.apart.decoding() if self.apart else contextlib.nullcontext():
+            plan, result = self._execute(plan)
         for event in self.scheduler.update(plan, result):
             self._deliver(event)
+        if result.apart:
+            self._launch(plan, result)
         self._record_tick(plan, result, active, t_start)
+
+    def _launch(self, plan: StepPlan, result: StepResult) -> None:
+        """Start the tick's SampleJobs, then wait a little: a cheap grammar's token still makes
+        this tick, a slow one's slot skips ticks until it lands (see apart.py)."""
+        assert self.apart is not None
+        flights = []
+        for chunk in plan.chunks:
+            job = result.apart.get(chunk.slot)
+            if job is not None:
+                flights.append(self.apart.launch(self.scheduler.slots[chunk.slot].seq, chunk, job))
+        waited = self.apart.wait(flights, GRACE * result.eval_ms / 1000)
+        result.sample_ms += waited * 1000
+        self._land()
+
+    def _land(self) -> None:
+        """Take the tokens sampled apart since the last look; free the chains of requests that
+        ended while their token was in flight."""
+        if self.apart is None:
+            return
+        for flight in self.apart.take_landed():
+            self._land_one(flight)
+
+    def _land_one(self, flight: Flight) -> None:
+        for sampler in self.apart.orphans_of(flight):  # type: ignore[union-attr]
+            self.runner.free_sampler(sampler)
+        seq = flight.seq
+        if seq.finished or flight.outcome is None and flight.error is None:
+            return  # ended (cancel, timeout, close) while its token was in flight
+        if flight.error is not None:
+            self._end(seq, "error", str(InternalError(f"sampling failed: {type(flight.error).__name__}: "
+                                                       f"{flight.error}")), InternalError.code)
+            return
+        sampled, logprobs = flight.outcome  # type: ignore[misc]
+        for event in self.scheduler.accept_apart(flight.chunk, sampled, logprobs):
+            self._deliver(event)
 
     def _admit(self) -> None:
         for seq, slot, reuse, fork in self.scheduler.admit():
@@ -359,8 +413,18 @@ class Engine:
                 handle._deliver(Delta(tail, [], member.index))
             self._complete(member)
 
+    def _release(self, sampler: Any) -> None:
+        """Free a finished request's chain, or, while a sampling thread still uses it, stop that
+        job and free the chain when it lands (freeing it under a running job would crash)."""
+        if sampler is None:
+            return
+        if self.apart is not None and self.apart.holds(sampler):
+            self.apart.release_later(sampler)
+        else:
+            self.runner.free_sampler(sampler)
+
     def _complete(self, seq: Sequence) -> None:
-        self.runner.free_sampler(seq.sampler)
+        self._release(seq.sampler)
         seq.sampler = None
         seq.completed = True
         if not all(m.completed for m in seq.members):
@@ -399,6 +463,10 @@ class Engine:
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             if not seq.finished:
                 self._end(seq, "cancelled")
+        if self.apart is not None:  # the sampling threads use chains and the vocabulary: stop them first
+            for flight in self.apart.close():
+                for sampler in self.apart.orphans_of(flight):
+                    self.runner.free_sampler(sampler)
         if not self._closed:
             self._closed = True
             self.runner.close()

@@ -10,7 +10,7 @@ Plain dataclasses keep the scheduler testable with a scripted fake runner.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 
 @dataclass
@@ -30,6 +30,10 @@ class Chunk:
     # each samples its first token from the same logits row with its own chain (seed + i), so
     # n samples cost one prefill.
     siblings: list[tuple[int, Any]] = field(default_factory=list)
+    # Sample this row apart from the tick (sampling.py): the runner copies the row's logits and
+    # returns a job in StepResult.apart instead of a token, so one request's costly sampler (a
+    # grammar over a large vocabulary) does not hold up every other slot's next token.
+    sample_apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,25 @@ class StepResult:
     logprobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> logprob record
     eval_ms: float = 0.0
     sample_ms: float = 0.0
+    # slot -> a SampleJob for each sample_apart chunk: run on a sampling thread, it gives that
+    # chunk's tokens (its own and its siblings') later; the slot's request waits for them.
+    apart: dict[int, "SampleJob"] = field(default_factory=dict)
+
+
+class SampleJob(Protocol):
+    """One logits row (copied: the next llama_decode overwrites the context's) and the sampler
+    chains to sample it with. `run` may be called on any thread, once; it checks `stop()`
+    between slices of work and raises SampleStopped when it says True (a cancel or timeout
+    should not wait for a slow grammar to finish a whole pass over the vocabulary)."""
+
+    samplers: list[Any]  # every chain the job uses: none may be freed until run returns
+
+    def run(self, stop: Callable[[], bool]) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
+        """(slot -> token, slot -> logprob record) for the chunk's slot and its siblings."""
+
+
+class SampleStopped(Exception):
+    """A SampleJob gave up because `stop()` said so."""
 
 
 class Runner(Protocol):
@@ -127,7 +150,8 @@ class Runner(Protocol):
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply plan.forks, then one llama_decode of the plan's chunks; sample each
-        wants_logits row with its chunk's sampler."""
+        wants_logits row with its chunk's sampler, or, for a sample_apart chunk on a runner
+        whose `can_sample_apart` is True, return a SampleJob for it in StepResult.apart."""
 
     def close(self) -> None: ...
 

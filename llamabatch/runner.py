@@ -1,9 +1,10 @@
-"""LlamaRunner: the one module that imports llama_cpp.
+"""LlamaRunner: the module that imports llama_cpp (with row_job.py, which it imports).
 
 It owns the model, the context and one reusable llama_batch, and builds each request's
 sampler chain. Each tick it turns a StepPlan into exactly one llama_decode and samples,
 inside llama.cpp, the rows that asked for logits, each with the chain its chunk carries. Logits are never copied into Python unless a
-request asked for logprobs.
+request asked for logprobs, or its row is sampled apart from the tick (a copy of one row,
+row_job.py).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from .config import EngineConfig
 from .errors import DeterminismUnavailable, InvalidRequest, ModelLoadError
 from .params import SamplingParams
 from .plan import Fork, StepPlan, StepResult
+from .row_job import RowJob
 
 log = logging.getLogger("llamabatch.runner")
 
@@ -160,6 +162,8 @@ class LlamaRunner:
             self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
         self.n_batch = cparams.n_batch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
+        # Rows may be sampled on sampling threads (apart.py); deterministic mode samples inline.
+        self.can_sample_apart = not self.deterministic
         self._piece_cache: dict[int, bytes] = {}
         self._lp_tokens: dict[int, tuple[str, list[int]]] = {}  # token -> (text, bytes) for logprobs
         self._lp_scratch: Any = None  # a float32 buffer of n_vocab, made on the first logprobs request
@@ -206,13 +210,15 @@ class LlamaRunner:
             n = C.llama_tokenize(self.vocab, data, len(data), arr, -n, True, special)
         return list(arr[:n])
 
-    def _piece(self, token: int, special: bool) -> bytes:
-        n = C.llama_token_to_piece(self.vocab, token, self._piece_buf, len(self._piece_buf), 0, special)
+    def _piece(self, token: int, special: bool, buf: Any = None) -> bytes:
+        """`buf`: a 256-byte buffer of the caller's own (a sampling thread must not share ours)."""
+        buf = buf if buf is not None else self._piece_buf
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = C.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
             return buf.raw[:n]
-        return self._piece_buf.raw[:n]
+        return buf.raw[:n]
 
     def token_bytes(self, token: int) -> bytes:
         # Pieces of generated text; control tokens render as nothing (special=False).
@@ -395,7 +401,10 @@ class LlamaRunner:
         if status != 0:
             return result
         for chunk, row in rows:
-            self._sample_chunk(chunk, row, result)
+            if chunk.sample_apart and self.can_sample_apart:
+                result.apart[chunk.slot] = RowJob(self, chunk, row)  # copies the row: the next decode overwrites it
+            else:
+                self._sample_chunk(chunk, row, result)
         result.sample_ms = (time.perf_counter() - t1) * 1000
         return result
 
@@ -479,26 +488,32 @@ class LlamaRunner:
         logits = np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
         if self._lp_scratch is None:
             self._lp_scratch = np.empty(self.n_vocab, dtype=np.float32)
-        scratch = self._lp_scratch
+        return self.logprobs_from(logits, chosen, top_n, self._lp_scratch, self._piece_buf)
+
+    def logprobs_from(self, logits: Any, chosen: int, top_n: int, scratch: Any, piece_buf: Any) -> dict[str, Any]:
+        """`_logprobs` over a logits array (numpy, n_vocab floats), with the caller's own
+        scratch array and piece buffer: a sampling thread (row_job.py) calls it too."""
+        import numpy as np
+
         mx = float(logits.max())
         np.subtract(logits, mx, out=scratch)
         np.exp(scratch, out=scratch)
         logz = mx + math.log(float(scratch.sum(dtype=np.float64)))
-        out = self._logprob_entry(chosen, float(logits[chosen]) - logz)
+        out = self._logprob_entry(chosen, float(logits[chosen]) - logz, piece_buf)
         top: list[dict[str, Any]] = []
         if top_n:
             ids = np.argpartition(logits, self.n_vocab - top_n)[self.n_vocab - top_n:]
             ids = ids[np.argsort(-logits[ids], kind="stable")]
-            top = [self._logprob_entry(int(t), float(logits[t]) - logz) for t in ids]
+            top = [self._logprob_entry(int(t), float(logits[t]) - logz, piece_buf) for t in ids]
         out["top_logprobs"] = top
         return out
 
-    def _logprob_entry(self, token: int, logprob: float) -> dict[str, Any]:
+    def _logprob_entry(self, token: int, logprob: float, piece_buf: Any) -> dict[str, Any]:
         # The token as text and its bytes (a token can hold part of a UTF-8 character: its text
         # then shows U+FFFD and `bytes` has the truth). Control tokens show their name.
         info = self._lp_tokens.get(token)
         if info is None:
-            data = self._piece(token, special=True)
+            data = self._piece(token, special=True, buf=piece_buf)
             info = self._lp_tokens[token] = (data.decode("utf-8", "replace"), list(data))
         return {"token": info[0], "id": token, "logprob": logprob, "bytes": list(info[1])}
 

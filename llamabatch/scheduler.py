@@ -58,7 +58,8 @@ class Admission(NamedTuple):
 class Scheduler:
     def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
                  cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
-                 share_min: int = 0, cache_generated: bool = True):
+                 share_min: int = 0, cache_generated: bool = True,
+                 sample_apart: Callable[[Sequence], bool] | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
         self.slot_ctx = slot_ctx
@@ -78,6 +79,8 @@ class Scheduler:
         # another slot holds (or is evaluating) gets them by a KV fork. 0 = off.
         self.share_min = share_min
         self._forks: list[Fork] = []  # decided, not yet handed to the runner in a plan
+        # Which requests' rows are sampled apart from the tick (apart.py); None: all inline.
+        self.sample_apart = sample_apart
 
     # -- queue and admission -------------------------------------------------------------
 
@@ -94,9 +97,27 @@ class Scheduler:
         self._timed = [s for s in self._timed if not s.finished]
         return [s for s in self._timed if now >= s.deadline]  # type: ignore[operator]
 
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of an unfinished sequence (perf_counter time), or None."""
+        return min((s.deadline for s in self._timed if not s.finished), default=None)  # type: ignore[type-var]
+
     @property
     def running(self) -> list[Sequence]:
         return [s.seq for s in self.slots if s.seq is not None]
+
+    def has_work(self) -> bool:
+        """Whether a tick could do anything: a slot with tokens to evaluate (not one waiting
+        for a token sampled apart, nor a sample waiting for its fork), or a queued request
+        and an idle slot for it. Without it the engine thread sleeps instead of spinning."""
+        idle = 0
+        for slot in self.slots:
+            seq = slot.seq
+            if seq is None:
+                idle += 1
+            elif seq.status in (Status.PREFILLING, Status.GENERATING) and not seq.sampling_apart:
+                return True
+        # an n-request at the head of the queue needs n idle slots (nothing overtakes it)
+        return bool(self.waiting) and idle >= len(self.waiting[0].members)
 
     def admit(self) -> list[Admission]:
         """Give idle slots to waiting requests, FIFO. For each Admission the caller trims the
@@ -180,7 +201,7 @@ class Scheduler:
     # -- one tick --------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        running = self.running
+        running = [s for s in self.running if not s.sampling_apart]  # those wait for their token
         decodes = [s for s in running if s.status == Status.GENERATING]
         prefills = sorted((s for s in running if s.status == Status.PREFILLING), key=lambda s: s.admit_order)
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
@@ -195,7 +216,9 @@ class Scheduler:
                                 is_decode=seq.status == Status.GENERATING,
                                 suppress_eog=len(seq.output) < seq.params.min_tokens,
                                 sampler=seq.sampler if wants_logits else None,
-                                logprobs=seq.params.logprobs if wants_logits else None, siblings=siblings))
+                                logprobs=seq.params.logprobs if wants_logits else None, siblings=siblings,
+                                sample_apart=wants_logits and self.sample_apart is not None
+                                and self.sample_apart(seq)))
         forks, self._forks = self._forks, []
         return StepPlan(chunks, forks)
 
@@ -223,16 +246,34 @@ class Scheduler:
             seq.num_computed += len(chunk.tokens)
             if self.cache_generated or not chunk.is_decode:
                 slot.cached.extend(chunk.tokens)
-            if chunk.wants_logits and chunk.slot in result.sampled:
-                events.append(self._accept(seq, result.sampled[chunk.slot], result.logprobs.get(chunk.slot)))
-            for slot_id, _ in chunk.siblings:
-                sample = self.slots[slot_id].seq
-                if sample is None or sample.status != Status.FORKING or slot_id not in result.sampled:
-                    continue
-                # Its prompt KV is sample 0's, copied by a fork before the next decode.
-                self.fork(chunk.slot, slot_id, len(sample.prompt))
-                sample.num_computed = sample.num_cached = len(sample.prompt)
-                events.append(self._accept(sample, result.sampled[slot_id], result.logprobs.get(slot_id)))
+            if chunk.wants_logits and chunk.slot in result.apart:
+                seq.sampling_apart = True  # no chunk for it until its token lands (accept_apart)
+                continue
+            events += self._take_row(chunk, seq, result.sampled, result.logprobs)
+        return events
+
+    def accept_apart(self, chunk: Chunk, sampled: dict[int, int], logprobs: dict[int, dict]) -> list[SeqEvent]:
+        """Take the tokens a SampleJob sampled for `chunk`'s row (and its siblings), as `update`
+        takes inline ones. The caller checks the request has not ended meanwhile."""
+        seq = self.slots[chunk.slot].seq
+        if seq is None or seq.request_id != chunk.request_id:
+            return []
+        seq.sampling_apart = False
+        return self._take_row(chunk, seq, sampled, logprobs)
+
+    def _take_row(self, chunk: Chunk, seq: Sequence, sampled: dict[int, int],
+                  logprobs: dict[int, dict]) -> list[SeqEvent]:
+        events = []
+        if chunk.wants_logits and chunk.slot in sampled:
+            events.append(self._accept(seq, sampled[chunk.slot], logprobs.get(chunk.slot)))
+        for slot_id, _ in chunk.siblings:
+            sample = self.slots[slot_id].seq
+            if sample is None or sample.status != Status.FORKING or slot_id not in sampled:
+                continue
+            # Its prompt KV is sample 0's, copied by a fork before the next decode.
+            self.fork(chunk.slot, slot_id, len(sample.prompt))
+            sample.num_computed = sample.num_cached = len(sample.prompt)
+            events.append(self._accept(sample, sampled[slot_id], logprobs.get(slot_id)))
         return events
 
     def _accept(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:

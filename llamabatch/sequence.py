@@ -52,6 +52,7 @@ class Sequence:
     index: int = 0  # which sample of an n-request (0 for the sample whose slot evaluates the prompt)
     group: list["Sequence"] | None = None  # all samples of an n-request (shared list), None when n == 1
     completed: bool = False  # the engine has freed its sampler and counted it toward the Result
+    sampling_apart: bool = False  # its next token is being sampled on a sampling thread (apart.py)
 
     def __post_init__(self) -> None:
         if self.params.timeout:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
-from llamabatch.plan import StepPlan, StepResult
+from llamabatch.plan import SampleStopped, StepPlan, StepResult
 
 EOG = 1  # end of generation
 FILL = ord("~")  # sampled where EOG is blocked (ignore_eos, min_tokens)
@@ -76,6 +76,7 @@ class ExecutedPlan:
     plan: StepPlan
     status: int
     sampled: dict[int, int] = field(default_factory=dict)
+    apart: list[int] = field(default_factory=list)  # slots whose row went out as a FakeJob
 
 
 class FakeRunner:
@@ -90,14 +91,23 @@ class FakeRunner:
     step_delay:   seconds each execute() sleeps (for cancel/timeout tests).
     can_fork:     whether plans may carry Forks; every fork is applied to the fake KV (copy the
                   source's first n tokens, as the real runner does before its decode) and checked.
+    sample_delay: prompt text -> seconds sampling one row of that request takes (a slow
+                  grammar), inline or in a FakeJob; None: no delay.
+    can_sample_apart: whether chunks marked sample_apart become FakeJobs (like LlamaRunner
+                  outside deterministic mode); False samples them inline, as before apart.py.
     """
 
     def __init__(self, n_slots: int = 4, slot_ctx: int = 64, *, n_batch: int | None = None,
                  reply: Callable[[str], str | list[int]] | None = None,
                  status: dict[int, int] | Callable[[int, StepPlan], int] | None = None,
                  partial_trim: bool = True, hook: Callable[[int, StepPlan], None] | None = None,
-                 step_delay: float = 0.0, metadata: dict[str, str] | None = None, can_fork: bool = True):
+                 step_delay: float = 0.0, metadata: dict[str, str] | None = None, can_fork: bool = True,
+                 sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True):
         self.can_fork = can_fork
+        self.can_sample_apart = can_sample_apart
+        self.sample_delay = sample_delay
+        self.jobs: list[FakeJob] = []  # every FakeJob handed out, in order
+        self.flying: dict[int, FakeJob] = {}  # request id -> its job while run() has not returned
         self.n_slots = n_slots
         self.slot_ctx = slot_ctx
         self.n_batch = n_batch
@@ -144,6 +154,9 @@ class FakeRunner:
 
     def free_sampler(self, sampler: FakeSampler | None) -> None:
         if sampler is not None:
+            with self._lock:
+                if any(sampler in job.samplers for job in self.flying.values()):
+                    self.violations.append("a sampler was freed while a sampling thread used it")
             sampler.freed += 1
 
     # -- KV cache ----------------------------------------------------------------------
@@ -186,7 +199,16 @@ class FakeRunner:
         for chunk in plan.chunks:
             self.kv[chunk.slot].extend(chunk.tokens)
         for chunk in plan.chunks:
-            if chunk.wants_logits:
+            if chunk.wants_logits and getattr(chunk, "sample_apart", False) and self.can_sample_apart:
+                job = FakeJob(self, chunk, detokenize(self.kv[chunk.slot]))
+                with self._lock:
+                    self.jobs.append(job)
+                    self.flying[chunk.request_id] = job
+                result.apart[chunk.slot] = job
+                record.apart.append(chunk.slot)
+            elif chunk.wants_logits:
+                if self.sample_delay is not None:  # inline: the whole tick waits for it
+                    time.sleep(self.sample_delay(detokenize(self.kv[chunk.slot])))
                 for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):  # siblings: the same row
                     tok = self._sample(chunk, slot, sampler)
                     result.sampled[slot] = tok
@@ -215,6 +237,9 @@ class FakeRunner:
             self.violations.append(f"plan of {plan.n_tokens} tokens exceeds n_batch {self.n_batch}")
         seen = set()
         for chunk in plan.chunks:
+            with self._lock:
+                if chunk.request_id in self.flying:
+                    self.violations.append(f"request {chunk.request_id} evaluated a chunk while its token was sampled apart")
             if chunk.slot in seen:
                 self.violations.append(f"slot {chunk.slot} appears twice in one plan")
             seen.add(chunk.slot)
@@ -230,13 +255,14 @@ class FakeRunner:
             if not chunk.wants_logits and (chunk.sampler is not None or chunk.logprobs is not None):
                 self.violations.append(f"slot {chunk.slot}: chunk samples nothing but carries a sampler or logprobs")
 
-    def _sample(self, chunk: Any, slot: int, sampler: Any) -> int:
+    def _sample(self, chunk: Any, slot: int, sampler: Any, context: str | None = None) -> int:
         if sampler is None:
             return EOG
         if sampler.freed:
             self.violations.append(f"slot {slot} sampled with a freed sampler")
         if sampler.reply is None:
-            sampler.prompt_text = detokenize(self.kv[chunk.slot])  # the row's context (siblings share it)
+            # the row's context (siblings share it); a FakeJob took it when the row was evaluated
+            sampler.prompt_text = context if context is not None else detokenize(self.kv[chunk.slot])
             reply = (self.reply(sampler.prompt_text, sampler.seed) if self.reply_takes_seed
                      else self.reply(sampler.prompt_text))
             sampler.reply = text_tokens(reply) if isinstance(reply, str) else list(reply)
@@ -256,3 +282,40 @@ class FakeRunner:
 
     def plans_with(self, request_id: int) -> list[ExecutedPlan]:
         return [p for p in self.plans if any(c.request_id == request_id for c in p.plan.chunks)]
+
+
+class FakeJob:
+    """A row sampled apart (plan.SampleJob): sleeps the request's sample_delay in small steps,
+    giving up when `stop()` says so, then samples like the inline path from the context the
+    row had when it was evaluated."""
+
+    def __init__(self, runner: FakeRunner, chunk: Any, context: str):
+        self.runner = runner
+        self.chunk = chunk
+        self.context = context
+        self.samplers = [chunk.sampler, *(sm for _, sm in chunk.siblings)]
+        self.stopped = False
+        self.ran = False
+
+    def run(self, stop: Callable[[], bool]) -> tuple[dict[int, int], dict[int, dict]]:
+        runner, chunk = self.runner, self.chunk
+        try:
+            if self.ran:
+                runner.violations.append(f"request {chunk.request_id}: a job ran twice")
+            self.ran = True
+            end = time.perf_counter() + (runner.sample_delay(self.context) if runner.sample_delay else 0.0)
+            while time.perf_counter() < end:
+                if stop():
+                    self.stopped = True
+                    raise SampleStopped()
+                time.sleep(0.002)
+            sampled, logprobs = {}, {}
+            for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
+                tok = runner._sample(chunk, slot, sampler, self.context)
+                sampled[slot] = tok
+                if chunk.logprobs is not None:
+                    logprobs[slot] = fake_logprobs(tok, chunk.logprobs)
+            return sampled, logprobs
+        finally:
+            with runner._lock:
+                runner.flying.pop(chunk.request_id, None)

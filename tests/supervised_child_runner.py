@@ -22,3 +22,10 @@ def always_aborts(config):
     def hook(call_no, plan):
         os.abort()
     return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, hook=hook)
+
+
+def slow_grammar(config):
+    """Prompts starting with "slow" take 30 s to sample each token (a costly grammar): they are
+    sampled apart from the tick, so the others finish meanwhile and a cancel still lands."""
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.005,
+                      sample_delay=lambda ctx: 30.0 if ctx.startswith("slow") else 0.0)
