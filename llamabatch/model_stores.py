@@ -121,7 +121,10 @@ def model_files(folder: Path, depth: int = 2) -> list[Path]:
             if entry.is_dir():
                 if level < depth:
                     walk(entry, level + 1)
-            elif entry.name.lower().endswith(".gguf") and not entry.name.lower().startswith("mmproj"):
+            # is_file() follows links (hub snapshots link to blobs) and is true only for regular
+            # files: a FIFO, socket or device named *.gguf is never a candidate (opening a FIFO blocks)
+            elif (entry.name.lower().endswith(".gguf") and not entry.name.lower().startswith("mmproj")
+                  and entry.is_file()):
                 info = shard_info(entry)
                 if info is None or info[0] == 1:
                     found.append(entry)
