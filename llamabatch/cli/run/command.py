@@ -21,7 +21,8 @@ from .verify import Reservoir, rerun_alone
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
-from .files import LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back
+from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back,
+                    refuse_resume_to_stream, stream_kind)
 from .on_ray import import_ray_pool, open_pool
 from .writer import RecordWriter
 
@@ -111,6 +112,11 @@ def run_command(
     resolved = resolve_options(opts)
     if resume and output in (None, "-"):
         raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
+    if resume:
+        try:
+            refuse_resume_to_stream(output)
+        except RunFileError as exc:
+            raise fail(str(exc), EXIT_USAGE) from None
     fmt = input_format.value
     if fmt == "auto":
         fmt = format_for_path(input_path)
@@ -278,6 +284,9 @@ def _resume_hint(written: int, input_path: str, output: str | None, argv: tuple[
     if output in (None, "-"):
         return (f"llamabatch run: stopped early; {written} record(s) went to stdout. To finish the rest, "
                 f"run again with -o FILE (the file stdout went to) and --resume")
+    if stream_kind(output) is not None:  # a pipe or FIFO cannot be read back: the same advice as stdout
+        return (f"llamabatch run: stopped early; {written} record(s) went to {output}. To finish the rest, "
+                f"run again with -o FILE (the file they were saved to) and --resume")
     args = list(argv)
     if "run" in args:  # the command as typed, with every option kept
         command = shlex.join(["llamabatch", *args] + ([] if "--resume" in args else ["--resume"]))
