@@ -138,7 +138,8 @@ def write_cache(key: str, entry: dict) -> None:
         except (OSError, ValueError):
             data = {}
         data[key] = {**entry, "measured": {str(k): v for k, v in entry["measured"].items()}}
-        tmp = path.with_suffix(".tmp")
+        # a name of this process's own: Ray workers on one node may write at the same moment
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(path)
     except OSError as exc:

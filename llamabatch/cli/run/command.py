@@ -137,13 +137,15 @@ def run_command(
             sink.discard()
             raise fail(str(exc), EXIT_ERROR) from None
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
+        # auto never opens more slots than lines (locally, and on each Ray worker)
+        lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
         if ray_pool is None:
-            lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
-            engine = open_engine(resolved, max_slots=lines, isolated=isolate)  # auto never opens more slots than lines
+            engine = open_engine(resolved, max_slots=lines, isolated=isolate)
             cluster = None
         else:
             engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
-                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say)
+                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say,
+                                         max_slots=lines)
     except BaseException:
         sink.discard()
         raise
