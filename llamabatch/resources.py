@@ -188,13 +188,16 @@ def _size(n: float) -> str:
 
 
 def _too_much(config: EngineConfig, need: Needs, memory: int, cap: int) -> str:
+    limit = config.max_memory if config.max_memory is not None else DEFAULT_MAX_MEMORY
+    allowed = f"the {_size(cap)} allowed (max_memory {limit}; {_size(memory)} available now)"
+    if need.weights > cap:  # no slot setting can help
+        return (f"the model's weights alone need {_size(need.weights)}, more than {allowed}: "
+                f"use a smaller model or raise max_memory")
     slots = int(config.n_parallel)
     setting = f"n_ctx {config.n_ctx}" if config.n_ctx else f"n_parallel {slots} (4096 tokens per slot)"
     spares = need.sequences - slots
     seqs = f"{slots} slots" + (f" + {spares} deterministic-mode spare sequences" if spares > 0 else "")
     shape = (f"{seqs} x {need.cells // max(1, need.sequences):,} tokens x {_size(need.per_token)} per token"
              if need.per_token else "")
-    limit = config.max_memory if config.max_memory is not None else DEFAULT_MAX_MEMORY
     return (f"{setting} needs {_size(need.kv_bytes)} of KV cache ({shape}) plus {_size(need.weights)} of weights, "
-            f"more than the {_size(cap)} allowed (max_memory {limit}; {_size(memory)} available now): "
-            f"lower {'n_ctx' if config.n_ctx else 'n_parallel'}")
+            f"more than {allowed}: lower {'n_ctx' if config.n_ctx else 'n_parallel'}")

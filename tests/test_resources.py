@@ -65,6 +65,17 @@ def test_the_default_fits_and_max_memory_caps_it():
     assert check(config.replace(max_memory="off"), "model.gguf", metadata=GEMMA_META, memory=MIB, cpus=2)
 
 
+def test_weights_over_the_cap_are_named_as_the_cause(tmp_path):
+    model = tmp_path / "big.gguf"
+    with open(model, "wb") as f:
+        f.truncate(2 * GIB)  # sparse: 2 GiB by size, nothing on disk
+    with pytest.raises(ResourceLimit, match=r"^the model's weights alone need 2.0 GiB, more than the 1.0 GiB allowed "
+                                            r"\(max_memory 1G; 23.0 GiB available now\): use a smaller model or "
+                                            r"raise max_memory$"):
+        check(EngineConfig(n_parallel=1, n_ctx=256, max_memory="1G"), str(model), metadata=GEMMA_META,
+              memory=23 * GIB, cpus=2)
+
+
 def test_max_memory_spellings():
     assert memory_cap("50%", 10 * GIB) == 5 * GIB
     assert memory_cap("16GiB", 1) == 16 * GIB and memory_cap("2g", 1) == 2 * GIB and memory_cap(4096, 1) == 4096
@@ -86,7 +97,8 @@ def test_threads_far_above_the_cpus_are_refused():
     (["--n-parallel", "4", "--n-ctx", "1000000000"], "n_ctx 1000000000 needs "),
     (["--n-parallel", "auto", "--n-ctx", "1000000000"], "n_ctx 1000000000 needs "),
     (["--n-parallel", "2", "--threads", "100000"], "threads 100000 is more than 4 per CPU"),
-    (["--n-parallel", "8", "--max-memory", "1M"], "n_parallel 8 (4096 tokens per slot) needs "),
+    (["--n-parallel", "8", "--max-memory", "300M"], "n_parallel 8 (4096 tokens per slot) needs "),  # weights fit
+    (["--n-parallel", "1", "--max-memory", "1M"], "the model's weights alone need "),
 ])
 def test_run_refuses_in_one_line_exit_2_before_any_engine_starts(tmp_path, model_path, args, starts):
     inp = tmp_path / "base.jsonl"
