@@ -249,7 +249,9 @@ def _resolve_path(spelling: str, aliases: Mapping[str, str], config_path: str | 
 def _hf_snapshot(repo_dir: Path) -> Path | None:
     """The snapshot refs/main points at, else the newest snapshot."""
     try:
-        revision = (repo_dir / "refs" / "main").read_text().strip()
+        ref = repo_dir / "refs" / "main"
+        # is_file: a FIFO there would block read_text() (the same rule as for *.gguf candidates)
+        revision = ref.read_text().strip() if ref.is_file() else ""
         if revision and (repo_dir / "snapshots" / revision).is_dir():
             return repo_dir / "snapshots" / revision
     except OSError:
