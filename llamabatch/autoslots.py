@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .config import DEFAULT_CTX_PER_SLOT, EngineConfig
+# the KV and memory figures are resources.py's (which also checks them before a context is made)
+from .resources import available_memory, kv_bytes_per_token  # noqa: F401  (kv_bytes_per_token: re-exported)
 
 log = logging.getLogger("llamabatch.autoslots")
 
@@ -36,37 +38,6 @@ class Choice:
     reason: str  # why, for the header line: "auto: 1.40x over 8 here" ("" for an explicit count)
     measured: dict[int, float]  # slot count -> decode tokens/s, as measured or read from the cache
     from_cache: bool = False
-
-
-def kv_bytes_per_token(metadata: Mapping[str, str]) -> int | None:
-    """KV cache bytes one token needs in one slot (f16 keys and values, every layer), from
-    GGUF metadata; None when the model does not say."""
-    arch = metadata.get("general.architecture")
-    try:
-        layers = int(metadata[f"{arch}.block_count"])
-        heads_kv = int(metadata.get(f"{arch}.attention.head_count_kv") or metadata[f"{arch}.attention.head_count"])
-        embd = int(metadata[f"{arch}.embedding_length"])
-        heads = int(metadata[f"{arch}.attention.head_count"])
-        k_len = int(metadata.get(f"{arch}.attention.key_length") or embd // heads)
-        v_len = int(metadata.get(f"{arch}.attention.value_length") or embd // heads)
-    except (KeyError, ValueError, ZeroDivisionError):
-        return None
-    return layers * heads_kv * (k_len + v_len) * 2
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available for new allocations (Linux MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def slot_ctx_for(config: EngineConfig, n: int) -> int:
@@ -167,7 +138,8 @@ def write_cache(key: str, entry: dict) -> None:
         except (OSError, ValueError):
             data = {}
         data[key] = {**entry, "measured": {str(k): v for k, v in entry["measured"].items()}}
-        tmp = path.with_suffix(".tmp")
+        # a name of this process's own: Ray workers on one node may write at the same moment
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(path)
     except OSError as exc:

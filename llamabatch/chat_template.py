@@ -269,7 +269,8 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
     """Compile `text` in a sandbox; raises InvalidRequest when it does not compile."""
     try:
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        from .template_budget import BudgetedSandbox, TemplateBudgetExceeded, budget_for, render_within
     except ImportError:
         raise InvalidRequest("rendering a Jinja chat template needs jinja2: pip install jinja2") from None
 
@@ -286,8 +287,9 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
         return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys,
                           ensure_ascii=ensure_ascii)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols", _generation_tag()])
+    # the immutable sandbox plus a step, time and size budget per render (template_budget.py)
+    env = BudgetedSandbox(trim_blocks=True, lstrip_blocks=True,
+                          extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
     env.filters["tojson"] = tojson
     try:
@@ -296,8 +298,12 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
         raise InvalidRequest(f"chat template {name!r} does not compile: {_one_line(exc)}") from None
 
     def render(messages: Messages, add_generation_prompt: bool) -> str:
-        prompt = compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                 bos_token=bos_token, eos_token=eos_token)
+        try:
+            prompt = render_within(env, compiled, {
+                "messages": messages, "add_generation_prompt": add_generation_prompt, "bos_token": bos_token,
+                "eos_token": eos_token}, budget_for(messages))
+        except TemplateBudgetExceeded as exc:
+            raise TemplateBudgetExceeded(f"chat template {name!r} stopped: {exc}") from None
         if tokenizer_adds_bos and bos_token and prompt.startswith(bos_token):
             prompt = prompt[len(bos_token):]
         return prompt

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from .cpu_buffers import CHOICES as CPU_BUFFERS
 from .errors import InvalidRequest
+from .memory_setting import max_memory_rule
 from .params import SEED_ALLOWED, is_seed
 from .policies import POLICIES
 from .rules import Rule, boolean, choice, integer, optional, text
@@ -58,6 +59,10 @@ class EngineConfig:
     # "auto" (llama.cpp's default, AMX only where a probe shows it runs), "plain" or
     # "repack". None = $LLAMABATCH_CPU_BUFFERS, else "auto".
     cpu_buffers: str | None = None
+    # The most memory the KV cache and weights may take, checked before the context is created
+    # (resources.py): bytes, a size ("16GiB"), a share of the memory available ("80%") or "off".
+    # None = "90%".
+    max_memory: int | str | None = None
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -141,6 +146,7 @@ KEY_RULES: dict[str, Rule] = {
     "kv_unified": boolean,
     "deterministic": boolean,
     "cpu_buffers": optional(choice(*CPU_BUFFERS)),
+    "max_memory": optional(max_memory_rule),
 }
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
 

@@ -50,6 +50,13 @@ class EngineClosed(LlamaBatchError):
     code = "engine_closed"
 
 
+class ResourceLimit(InvalidRequest):
+    """A setting asks for more than this machine allows (memory for the KV cache and weights,
+    threads): refused before anything is allocated (resources.py)."""
+
+    code = "resource_limit"
+
+
 class DeterminismUnavailable(InvalidRequest):
     """`deterministic=True` on a build where llamabatch cannot promise it (a GPU backend)."""
 

@@ -14,6 +14,8 @@ skipped, not decoded: `read_header` keeps them as an `Array` of type and length.
 from __future__ import annotations
 
 import mmap
+import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -143,9 +145,39 @@ class _Reader:
             raise GGUFError(f"{self.path}: GGUF header is truncated (an array runs past the end)")
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words, for messages."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str):
+    """Open `path` for reading only if it is a regular file; else GGUFError naming what it is.
+
+    A FIFO named *.gguf would block open() until a writer comes, and reading a device may
+    never end: stat first, then open with O_NONBLOCK (a FIFO swapped in after the stat still
+    cannot block the open) and check the opened file again. OSError as open() raises it."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise GGUFError(f"{path}: is {file_kind(mode)}, not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise GGUFError(f"{path}: is {file_kind(mode)}, not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_header(path: str) -> Header:
     """The key-value metadata of the GGUF at `path`. Raises GGUFError (one line) or OSError."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         magic = f.read(4)
         if magic != MAGIC:
             found = f"starts with {magic!r}" if magic else "empty file"
@@ -173,7 +205,7 @@ def read_tensor_infos(path: str) -> list[TensorInfo]:
     """Each tensor's name, shape and ggml type (the infos after the key-value header), for
     choosing which weights to pin to a buffer type (cpu_buffers)."""
     header = read_header(path)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+    with open_regular(path) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         reader = _Reader(data, path)
         reader.pos = header.end
         out = []

@@ -121,7 +121,10 @@ def model_files(folder: Path, depth: int = 2) -> list[Path]:
             if entry.is_dir():
                 if level < depth:
                     walk(entry, level + 1)
-            elif entry.name.lower().endswith(".gguf") and not entry.name.lower().startswith("mmproj"):
+            # is_file() follows links (hub snapshots link to blobs) and is true only for regular
+            # files: a FIFO, socket or device named *.gguf is never a candidate (opening a FIFO blocks)
+            elif (entry.name.lower().endswith(".gguf") and not entry.name.lower().startswith("mmproj")
+                  and entry.is_file()):
                 info = shard_info(entry)
                 if info is None or info[0] == 1:
                     found.append(entry)
@@ -246,7 +249,9 @@ def _resolve_path(spelling: str, aliases: Mapping[str, str], config_path: str | 
 def _hf_snapshot(repo_dir: Path) -> Path | None:
     """The snapshot refs/main points at, else the newest snapshot."""
     try:
-        revision = (repo_dir / "refs" / "main").read_text().strip()
+        ref = repo_dir / "refs" / "main"
+        # is_file: a FIFO there would block read_text() (the same rule as for *.gguf candidates)
+        revision = ref.read_text().strip() if ref.is_file() else ""
         if revision and (repo_dir / "snapshots" / revision).is_dir():
             return repo_dir / "snapshots" / revision
     except OSError:

@@ -67,13 +67,17 @@ def open_model_ref(config: EngineConfig, params: SamplingParams) -> tuple[ModelR
 
 def check_gguf(path: str) -> None:
     """Raise ModelLoadError (one line: path and cause) unless `path` is a readable GGUF file."""
+    from .gguf_header import GGUFError, open_regular
+
     if os.path.isdir(path):
         raise ModelLoadError(f"{path}: is a directory, not a GGUF file")
     if not os.path.exists(path):
         raise ModelLoadError(f"{path}: no such model file")
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO or device named *.gguf is refused, never opened blocking
             head = f.read(len(GGUF_MAGIC))
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from None
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot read model file ({exc.strerror or exc})") from None
     if head != GGUF_MAGIC:

@@ -94,12 +94,18 @@ class SamplingParams:
         _check(self.timeout is None or self.timeout > 0, "timeout", "a number of seconds > 0", self.timeout)
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs", "an integer in [0, 20]", self.logprobs)
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "an integer >= 1", self.n)
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
-        _check(len(self.stop) <= MAX_STOPS, "stop", f"at most {MAX_STOPS} strings", f"{len(self.stop)} strings")
+        _check(all(isinstance(s, str) for s in self.stop), "stop", "a list of non-empty strings", self.stop)
+        if "" in self.stop:
+            # repr(['']) reads as noise; say what is wrong in words
+            which = "stop is" if len(self.stop) == 1 else f"stop string {self.stop.index('') + 1} of {len(self.stop)} is"
+            raise InvalidRequest(f"{which} an empty string; a stop string needs at least one character")
+        if len(self.stop) > MAX_STOPS:
+            raise InvalidRequest(f"stop has {len(self.stop)} strings; at most {MAX_STOPS} are allowed")
         _check(all(len(s) <= MAX_STOP_CHARS for s in self.stop), "stop", f"strings of at most {MAX_STOP_CHARS} characters",
                f"one of {max(map(len, self.stop), default=0)}")
-        _check(len(self.dry_sequence_breakers) <= MAX_BREAKERS, "dry_sequence_breakers",
-               f"at most {MAX_BREAKERS} strings", f"{len(self.dry_sequence_breakers)} strings")
+        if len(self.dry_sequence_breakers) > MAX_BREAKERS:
+            raise InvalidRequest(f"dry_sequence_breakers has {len(self.dry_sequence_breakers)} strings; "
+                                 f"at most {MAX_BREAKERS} are allowed")
         _check(isinstance(self.dry_allowed_length, int) and self.dry_allowed_length >= 0, "dry_allowed_length",
                "an integer >= 0", self.dry_allowed_length)
         _check(isinstance(self.dry_penalty_last_n, int) and self.dry_penalty_last_n >= -1, "dry_penalty_last_n",

@@ -27,7 +27,7 @@ import llama_cpp
 from llama_cpp import llama_cpp as C
 
 from . import batch_invariance as invariance
-from . import cpu_buffers
+from . import cpu_buffers, resources
 from .config import EngineConfig
 from .errors import DeterminismUnavailable, InvalidRequest, ModelLoadError
 from .params import SamplingParams
@@ -98,6 +98,7 @@ class LlamaRunner:
             raise DeterminismUnavailable(
                 "--deterministic needs a CPU-only llama.cpp build; this one can offload to a GPU, "
                 "where llamabatch cannot promise batch-invariant output")
+        resources.check_threads(config)  # before llama.cpp starts a thread pool (resources.py)
         self.kernels = path or kernel_path(config, model_path)
         mparams = model_params(self.kernels, model_path)
         mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
@@ -144,6 +145,16 @@ class LlamaRunner:
         cparams.kv_unified = bool(config.kv_unified)
         self.kv_unified = bool(config.kv_unified)
         cparams.no_perf = True
+        try:
+            # The KV cache is allocated with the context, all at once: a size the machine cannot
+            # hold is refused first, in one line (resources.py), with this model's metadata and,
+            # in deterministic mode, the sequence ids and row rule really used.
+            self.metadata = self._read_metadata()
+            resources.check(config, model_path, metadata=self.metadata,
+                            shapes=self.shapes if self.deterministic else None)
+        except BaseException:
+            C.llama_model_free(self.model)
+            raise
         self.ctx = C.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             C.llama_model_free(self.model)
@@ -168,7 +179,6 @@ class LlamaRunner:
         self._lp_tokens: dict[int, tuple[str, list[int]]] = {}  # token -> (text, bytes) for logprobs
         self._lp_scratch: Any = None  # a float32 buffer of n_vocab, made on the first logprobs request
         self._piece_buf = ctypes.create_string_buffer(256)
-        self.metadata = self._read_metadata()
         # the text of BOS/EOS, for chat templates that mention them
         self.bos_text = self.token_text(C.llama_vocab_bos(self.vocab)) if C.llama_vocab_bos(self.vocab) >= 0 else ""
         self.eos_text = self.token_text(C.llama_vocab_eos(self.vocab)) if C.llama_vocab_eos(self.vocab) >= 0 else ""

@@ -147,10 +147,22 @@ def test_serve_line_that_python_cannot_parse_names_its_id(text, request_id):
 
 def test_stop_strings_are_bounded_in_count_and_length():
     SamplingParams(stop=["x" * MAX_STOP_CHARS] * 2 + [str(i) for i in range(MAX_STOPS - 2)]).validate()
-    with pytest.raises(InvalidRequest, match=f"stop must be at most {MAX_STOPS} strings"):
+    with pytest.raises(InvalidRequest) as info:
         SamplingParams(stop=[str(i) for i in range(MAX_STOPS + 1)]).validate()
+    # the count and the limit in words, not "got '17 strings'"
+    assert str(info.value) == f"stop has {MAX_STOPS + 1} strings; at most {MAX_STOPS} are allowed"
     with pytest.raises(InvalidRequest, match=f"at most {MAX_STOP_CHARS} characters"):
         SamplingParams(stop=["x" * (MAX_STOP_CHARS + 1)]).validate()
+
+
+def test_an_empty_stop_string_is_named_as_one():
+    # `"stop": ""` used to read "got ['']"
+    with pytest.raises(InvalidRequest) as info:
+        SamplingParams.from_dict({"stop": ""}).validate()
+    assert str(info.value) == "stop is an empty string; a stop string needs at least one character"
+    with pytest.raises(InvalidRequest) as info:
+        SamplingParams(stop=["a", ""]).validate()
+    assert str(info.value).startswith("stop string 2 of 2 is an empty string")
 
 
 def test_surrogates_in_sampling_strings_are_refused_by_validate():

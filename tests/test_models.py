@@ -238,10 +238,15 @@ def test_check_gguf_unreadable(tmp_path, monkeypatch):
     locked = tmp_path / "locked.gguf"
     locked.write_bytes(b"GGUF")
 
+    real_open = os.open
+
     def denied(path, *args, **kwargs):
+        if str(path) != str(locked):
+            return real_open(path, *args, **kwargs)
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(models, "open", denied, raising=False)
+    # check_gguf opens through os.open (gguf_header.open_regular: stat first, O_NONBLOCK)
+    monkeypatch.setattr(os, "open", denied)
     with pytest.raises(ModelLoadError) as err:
         models.check_gguf(str(locked))
     assert_one_line_naming(err, locked, "Permission denied")

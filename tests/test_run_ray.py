@@ -207,6 +207,25 @@ def test_two_workers_give_what_a_local_run_gives(cluster, ray_env, tmp_path):
     assert "0 worker restart(s), 0 line(s) retried" in ray.stderr
 
 
+def test_the_default_auto_slots_are_chosen_by_each_worker(cluster, ray_env, tmp_path):
+    # `run prompts.jsonl --ray` with no --n-parallel used to stop with "--n-parallel auto is
+    # not supported with --ray yet" (exit 2). Each worker now resolves auto on its own node
+    # (bounded here by the file's 6 lines), and the header names each worker's choice.
+    env, _ = ray_env
+    inp = lines_file(tmp_path / "in.jsonl", 6, 2)
+    ray = run_cli(env, str(inp), "-o", str(tmp_path / "out.jsonl"), "--ray", cluster, *TWO_WORKERS,
+                  "--n-ctx", "2048", "--temperature", "0", "--progress-every", "0")
+    assert ray.returncode == 0, ray.stderr
+    got = records(tmp_path / "out.jsonl")
+    assert len(got) == 6 and all(r.get("error") is None for r in got)
+    header = re.search(r"^llamabatch run: .*, 2 engine\(s\) \((w1: \d+ slots x \d+ tokens, auto: [^;]+); "
+                       r"(w2: \d+ slots x \d+ tokens, auto: .+)\) on Ray cluster", ray.stderr, re.M)
+    assert header, ray.stderr
+    for name in ("w1", "w2"):
+        n = int(re.search(rf"^llamabatch run: {name}: node .*, (\d+) slots \(auto: ", ray.stderr, re.M).group(1))
+        assert 1 <= n <= 6  # never more slots than lines
+
+
 def test_a_killed_worker_loses_no_line(cluster, ray_env, tmp_path):
     env, _ = ray_env
     inp = lines_file(tmp_path / "in.jsonl", 40, 12)

@@ -150,3 +150,72 @@ def test_a_slow_reader_of_stdout_stops_the_reading_of_requests():
     assert code == 0 and blocked == [True]
     events = [json.loads(line) for line in output[0].splitlines()]
     assert len(events) == n + 1 and sum(e["event"] == "stats" for e in events) == n
+
+
+class _Sent:
+    """Stands in for Output: keeps what the server sends."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def send(self, event: dict) -> None:
+        self.events.append(event)
+
+
+class _HeldEngine:
+    """An engine whose requests end only when the test says, so a cancel can be made to race
+    with a request's own end deterministically."""
+
+    default_params = SamplingParams(max_tokens=4)
+
+    def __init__(self):
+        self.ends: dict[str, object] = {}
+        self.cancelled: list[str] = []
+
+    def subscribe(self, fn):
+        return lambda: None
+
+    def submit(self, prompt, params, stream, callback):
+        engine = self
+
+        class Handle:
+            def cancel(self):
+                engine.cancelled.append(prompt)
+
+        handle = Handle()
+        self.ends[prompt] = lambda reason: callback(handle, _result(reason))
+        return handle
+
+
+def _result(reason: str):
+    from llamabatch.results import Result, Timings, Usage
+
+    return Result(0, "x", [1], reason, Usage(1, 0, 1), Timings())
+
+
+def test_every_cancel_line_gets_exactly_one_reply():
+    from llamabatch.cli.serve.loop import Server
+
+    engine, sent = _HeldEngine(), _Sent()
+    server = Server(engine, sent, threading.Event())
+    for number, line in enumerate([
+            '{"id": "raced", "prompt": "p1"}',
+            '{"op": "cancel", "id": "raced"}',  # 2: the request ends with "length" before the cancel lands
+            '{"id": "twice", "prompt": "p2"}',
+            '{"op": "cancel", "id": "twice"}',  # 4: ends it
+            '{"op": "cancel", "id": "twice"}',  # 5: a repeat
+            '{"op": "cancel", "id": "gone"}'], start=1):  # 6: never in flight
+        server.handle_line(line.encode(), number)
+    engine.ends["p1"]("length")
+    engine.ends["p2"]("cancelled")
+    replies = {e["line"]: e for e in sent.events if e.get("op") == "cancel"}
+    assert sorted(replies) == [2, 5, 6]  # line 4 is answered by twice's own `done`, "cancelled"
+    assert replies[2] == {"id": "raced", "event": "cancel_ignored", "op": "cancel", "reason": "already finished",
+                          "line": 2}
+    assert replies[5]["event"] == "cancel_ignored" and replies[5]["reason"] == "already cancelled"
+    assert replies[6]["event"] == "error" and replies[6]["error"]["code"] == "unknown_id"
+    dones = [e for e in sent.events if e["event"] == "done"]
+    assert [(d["id"], d["finish_reason"]) for d in dones] == [("raced", "length"), ("twice", "cancelled")]
+    # a request's own terminal event comes before the replies to cancels that missed it
+    assert sent.events.index(dones[0]) < sent.events.index(replies[2])
+    assert server.in_flight == 0

@@ -45,6 +45,7 @@ SHARED_OPTIONS: dict[str, Any] = {
     "chat_template": Annotated[Optional[str], _opt("--chat-template", help="Chat format NAME (llama.cpp's built-ins: chatml, llama2, mistral-v7, phi3, ...; or plain) or a Jinja FILE [default: the GGUF's own]", panel=ENGINE)],
     "deterministic": Annotated[Optional[bool], _opt("--deterministic/--no-deterministic", help="A request's tokens depend only on its prompt, sampling settings and seed, not on what else runs (CPU builds) [default: off]", panel=ENGINE)],
     "cpu_buffers": Annotated[Optional[str], _opt("--cpu-buffers", metavar="auto|plain|repack", help="CPU weight layout, and so which llama.cpp kernels run: auto = llama.cpp's default (AMX only where a probe shows it runs), plain = as in the file, repack = CPU_REPACK only [default: auto]", panel=ENGINE)],
+    "max_memory": Annotated[Optional[str], _opt("--max-memory", metavar="SIZE|N%|off", help="Most memory the KV cache and weights may take, checked before the model loads: a size (16GiB, 512M), a share of the memory available (80%) or off [default: 90%]", panel=ENGINE)],
     "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
     "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
     "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],
@@ -156,6 +157,8 @@ def _kind(key: str) -> Any:
         return "list"
     if key == "n_parallel":
         return "slots"
+    if key == "max_memory":  # "16GiB", "80%", "off" or bytes: the setting's rule reads the text
+        return str
     if key in ("cache_prompt", "deterministic"):
         return bool
     defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}

@@ -56,6 +56,8 @@ class WorkerState:
     inflight: dict[int, Line] = field(default_factory=dict)
     quarantine: set[int] = field(default_factory=set)  # the suspect group it runs, alone
     draining: bool = False  # kept free of fresh lines until a suspect group can have it
+    slot_ctx: int = 0  # tokens one of its slots holds (the header line says it)
+    slots_reason: str = ""  # with n_parallel "auto": why its engine chose n_parallel slots
     # the pool's own fields (Ray handles, timers)
     actor: Any = None
     start_ref: Any = None

@@ -36,6 +36,8 @@ from ..config import EngineConfig
 from ..engine import Engine, EngineStats
 from ..errors import LlamaBatchError
 from ..params import SamplingParams
+from ..autoslots import CANDIDATES
+from .describe import header, slots_note
 from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
 from .plan import Node, PlacementError, WorkerTally, place_workers
 from ..results import Result
@@ -59,9 +61,10 @@ class EngineWorker:
     """One engine in a Ray actor. Lines come in as `generate` calls, several at a time (a
     threaded actor), and join the engine's running batch like any other submit."""
 
-    def __init__(self, config: EngineConfig, default_params: SamplingParams):
+    def __init__(self, config: EngineConfig, default_params: SamplingParams, max_slots: int | None = None):
         self._config = config
         self._defaults = default_params
+        self._max_slots = max_slots  # n_parallel "auto": never more slots than the run has lines
         self._engine: Engine | None = None
         self._handles: dict[int, Any] = {}
         self._cancelled: set[int] = set()
@@ -72,11 +75,27 @@ class EngineWorker:
         info = {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
         if self._engine is None:
             try:
-                self._engine = Engine(self._config, default_params=self._defaults)
+                config, reason = self._resolve_slots()
+                self._engine = Engine(config, default_params=self._defaults)
+                self._engine.slots_reason = reason
             except LlamaBatchError as exc:
                 return {**info, "error": str(exc)}
         e = self._engine
-        return {**info, "model_name": e.model_name, "slot_ctx": e.slot_ctx, "n_parallel": e.config.n_parallel}
+        return {**info, "model_name": e.model_name, "slot_ctx": e.slot_ctx, "n_parallel": e.config.n_parallel,
+                "slots_reason": e.slots_reason}
+
+    def _resolve_slots(self) -> tuple[EngineConfig, str]:
+        """n_parallel "auto" chosen here, on this worker's node: its CPUs, its memory, its
+        threads (the calibration cache is per machine), bounded by the run's line count."""
+        if self._config.n_parallel != "auto":
+            return self._config, ""
+        from ..autoslots import resolve
+        from ..models import check_gguf, resolve_model_ref
+
+        path = resolve_model_ref(self._config.model).path
+        check_gguf(path)
+        config, choice = resolve(self._config, path, max_slots=self._max_slots)
+        return config, choice.reason
 
     def generate(self, key: int, prompt: Any, params: SamplingParams | None) -> Result:
         assert self._engine is not None, "generate before start"
@@ -144,7 +163,7 @@ class RayPool:
     def start(cls, config: EngineConfig, default_params: SamplingParams, *, address: str | None,
               workers: int | None, cpus_per_worker: int | None, gpus_per_worker: float,
               inflight_per_worker: int | None = None, log_to_driver: bool = False,
-              note: Callable[[str], None] = lambda _m: None) -> "RayPool":
+              note: Callable[[str], None] = lambda _m: None, max_slots: int | None = None) -> "RayPool":
         """Connect to (or start) Ray, place the engines, load the model on every one.
 
         Raises RayStartError before any line runs: no cluster, no room, a node without the model.
@@ -167,7 +186,7 @@ class RayPool:
         _raylet_messages_to_log()
         try:
             return cls._start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
-                                      gpus_per_worker, inflight_per_worker, note)
+                                      gpus_per_worker, inflight_per_worker, note, max_slots)
         except BaseException:
             ray.shutdown()
             raise
@@ -175,14 +194,17 @@ class RayPool:
     @classmethod
     def _start_workers(cls, config: EngineConfig, default_params: SamplingParams, owns: bool, address: str,
                        workers: int | None, cpus: int | None, gpus: float, inflight: int | None,
-                       note: Callable[[str], None]) -> "RayPool":
+                       note: Callable[[str], None], max_slots: int | None = None) -> "RayPool":
         nodes = [Node(n["NodeID"], n["NodeManagerAddress"], int(n["Resources"].get("CPU", 0)),
                       float(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n.get("Alive")]
         try:
             placements = place_workers(nodes, workers, cpus, gpus)
         except PlacementError as exc:
             raise RayStartError(str(exc)) from None
-        cap = inflight or 2 * config.n_parallel
+        # With "auto" each worker chooses its slot count when it starts; until then plan for the
+        # most it may choose (the actor's thread count is fixed when it is created).
+        most = max(CANDIDATES) if config.n_parallel == "auto" else config.n_parallel
+        cap = inflight or 2 * most
         if config.model is not None:  # the same absolute path on every node, not the driver's cwd
             config = config.replace(model=os.path.abspath(os.path.expanduser(config.model)))
         states = []
@@ -191,8 +213,8 @@ class RayPool:
                 num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=MAX_RESTARTS, max_task_retries=0,
                 max_concurrency=cap + 4,  # room for cancel calls beside `cap` generate calls
                 scheduling_strategy=NodeAffinitySchedulingStrategy(p.node.node_id, soft=False),
-            ).remote(config.replace(threads=p.cpus), default_params)
-            w = WorkerState(WorkerTally(f"w{i}", p.node.address, 0, p.cpus), cap, config.n_parallel,
+            ).remote(config.replace(threads=p.cpus), default_params, max_slots)
+            w = WorkerState(WorkerTally(f"w{i}", p.node.address, 0, p.cpus), cap, most,
                             actor=actor, start_ref=actor.start.remote())
             states.append(w)
         note(f"llamabatch run: Ray {'local instance' if owns else address}: {len(nodes)} node(s); starting "
@@ -207,14 +229,17 @@ class RayPool:
                 problems.append(f"node {info['node']} ({info['host']}): {info['error']}")
             else:
                 w.n_parallel, w.tally.pid = info["n_parallel"], info["pid"]
+                w.slot_ctx, w.slots_reason = info["slot_ctx"], info.get("slots_reason", "")
+                w.cap = inflight or 2 * w.n_parallel  # its engine's own slots now that it has chosen
         if problems:
             more = f" (and {len(problems) - 1} more worker(s))" if len(problems) > 1 else ""
             raise RayStartError(problems[0] + more)
         for w, p in zip(states, placements):
             w.tally.started = time.monotonic()
             note(f"llamabatch run: {w.tally.name}: node {p.node.address}, pid {w.tally.pid}, {p.cpus} CPU(s) = "
-                 f"threads" + (f", {p.gpus:g} GPU(s)" if p.gpus else "") + f", {w.n_parallel} slots")
-        return cls(states, infos[0]["model_name"], infos[0]["slot_ctx"], owns, address)
+                 f"threads" + (f", {p.gpus:g} GPU(s)" if p.gpus else "") + f", {slots_note(w)}")
+        # slot_ctx: the smallest, for stats (with auto and a total n_ctx, workers differ)
+        return cls(states, infos[0]["model_name"], min(w.slot_ctx for w in states), owns, address)
 
     # -- what run's batch loop calls --------------------------------------------------------------
 
@@ -265,8 +290,7 @@ class RayPool:
 
     def describe(self) -> str:
         where = "a local Ray instance" if self._owns_ray else f"Ray cluster {self.address}"
-        return (f"{self.model_name}, {len(self._workers)} engine(s) x {self._workers[0].n_parallel} slots x "
-                f"{self.slot_ctx} tokens on {where}")
+        return header(self.model_name, self._workers, where)
 
     def close(self) -> None:
         self._closed.set()

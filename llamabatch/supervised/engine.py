@@ -99,6 +99,11 @@ class SupervisedEngine:
             self.config, (default_params or SamplingParams()).validate())
         self.model_path = ref.path
         self._child_config = self.config.replace(model=self.model_path, max_queue=0)  # the parent bounds the queue
+        # The child checks again before it allocates; checking here too means a setting that
+        # cannot fit costs no child start and reaches the caller as itself (ResourceLimit).
+        from .. import resources
+
+        resources.check(self._child_config, self.model_path)
         self._env = env
         self.telemetry = Telemetry()
         self.rule: PoisonRule[int] = PoisonRule(max_crashes=max_crashes)

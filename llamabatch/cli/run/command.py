@@ -21,7 +21,8 @@ from .verify import Reservoir, rerun_alone
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
-from .files import LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back
+from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back,
+                    refuse_resume_to_stream, stream_kind)
 from .on_ray import import_ray_pool, open_pool
 from .writer import RecordWriter
 
@@ -111,6 +112,11 @@ def run_command(
     resolved = resolve_options(opts)
     if resume and output in (None, "-"):
         raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
+    if resume:
+        try:
+            refuse_resume_to_stream(output)
+        except RunFileError as exc:
+            raise fail(str(exc), EXIT_USAGE) from None
     fmt = input_format.value
     if fmt == "auto":
         fmt = format_for_path(input_path)
@@ -131,13 +137,15 @@ def run_command(
             sink.discard()
             raise fail(str(exc), EXIT_ERROR) from None
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
+        # auto never opens more slots than lines (locally, and on each Ray worker)
+        lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
         if ray_pool is None:
-            lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
-            engine = open_engine(resolved, max_slots=lines, isolated=isolate)  # auto never opens more slots than lines
+            engine = open_engine(resolved, max_slots=lines, isolated=isolate)
             cluster = None
         else:
             engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
-                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say)
+                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say,
+                                         max_slots=lines)
     except BaseException:
         sink.discard()
         raise
@@ -278,6 +286,9 @@ def _resume_hint(written: int, input_path: str, output: str | None, argv: tuple[
     if output in (None, "-"):
         return (f"llamabatch run: stopped early; {written} record(s) went to stdout. To finish the rest, "
                 f"run again with -o FILE (the file stdout went to) and --resume")
+    if stream_kind(output) is not None:  # a pipe or FIFO cannot be read back: the same advice as stdout
+        return (f"llamabatch run: stopped early; {written} record(s) went to {output}. To finish the rest, "
+                f"run again with -o FILE (the file they were saved to) and --resume")
     args = list(argv)
     if "run" in args:  # the command as typed, with every option kept
         command = shlex.join(["llamabatch", *args] + ([] if "--resume" in args else ["--resume"]))

@@ -193,12 +193,45 @@ def open_output(path: str | None, input_path: str, stdout: TextIO | None = None)
             same = False
         if same:
             raise RunFileError(f"OUTPUT {path} is the INPUT file; write the results somewhere else")
+    kind = stream_kind(path)
+    if kind is not None:
+        # A pipe, a FIFO, /dev/stdout or a terminal: there is nothing to append to or read back
+        # (append mode would seek, which a pipe refuses), so open it write-only. A FIFO's open
+        # waits for its reader, as a shell's `>` does.
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError as exc:
+            raise RunFileError(f"cannot write OUTPUT {path}: {_why(exc)} ({kind})") from None
+        return Sink(path, os.fdopen(fd, "wb"), False)
     created = not os.path.exists(path)
     try:
         stream = open(path, "a+b")  # checks we may write, destroys nothing
     except OSError as exc:
         raise RunFileError(f"cannot write OUTPUT {path}: {_why(exc)}") from None
     return Sink(path, stream, created)
+
+
+def stream_kind(path: str) -> str | None:
+    """What OUTPUT is when it exists and is not a regular file ("a FIFO (named pipe)", ...),
+    else None. stat follows links: /dev/stdout is what fd 1 is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    from ...gguf_header import file_kind
+
+    return "a pipe" if stat.S_ISFIFO(mode) and path.startswith(("/dev/", "/proc/")) else file_kind(mode)
+
+
+def refuse_resume_to_stream(path: str) -> None:
+    """--resume reads OUTPUT back and appends to it: refuse a stream before opening it (a
+    FIFO's open would wait for a reader first). Raises RunFileError."""
+    kind = stream_kind(path)
+    if kind is not None:
+        raise RunFileError(f"cannot resume: OUTPUT {path} is {kind}, not a regular file; --resume reads OUTPUT "
+                           "back, so give it the file the earlier run wrote")
 
 
 def _stdout_sink() -> Sink:

@@ -27,13 +27,13 @@ import select
 import signal
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from ...engine import Engine, RequestHandle
 from ...errors import EngineClosed, QueueFull
-from .protocol import (BadLine, Cancel, RequestId, Stats, Submit, error_event, encode, parse_line, ready_event,
-                        stats_event, terminal_event, token_event)
+from .protocol import (BadLine, Cancel, RequestId, Stats, Submit, cancel_ignored_event, error_event, encode,
+                        parse_line, ready_event, stats_event, terminal_event, token_event)
 from ...results import Delta, Result
 from ...telemetry import TickRecord
 
@@ -113,6 +113,9 @@ class Flight:
     stream: bool  # send token events
     samples: int = 1  # n: token events name their sample when n > 1
     handle: RequestHandle | None = None
+    # line numbers of the cancel lines aimed at this request, in order: each gets one reply
+    # when the request ends (see _on_item)
+    cancel_lines: list[int] = field(default_factory=list)
 
 
 class Server:
@@ -209,10 +212,14 @@ class Server:
     def _cancel(self, command: Cancel) -> None:
         with self._flights_lock:
             flight = self._flights.get(command.id)
+            if flight is not None and flight.handle is not None:
+                # noted under the lock that _on_item takes to retire the flight, so the line is
+                # either noted before the request ends (and answered then) or finds it gone
+                flight.cancel_lines.append(command.line)
         if flight is None or flight.handle is None:
             raise BadLine("unknown_id", f"no request with id {command.id!r} is in flight", command.line,
                           command.id, op="cancel")
-        flight.handle.cancel()  # its terminal event comes from the engine: done, finish_reason "cancelled"
+        flight.handle.cancel()  # the reply comes when the request ends: see _on_item
 
     def _stats(self, command: Stats) -> dict[str, Any]:
         last = self._last_tick
@@ -243,7 +250,17 @@ class Server:
         # Queue the terminal event before the flight disappears: once in_flight reads 0, every
         # terminal event is ahead of the writer's close marker.
         self.output.send(terminal_event(flight.id, item, flight.line))
-        self._forget(flight)
+        with self._flights_lock:
+            # Every cancel line gets one reply. A `done` with "cancelled" answers the first; a
+            # cancel that raced with the request's own end (the token that finished it was
+            # already sampled) or a repeated cancel gets cancel_ignored, so a client can account
+            # for each line it wrote. Sent under the lock: no cancel can be noted after this.
+            answered = item.finish_reason == "cancelled"
+            for number in flight.cancel_lines[1:] if answered else flight.cancel_lines:
+                self.output.send(cancel_ignored_event(
+                    flight.id, number, "already cancelled" if answered else "already finished"))
+            if self._flights.get(flight.id) is flight:
+                del self._flights[flight.id]
         self.wake.set()
 
     def _on_record(self, record: Any) -> None:

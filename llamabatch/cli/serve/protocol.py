@@ -179,6 +179,13 @@ def error_event(request_id: RequestId | None, code: str, message: str, *, line: 
     return event
 
 
+def cancel_ignored_event(request_id: RequestId, line: int, reason: str) -> dict[str, Any]:
+    """The reply to a cancel line that did not end its request: the request ended some other
+    way first (`"already finished"`), or an earlier cancel line already ended it
+    (`"already cancelled"`). With it every cancel line gets exactly one reply."""
+    return {"id": request_id, "event": "cancel_ignored", "op": "cancel", "reason": reason, "line": line}
+
+
 def terminal_event(request_id: RequestId, result: Result, line: int | None = None) -> dict[str, Any]:
     """A request's one terminal event: `done` (stop, length, cancelled, timeout) or `error`."""
     if result.finish_reason == "error":

@@ -1,0 +1,27 @@
+"""What `run --ray` says about its engines: the header line and each worker's start note.
+
+Pure text from the workers' states (no ray import). With `--n-parallel auto` every worker
+chooses its own slot count on its own node, so the header names each worker's choice and
+why, instead of one count for all.
+"""
+from __future__ import annotations
+
+from .dispatch import WorkerState
+
+
+def header(model_name: str, workers: list[WorkerState], where: str) -> str:
+    """"gemma, 2 engine(s) x 4 slots x 256 tokens on a local Ray instance", or with
+    differing or auto-chosen counts, each worker's: "gemma, 2 engine(s) (w1: 8 slots x 4096
+    tokens, auto: bounded by 6 input lines; w2: ...) on ..."."""
+    shapes = {(w.n_parallel, w.slot_ctx) for w in workers}
+    if len(shapes) == 1 and not any(w.slots_reason for w in workers):
+        n, ctx = shapes.pop()
+        return f"{model_name}, {len(workers)} engine(s) x {n} slots x {ctx} tokens on {where}"
+    each = "; ".join(f"{w.tally.name}: {w.n_parallel} slots x {w.slot_ctx} tokens"
+                     + (f", {w.slots_reason}" if w.slots_reason else "") for w in workers)
+    return f"{model_name}, {len(workers)} engine(s) ({each}) on {where}"
+
+
+def slots_note(worker: WorkerState) -> str:
+    """The end of a worker's start note: "8 slots", or "8 slots (auto: 1.40x over 8 here)"."""
+    return f"{worker.n_parallel} slots" + (f" ({worker.slots_reason})" if worker.slots_reason else "")

@@ -1,0 +1,203 @@
+"""Resources checked before they are taken: memory for the KV cache and weights, and threads.
+
+llama.cpp allocates the whole KV cache when a context is created. Asked for more than the
+machine has (`--n-ctx 1000000000`), it does not fail: the process grows until the kernel
+kills it or the machine swaps. A thread count far above the CPUs (`--threads 100000`)
+ends in std::bad_alloc inside the thread pool. Both are settings, not request data, so
+they are refused before anything is allocated, with one line naming the setting and the
+figure (ResourceLimit, an InvalidRequest: exit 2 in the CLI).
+
+What is counted, mirroring runner.py's choices:
+- KV cache: every layer's keys and values in f16 for every cell. Cells: n_ctx (padded as
+  llama.cpp pads it); in deterministic mode slot_ctx x the sequence ids it uses, spares
+  included (batch_invariance.n_sequence_ids, counted with the widest row rule since the
+  kernels are only known once the weights have loaded). A sliding-window layer (Gemma 3:
+  5 of every 6) keeps only window + n_batch cells per sequence, unless `swa_full` is on,
+  which the runner turns on whenever prompt caching (the default) or deterministic mode is.
+- Weights: the GGUF's size on disk (all shards); llama.cpp maps or reads all of it.
+Compared with the memory available now (MemAvailable) and `max_memory` (default 90% of it).
+Layers offloaded to a GPU (n_gpu_layers != 0) put weights and KV in GPU memory, which is
+not known here: the memory check is skipped then, and llama.cpp's own allocation stands.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .config import EngineConfig
+from .errors import ResourceLimit
+from .memory_setting import DEFAULT_MAX_MEMORY, memory_cap
+
+THREADS_PER_CPU = 4  # more threads than this per CPU is a typo, not a tuning choice
+CTX_PAD = 256  # llama.cpp rounds a context up to a multiple of this
+# Sliding-window layer patterns llama.cpp hard-codes per architecture: layer i uses the window
+# unless (i + 1) % pattern == 0. Other architectures with a window are counted as full (over).
+SWA_PATTERNS = {"gemma3": 6}
+
+@dataclass(frozen=True)
+class Needs:
+    """What a context with these settings will allocate, in bytes, and why."""
+
+    sequences: int  # KV streams: the slots, plus deterministic mode's spares
+    cells: int  # KV cells of a full-size layer, all sequences together
+    kv_bytes: int
+    weights: int
+    per_token: int | None  # bytes of one cell over every layer (None: the model does not say)
+
+    @property
+    def total(self) -> int:
+        return self.kv_bytes + self.weights
+
+
+def _pad(n: int) -> int:
+    return -(-n // CTX_PAD) * CTX_PAD
+
+
+def kv_bytes_per_token(metadata: Mapping[str, str]) -> int | None:
+    """KV cache bytes one token needs in one slot (f16 keys and values, every layer), from
+    GGUF metadata; None when the model does not say."""
+    arch = metadata.get("general.architecture")
+    try:
+        layers = int(metadata[f"{arch}.block_count"])
+        heads_kv = int(metadata.get(f"{arch}.attention.head_count_kv") or metadata[f"{arch}.attention.head_count"])
+        embd = int(metadata[f"{arch}.embedding_length"])
+        heads = int(metadata[f"{arch}.attention.head_count"])
+        k_len = int(metadata.get(f"{arch}.attention.key_length") or embd // heads)
+        v_len = int(metadata.get(f"{arch}.attention.value_length") or embd // heads)
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+    return layers * heads_kv * (k_len + v_len) * 2
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (Linux MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def kv_layer_bytes(metadata: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(layers, bytes one cell of one layer takes), or None when the metadata does not say."""
+    per_token = kv_bytes_per_token(metadata)
+    arch = metadata.get("general.architecture")
+    try:
+        layers = int(metadata[f"{arch}.block_count"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (layers, per_token // layers) if per_token and layers > 0 else None
+
+
+def needs(config: EngineConfig, metadata: Mapping[str, Any], weights: int, shapes: Any = None) -> Needs:
+    """The KV cache and weights `config` (n_parallel an integer) will take for this model.
+    `shapes`: deterministic mode's row rule when known (else the widest, an upper bound)."""
+    from . import batch_invariance as invariance
+
+    slots = int(config.n_parallel)
+    sequences, cells = slots, _pad(config.total_ctx)
+    if config.deterministic:  # runner.py: slot_ctx cells for each sequence id, spares included
+        shapes = shapes or invariance.Shapes(invariance.REPACK_GEMM_TILE, invariance.TILED_MIN_BATCH)
+        sequences = invariance.n_sequence_ids(slots, shapes)
+        cells = _pad(config.slot_ctx * sequences)
+    layer = kv_layer_bytes(metadata)
+    if layer is None:
+        return Needs(sequences, cells, 0, weights, None)
+    layers, per_layer = layer
+    swa_layers = 0
+    arch = metadata.get("general.architecture")
+    try:  # an int from the GGUF header, a string from llama.cpp's metadata API
+        window = int(metadata.get(f"{arch}.attention.sliding_window") or 0)
+    except (TypeError, ValueError):
+        window = 0
+    swa_full = bool(config.cache_prompt) or config.deterministic  # as runner.py sets it
+    if window > 0 and not swa_full and arch in SWA_PATTERNS:
+        pattern = SWA_PATTERNS[arch]
+        swa_layers = sum(1 for i in range(layers) if (i + 1) % pattern != 0)
+    # a window layer keeps window + one ubatch of cells per stream, never more than a full one
+    if config.kv_unified:
+        swa_cells = min(cells, _pad(window * sequences + config.n_batch)) if swa_layers else 0
+    else:
+        swa_cells = min(cells, sequences * _pad(window + config.n_batch)) if swa_layers else 0
+    kv = per_layer * ((layers - swa_layers) * cells + swa_layers * swa_cells)
+    return Needs(sequences, cells, kv, weights, per_layer * layers)
+
+
+def weights_size(model_path: str) -> int:
+    """Bytes of the GGUF and, for a split model, every shard after it."""
+    from .model_stores import shard_info, shards_of
+    from pathlib import Path
+
+    files = shards_of(Path(model_path)) if shard_info(model_path) else (model_path,)
+    total = 0
+    for f in files:
+        try:
+            total += os.path.getsize(f)
+        except OSError:
+            pass
+    return total
+
+
+def check_threads(config: EngineConfig, cpus: int | None = None) -> None:
+    cpus = cpus or os.cpu_count() or 1
+    if config.threads is not None and config.threads > THREADS_PER_CPU * cpus:
+        raise ResourceLimit(
+            f"threads {config.threads} is more than {THREADS_PER_CPU} per CPU on this machine ({cpus} CPUs, so at "
+            f"most {THREADS_PER_CPU * cpus}); llama.cpp starts every one of them: use --threads {cpus} or fewer")
+
+
+def check(config: EngineConfig, model_path: str, *, metadata: Mapping[str, Any] | None = None,
+          memory: int | None = None, cpus: int | None = None, shapes: Any = None) -> Needs | None:
+    """Raise ResourceLimit (one line) when `config` asks for more threads or memory than this
+    machine allows; return what it needs (None when the memory could not be judged).
+    `metadata` defaults to the GGUF header, `memory` to what the OS says is available."""
+    check_threads(config, cpus)
+    if config.n_parallel == "auto" or config.n_gpu_layers != 0:
+        return None  # auto: checked again once resolved; GPU layers: see the module docstring
+    if metadata is None:
+        from .gguf_header import GGUFError, read_header
+
+        try:
+            metadata = read_header(model_path).metadata
+        except (OSError, GGUFError):
+            return None  # loading reports an unreadable model in its own words
+    need = needs(config, metadata, weights_size(model_path), shapes)
+    if memory is None:
+        memory = available_memory()
+    if memory is None:
+        return need
+    cap = memory_cap(config.max_memory, memory)
+    if cap is not None and need.total > cap:
+        raise ResourceLimit(_too_much(config, need, memory, cap))
+    return need
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def _too_much(config: EngineConfig, need: Needs, memory: int, cap: int) -> str:
+    limit = config.max_memory if config.max_memory is not None else DEFAULT_MAX_MEMORY
+    allowed = f"the {_size(cap)} allowed (max_memory {limit}; {_size(memory)} available now)"
+    if need.weights > cap:  # no slot setting can help
+        return (f"the model's weights alone need {_size(need.weights)}, more than {allowed}: "
+                f"use a smaller model or raise max_memory")
+    slots = int(config.n_parallel)
+    setting = f"n_ctx {config.n_ctx}" if config.n_ctx else f"n_parallel {slots} (4096 tokens per slot)"
+    spares = need.sequences - slots
+    seqs = f"{slots} slots" + (f" + {spares} deterministic-mode spare sequences" if spares > 0 else "")
+    shape = (f"{seqs} x {need.cells // max(1, need.sequences):,} tokens x {_size(need.per_token)} per token"
+             if need.per_token else "")
+    return (f"{setting} needs {_size(need.kv_bytes)} of KV cache ({shape}) plus {_size(need.weights)} of weights, "
+            f"more than {allowed}: lower {'n_ctx' if config.n_ctx else 'n_parallel'}")

@@ -1,0 +1,120 @@
+"""Resources checked before they are taken (issue 28, reproducers 1 and 5): the KV cache and
+weights a configuration needs against the memory available and `max_memory`, and the thread
+count against the CPUs. Figures are computed from GGUF metadata as llama.cpp sizes its
+cache; the CLI tests use the real engine factory, which refuses before any model loads."""
+from __future__ import annotations
+
+import pytest
+
+from cli_harness import invoke
+from llamabatch import EngineConfig
+from llamabatch.errors import InvalidRequest, ResourceLimit
+from llamabatch.memory_setting import memory_cap
+from llamabatch.resources import check, needs
+
+GIB, MIB = 2**30, 2**20
+PER_LAYER = 1 * (256 + 256) * 2  # Gemma 3 270M: 1 KV head x (key 256 + value 256) x f16
+GEMMA_META = {"general.architecture": "gemma3", "gemma3.block_count": 18, "gemma3.attention.head_count": 4,
+              "gemma3.attention.head_count_kv": 1, "gemma3.embedding_length": 640,
+              "gemma3.attention.key_length": 256, "gemma3.attention.value_length": 256,
+              "gemma3.attention.sliding_window": 512}
+
+
+def test_kv_need_counts_every_slot_and_the_full_size_window_when_caching():
+    # prompt caching (the default) turns swa_full on: all 18 layers hold every cell
+    need = needs(EngineConfig(n_parallel=4, n_ctx=4096), GEMMA_META, weights=100 * MIB)
+    assert (need.sequences, need.cells) == (4, 4096)
+    assert need.kv_bytes == 18 * PER_LAYER * 4096
+    assert need.total == need.kv_bytes + 100 * MIB
+
+
+def test_without_caching_gemma3_window_layers_keep_only_the_window():
+    config = EngineConfig(n_parallel=4, n_ctx=4 * 8192, n_batch=512, cache_prompt=False)
+    need = needs(config, GEMMA_META, weights=0)
+    # 15 of 18 layers slide (every 6th is global); each of 4 streams keeps window + one ubatch
+    window_cells = 4 * (512 + 512)
+    assert need.kv_bytes == PER_LAYER * (3 * 4 * 8192 + 15 * window_cells)
+
+
+def test_deterministic_mode_counts_its_spare_sequence_ids():
+    # 3 slots: padded to the widest row rule (8 rows), so 8 sequence ids of slot_ctx cells each
+    need = needs(EngineConfig(n_parallel=3, n_ctx=3 * 1024, deterministic=True), GEMMA_META, weights=0)
+    assert (need.sequences, need.cells) == (8, 8 * 1024)
+    assert need.kv_bytes == 18 * PER_LAYER * 8 * 1024
+
+
+def test_reproducer_a_billion_token_context_is_refused_with_the_setting_and_the_figure():
+    config = EngineConfig(n_parallel=4, n_ctx=1_000_000_000)
+    with pytest.raises(ResourceLimit) as info:
+        check(config, "model.gguf", metadata=GEMMA_META, memory=23 * GIB, cpus=2)
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, InvalidRequest)  # one line, exit 2 in the CLI
+    tib = 1_000_000_000 * 18 * PER_LAYER / 2**40  # every cell of every layer: 16.8 TiB
+    assert message.startswith(f"n_ctx 1000000000 needs {tib:.1f} TiB of KV cache (4 slots x 250,000,000 tokens "
+                              "x 18.0 KiB per token)")
+    assert "(max_memory 90%; 23.0 GiB available now): lower n_ctx" in message
+
+
+def test_the_default_fits_and_max_memory_caps_it():
+    config = EngineConfig(n_parallel=8)  # 8 x 4096 tokens: 576 MiB of KV cache
+    need = check(config, "model.gguf", metadata=GEMMA_META, memory=23 * GIB, cpus=2)
+    assert need.kv_bytes == 18 * PER_LAYER * 8 * 4096
+    with pytest.raises(ResourceLimit, match=r"^n_parallel 8 \(4096 tokens per slot\) needs 576.0 MiB .* "
+                                            r"more than the 512.0 MiB allowed \(max_memory 512M;"):
+        check(config.replace(max_memory="512M"), "model.gguf", metadata=GEMMA_META, memory=23 * GIB, cpus=2)
+    assert check(config.replace(max_memory="off"), "model.gguf", metadata=GEMMA_META, memory=MIB, cpus=2)
+
+
+def test_weights_over_the_cap_are_named_as_the_cause(tmp_path):
+    model = tmp_path / "big.gguf"
+    with open(model, "wb") as f:
+        f.truncate(2 * GIB)  # sparse: 2 GiB by size, nothing on disk
+    with pytest.raises(ResourceLimit, match=r"^the model's weights alone need 2.0 GiB, more than the 1.0 GiB allowed "
+                                            r"\(max_memory 1G; 23.0 GiB available now\): use a smaller model or "
+                                            r"raise max_memory$"):
+        check(EngineConfig(n_parallel=1, n_ctx=256, max_memory="1G"), str(model), metadata=GEMMA_META,
+              memory=23 * GIB, cpus=2)
+
+
+def test_max_memory_spellings():
+    assert memory_cap("50%", 10 * GIB) == 5 * GIB
+    assert memory_cap("16GiB", 1) == 16 * GIB and memory_cap("2g", 1) == 2 * GIB and memory_cap(4096, 1) == 4096
+    assert memory_cap("off", 1) is None and memory_cap(None, 100) == 90
+    for bad in ("lots", "0", "150%", "-1G", True):
+        with pytest.raises(InvalidRequest, match="max_memory must be bytes, a size"):
+            EngineConfig(max_memory=bad).validate()
+
+
+def test_threads_far_above_the_cpus_are_refused():
+    with pytest.raises(ResourceLimit) as info:
+        check(EngineConfig(n_parallel=2, threads=100_000), "model.gguf", metadata=GEMMA_META, memory=GIB, cpus=2)
+    assert str(info.value) == ("threads 100000 is more than 4 per CPU on this machine (2 CPUs, so at most 8); "
+                               "llama.cpp starts every one of them: use --threads 2 or fewer")
+    check(EngineConfig(n_parallel=2, threads=8), "model.gguf", metadata=GEMMA_META, memory=GIB, cpus=2)  # allowed
+
+
+@pytest.mark.parametrize("args, starts", [
+    (["--n-parallel", "4", "--n-ctx", "1000000000"], "n_ctx 1000000000 needs "),
+    (["--n-parallel", "auto", "--n-ctx", "1000000000"], "n_ctx 1000000000 needs "),
+    (["--n-parallel", "2", "--threads", "100000"], "threads 100000 is more than 4 per CPU"),
+    (["--n-parallel", "8", "--max-memory", "300M"], "n_parallel 8 (4096 tokens per slot) needs "),  # weights fit
+    (["--n-parallel", "1", "--max-memory", "1M"], "the model's weights alone need "),
+])
+def test_run_refuses_in_one_line_exit_2_before_any_engine_starts(tmp_path, model_path, args, starts):
+    inp = tmp_path / "base.jsonl"
+    inp.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
+    out = tmp_path / "x.out"
+    result = invoke(["run", str(inp), "--max-tokens", "1", "-m", model_path, "-o", str(out), *args])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"llamabatch: error: {starts}"), result.stderr
+    assert not out.exists()  # nothing was written, not even an empty OUTPUT
+
+
+def test_the_in_process_engine_refuses_before_creating_the_context(model_path):
+    # the library path (no supervising parent): the runner checks after the weights load and
+    # before llama.cpp allocates the KV cache, with the metadata llama.cpp itself read
+    from llamabatch import Engine
+
+    with pytest.raises(ResourceLimit, match=r"^n_ctx 1000000000 needs .* TiB of KV cache"):
+        Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=1_000_000_000, threads=1))
