@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,4 +22,29 @@ def always_aborts(config):
     """A runner that takes the process down at every decode, whatever the request."""
     def hook(call_no, plan):
         os.abort()
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, hook=hook)
+
+
+HANG = "this prompt hangs the child"
+
+
+def slow(config):
+    """The fake at 50 ms per tick: a line of 20 tokens takes about a second, long enough to stop the child mid-run."""
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.05)
+
+
+def hangs_on_prompt(config):
+    """The fake, except that sampling for a prompt containing HANG never returns (a llama.cpp call that hangs)."""
+    def reply(prompt):
+        if HANG in prompt:
+            time.sleep(3600)
+        return prompt + "!"
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.005, reply=reply)
+
+
+def aborts_after_two_steps(config):
+    """Each child runs two steps, then takes the process down: the engine works, yet no request ever finishes."""
+    def hook(call_no, plan):
+        if call_no > 2:
+            os.abort()
     return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, hook=hook)
