@@ -23,6 +23,7 @@ from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
 from .files import LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back
 from .on_ray import import_ray_pool, open_pool
+from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
 from .writer import RecordWriter
 
 # Finished lines that may wait behind a slow one in --order input, per --max-inflight.
@@ -69,6 +70,10 @@ def run_command(
                                  help="Run llama.cpp in a supervised child process: a crash costs a restart and "
                                       "the line causing it gets an engine_crashed record. --no-isolate: in this "
                                       "process (a crash ends the run)."),
+    watchdog: Optional[float] = typer.Option(None, "--watchdog", min=0.0, metavar="SECONDS", show_default=False,
+                                             help=WATCHDOG_HELP),
+    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", min=0.0, metavar="SECONDS",
+                                                  show_default=False, help=DRAIN_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary on stderr."),
     progress_every: float = typer.Option(10.0, "--progress-every", min=0.0,
                                          help="Seconds between progress lines when stderr is not a terminal."),
@@ -109,6 +114,7 @@ def run_command(
     """
     ray_pool = import_ray_pool(ray) if ray is not None else None  # no Ray: exit 2 before anything
     resolved = resolve_options(opts)
+    bounds = time_bounds("run", watchdog, drain_timeout)
     if resume and output in (None, "-"):
         raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
     fmt = input_format.value
@@ -133,7 +139,8 @@ def run_command(
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
         if ray_pool is None:
             lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
-            engine = open_engine(resolved, max_slots=lines, isolated=isolate)  # auto never opens more slots than lines
+            engine = open_engine(resolved, max_slots=lines, isolated=isolate,  # auto: never more slots than lines
+                                 watchdog_s=bounds.watchdog_s)
             cluster = None
         else:
             engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
@@ -156,7 +163,7 @@ def run_command(
                 raise fail(str(exc), EXIT_ERROR) from None
         code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
                     fail_on_error, input_path, output, cluster, verify,
-                    deterministic=resolved.engine.deterministic)
+                    deterministic=resolved.engine.deterministic, drain_timeout=bounds.drain_timeout_s)
     finally:
         engine.close()
         source.close()
@@ -175,7 +182,7 @@ def format_for_path(path: str) -> str:
 
 def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
          answered, fail_on_error: bool, input_path: str, output: str | None, cluster=None,
-         verify: int | None = None, deterministic: bool = False) -> int:
+         verify: int | None = None, deterministic: bool = False, drain_timeout: float | None = None) -> int:
     """`engine` is an Engine, or with --ray the RayPool (`cluster` too), which takes lines the same way."""
     env = cli_env.current()  # its argv goes into the resume hint
     why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
@@ -195,7 +202,7 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     try:
         with interrupts.installed():
             run.start()
-            wait_for(run, reporter, interrupts, counter, cluster)
+            wait_for(run, reporter, interrupts, counter, cluster, drain_timeout=drain_timeout)
     finally:
         reporter.close()
         writer.close()
@@ -262,11 +269,14 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
     if run.skipped:
         line += f"; {run.skipped} already in OUTPUT"
     if writer.skipped:
-        line += f"; {writer.skipped} cancelled (not written)"
+        stuck = f"; {run.abandoned} of them still running when the drain time ran out" if run.abandoned else ""
+        line += f"; {writer.skipped} cancelled (not written{stuck})"
     reporter.note(line)
     if run.restarts:
         isolated = ", ".join(repr(i) for i in run.isolated) or "none"
-        reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s); "
+        hangs = getattr(run.engine, "hangs", 0)
+        hung = f" ({hangs} of them hung: killed by the watchdog)" if hangs else ""
+        reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s){hung}; "
                       f"isolated: {isolated}")
     share = f"{100 * s.cached_tokens / s.prompt_tokens:.0f}%" if s.prompt_tokens else "0%"
     reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}), "
