@@ -48,3 +48,9 @@ def aborts_after_two_steps(config):
         if call_no > 2:
             os.abort()
     return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, hook=hook)
+
+
+def slow_load(config):
+    """The fake after a 60 s "model load" that reads no stdin meanwhile (as llama.cpp's load does not)."""
+    time.sleep(60)
+    return fake(config)

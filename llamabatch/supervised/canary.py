@@ -19,9 +19,10 @@ CANARY_PID = -1  # never a request id: the parent's ids start at 0
 CANARY_PROMPT = "Hello"
 CANARY_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, seed=0)
 
-# Settings worth naming when the engine crashes whatever it runs (what a user can change).
+# Settings worth naming when the engine crashes whatever it runs (what a user can change), the
+# likeliest first. Not the model: the CLI always resolves it to a path, so it always "differs".
 _NAMED = ("threads", "n_ctx", "n_parallel", "n_batch", "chunk_size", "n_gpu_layers", "cpu_buffers", "kv_unified",
-          "deterministic", "policy", "model")
+          "deterministic", "policy")
 
 
 def settings_hint(config: EngineConfig) -> str:
@@ -38,7 +39,8 @@ def engine_error(crashes: int, how: str, config: EngineConfig, canary: bool) -> 
     what = ("the last time running only a built-in one-token test request" if canary
             else "with no request finishing in between")
     hint = settings_hint(config)
-    look = f"check these settings: {hint}" if hint else "check the model file and the llama.cpp build"
+    look = (f"check these settings: {hint} (then the model file and the llama.cpp build)" if hint
+            else "check the model file and the llama.cpp build")
     return (f"the engine process crashes whatever it runs: it died {crashes} times before finishing a single "
             f"step, {what} ({how}); the input lines are not the cause: {look}")
 
