@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Callable
 
-DEFAULT_FLOOR_S = 60.0  # the smallest bound: generous, a stall shorter than this is never called a hang
+DEFAULT_FLOOR_S = 120.0  # the smallest bound: generous (a first long-prompt step of a big model on CPU can take a minute)
 DEFAULT_MARGIN = 10.0  # x the longest recent tick
 RECENT_TICKS = 64
 LOAD_MARGIN = 10.0  # a restart may take this many times the first load...
