@@ -144,7 +144,8 @@ def run_command(
             cluster = None
         else:
             engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
-                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say)
+                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say,
+                                         watchdog_s=bounds.watchdog_s)
     except BaseException:
         sink.discard()
         raise

@@ -51,7 +51,7 @@ def import_ray_pool(address: str):
 
 
 def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, cpus: int | None,
-              gpus: float | None, note: Callable[[str], None]):
+              gpus: float | None, note: Callable[[str], None], watchdog_s: float | None = None):
     """Start the engines on Ray; anything that stops them is one line and exit 1, before any work."""
     if resolved.engine.n_parallel == "auto":  # auto measures one machine; workers differ
         raise fail("--n-parallel auto is not supported with --ray yet: give each engine's slots as a number",
@@ -62,7 +62,8 @@ def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, c
         return ray_pool.RayPool.start(resolved.engine, resolved.sampling,
                                       address=None if address == LOCAL else address, workers=workers,
                                       cpus_per_worker=cpus, gpus_per_worker=gpus or 0.0,
-                                      log_to_driver=cli_env.current().debug, note=note)
+                                      log_to_driver=cli_env.current().debug, note=note,
+                                      **({} if watchdog_s is None else {"watchdog_s": watchdog_s}))
     except ray_pool.RayStartError as exc:
         if cli_env.current().debug:
             raise
