@@ -14,7 +14,7 @@ from .. import env as cli_env
 from ..common import fail, open_engine, resolve_options
 from ..config.layer import command_setting
 from ..options import SharedOptions, with_shared_options
-from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
+from ..time_bounds import SERVE_DRAIN_HELP, WATCHDOG_HELP, time_bounds
 
 
 class OnEof(str, Enum):
@@ -41,7 +41,7 @@ def serve_stdin(
         "--watchdog", min=0.0, metavar="SECONDS", show_default=False, help=WATCHDOG_HELP)] = None,
     drain_timeout: Annotated[Optional[float], typer.Option(
         "--drain-timeout", min=0.0, metavar="SECONDS", show_default=False,
-        help=DRAIN_HELP + "; the requests still running then end cancelled")] = None,
+        help=SERVE_DRAIN_HELP)] = None,
     *,
     opts: SharedOptions,
 ) -> None:
