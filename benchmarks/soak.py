@@ -87,6 +87,13 @@ def is_gone(pid: int) -> bool:
         return True
 
 
+def note_death(pid: int, stopped_at: float, deaths: dict[int, float]) -> None:
+    """Record how long a stopped engine child lived: the watchdog's reaction time."""
+    while not is_gone(pid):
+        time.sleep(0.1)
+    deaths[pid] = time.monotonic() - stopped_at
+
+
 def rss_kib(pid: int) -> int:
     """RSS of serve-stdin and every process under it: by default the engine (and its model)
     lives in a supervised child process, so the parent alone would hide what matters."""
@@ -204,6 +211,7 @@ def main() -> int:
     # hostile: stop the engine child when these many requests have been sent
     stop_at = {args.requests * (i + 1) // (args.stops + 1) for i in range(args.stops)} if args.mix == "hostile" else set()
     stopped: list[tuple[int, float]] = []  # (engine child, when) stopped: each must be killed by the watchdog
+    deaths: dict[int, float] = {}  # stopped child -> seconds from its SIGSTOP to its death
     seen_engines: set[int] = set(engine_children(child.proc.pid))
     for k in range(args.requests):
         if k in stop_at:
@@ -211,6 +219,7 @@ def main() -> int:
             if engines:
                 os.kill(engines[0], signal.SIGSTOP)
                 stopped.append((engines[0], time.monotonic()))
+                threading.Thread(target=note_death, args=(*stopped[-1], deaths), daemon=True).start()
                 print(f"  ... stopped the engine child {engines[0]} after {k} requests sent", file=sys.stderr,
                       flush=True)
         seen_engines.update(engine_children(child.proc.pid))
@@ -280,11 +289,13 @@ def main() -> int:
         print(f"  hostile: engine child stopped {len(stopped)} time(s); watchdog {watchdog:g}s; "
               f"longest time with no answer: {child.longest_gap:.1f}s; engine children seen: {len(seen_engines)}, "
               f"left running after serve-stdin exited: {len(orphans)}" + (f" {orphans}" if orphans else ""))
-        for pid, at in stopped:  # from SIGSTOP to the next answer: the watchdog's bound plus a restart
-            after = [t - at for t in child.answer_times if t > at]
-            print(f"  stopped {pid}: next answer {after[0]:.1f}s later" if after else f"  stopped {pid}: no answer after")
+        for pid, at in stopped:
+            after = [t - at for t in child.answer_times if t > at + deaths.get(pid, 0)]
+            print(f"  stopped {pid}: killed {deaths[pid]:.1f}s after its SIGSTOP" if pid in deaths
+                  else f"  stopped {pid}: NOT killed", end="")
+            print(f", next answer {after[0]:.1f}s after the SIGSTOP" if after else "")
         for line in child.stderr.decode(errors="replace").splitlines():
-            if "killed by the watchdog" in line:
+            if "by the watchdog" in line:
                 print(f"  serve-stdin: {line.strip()[:300]}")
     samples = sorted(rss)
     print("  RSS MiB by requests answered: " + ", ".join(f"{n}: {rss[n] / 1024:.0f}" for n in samples))

@@ -2,7 +2,8 @@
 
 The child runs the scripted fake runner (tests/supervised_child_runner.py) and the model is a
 file that only starts like a GGUF, so these run in the fast suite. Time bounds are set small
-(watchdog 1 s) so each test takes a few seconds.
+(watchdog 1-2 s; off where the test is about crashes, so a loaded machine cannot add a kill)
+so each test takes a few seconds.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def config(tmp_path) -> EngineConfig:
 
 
 def test_a_stopped_child_is_killed_by_the_watchdog_and_every_request_finishes(config):
-    with SupervisedEngine(config, default_params=LONG, env=child_env("slow"), watchdog_s=1.0) as engine:
+    with SupervisedEngine(config, default_params=LONG, env=child_env("slow"), watchdog_s=2.0) as engine:
         prompts = [f"line {i}" for i in range(6)]
         handles = [engine.submit(p, stream=False) for p in prompts]
         first = wait_for_engine_child(os.getpid())
@@ -47,7 +48,7 @@ def test_a_stopped_child_is_killed_by_the_watchdog_and_every_request_finishes(co
     assert all(r.finish_reason == "length" and r.error is None for r in results)
     assert engine.hangs == 1 and engine.restarts == 1 and engine.isolated == []
     assert wait_gone(first, 5)
-    assert took < 30  # the watchdog fired within its 1 s bound plus a restart, not never
+    assert took < 30  # the watchdog fired within its 2 s bound plus a restart, not never
 
 
 def test_a_request_that_hangs_the_child_is_isolated_and_the_others_finish(config):
@@ -65,7 +66,7 @@ def test_a_request_that_hangs_the_child_is_isolated_and_the_others_finish(config
 
 
 def test_a_child_that_crashes_whatever_it_runs_is_an_engine_error_not_the_lines(config):
-    with SupervisedEngine(config, env=child_env("always_aborts"), watchdog_s=1.0) as engine:
+    with SupervisedEngine(config, env=child_env("always_aborts"), watchdog_s=0) as engine:
         results = [h.result(timeout=120) for h in [engine.submit(f"line {i}") for i in range(10)]]
         assert {r.error_code for r in results} == {ENGINE_UNAVAILABLE}  # none blamed as engine_crashed
         assert engine.isolated == []
@@ -81,7 +82,7 @@ def test_a_poison_line_run_first_is_still_the_lines_fault(config):
     """The canary clears the engine: the line that crashed every child it ran in is the one blamed."""
     params = SamplingParams(max_tokens=4, temperature=0)
     env = child_env(**{CRASH_PROMPT_ENV: DOOMED})
-    with SupervisedEngine(config, default_params=params, env=env, watchdog_s=1.0) as engine:
+    with SupervisedEngine(config, default_params=params, env=env, watchdog_s=0) as engine:
         bad = engine.submit(DOOMED).result(timeout=120)
         assert bad.error_code == ENGINE_CRASHED and engine.fatal_error is None
         assert engine.generate(["fine"])[0].text == "fine"
@@ -133,7 +134,8 @@ def test_kill_9_of_the_parent_leaves_no_child(tmp_path, child_state):
 def test_crashes_in_a_row_after_steps_ran_stop_the_engine(config):
     """Steps finish, so the canary is not the judge; crashes with no request finishing still stop it."""
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    with SupervisedEngine(config, default_params=params, env=child_env("aborts_after_two_steps")) as engine:
+    with SupervisedEngine(config, default_params=params, env=child_env("aborts_after_two_steps"),
+                          watchdog_s=0) as engine:
         results = [h.result(timeout=120) for h in [engine.submit(f"line {i}") for i in range(10)]]
         assert ENGINE_UNAVAILABLE in {r.error_code for r in results}
         assert f"{MAX_FRUITLESS_CRASHES} times in a row" in engine.fatal_error

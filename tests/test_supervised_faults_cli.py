@@ -49,7 +49,7 @@ def test_run_with_a_stopped_child_answers_every_line_once(tmp_path):
     lines = slow_lines(10, max_tokens=20)
     inp = write_lines(tmp_path / "in.jsonl", lines)
     out = tmp_path / "out.jsonl"
-    proc = start(["run", str(inp), "-o", str(out), "-m", fake_gguf(tmp_path), *FAST, "--watchdog", "1"], "slow")
+    proc = start(["run", str(inp), "-o", str(out), "-m", fake_gguf(tmp_path), *FAST, "--watchdog", "2"], "slow")
     wait_for_lines(out, 1, proc)
     child = wait_for_engine_child(proc.pid)
     os.kill(child, signal.SIGSTOP)
@@ -59,11 +59,13 @@ def test_run_with_a_stopped_child_answers_every_line_once(tmp_path):
     assert [r["id"] for r in records] == [line["id"] for line in lines]  # each once, in input order
     assert all(r["error"] is None and r["usage"]["completion_tokens"] == 20 for r in records)
     assert "restarted 1 time(s) (1 of them hung: killed by the watchdog)" in stderr
+    assert re.search(r"^llamabatch: the engine process \d+ was killed by the watchdog: no progress for [\d.]+s with "
+                     r"\d+ request\(s\) in flight \(bound [\d.]+s", stderr, re.M), stderr  # said when it happens
     assert wait_gone(child, 5)
 
 
 def test_serve_stdin_with_a_stopped_child_answers_every_request_once(tmp_path):
-    proc = start(["serve-stdin", "-m", fake_gguf(tmp_path), *FAST, "--watchdog", "1"], "slow", stdin=subprocess.PIPE)
+    proc = start(["serve-stdin", "-m", fake_gguf(tmp_path), *FAST, "--watchdog", "2"], "slow", stdin=subprocess.PIPE)
     ids = [f"s{i}" for i in range(6)]
     for i in ids:
         proc.stdin.write(json.dumps({"id": i, "prompt": f"request {i}", "max_tokens": 20, "ignore_eos": True,

@@ -450,9 +450,13 @@ class SupervisedEngine:
         """The watchdog fired: kill the child; the supervisor thread sees it die as a crash."""
         child = self._child
         if child is not None:
-            log.warning("the engine process %s is hung; %s", child.proc.pid, reason)
             self.hangs += 1
             child.kill(reason)
+            try:  # said when it happens (not once per engine like other notices): a hang is an event
+                self.on_notice(f"the engine process {child.proc.pid} was {reason}; its requests are retried in a "
+                               "new one")
+            except Exception:  # a caller's callback must not stop the watchdog
+                log.exception("on_notice failed")
 
     def _supervise_children(self) -> None:
         child = self._child
