@@ -14,6 +14,13 @@ Prints: requests answered / sent, the distribution of answers per request line (
 exactly 1), outcomes by kind, and RSS at 200 and at the end with the growth in between.
 Exit 1 if any line was not answered exactly once. Measures only; asserts no timing.
 
+`--mix hostile` adds faults to the same requests: the engine child is stopped (SIGSTOP) at
+evenly spaced points (`--stops`, default 2) and serve-stdin runs with `--watchdog` (default
+10 s here), which must kill and replace it; the requests in flight are retried. It also
+prints the longest time with request lines outstanding and no answer (must stay near the
+watchdog bound plus a restart, not grow without end) and checks that no engine child
+outlives serve-stdin. (Slow grammars and large templates are other hostile inputs, not here.)
+
 A full run takes a while (about 1 s per request on a shared 2-core machine), so
 a progress line goes to stderr every 100 answers; and if request lines stay unanswered with no
 answer at all for --stall-seconds, it stops and names them (a stall is a verdict, not a wait).
@@ -25,6 +32,7 @@ import collections
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -57,6 +65,35 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def engine_children(pid: int) -> list[int]:
+    """serve-stdin's supervised engine child (normally one; none between a death and a restart)."""
+    found = []
+    for kid in _children(pid):
+        try:
+            with open(f"/proc/{kid}/cmdline", "rb") as f:
+                if b"llamabatch.supervised.child" in f.read():
+                    found.append(kid)
+        except OSError:
+            pass
+    return found
+
+
+def is_gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, waiting for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def note_death(pid: int, stopped_at: float, deaths: dict[int, float]) -> None:
+    """Record how long a stopped engine child lived: the watchdog's reaction time."""
+    while not is_gone(pid):
+        time.sleep(0.1)
+    deaths[pid] = time.monotonic() - stopped_at
+
+
 def rss_kib(pid: int) -> int:
     """RSS of serve-stdin and every process under it: by default the engine (and its model)
     lives in a supervised child process, so the parent alone would hide what matters."""
@@ -77,6 +114,8 @@ class Child:
         self.outcomes: collections.Counter = collections.Counter()
         self.answered = 0
         self.last_answer_at = time.monotonic()
+        self.longest_gap = 0.0  # the longest time between two answers (or the start and the first)
+        self.answer_times: list[float] = []
         self.ready = threading.Event()
         self.stderr = b""
         threading.Thread(target=self._read, daemon=True).start()
@@ -93,7 +132,10 @@ class Child:
                 elif kind in ("done", "error") and "op" not in event:
                     self.answers[event.get("id")] += 1
                     self.answered += 1
-                    self.last_answer_at = time.monotonic()
+                    now = time.monotonic()
+                    self.longest_gap = max(self.longest_gap, now - self.last_answer_at)
+                    self.last_answer_at = now
+                    self.answer_times.append(now)
                     self.outcomes[event["error"]["code"] if kind == "error" else event["finish_reason"]] += 1
                 self.cond.notify_all()
         with self.cond:
@@ -146,10 +188,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--stall-seconds", type=float, default=300,
                     help="stop and name the unanswered lines after this long without any answer")
+    ap.add_argument("--mix", choices=("plain", "hostile"), default="plain",
+                    help="hostile: also stop the engine child (SIGSTOP) --stops times; the watchdog must replace it")
+    ap.add_argument("--stops", type=int, default=2, help="hostile: how many times the engine child is stopped")
+    ap.add_argument("--watchdog", type=float, default=None,
+                    help="serve-stdin's --watchdog [default: its own; 10 with --mix hostile]")
     args = ap.parse_args()
     rng = random.Random(args.seed)
+    watchdog = args.watchdog if args.watchdog is not None else (10.0 if args.mix == "hostile" else None)
     child = Child(["--n-parallel", str(args.n_parallel), "--n-ctx", str(512 * args.n_parallel),
-                   "--threads", str(args.threads)])
+                   "--threads", str(args.threads)] + (["--watchdog", f"{watchdog:g}"] if watchdog is not None else []))
     if not child.ready.wait(180):
         raise SystemExit(f"serve-stdin did not start: {child.stderr.decode(errors='replace')[-500:]}")
     sent: collections.Counter = collections.Counter()  # id -> lines sent with it
@@ -160,7 +208,21 @@ def main() -> int:
     next_sample = 100
     start = time.monotonic()
     lines_sent = 0
+    # hostile: stop the engine child when these many requests have been sent
+    stop_at = {args.requests * (i + 1) // (args.stops + 1) for i in range(args.stops)} if args.mix == "hostile" else set()
+    stopped: list[tuple[int, float]] = []  # (engine child, when) stopped: each must be killed by the watchdog
+    deaths: dict[int, float] = {}  # stopped child -> seconds from its SIGSTOP to its death
+    seen_engines: set[int] = set(engine_children(child.proc.pid))
     for k in range(args.requests):
+        if k in stop_at:
+            engines = engine_children(child.proc.pid)
+            if engines:
+                os.kill(engines[0], signal.SIGSTOP)
+                stopped.append((engines[0], time.monotonic()))
+                threading.Thread(target=note_death, args=(*stopped[-1], deaths), daemon=True).start()
+                print(f"  ... stopped the engine child {engines[0]} after {k} requests sent", file=sys.stderr,
+                      flush=True)
+        seen_engines.update(engine_children(child.proc.pid))
         with child.cond:  # keep at most --inflight request lines unanswered
             while lines_sent - child.answered >= args.inflight and child.proc.poll() is None:
                 if stalled(child, args.stall_seconds):
@@ -204,9 +266,12 @@ def main() -> int:
         return report_stall(child, sent, lines, args.stall_seconds)
     if child.proc.poll() is None:
         rss[final] = rss_kib(child.proc.pid)
+    seen_engines.update(engine_children(child.proc.pid))
     child.proc.stdin.close()  # EOF: drain what is in flight, then exit
     code = child.proc.wait(timeout=600)
     wall = time.monotonic() - start
+    time.sleep(2)  # an engine child dies with serve-stdin at once; give the kernel a moment to say so
+    orphans = [p for p in seen_engines if not is_gone(p)]
     with child.cond:
         per_line = collections.Counter(child.answers[i] - sent[i] for i in sent)
         extra = [i for i in child.answers if i not in sent]
@@ -220,13 +285,25 @@ def main() -> int:
         print(f"  MISMATCH (answers minus lines, per id): {dict(per_line)}")
     print(f"  sent by kind: {dict(kinds)}")
     print(f"  outcomes: {outcomes}")
+    if args.mix == "hostile":
+        print(f"  hostile: engine child stopped {len(stopped)} time(s); watchdog {watchdog:g}s; "
+              f"longest time with no answer: {child.longest_gap:.1f}s; engine children seen: {len(seen_engines)}, "
+              f"left running after serve-stdin exited: {len(orphans)}" + (f" {orphans}" if orphans else ""))
+        for pid, at in stopped:
+            after = [t - at for t in child.answer_times if t > at + deaths.get(pid, 0)]
+            print(f"  stopped {pid}: killed {deaths[pid]:.1f}s after its SIGSTOP" if pid in deaths
+                  else f"  stopped {pid}: NOT killed", end="")
+            print(f", next answer {after[0]:.1f}s after the SIGSTOP" if after else "")
+        for line in child.stderr.decode(errors="replace").splitlines():
+            if "by the watchdog" in line:
+                print(f"  serve-stdin: {line.strip()[:300]}")
     samples = sorted(rss)
     print("  RSS MiB by requests answered: " + ", ".join(f"{n}: {rss[n] / 1024:.0f}" for n in samples))
     if 200 in rss and len(samples) > 2:
         last = samples[-1]
         growth = 100 * (rss[last] - rss[200]) / rss[200]
         print(f"  RSS at 200: {rss[200] / 1024:.1f} MiB, at {last}: {rss[last] / 1024:.1f} MiB, growth {growth:+.1f}%")
-    return 0 if exact and code == 0 else 1
+    return 0 if exact and code == 0 and not orphans else 1
 
 
 if __name__ == "__main__":

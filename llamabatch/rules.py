@@ -20,6 +20,14 @@ def integer(minimum: int, allowed: str) -> Rule:
     return check
 
 
+def seconds(allowed: str = "a number of seconds >= 0") -> Rule:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError(allowed)
+        return float(value)
+    return check
+
+
 def boolean(value: Any) -> Any:
     if not isinstance(value, bool):
         raise ValueError("true or false")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,3 +30,34 @@ def slow_grammar(config):
     sampled apart from the tick, so the others finish meanwhile and a cancel still lands."""
     return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.005,
                       sample_delay=lambda ctx: 30.0 if ctx.startswith("slow") else 0.0)
+
+
+HANG = "this prompt hangs the child"
+
+
+def slow(config):
+    """The fake at 50 ms per tick: a line of 20 tokens takes about a second, long enough to stop the child mid-run."""
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.05)
+
+
+def hangs_on_prompt(config):
+    """The fake, except that sampling for a prompt containing HANG never returns (a llama.cpp call that hangs)."""
+    def reply(prompt):
+        if HANG in prompt:
+            time.sleep(3600)
+        return prompt + "!"
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.005, reply=reply)
+
+
+def aborts_after_two_steps(config):
+    """Each child runs two steps, then takes the process down: the engine works, yet no request ever finishes."""
+    def hook(call_no, plan):
+        if call_no > 2:
+            os.abort()
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, hook=hook)
+
+
+def slow_load(config):
+    """The fake after a 60 s "model load" that reads no stdin meanwhile (as llama.cpp's load does not)."""
+    time.sleep(60)
+    return fake(config)

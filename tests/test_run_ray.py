@@ -249,6 +249,30 @@ def test_a_killed_worker_loses_no_line(cluster, ray_env, tmp_path):
     assert re.search(r"1 worker restart\(s\), [1-9]\d* line\(s\) retried", stderr), stderr
 
 
+def test_a_stopped_worker_is_killed_by_the_watchdog_and_loses_no_line(cluster, ray_env, tmp_path):
+    """A worker that hangs (here: SIGSTOP; it does not even answer) is killed after the watchdog's
+    bound and its lines are retried as for a dead one."""
+    env, _ = ray_env
+    inp = lines_file(tmp_path / "in.jsonl", 40, 12)
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
+    proc = start_cli(env, err, str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS,
+                     "--max-tokens", "12", "--order", "completion", "--watchdog", "3")
+    try:
+        wait_records(out, 4, proc)
+        pid = int(re.search(r"w1: node \S+, pid (\d+)", err.read_text()).group(1))
+        os.kill(pid, signal.SIGSTOP)
+        assert proc.wait(timeout=900) == 0, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got = records(out)
+    assert len(got) == 40 and len({rid(r) for r in got}) == 40
+    assert all(r.get("error") is None and r.get("response", {}).get("status_code", 200) == 200 for r in got)
+    stderr = err.read_text()
+    assert re.search(r"w1 on .*died 1 time\(s\) with [1-9]\d* line\(s\) in flight.*killed by the watchdog", stderr), stderr
+    assert not _alive(pid), "the stopped worker process was left behind"
+
+
 def test_a_model_missing_on_the_workers_stops_before_any_work_and_our_ray_instance_goes(ray_env, tmp_path):
     # Bare --ray: the run starts a Ray instance of its own (in its session), fails on the
     # workers' model check, and must take every Ray process it started with it.

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from llamabatch import Delta, EngineClosed, EngineConfig, ModelLoadError, SamplingParams
+from llamabatch import Delta, EngineConfig, ModelLoadError, SamplingParams
 from llamabatch.supervised import ENGINE_CRASHED, SupervisedEngine
 from llamabatch.supervised.child import CRASH_AT_LOAD_ENV, CRASH_PROMPT_ENV, RUNNER_ENV
-from llamabatch.supervised.engine import ENGINE_UNAVAILABLE, MAX_FRUITLESS_CRASHES
 
 RUNNERS = Path(__file__).with_name("supervised_child_runner.py")
 
@@ -82,16 +81,3 @@ def test_a_child_that_dies_at_load_is_one_model_load_error():
     message = str(info.value)
     assert "died 3 times" in message and "SIGABRT" in message and CRASH_AT_LOAD_ENV in message
     assert "\n" not in message
-
-
-
-
-def test_a_child_that_crashes_whatever_it_runs_stops_the_engine():
-    with SupervisedEngine(CONFIG, default_params=GREEDY, env=child_env("always_aborts")) as engine:
-        handles = [engine.submit(f"line {i}") for i in range(10)]
-        results = [h.result(timeout=120) for h in handles]
-        codes = {r.error_code for r in results}
-        assert codes <= {ENGINE_CRASHED, ENGINE_UNAVAILABLE} and ENGINE_UNAVAILABLE in codes
-        assert engine.fatal_error is not None and f"{MAX_FRUITLESS_CRASHES} times in a row" in engine.fatal_error
-        with pytest.raises(EngineClosed):
-            engine.submit("one more")

@@ -96,11 +96,13 @@ def resolve_options(opts: SharedOptions) -> Resolved:
     return resolve_model_layer(resolve_layers(opts))
 
 
-def open_engine(resolved: Resolved, max_slots: int | None = None, *, isolated: bool = False) -> "Engine":
+def open_engine(resolved: Resolved, max_slots: int | None = None, *, isolated: bool = False,
+                watchdog_s: float | None = None) -> "Engine":
     """Build the command's engine (loads the model; ModelLoadError is one line and exit 1).
     A chat-template fallback is said once on stderr, when chat messages first need it.
     n_parallel "auto" is measured first (autoslots), bounded by `max_slots` (e.g. the number
-    of input lines); an engine factory other than the real one (tests) decides it itself."""
+    of input lines); an engine factory other than the real one (tests) decides it itself.
+    `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off)."""
     config, reason = resolved.engine, ""
     if config.n_parallel == "auto" and env.current().engine_factory is env.real_engine:
         from ..autoslots import resolve
@@ -114,7 +116,8 @@ def open_engine(resolved: Resolved, max_slots: int | None = None, *, isolated: b
         # in a supervised child process (llamabatch/supervised): a llama.cpp abort costs a restart
         from ..supervised import SupervisedEngine
 
-        engine = SupervisedEngine(config, default_params=resolved.sampling)
+        bounds = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
+        engine = SupervisedEngine(config, default_params=resolved.sampling, **bounds)
     else:
         engine = env.current().engine_factory(config, resolved.sampling)
     if reason:

@@ -63,6 +63,11 @@ class WorkerState:
     start_ref: Any = None
     down_since: float = 0.0
     ask_again_at: float = 0.0
+    watchdog: Any = None  # llamabatch.supervised.watchdog.Watchdog, fed by the pool
+    progress_ref: Any = None  # a progress() question not answered yet
+    ask_progress_at: float = 0.0
+    steps_seen: int = -1
+    kill_reason: str | None = None  # set when the pool killed it as hung
 
 
 Outcomes = list[tuple[Line, Result]]

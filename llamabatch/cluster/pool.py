@@ -15,14 +15,19 @@ at a time, so a slow line never holds a block back and a dead worker costs exact
 in-flight lines, which the driver knows by id.
 
 Faults: an actor whose process dies is restarted in place by Ray (up to MAX_RESTARTS times)
-and its in-flight lines are retried under the shared poison-line rule. A worker that can't
+and its in-flight lines are retried under the shared poison-line rule. A worker with lines in
+flight whose engine finishes no step for the watchdog's bound (llamabatch/supervised/
+watchdog.py: max(floor, margin x its longest recent step); a stopped process does not even
+answer) is killed and handled the same way. A worker that can't
 come back (its node is gone) is gone; when every worker is gone the pool sets `fatal_error`
 and the unanswered lines get no record, so --resume finishes them.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -41,12 +46,15 @@ from .describe import header, slots_note
 from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
 from .plan import Node, PlacementError, WorkerTally, place_workers
 from ..results import Result
+from ..supervised.watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, RECENT_TICKS, Watchdog
+from ..telemetry import TickRecord
 
 log = logging.getLogger("llamabatch.ray")
 
 MAX_RESTARTS = 4  # per worker and run: a worker that keeps dying (bad node, poison lines) is given up
 RESTART_TIMEOUT_S = 300.0  # a worker not back by then (its node gone, no room) counts as gone
 POLL_S = 0.05  # how long the watcher waits for results before looking again
+PROGRESS_EVERY_S = 1.0  # how often the watcher asks a busy worker how many steps its engine finished
 
 
 class RayStartError(LlamaBatchError):
@@ -69,6 +77,8 @@ class EngineWorker:
         self._handles: dict[int, Any] = {}
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
+        self._steps = 0  # engine steps finished, and the recent ones' wall times: the driver's watchdog
+        self._recent_s: collections.deque[float] = collections.deque(maxlen=RECENT_TICKS)
 
     def start(self) -> dict:
         """Load the model; say where we are and what we loaded (or why not)."""
@@ -80,6 +90,7 @@ class EngineWorker:
                 self._engine.slots_reason = reason
             except LlamaBatchError as exc:
                 return {**info, "error": str(exc)}
+            self._engine.subscribe(self._on_record)
         e = self._engine
         return {**info, "model_name": e.model_name, "slot_ctx": e.slot_ctx, "n_parallel": e.config.n_parallel,
                 "slots_reason": e.slots_reason}
@@ -96,6 +107,16 @@ class EngineWorker:
         check_gguf(path)
         config, choice = resolve(self._config, path, max_slots=self._max_slots)
         return config, choice.reason
+
+    def _on_record(self, record: Any) -> None:
+        if isinstance(record, TickRecord):
+            self._recent_s.append(record.wall_ms / 1000)
+            self._steps += 1
+
+    def progress(self) -> tuple[int, float]:
+        """(engine steps finished so far, the longest recent step in seconds). A threaded actor
+        answers this beside running generate calls, unless its whole process is stopped."""
+        return self._steps, max(self._recent_s, default=0.0)
 
     def generate(self, key: int, prompt: Any, params: SamplingParams | None) -> Result:
         assert self._engine is not None, "generate before start"
@@ -142,7 +163,8 @@ class PoolHandle:
 class RayPool:
     """Engines on Ray workers behind one submit(). Build it with `RayPool.start(...)`."""
 
-    def __init__(self, workers: list[WorkerState], model_name: str, slot_ctx: int, owns_ray: bool, address: str):
+    def __init__(self, workers: list[WorkerState], model_name: str, slot_ctx: int, owns_ray: bool, address: str,
+                 watchdog_s: float = DEFAULT_FLOOR_S):
         self.model_name = model_name
         self.slot_ctx = slot_ctx
         self.address = address  # "local" or what --ray was given
@@ -154,6 +176,10 @@ class RayPool:
         self._next_key = 0
         self._submitted = self._finished = self._generated = 0
         self._closed = threading.Event()
+        self._here = ray.util.get_node_ip_address()  # a hung worker on this node is also SIGKILLed by pid
+        for w in workers:
+            w.watchdog = Watchdog(watchdog_s, DEFAULT_MARGIN, busy=lambda w=w: len(w.inflight) if w.state == READY else 0,
+                                  on_hang=lambda reason, w=w: self._kill_hung(w, reason))
         self._thread = threading.Thread(target=self._watch, name="llamabatch-ray", daemon=True)
         self._thread.start()
 
@@ -163,7 +189,8 @@ class RayPool:
     def start(cls, config: EngineConfig, default_params: SamplingParams, *, address: str | None,
               workers: int | None, cpus_per_worker: int | None, gpus_per_worker: float,
               inflight_per_worker: int | None = None, log_to_driver: bool = False,
-              note: Callable[[str], None] = lambda _m: None, max_slots: int | None = None) -> "RayPool":
+              note: Callable[[str], None] = lambda _m: None, max_slots: int | None = None,
+              watchdog_s: float = DEFAULT_FLOOR_S) -> "RayPool":
         """Connect to (or start) Ray, place the engines, load the model on every one.
 
         Raises RayStartError before any line runs: no cluster, no room, a node without the model.
@@ -186,7 +213,7 @@ class RayPool:
         _raylet_messages_to_log()
         try:
             return cls._start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
-                                      gpus_per_worker, inflight_per_worker, note, max_slots)
+                                      gpus_per_worker, inflight_per_worker, note, max_slots, watchdog_s)
         except BaseException:
             ray.shutdown()
             raise
@@ -194,7 +221,8 @@ class RayPool:
     @classmethod
     def _start_workers(cls, config: EngineConfig, default_params: SamplingParams, owns: bool, address: str,
                        workers: int | None, cpus: int | None, gpus: float, inflight: int | None,
-                       note: Callable[[str], None], max_slots: int | None = None) -> "RayPool":
+                       note: Callable[[str], None], max_slots: int | None = None,
+                       watchdog_s: float = DEFAULT_FLOOR_S) -> "RayPool":
         nodes = [Node(n["NodeID"], n["NodeManagerAddress"], int(n["Resources"].get("CPU", 0)),
                       float(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n.get("Alive")]
         try:
@@ -239,7 +267,7 @@ class RayPool:
             note(f"llamabatch run: {w.tally.name}: node {p.node.address}, pid {w.tally.pid}, {p.cpus} CPU(s) = "
                  f"threads" + (f", {p.gpus:g} GPU(s)" if p.gpus else "") + f", {slots_note(w)}")
         # slot_ctx: the smallest, for stats (with auto and a total n_ctx, workers differ)
-        return cls(states, infos[0]["model_name"], min(w.slot_ctx for w in states), owns, address)
+        return cls(states, infos[0]["model_name"], min(w.slot_ctx for w in states), owns, address, watchdog_s)
 
     # -- what run's batch loop calls --------------------------------------------------------------
 
@@ -305,6 +333,8 @@ class RayPool:
     # -- Ray calls (the dispatcher calls these under self._lock) -------------------------------------
 
     def _send(self, line: Line, worker: WorkerState) -> None:
+        if len(worker.inflight) == 1 and worker.watchdog is not None:  # it was idle: the stall clock starts now
+            worker.watchdog.progress()
         line.ref = worker.actor.generate.remote(line.key, line.prompt, line.params)
         self._by_ref[line.ref] = line
 
@@ -323,7 +353,9 @@ class RayPool:
         while not self._closed.is_set():
             with self._lock:
                 outcomes = self._restarts()
-                refs = list(self._by_ref) + [w.start_ref for w in self._workers if w.start_ref is not None]
+                self._watchdogs()
+                refs = (list(self._by_ref) + [w.start_ref for w in self._workers if w.start_ref is not None]
+                        + [w.progress_ref for w in self._workers if w.progress_ref is not None])
             self._deliver(outcomes)
             if not refs:
                 time.sleep(POLL_S)
@@ -354,6 +386,13 @@ class RayPool:
             return []
         with self._lock:
             d = self._dispatcher
+            worker = next((w for w in self._workers if w.progress_ref is not None and w.progress_ref == ref), None)
+            if worker is not None:  # a watchdog question answered (a dead worker's is told by its lines)
+                worker.progress_ref = None
+                if error is None and worker.watchdog is not None and value[0] != worker.steps_seen:
+                    worker.steps_seen = value[0]
+                    worker.watchdog.progress([value[1]])
+                return []
             worker = next((w for w in self._workers if w.start_ref is not None and w.start_ref == ref), None)
             if worker is not None:  # `start` after a death: back, or not coming back
                 worker.start_ref = None
@@ -370,7 +409,10 @@ class RayPool:
             if isinstance(error, RayActorError):
                 for lost in worker.inflight.values():
                     self._by_ref.pop(lost.ref, None)
-                outcomes = d.died(worker, _death(error))
+                outcomes = d.died(worker, worker.kill_reason or _death(error))
+                worker.kill_reason = None
+                worker.progress_ref = None
+                worker.steps_seen = -1  # a restarted engine counts from 0
                 # Ray restarts the actor in place; `start` answers once it is back, or raises
                 # if it can't come back (its node is gone, or its restarts are used up).
                 worker.down_since = worker.ask_again_at = time.monotonic()
@@ -381,6 +423,33 @@ class RayPool:
             self._finished += 1
             self._generated += result.usage.completion_tokens
             return d.answered(line, result)
+
+    def _watchdogs(self) -> None:
+        """Ask busy workers how many steps they finished (at most one question out per worker), and
+        let each watchdog judge: a stopped worker never answers, so its clock runs out too."""
+        now = time.monotonic()
+        for w in self._workers:
+            if w.watchdog is None or not w.watchdog.enabled or w.state != READY or not w.inflight:
+                continue
+            if w.progress_ref is None and now >= w.ask_progress_at:
+                w.progress_ref = w.actor.progress.remote()
+                w.ask_progress_at = now + PROGRESS_EVERY_S
+            w.watchdog.check()
+
+    def _kill_hung(self, worker: WorkerState, reason: str) -> None:
+        """The watchdog fired (under self._lock): kill the actor's process. Its lines then fail with
+        RayActorError and are retried as for any dead worker; Ray restarts it in place."""
+        worker.kill_reason = reason
+        log.warning("worker %s is hung; %s", worker.tally.name, reason)
+        if worker.tally.node == self._here and worker.tally.pid:
+            try:  # certain, also for a stopped process; ray.kill below tells Ray
+                os.kill(worker.tally.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            ray.kill(worker.actor, no_restart=False)
+        except Exception:  # already dead: its lines' errors say so
+            pass
 
     def _restarts(self) -> Outcomes:
         """Ask restarting workers whether they are back; give up on those that take too long."""

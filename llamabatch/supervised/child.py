@@ -15,6 +15,9 @@ Token streams cross the pipe once per tick: Deltas, Results and the TickRecord o
 in one frame, written by the engine thread when the tick ends. `pid` is the parent's
 request id; the child's own ids restart with every child and never leave it.
 
+The child dies with its parent: die_with_parent() arms PR_SET_PDEATHSIG (SIGKILL), and it
+also exits when its stdin closes.
+
 Test-only hooks (environment): LLAMABATCH_TEST_CRASH_PROMPT=TEXT makes the child call
 os.abort() when a request whose prompt is exactly TEXT produces its first token;
 LLAMABATCH_TEST_CRASH_AT_LOAD=1 makes it abort before loading the model;
@@ -23,6 +26,7 @@ of loading the model (the supervisor's unit tests run the scripted fake runner t
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -189,7 +193,34 @@ def _test_runner(config: Any) -> Any:
     return getattr(module, name)(config)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent() -> bool:
+    """Ask the kernel for SIGKILL when the parent's thread that started us ends: the parent
+    exiting in any way (kill -9 included) then ends this process even while it is stopped or
+    busy inside llama.cpp (not reading stdin, so the EOF tie alone would not end it).
+    Linux only; elsewhere stdin's EOF is the only tie. Returns whether it is armed."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    # The parent may have died between our start and the prctl: then we were re-parented
+    # already and no signal will come.
+    from .child_process import PARENT_PID_ENV
+
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    if expected.isdigit() and os.getppid() != int(expected):
+        os._exit(0)
+    return True
+
+
 def main() -> int:
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     out_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print or C printf must not corrupt the frames

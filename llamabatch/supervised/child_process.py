@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from . import wire
 
 log = logging.getLogger("llamabatch.child")
 TAIL_LINES = 20
+PARENT_PID_ENV = "LLAMABATCH_SUPERVISOR_PID"  # the child checks it after arming its parent-death signal
 
 
 class StartFailed(Exception):
@@ -24,10 +26,15 @@ class StartFailed(Exception):
 class ChildProcess:
     def __init__(self, config: Any, default_params: Any, env: dict[str, str] | None = None):
         # A new session: Ctrl-C in the terminal reaches the parent only, which decides what it
-        # means. The child still ends with the parent: its stdin closes and it exits.
+        # means. The child still ends with the parent: it asks the kernel for SIGKILL when the
+        # thread that started it ends (child.py; kill -9 of the parent included, and a stopped
+        # child too), and it exits when its stdin closes.
+        env = dict(os.environ if env is None else env)
+        env[PARENT_PID_ENV] = str(os.getpid())
         self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch.supervised.child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                      env=env)
+        self.kill_reason: str | None = None  # set when the parent killed it on purpose (watchdog, load bound)
         self.info: dict[str, Any] = {}
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._send_lock = threading.Lock()
@@ -49,13 +56,22 @@ class ChildProcess:
     def recv(self) -> Any:
         return wire.recv(self.proc.stdout.fileno())
 
-    def wait_ready(self) -> dict[str, Any]:
+    def wait_ready(self, timeout: float | None = None) -> dict[str, Any]:
         """The child's facts once the model is loaded. Raises the child's own load error (the
-        same each time: no point retrying) or StartFailed when it died on the way."""
+        same each time: no point retrying) or StartFailed when it died on the way, or when it
+        was not ready within `timeout` seconds (then it is killed: a hung load)."""
+        timer = None
+        if timeout is not None:
+            timer = threading.Timer(timeout, self.kill, (f"killed: not ready {timeout:.0f}s after it started",))
+            timer.daemon = True
+            timer.start()
         try:
             message = self.recv()
         except (EOFError, OSError):
             raise StartFailed(self.death()) from None
+        finally:
+            if timer is not None:
+                timer.cancel()
         if message[0] == "load_error":
             self.wait()
             kind = getattr(errors, message[1], None)
@@ -64,6 +80,15 @@ class ChildProcess:
         return self.info
 
     # -- ending -------------------------------------------------------------------------------
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL (it works on a stopped process too); `reason` replaces "killed by SIGKILL" in death()."""
+        if self.kill_reason is None:
+            self.kill_reason = reason
+        try:
+            self.proc.kill()
+        except OSError:  # already reaped
+            pass
 
     def wait(self, timeout: float | None = None) -> int:
         try:
@@ -77,6 +102,8 @@ class ChildProcess:
         code = self.wait(10)
         self._stderr.join(5)
         why = f"killed by {_signal_name(-code)}" if code < 0 else f"exit status {code}"
+        if self.kill_reason is not None and code < 0:
+            why = self.kill_reason
         last = self.last_line()
         return f"{why}; last log line: {last}" if last else why
 

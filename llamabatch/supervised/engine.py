@@ -10,7 +10,14 @@ request data. Here that costs a restart, not the run:
   last log line; every other request finishes normally, each with exactly one Result;
 - a child that dies while starting is retried a few times, then the engine stops with a
   ModelLoadError (first start) or `fatal_error` set and every request ended with
-  `engine_unavailable` (a restart).
+  `engine_unavailable` (a restart);
+- a child with work in flight that makes no progress (no tick) for the watchdog's bound is
+  killed and counts as a crash (watchdog.py), so a request that hangs it is isolated too;
+- a crash before any child has finished a single step runs a built-in canary request first:
+  when that crashes too, the engine, not the lines, is at fault (canary.py).
+
+Every child is started by the supervisor thread, which lives as long as the engine: the
+child's parent-death signal (child.py) is tied to the thread that started it.
 
 Threads: callers submit and cancel under `_lock`, which is never held while writing to or
 reading from a pipe (frames go out through the sender thread); the supervisor thread reads
@@ -36,7 +43,9 @@ from ..params import SamplingParams, random_seed
 from ..poison import MAX_CRASHES, PoisonRule
 from ..results import Delta, Result, Timings, Usage
 from ..telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
+from .canary import CANARY_PARAMS, CANARY_PID, CANARY_PROMPT, engine_error, settings_hint
 from .child_process import ChildProcess, StartFailed
+from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog, load_bound
 
 log = logging.getLogger("llamabatch.supervised")
 
@@ -46,7 +55,7 @@ START_ATTEMPTS = 3  # a child that dies this many times in a row before it is re
 # Crashes in a row with no request finishing in between: the child dies whatever it runs (a
 # broken build, a bad machine), so stop rather than loop. One poison line takes at most 3.
 MAX_FRUITLESS_CRASHES = 8
-CLOSE_WAIT_S = 30.0
+CLOSE_WAIT_S = 30.0  # close() waits this long for the child to stop on its own, then kills it
 
 
 @dataclass
@@ -84,13 +93,18 @@ class SupervisedEngine:
     """A continuous-batching engine whose llama.cpp runs in a supervised child process.
 
     Same use as Engine: submit / stream / generate / cancel / stats / subscribe / close, as a
-    context manager. `restarts` counts children started after a crash; `isolated` lists the
+    context manager. `restarts` counts children started after a crash (`hangs`: how many of
+    those crashes were the watchdog killing a hung child); `isolated` lists the
     request ids ended with `engine_crashed`; `fatal_error` is set when no child could be
     started again (every request then ends with `engine_unavailable`).
     """
 
     def __init__(self, config: EngineConfig | None = None, *, default_params: SamplingParams | None = None,
-                 max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None):
+                 max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None,
+                 watchdog_s: float = DEFAULT_FLOOR_S, watchdog_margin: float = DEFAULT_MARGIN):
+        """`watchdog_s`: the watchdog's floor in seconds (0 = no watchdog); a child with work in
+        flight and no progress for max(watchdog_s, watchdog_margin x the longest recent tick)
+        is killed as a crash. A restart's model load is bounded too (watchdog.load_bound)."""
         from ..models import open_model_ref
 
         self.config = (config or EngineConfig()).validate()
@@ -108,6 +122,7 @@ class SupervisedEngine:
         self.telemetry = Telemetry()
         self.rule: PoisonRule[int] = PoisonRule(max_crashes=max_crashes)
         self.restarts = 0
+        self.hangs = 0  # children the watchdog killed
         self._fruitless = 0  # crashes since a request last finished in a child
         self.isolated: list[int] = []
         self.fatal_error: str | None = None
@@ -125,21 +140,34 @@ class SupervisedEngine:
         # What the child's engine says once (Engine.on_notice): a logged warning unless set
         self.on_notice: Callable[[str], None] = lambda line: log.warning("%s", line)
         self._notices_said: set[str] = set()
+        self._watchdog = Watchdog(watchdog_s, watchdog_margin, busy=self._busy, on_hang=self._hung)
+        self._first_load_s: float | None = None  # the measure of a restart's load bound
+        self._ticked = False  # some child of this engine has finished a step
+        self._canary: str | None = None  # None, "waiting" (to send) or "running": see canary.py
+        self._child: ChildProcess | None = None
+        self._starting: ChildProcess | None = None  # a child not ready yet (killed by close())
         self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_loop, name="llamabatch-supervised-send", daemon=True)
         self._sender.start()
+        # The supervisor thread starts every child, the first one too (see the module docstring).
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._supervise, name="llamabatch-supervisor", daemon=True)
+        self._thread.start()
         try:
-            self._child: ChildProcess | None = self._start_child()
-        except BaseException:
-            self._outgoing.put(None)
+            self._started.wait()
+        except BaseException:  # Ctrl-C or SIGTERM while the model loads: no child may stay behind
+            self.close(timeout=0)
             raise
+        if self._start_error is not None:
+            self._outgoing.put(None)
+            raise self._start_error
         info = self._child.info
         self.slot_ctx = info["slot_ctx"]
         self.n_slots = info["n_slots"]
         self.kernels = info.get("kernels", "")  # which CPU kernels the child's llama.cpp runs, and why
         self._slot_counts = (self.n_slots, 0, 0, 0)
-        self._thread = threading.Thread(target=self._supervise, name="llamabatch-supervisor", daemon=True)
-        self._thread.start()
+        self._watchdog.start()
 
     # -- the Engine API ------------------------------------------------------------------------
 
@@ -257,21 +285,36 @@ class SupervisedEngine:
         """Receive every TickRecord and RequestRecord (on the supervisor thread). Returns unsubscribe."""
         return self.telemetry.subscribe(callback)
 
-    def close(self) -> None:
-        """Cancel what is in flight (each gets its Result), stop the child, stop the threads."""
+    def close(self, timeout: float | None = None) -> None:
+        """Cancel what is in flight (each gets its Result), stop the child, stop the threads.
+
+        `timeout`: seconds the child gets to stop on its own (default CLOSE_WAIT_S); then it is
+        killed, and every request still without an outcome ends "cancelled". 0 kills at once."""
+        wait = CLOSE_WAIT_S if timeout is None else max(0.0, timeout)
         with self._lock:
             already = self._closing
             self._closing = True
-            child = self._child
+            child, starting = self._child, self._starting
+        if starting is not None:  # a (re)start in progress: nothing to wait for
+            starting.kill("killed: the engine was closed while it started")
         if not already and child is not None:
             self._outgoing.put((child, ("close",)))
         if threading.current_thread() is not self._thread:
-            self._thread.join(CLOSE_WAIT_S)
-            if self._thread.is_alive() and child is not None:
-                log.warning("the engine process did not stop in %ss; killing it", CLOSE_WAIT_S)
-                child.proc.kill()
+            self._thread.join(wait)
+            if self._thread.is_alive():
+                child = self._child
+                if child is not None:
+                    if wait:
+                        log.warning("the engine process did not stop in %gs; killing it", wait)
+                    child.kill(f"killed: it did not stop within {wait:g}s of close")
                 self._thread.join()
+        self._watchdog.stop()
         self._outgoing.put(None)
+
+    def kill(self) -> None:
+        """Stop now (a bounded shutdown's last step): the child is killed, and every request
+        without an outcome ends "cancelled"."""
+        self.close(timeout=0)
 
     # -- caller side -----------------------------------------------------------------------------
 
@@ -294,6 +337,12 @@ class SupervisedEngine:
         group is in the child, alone; fresh requests wait until the quarantine is over."""
         if self._child is None or self._holding or self._closing:
             return
+        if self._canary is not None:  # the canary runs alone, before anything else
+            if self._canary == "waiting" and not self._in_child:
+                self._canary = "running"
+                self._watchdog.progress()  # the stall clock starts with the work
+                self._outgoing.put((self._child, ("submit", [(CANARY_PID, CANARY_PROMPT, CANARY_PARAMS)])))
+            return
         if self.rule.quarantining:
             if self._in_child:
                 return
@@ -306,6 +355,8 @@ class SupervisedEngine:
             self._send([self._flights[pid] for pid in held])
 
     def _send(self, flights: list[_Flight]) -> None:
+        if not self._in_child:
+            self._watchdog.progress()  # the stall clock starts with the work, not at the last frame
         batch = []
         for flight in flights:
             params = flight.params
@@ -345,24 +396,72 @@ class SupervisedEngine:
 
     def _start_child(self) -> ChildProcess:
         deaths = []
+        # The first load is not bounded (it can take minutes; the user sees it and can stop it);
+        # a restart's is, by the first one's time.
+        bound = None
+        if self._first_load_s is not None and self._watchdog.enabled:
+            bound = load_bound(self._first_load_s, self._watchdog.floor_s)
         for _ in range(START_ATTEMPTS):
+            if self._closing:
+                raise EngineClosed("the engine is closed")
+            started = time.monotonic()
             child = ChildProcess(self._child_config, self.default_params, self._env)
+            with self._lock:
+                self._starting = child
+                closing = self._closing
+            if closing:  # close() came while it was spawned and did not see it
+                child.kill("killed: the engine was closed while it started")
             try:
-                child.wait_ready()
+                child.wait_ready(bound)
                 log.debug("engine process %s ready", child.proc.pid)
+                if self._first_load_s is None:
+                    self._first_load_s = time.monotonic() - started
                 return child
             except StartFailed as exc:
                 deaths.append(str(exc))
                 child.close_pipes()
+            finally:
+                with self._lock:
+                    self._starting = None
+        if self._closing:
+            raise EngineClosed("the engine is closed")
+        hint = settings_hint(self.config)
         raise ModelLoadError(f"the engine process died {len(deaths)} times while loading {self.model_path} "
-                             f"({deaths[-1]})")
+                             f"({deaths[-1]})" + (f"; check these settings: {hint}" if hint else ""))
 
     def _supervise(self) -> None:
         try:
+            try:
+                child = self._start_child()
+                with self._lock:
+                    self._child = child
+            except BaseException as exc:
+                self._start_error = exc
+                return
+            finally:
+                self._started.set()  # the constructor reads _child or _start_error
             self._supervise_children()
         except BaseException as exc:  # never leave a caller waiting on a dead supervisor
             log.exception("the supervisor thread failed")
             self._give_up(f"the engine supervisor failed: {exc}")
+        finally:
+            self._watchdog.stop()
+
+    def _busy(self) -> int:
+        """Requests in flight in the child (the canary counts): the watchdog is armed while > 0."""
+        return len(self._in_child) + (self._canary == "running")
+
+    def _hung(self, reason: str) -> None:
+        """The watchdog fired: kill the child; the supervisor thread sees it die as a crash."""
+        child = self._child
+        if child is not None:
+            self.hangs += 1
+            child.kill(reason)
+            try:  # said when it happens (not once per engine like other notices): a hang is an event
+                self.on_notice(f"the engine process {child.proc.pid} was {reason}; its requests are retried in a "
+                               "new one")
+            except Exception:  # a caller's callback must not stop the watchdog
+                log.exception("on_notice failed")
 
     def _supervise_children(self) -> None:
         child = self._child
@@ -381,17 +480,22 @@ class SupervisedEngine:
                 self._child = None
                 if self._closing:
                     break
-                ended = self._crashed(how)
+                ended, fatal = self._crashed(how)
                 self._fruitless += 1
             for flight, result in ended:
                 self._finish(flight, flight.handle, result)
-            if self._fruitless >= MAX_FRUITLESS_CRASHES:
-                self._give_up(f"the engine process crashed {self._fruitless} times in a row with no request "
-                              f"finishing ({how})")
+            if fatal is None and self._fruitless >= MAX_FRUITLESS_CRASHES:
+                fatal = (engine_error(self._fruitless, how, self.config, canary=False) if not self._ticked else
+                         f"the engine process crashed {self._fruitless} times in a row with no request "
+                         f"finishing ({how})")
+            if fatal is not None:
+                self._give_up(fatal)
                 return
             try:
                 child = self._start_child()
             except LlamaBatchError as exc:
+                if self._closing:  # closed while it restarted: what is left ends cancelled
+                    break
                 self._give_up(f"the engine process could not be restarted: {exc}")
                 return
             with self._lock:
@@ -403,8 +507,9 @@ class SupervisedEngine:
                 self._dispatch()
         self._end_all("cancelled", None, None)
 
-    def _crashed(self, how: str) -> list[tuple[_Flight, Result]]:
-        """The child died with `_in_child` in flight (under _lock): ask the rule who is to blame."""
+    def _crashed(self, how: str) -> tuple[list[tuple[_Flight, Result]], str | None]:
+        """The child died with `_in_child` in flight (under _lock): ask the rule who is to blame.
+        Returns the requests that end now, and the engine error that stops the engine, if any."""
         in_flight = list(self._in_child.values())
         self._in_child.clear()
         self._slot_counts = (self.n_slots, 0, 0, 0)
@@ -412,6 +517,10 @@ class SupervisedEngine:
             call[2] = EngineClosed(f"the engine process died ({how})")
             call[0].set()
         self._calls.clear()
+        if self._canary == "running":  # a built-in one-token request crashed it too
+            return [], engine_error(self.rule.crash_total + 1, how, self.config, canary=True)
+        if not self._ticked:  # no step ever finished: the engine itself may crash on everything
+            self._canary = "waiting"
         ended = []
         for flight in in_flight:
             if flight.cancel_requested:  # its cancel died with the child: it ends as asked
@@ -429,17 +538,29 @@ class SupervisedEngine:
             message = (f"the engine process crashed {len(flight.crashes)} times with this request in flight, the last "
                        f"time with no other request in it ({how})")
             ended.append((flight, _error_result(pid, message, ENGINE_CRASHED, flight.params.seed)))
-        return ended
+        return ended, None
 
     def _on_frame(self, message: Any) -> None:
         if message[0] != "batch":
             return
         _, items, slot_counts = message
+        ticks = [item[1].wall_ms / 1000 for item in items if item[0] == "t"]
+        if ticks or any(item[0] in ("d", "r") for item in items):
+            # a step finished: progress (a tokenize reply alone is not: the engine may be stuck)
+            self._watchdog.progress(ticks)
         out: list[tuple[Any, Any]] = []  # deliveries, done after _lock is released, in order
         with self._lock:
             self._slot_counts = slot_counts
+            if ticks:
+                self._ticked = True
             for item in items:
                 tag = item[0]
+                if tag in ("r", "s", "d") and item[1] == CANARY_PID:
+                    if tag == "r":  # it ran to the end: the engine works; the quarantine goes on
+                        log.info("the canary request finished (%s): the crash was not the engine's",
+                                 item[2].finish_reason)
+                        self._canary = None
+                    continue
                 if tag == "d":
                     flight = self._in_child.get(item[1])
                     delta = flight.new_part(item[2], item[3]) if flight is not None else None

@@ -37,7 +37,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from ...config import KEY_RULES as ENGINE_KEY_RULES
 from ...errors import InvalidRequest
 from ...params import SamplingParams
-from ...rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, text as _text
+from ...rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, seconds as _seconds, text as _text
 
 CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"
@@ -72,10 +72,14 @@ COMMAND_RULES: dict[str, dict[str, Rule]] = {
     "run": {
         "order": _choice("input", "completion"),
         "max_inflight": _integer(1, "an integer >= 1"),
+        "watchdog": _seconds("a number of seconds >= 0 (0 = off)"),
+        "drain_timeout": _seconds(),
     },
     "serve-stdin": {
         "max_queue": ENGINE_KEY_RULES["max_queue"],
         "on_eof": _choice("drain", "cancel"),
+        "watchdog": _seconds("a number of seconds >= 0 (0 = off)"),
+        "drain_timeout": _seconds(),
     },
     "chat": {
         "system": _text("a system prompt (a non-empty string)"),

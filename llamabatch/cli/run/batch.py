@@ -8,7 +8,9 @@ Three threads, one job each:
   - the writer (writer.py) writes records.
 The main thread waits, shows progress and handles Ctrl-C: the first stops admitting and
 lets in-flight lines finish, the second cancels them (their lines get no record, so
---resume runs them again).
+--resume runs them again). The wait after the first is bounded (`drain_timeout`, and
+CANCEL_GRACE_S after the second): then the lines still in flight are abandoned (no record)
+and the engine is stopped, so a hung engine cannot keep the command alive.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from .writer import MAX_FAILURE_NOTES, RecordWriter
 
 log = logging.getLogger("llamabatch.cli.run")
 
+CANCEL_GRACE_S = 5.0  # after the second Ctrl-C / SIGTERM, cancelled lines get this long to end
+
 
 class BatchRun:
     def __init__(self, engine: Engine, parser: LineParser, source: Source, writer: RecordWriter,
@@ -50,6 +54,8 @@ class BatchRun:
         self.read_error: str | None = None
         self.isolated: list = []  # ids of lines whose request crashed the engine process (engine_crashed)
         self.read_note: str | None = None  # something to tell about INPUT that cost no line
+        self.abandoned = 0  # lines still in flight when the drain bound ran out (no record)
+        self._abandoned: set[int] = set()  # their seqs: an answer arriving later is dropped
         self._stopping = False
         self._window = window
         self._inflight = threading.Semaphore(max_inflight)
@@ -89,6 +95,24 @@ class BatchRun:
         for handle in handles:
             handle.cancel()
         return len(handles)
+
+    def abandon_inflight(self) -> int:
+        """The drain bound ran out: every line still in the engine gets no record (--resume runs
+        it), then the engine is stopped (a supervised one kills its process). Returns how many."""
+        with self._lock:
+            self._stopping = True
+            self.cancelled = True
+            seqs = sorted(self._handles)
+            self._abandoned.update(seqs)
+            self._handles.clear()
+            self.abandoned += len(seqs)
+        for seq in seqs:
+            self.writer.skip(seq)
+            self._inflight.release()
+        kill = getattr(self.engine, "kill", None)
+        if kill is not None:
+            kill()
+        return len(seqs)
 
     @property
     def restarts(self) -> int:
@@ -198,6 +222,8 @@ class BatchRun:
         if not isinstance(event, Result):
             return  # a Delta: only whole results are written
         with self._lock:
+            if seq in self._abandoned:  # already skipped when the drain bound ran out: one outcome per line
+                return
             self._handles.pop(seq, None)
         self._inflight.release()
         if event.error_code == ENGINE_UNAVAILABLE:  # the engine process could not be restarted
@@ -243,25 +269,40 @@ class Interrupts:
 
 
 def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: LineCounter | None,
-             cluster: Any = None) -> None:
+             cluster: Any = None, drain_timeout: float | None = None) -> None:
     """The main thread's loop: progress, failure notes, Ctrl-C, until every admitted line is handled.
 
     `cluster` (run --ray: the RayPool) adds per-worker rates to progress and can stop the run
-    (`fatal_error`: every worker gone; the lines it could not answer get no record)."""
+    (`fatal_error`: every worker gone; the lines it could not answer get no record).
+    `drain_timeout`: seconds after the first signal before the lines still in flight are
+    abandoned and the engine stopped (None: no bound)."""
     acted_on = 0
     notes = 0
+    deadline: float | None = None  # when in-flight lines are abandoned
     while not run.finished:
         if cluster is not None and cluster.fatal_error is not None and not run.stopping:
             run.stop_admitting()
         if interrupts.count > acted_on:
             acted_on += 1
+            now = time.monotonic()
             if acted_on == 1:
                 n = run.stop_admitting()
+                bound = ""
+                if drain_timeout is not None:
+                    deadline = now + drain_timeout
+                    bound = f" for at most {drain_timeout:g}s"
                 reporter.say(f"llamabatch run: {interrupts.word}: reading no further; finishing {n} in-flight "
-                             "line(s) (Ctrl-C again cancels them)")
+                             f"line(s){bound} (Ctrl-C again cancels them)")
             else:
                 n = run.cancel_inflight()
+                grace = now + CANCEL_GRACE_S
+                deadline = grace if deadline is None else min(deadline, grace)
                 reporter.say(f"llamabatch run: cancelling {n} in-flight line(s)")
+        if deadline is not None and time.monotonic() >= deadline:
+            deadline = None
+            n = run.abandon_inflight()
+            reporter.say(f"llamabatch run: {n} line(s) still in flight after the drain time; stopping the engine "
+                         "(they get no record; --resume runs them)")
         if run.writer.error is not None and not run.cancelled:
             run.cancel_inflight()
         notes = _failure_notes(run, reporter, notes)

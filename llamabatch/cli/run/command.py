@@ -24,6 +24,7 @@ from .batch import BatchRun, Interrupts, wait_for
 from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back,
                     refuse_resume_to_stream, stream_kind)
 from .on_ray import import_ray_pool, open_pool
+from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
 from .writer import RecordWriter
 
 # Finished lines that may wait behind a slow one in --order input, per --max-inflight.
@@ -70,6 +71,10 @@ def run_command(
                                  help="Run llama.cpp in a supervised child process: a crash costs a restart and "
                                       "the line causing it gets an engine_crashed record. --no-isolate: in this "
                                       "process (a crash ends the run)."),
+    watchdog: Optional[float] = typer.Option(None, "--watchdog", min=0.0, metavar="SECONDS", show_default=False,
+                                             help=WATCHDOG_HELP),
+    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", min=0.0, metavar="SECONDS",
+                                                  show_default=False, help=DRAIN_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no summary on stderr."),
     progress_every: float = typer.Option(10.0, "--progress-every", min=0.0,
                                          help="Seconds between progress lines when stderr is not a terminal."),
@@ -110,6 +115,7 @@ def run_command(
     """
     ray_pool = import_ray_pool(ray) if ray is not None else None  # no Ray: exit 2 before anything
     resolved = resolve_options(opts)
+    bounds = time_bounds("run", watchdog, drain_timeout)
     if resume and output in (None, "-"):
         raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
     if resume:
@@ -140,12 +146,12 @@ def run_command(
         # auto never opens more slots than lines (locally, and on each Ray worker)
         lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
         if ray_pool is None:
-            engine = open_engine(resolved, max_slots=lines, isolated=isolate)
+            engine = open_engine(resolved, max_slots=lines, isolated=isolate, watchdog_s=bounds.watchdog_s)
             cluster = None
         else:
             engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
                                          ray_gpus_per_worker, note=(lambda _m: None) if quiet else say,
-                                         max_slots=lines)
+                                         max_slots=lines, watchdog_s=bounds.watchdog_s)
     except BaseException:
         sink.discard()
         raise
@@ -164,7 +170,7 @@ def run_command(
                 raise fail(str(exc), EXIT_ERROR) from None
         code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
                     fail_on_error, input_path, output, cluster, verify,
-                    deterministic=resolved.engine.deterministic)
+                    deterministic=resolved.engine.deterministic, drain_timeout=bounds.drain_timeout_s)
     finally:
         engine.close()
         source.close()
@@ -183,7 +189,7 @@ def format_for_path(path: str) -> str:
 
 def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
          answered, fail_on_error: bool, input_path: str, output: str | None, cluster=None,
-         verify: int | None = None, deterministic: bool = False) -> int:
+         verify: int | None = None, deterministic: bool = False, drain_timeout: float | None = None) -> int:
     """`engine` is an Engine, or with --ray the RayPool (`cluster` too), which takes lines the same way."""
     env = cli_env.current()  # its argv goes into the resume hint
     why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
@@ -203,7 +209,7 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     try:
         with interrupts.installed():
             run.start()
-            wait_for(run, reporter, interrupts, counter, cluster)
+            wait_for(run, reporter, interrupts, counter, cluster, drain_timeout=drain_timeout)
     finally:
         reporter.close()
         writer.close()
@@ -270,11 +276,14 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
     if run.skipped:
         line += f"; {run.skipped} already in OUTPUT"
     if writer.skipped:
-        line += f"; {writer.skipped} cancelled (not written)"
+        stuck = f"; {run.abandoned} of them still running when the drain time ran out" if run.abandoned else ""
+        line += f"; {writer.skipped} cancelled (not written{stuck})"
     reporter.note(line)
     if run.restarts:
         isolated = ", ".join(repr(i) for i in run.isolated) or "none"
-        reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s); "
+        hangs = getattr(run.engine, "hangs", 0)
+        hung = f" ({hangs} of them hung: killed by the watchdog)" if hangs else ""
+        reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s){hung}; "
                       f"isolated: {isolated}")
     share = f"{100 * s.cached_tokens / s.prompt_tokens:.0f}%" if s.prompt_tokens else "0%"
     reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}), "

@@ -51,7 +51,8 @@ def import_ray_pool(address: str):
 
 
 def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, cpus: int | None,
-              gpus: float | None, note: Callable[[str], None], max_slots: int | None = None):
+              gpus: float | None, note: Callable[[str], None], max_slots: int | None = None,
+              watchdog_s: float | None = None):
     """Start the engines on Ray; anything that stops them is one line and exit 1, before any work.
     With n_parallel "auto" (the default) each worker measures or reuses its own node's choice,
     bounded by `max_slots` (the input's line count); the header names each worker's."""
@@ -61,7 +62,8 @@ def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, c
         return ray_pool.RayPool.start(resolved.engine, resolved.sampling,
                                       address=None if address == LOCAL else address, workers=workers,
                                       cpus_per_worker=cpus, gpus_per_worker=gpus or 0.0,
-                                      log_to_driver=cli_env.current().debug, note=note, max_slots=max_slots)
+                                      log_to_driver=cli_env.current().debug, note=note, max_slots=max_slots,
+                                      **({} if watchdog_s is None else {"watchdog_s": watchdog_s}))
     except ray_pool.RayStartError as exc:
         if cli_env.current().debug:
             raise

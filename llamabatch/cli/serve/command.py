@@ -14,6 +14,7 @@ from .. import env as cli_env
 from ..common import fail, open_engine, resolve_options
 from ..config.layer import command_setting
 from ..options import SharedOptions, with_shared_options
+from ..time_bounds import SERVE_DRAIN_HELP, WATCHDOG_HELP, time_bounds
 
 
 class OnEof(str, Enum):
@@ -36,6 +37,11 @@ def serve_stdin(
         "--isolate/--no-isolate",
         help="Run llama.cpp in a supervised child process: a crash costs a restart and the request causing it "
              "gets an engine_crashed error. --no-isolate: in this process (a crash ends the server).")] = True,
+    watchdog: Annotated[Optional[float], typer.Option(
+        "--watchdog", min=0.0, metavar="SECONDS", show_default=False, help=WATCHDOG_HELP)] = None,
+    drain_timeout: Annotated[Optional[float], typer.Option(
+        "--drain-timeout", min=0.0, metavar="SECONDS", show_default=False,
+        help=SERVE_DRAIN_HELP)] = None,
     *,
     opts: SharedOptions,
 ) -> None:
@@ -52,6 +58,7 @@ def serve_stdin(
     from .loop import serve
 
     resolved = resolve_options(opts)
+    bounds = time_bounds("serve-stdin", watchdog, drain_timeout)
     env = cli_env.current()
     if max_queue is None:
         max_queue = command_setting("serve-stdin", "max_queue", 0)
@@ -61,12 +68,12 @@ def serve_stdin(
     if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (see loop.py)
         raise fail("serve-stdin needs stdin and stdout with file descriptors")
     with protocol_stdout(out_fd) as events_fd:
-        engine = open_engine(resolved, isolated=isolate)
+        engine = open_engine(resolved, isolated=isolate, watchdog_s=bounds.watchdog_s)
         if getattr(engine, "slots_reason", ""):  # for people, on stderr: the ready event has the count
             print(f"llamabatch serve-stdin: {engine.config.n_parallel} slots x {engine.slot_ctx} tokens "
                   f"({engine.slots_reason})", file=env.stderr, flush=True)
         try:
-            code = serve(engine, in_fd, events_fd, eof)
+            code = serve(engine, in_fd, events_fd, eof, drain_timeout=bounds.drain_timeout_s)
         finally:
             engine.close()  # serve closes it too; this covers a failure inside serve
     raise typer.Exit(code)

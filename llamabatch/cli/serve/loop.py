@@ -232,6 +232,7 @@ class Server:
         }
         if hasattr(self.engine, "restarts"):  # a supervised engine: crashes survived so far
             telemetry["engine_restarts"] = self.engine.restarts
+            telemetry["engine_hangs"] = self.engine.hangs  # of those restarts, hung children the watchdog killed
             telemetry["isolated"] = len(self.engine.isolated)
         return stats_event(self.engine.stats().to_dict(), telemetry, command.id)
 
@@ -304,11 +305,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain",
-          max_pending: int = MAX_PENDING_EVENTS) -> int:
+          max_pending: int = MAX_PENDING_EVENTS, drain_timeout: float | None = None) -> int:
     """Serve until EOF (drain or cancel what is in flight), a signal, or a broken stdout.
 
     Closes the engine (its close() cancels whatever is still running, and those requests'
     terminal events are written) and returns the exit code. Call from the main thread.
+    After a signal a supervised engine gets `drain_timeout` seconds to stop on its own, then
+    its process is killed and what is left ends "cancelled" (a hung engine cannot keep the
+    server alive).
     """
     signals: list[int] = []
     woken = threading.Event()
@@ -337,7 +341,10 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain",
             woken.clear()
         server.stop_reading()
         server.close()
-        engine.close()  # cancels what is left; each gets its terminal event through the callback
+        if signals and drain_timeout is not None and hasattr(engine, "kill"):  # a supervised engine
+            engine.close(timeout=drain_timeout)
+        else:
+            engine.close()  # cancels what is left; each gets its terminal event through the callback
         output.close(give_up=lambda: len(signals) > 1)  # a second signal: stop waiting for a stuck reader
     finally:
         for sig, handler in previous.items():

@@ -1,0 +1,45 @@
+"""--watchdog and --drain-timeout: flag > the command's config table > the default (llamabatch/cli/time_bounds.py)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from llamabatch.cli import env as cli_env
+from llamabatch.cli.time_bounds import DEFAULT_DRAIN_TIMEOUT_S, TimeBounds, time_bounds
+from llamabatch.supervised.watchdog import DEFAULT_FLOOR_S
+
+from cli_harness import invoke
+
+
+@pytest.fixture(autouse=True)
+def clean_env(tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("LLAMABATCH_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli_env, "_active", None)
+    return tmp_path
+
+
+def test_defaults_then_the_commands_table_then_the_flag(clean_env):
+    assert time_bounds("run", None, None) == TimeBounds(DEFAULT_FLOOR_S, DEFAULT_DRAIN_TIMEOUT_S)
+    (clean_env / "llamabatch.toml").write_text('[run]\nwatchdog = 15\ndrain_timeout = 2.5\n'
+                                               '[serve-stdin]\nwatchdog = 0\n')
+    assert time_bounds("run", None, None) == TimeBounds(15.0, 2.5)
+    assert time_bounds("serve-stdin", None, None) == TimeBounds(0.0, DEFAULT_DRAIN_TIMEOUT_S)
+    assert time_bounds("run", 7.0, 0.0) == TimeBounds(7.0, 0.0)
+
+
+@pytest.mark.parametrize("value", ["-1", '"soon"', "true"])
+def test_a_bad_value_in_the_file_is_one_line_and_exit_2(clean_env, value):
+    (clean_env / "llamabatch.toml").write_text(f"[run]\ndrain_timeout = {value}\n")
+    result = invoke(["run", "-", "--n-parallel", "1"], input="hi\n")
+    assert result.exit_code == 2
+    assert "drain_timeout" in result.stderr and "seconds" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_negative_flag_is_refused_before_anything_runs():
+    result = invoke(["run", "-", "--watchdog", "-3"], input="hi\n")
+    assert result.exit_code == 2 and "--watchdog" in result.stderr
