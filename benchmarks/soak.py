@@ -19,7 +19,12 @@ evenly spaced points (`--stops`, default 2) and serve-stdin runs with `--watchdo
 10 s here), which must kill and replace it; the requests in flight are retried. It also
 prints the longest time with request lines outstanding and no answer (must stay near the
 watchdog bound plus a restart, not grow without end) and checks that no engine child
-outlives serve-stdin. (Slow grammars and large templates are other hostile inputs, not here.)
+outlives serve-stdin. Hostile requests join the mix too: 2% carry a `json_schema` enum of
+2,000 strings with a 20 s timeout (a slow grammar, sampled apart: it must not stall the
+others), 2% are chat messages whose template render runs away (serve-stdin gets a
+`--chat-template` that loops 10^10 times for a message containing LOOP-FOREVER: that line's
+invalid_request, within the template budget), and 3% are ordinary chat messages through the
+same template.
 
 A full run takes a while (about 1 s per request on a shared 2-core machine), so
 a progress line goes to stderr every 100 answers; and if request lines stay unanswered with no
@@ -35,8 +40,10 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 WORDS = ("river stone market lantern winter orchard signal harbor copper meadow engine violet "
@@ -146,9 +153,33 @@ class Child:
         self.proc.stdin.flush()
 
 
-def make_request(rng: random.Random, req_id: str) -> tuple[str, str]:
+# --mix hostile's chat template: ChatML, except that a message containing LOOP-FOREVER sends
+# the render into 10^10 loop steps (the template budget must stop it)
+HOSTILE_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if 'LOOP-FOREVER' in m['content'] -%}"
+    "{%- for i in range(100000) -%}{%- for j in range(100000) -%}{%- endfor -%}{%- endfor -%}"
+    "{%- endif -%}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{%- endfor -%}"
+    "<|im_start|>assistant\n")
+SLOW_ENUM = {"enum": [f"v{i}" for i in range(2000)]}
+
+
+def make_request(rng: random.Random, req_id: str, hostile: bool = False) -> tuple[str, str]:
     """(line, kind) for one request."""
     prompt = " ".join(rng.choice(WORDS) for _ in range(rng.choice([3, 10, 30, 80])))
+    if hostile:
+        roll = rng.random()
+        if roll < 0.02:
+            return json.dumps({"id": req_id, "prompt": prompt, "json_schema": SLOW_ENUM, "timeout": 20,
+                               "max_tokens": 4}), "slow grammar"
+        if roll < 0.04:
+            return json.dumps({"id": req_id, "messages": [{"role": "user", "content": "LOOP-FOREVER " + prompt}],
+                               "max_tokens": 2}), "runaway template"
+        if roll < 0.07:
+            return json.dumps({"id": req_id, "messages": [{"role": "user", "content": prompt}],
+                               "max_tokens": rng.randint(1, 8)}), "chat"
     req: dict[str, Any] = {"id": req_id, "prompt": prompt, "max_tokens": rng.randint(1, 16),
                            "temperature": rng.choice([0, 0.7]), "stream": rng.random() < 0.3}
     roll = rng.random()
@@ -189,15 +220,21 @@ def main() -> int:
     ap.add_argument("--stall-seconds", type=float, default=300,
                     help="stop and name the unanswered lines after this long without any answer")
     ap.add_argument("--mix", choices=("plain", "hostile"), default="plain",
-                    help="hostile: also stop the engine child (SIGSTOP) --stops times; the watchdog must replace it")
+                    help="hostile: also stop the engine child (SIGSTOP) --stops times (the watchdog must replace it), slow grammars and a runaway chat template")
     ap.add_argument("--stops", type=int, default=2, help="hostile: how many times the engine child is stopped")
     ap.add_argument("--watchdog", type=float, default=None,
                     help="serve-stdin's --watchdog [default: its own; 10 with --mix hostile]")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     watchdog = args.watchdog if args.watchdog is not None else (10.0 if args.mix == "hostile" else None)
+    template_args = []
+    if args.mix == "hostile":
+        template = Path(tempfile.mkdtemp(prefix="soak-")) / "runaway.jinja"
+        template.write_text(HOSTILE_TEMPLATE)
+        template_args = ["--chat-template", str(template)]
     child = Child(["--n-parallel", str(args.n_parallel), "--n-ctx", str(512 * args.n_parallel),
-                   "--threads", str(args.threads)] + (["--watchdog", f"{watchdog:g}"] if watchdog is not None else []))
+                   "--threads", str(args.threads)] + (["--watchdog", f"{watchdog:g}"] if watchdog is not None else [])
+                  + template_args)
     if not child.ready.wait(180):
         raise SystemExit(f"serve-stdin did not start: {child.stderr.decode(errors='replace')[-500:]}")
     sent: collections.Counter = collections.Counter()  # id -> lines sent with it
@@ -244,7 +281,7 @@ def main() -> int:
             line, kind = json.dumps({"id": req_id, "prompt": "duplicate", "max_tokens": 2}), "duplicate"
         else:
             req_id = f"s{k}"
-            line, kind = make_request(rng, req_id)
+            line, kind = make_request(rng, req_id, hostile=args.mix == "hostile")
         child.send(line)
         lines_sent += 1
         sent[req_id] += 1
