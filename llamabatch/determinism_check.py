@@ -25,6 +25,7 @@ FILLER_TEXTS = ["One two three four five six seven eight nine ten eleven twelve"
                 "Rain", "A list of colours: red, green, blue, yellow, purple, orange and"]
 PROBE_TOKENS = 12
 PROBE_SEED = 1234
+PROBE_ROOM = 48  # cells a slot needs for the probe: its longest prompt, the tokens, padding rows
 
 
 def check(runner: Any, *, cache: bool = True) -> None:
@@ -33,6 +34,11 @@ def check(runner: Any, *, cache: bool = True) -> None:
                                        runner.kernels.name, f"tile={runner.shapes.tile}",
                                        f"min_rows={runner.shapes.min_rows}")
     cached = machine_verdicts.read_verdict(key) if cache else None
+    if cached is None and runner.slot_ctx < PROBE_ROOM:
+        # the probe itself would not fit: say so, rather than refuse on a decode failure
+        raise DeterminismUnavailable(
+            f"--deterministic: its first-use self-check needs {PROBE_ROOM} tokens per slot; this context gives "
+            f"{runner.slot_ctx} (raise --n-ctx or lower --n-parallel)")
     if cached is None:
         alone = generate(runner, with_fillers=False)
         together = generate(runner, with_fillers=True)

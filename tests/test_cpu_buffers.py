@@ -194,6 +194,7 @@ class ProbeRunner:
     kernels = cpu_buffers.KernelPath("repack", False, True, "cpu_buffers=repack")
     weight_buffers = {"CPU_Mapped": 235.0, "CPU_REPACK": 13.0}
     shapes = inv.Shapes(4, 8, "CPU_REPACK gemm in 4-row tiles")
+    slot_ctx = 512
 
 
 def test_self_check_refuses_in_one_line_naming_the_kernels_and_caches_it(monkeypatch, tmp_path):
@@ -221,3 +222,14 @@ def test_self_check_passes_when_the_tokens_agree(monkeypatch, tmp_path):
     determinism_check.check(ProbeRunner())
     assert machine_verdicts.read_verdict(machine_verdicts.verdict_key(
         "deterministic", "never-loaded.gguf", "repack", "tile=4", "min_rows=8"))["ok"] is True
+
+
+def test_self_check_in_a_slot_too_small_for_its_probe_says_so(monkeypatch, tmp_path):
+    from llamabatch import determinism_check
+
+    monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
+    runner = ProbeRunner()
+    runner.slot_ctx = 9  # --n-ctx 16 per slot, less the padding cells
+    monkeypatch.setattr(determinism_check, "generate", lambda runner, with_fillers: pytest.fail("no room to run"))
+    with pytest.raises(DeterminismUnavailable, match=r"self-check needs 48 tokens per slot; this context gives 9"):
+        determinism_check.check(runner)
