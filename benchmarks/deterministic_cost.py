@@ -61,12 +61,12 @@ def main() -> None:
     model = resolve_model(args.model)
     check_gguf(model)
     prompts = make_prompts(args.prompts)
-    from llamabatch.machine_verdicts import cpu_identity
+    from llamabatch.machine_verdicts import cpu_name
     from llamabatch.runner import kernel_path
 
     path = kernel_path(EngineConfig(model=model, cpu_buffers=args.cpu_buffers), model)
     print(f"{args.prompts} prompts x {args.tokens} tokens, greedy, {args.threads} threads, {SLOT_CTX} ctx per slot; "
-          f"{cpu_identity().split(' flags=')[0]}, {path.name} kernels ({path.why})")
+          f"{cpu_name()}, {path.name} kernels ({path.why})")
     summary = []
     for slots in [int(s) for s in args.slots.split(",")]:
         ratios = []

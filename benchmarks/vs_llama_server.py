@@ -46,6 +46,7 @@ from pathlib import Path
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models import resolve_model
+from llamabatch.machine_verdicts import cpu_name
 from llamabatch.runner import cpu_extra_buffer_types, kernel_path
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
@@ -70,12 +71,6 @@ def same_kernels(model: str) -> list[str]:
         raise SystemExit(f"--cpu-buffers repack: this build also has {', '.join(cpu_extra_buffer_types())}; the C++ "
                          f"tools cannot be told to use CPU_REPACK alone here")
     return []
-
-
-def cpu_name() -> str:
-    from llamabatch.machine_verdicts import cpu_identity
-
-    return cpu_identity().split(" flags=")[0]
 
 
 def say(*args) -> None:

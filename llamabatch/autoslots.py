@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,13 +90,9 @@ def cache_path() -> Path:
 
 
 def machine_key() -> str:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return f"{platform.machine()} {cpu} x{os.cpu_count()}"
+    from .machine_verdicts import cpu_name
+
+    return f"{cpu_name()} x{os.cpu_count()}"
 
 
 def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None) -> str:
@@ -108,7 +103,7 @@ def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None) -> 
         model = os.path.basename(model_path)
     # the weight layout decides the kernels, and so the curve (cpu_buffers.py); "auto" keeps
     # the key it had before the setting existed
-    layout = "" if (cpu_buffers or "auto") == "auto" else f"|cpu_buffers={cpu_buffers}"
+    layout = "" if cpu_buffers in (None, "auto") else f"|cpu_buffers={cpu_buffers}"
     return f"{model}|threads={threads}{layout}|{machine_key()}"
 
 
@@ -165,9 +160,9 @@ def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = Non
         return Choice(1, "auto: bounded by 1 input line", {})
     memory = available_memory() if memory is None else memory
     measure = measure or (lambda levels: calibrate(config, model_path, levels))
-    from .cpu_buffers import env_choice
+    from .cpu_buffers import chosen
 
-    key = cache_key(model_path, config.n_threads, config.cpu_buffers or env_choice())
+    key = cache_key(model_path, config.n_threads, chosen(config.cpu_buffers))
     entry = read_cache(key)
     from_cache = entry is not None
     per_token = entry.get("kv_bytes_per_token") if entry else None

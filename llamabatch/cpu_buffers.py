@@ -121,3 +121,8 @@ def env_choice() -> str | None:
     """LLAMABATCH_CPU_BUFFERS: the suite's and the benchmarks' way to choose for every engine."""
     value = os.environ.get("LLAMABATCH_CPU_BUFFERS", "").strip()
     return value or None
+
+
+def chosen(value: str | None) -> str:
+    """What an EngineConfig.cpu_buffers value means: unset is $LLAMABATCH_CPU_BUFFERS, else auto."""
+    return value or env_choice() or "auto"

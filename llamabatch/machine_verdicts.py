@@ -7,6 +7,7 @@ file, kernel path). A verdict from another llama-cpp-python version or CPU is ne
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -18,19 +19,29 @@ from pathlib import Path
 log = logging.getLogger("llamabatch.machine_verdicts")
 
 
-def cpu_identity() -> str:
-    """`arch model-name flags=<hash>`: what decides which kernels llama.cpp can run."""
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> dict[str, str]:
+    """The first CPU's /proc/cpuinfo fields (empty where there is none)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())  # the first CPU's lines
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    name = fields.get("model name") or platform.processor()
-    flags = fields.get("flags") or fields.get("Features") or ""  # x86 / ARM
-    return f"{platform.machine()} {name} flags={hashlib.sha256(flags.encode()).hexdigest()[:12]}"
+    return fields
+
+
+def cpu_name() -> str:
+    """`arch model-name`, for people and for cache keys (autoslots)."""
+    return f"{platform.machine()} {_cpuinfo().get('model name') or platform.processor()}"
+
+
+def cpu_identity() -> str:
+    """`arch model-name flags=<hash>`: what decides which kernels llama.cpp can run."""
+    flags = _cpuinfo().get("flags") or _cpuinfo().get("Features") or ""  # x86 / ARM
+    return f"{cpu_name()} flags={hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 
 def llama_cpp_version() -> str:

@@ -595,7 +595,7 @@ def cpu_features() -> dict[str, bool]:
 
 def kernel_path(config: EngineConfig, model_path: str) -> cpu_buffers.KernelPath:
     """The weight layout `config.cpu_buffers` means on this machine (may run the AMX probe once)."""
-    choice = config.cpu_buffers or cpu_buffers.env_choice() or "auto"
+    choice = cpu_buffers.chosen(config.cpu_buffers)
     try:
         return cpu_buffers.resolve(choice, list(cpu_extra_buffer_types()),
                                    lambda: cpu_buffers.amx_verdict(model_path), config.deterministic)
