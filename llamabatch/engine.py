@@ -36,20 +36,6 @@ log = logging.getLogger("llamabatch.engine")
 __all__ = ["Engine", "EngineStats", "RequestHandle", "Prompt", "EventCallback"]
 
 
-def describe_kernels(runner: Any) -> str:
-    """"repack (auto: CPU_REPACK) — weights CPU_REPACK 120 MiB, CPU_Mapped 148 MiB": the
-    weight layout asked for and the buffers llama.cpp put the weights in. "" for a fake runner."""
-    path = getattr(runner, "kernels", None)
-    if path is None:
-        return ""
-    from .determinism_check import describe_buffers
-
-    text = f"{path.name} kernels ({path.why}; weights: {describe_buffers(runner.weight_buffers)})"
-    if getattr(runner, "deterministic", False):
-        text += f"; deterministic rows: tiles of {runner.shapes.tile}, at least {runner.shapes.min_rows}"
-    return text
-
-
 class Engine:
     """A continuous-batching engine over one model. Use it as a context manager."""
 
@@ -80,7 +66,7 @@ class Engine:
                 self.config = self.config.replace(n_parallel=runner.n_slots).validate()
             self._model_name = self.config.model_name or model_display_name(self.model_path)
         self.runner = runner
-        self.kernels = describe_kernels(runner)  # for the header line: which CPU kernels run, and why
+        self.kernels = runner.kernel_text  # for the header line: which CPU kernels run, and why
         self.slot_ctx = runner.slot_ctx
         self.inputs = InputPreparer(runner, runner.slot_ctx, params, default_seed=self.config.seed,
                                     chat_template=self.config.chat_template,

@@ -193,6 +193,17 @@ class LlamaRunner:
 
     # -- model facts -------------------------------------------------------------------
 
+    @property
+    def kernel_text(self) -> str:
+        """"llama.cpp default kernels (cpu_buffers=auto: CPU_REPACK; weights: CPU_Mapped 235 MiB,
+        CPU_REPACK 13 MiB)": the layout asked for and the buffers llama.cpp put the weights in."""
+        from .determinism_check import describe_buffers
+
+        text = f"{self.kernels.name} kernels ({self.kernels.why}; weights: {describe_buffers(self.weight_buffers)})"
+        if self.deterministic:
+            text += f"; deterministic rows: tiles of {self.shapes.tile}, at least {self.shapes.min_rows}"
+        return text
+
     def _read_metadata(self) -> dict[str, str]:
         out = {}
         buf = ctypes.create_string_buffer(4096)

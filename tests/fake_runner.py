@@ -105,6 +105,7 @@ class FakeRunner:
                  sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True):
         self.can_fork = can_fork
         self.can_sample_apart = can_sample_apart
+        self.kernel_text = ""  # no llama.cpp kernels: the header line names none
         self.sample_delay = sample_delay
         self.jobs: list[FakeJob] = []  # every FakeJob handed out, in order
         self.flying: dict[int, FakeJob] = {}  # request id -> its job while run() has not returned
