@@ -23,9 +23,9 @@ import sys
 import time
 
 from llamabatch import EngineConfig, SamplingParams
-from llamabatch.models import resolve_model
-from llamabatch.plan import Chunk, StepPlan
-from llamabatch.runner import LlamaRunner
+from llamabatch.models.resolve import resolve_model
+from llamabatch.core.plan import Chunk, StepPlan
+from llamabatch.llama.runner import LlamaRunner
 
 SLOTS = 8
 SLOT_CTX = 1024

@@ -19,7 +19,7 @@ import statistics
 import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.models import check_gguf, resolve_model
+from llamabatch.models.resolve import check_gguf, resolve_model
 
 SLOT_CTX = 1024
 
@@ -61,8 +61,8 @@ def main() -> None:
     model = resolve_model(args.model)
     check_gguf(model)
     prompts = make_prompts(args.prompts)
-    from llamabatch.machine_verdicts import cpu_name
-    from llamabatch.runner import kernel_path
+    from llamabatch.llama.machine_verdicts import cpu_name
+    from llamabatch.llama.runner import kernel_path
 
     path = kernel_path(EngineConfig(model=model, cpu_buffers=args.cpu_buffers), model)
     print(f"{args.prompts} prompts x {args.tokens} tokens, greedy, {args.threads} threads, {SLOT_CTX} ctx per slot; "

@@ -25,7 +25,7 @@ import sys
 import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
-from llamabatch.models import check_gguf, resolve_model
+from llamabatch.models.resolve import check_gguf, resolve_model
 from llamabatch.cli.bench.baseline import run_in_own_thread
 
 SEQ_CTX = 1024  # the sequential Llama's context, and each engine slot's
@@ -41,7 +41,7 @@ def run_sequential(model: str, prompts: list[str], max_tokens: int, threads: int
     """(completion tokens, seconds, completions that had to be continued past an early EOG)."""
     import llama_cpp  # benchmarks may import llama_cpp; the library keeps it in runner.py
 
-    from llamabatch.runner import llama_uses_model_params  # what the engine loads with (see there)
+    from llamabatch.llama.runner import llama_uses_model_params  # what the engine loads with (see there)
 
     with llama_uses_model_params(None, model):
         llm = llama_cpp.Llama(model_path=model, n_ctx=SEQ_CTX, n_threads=threads, n_threads_batch=threads,

@@ -21,7 +21,7 @@ import statistics
 import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
-from llamabatch.models import resolve_model
+from llamabatch.models.resolve import resolve_model
 
 
 def one_round(engine: Engine, prompts: list[str], params: SamplingParams) -> dict:

@@ -23,7 +23,7 @@ import statistics
 import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
-from llamabatch.models import resolve_model
+from llamabatch.models.resolve import resolve_model
 
 FACTS = ["the tide rises twice a day", "the lamp is lit at dusk", "the keeper writes in a log",
          "gulls nest on the rocks", "ships pass to the north", "the fog comes in autumn",

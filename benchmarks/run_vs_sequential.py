@@ -61,7 +61,7 @@ def run_sequential(prompts: list[str], tokens: int, threads: int, model_path: st
     """Completion tokens, wall seconds with the model load, and the load alone."""
     from llama_cpp import Llama
 
-    from llamabatch.runner import llama_uses_model_params  # what the engine loads with (see there)
+    from llamabatch.llama.runner import llama_uses_model_params  # what the engine loads with (see there)
 
     start = time.perf_counter()
     with llama_uses_model_params(None, model_path):
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, nargs="+", default=[8, 16])
     args = ap.parse_args()
 
-    from llamabatch.models import resolve_model
+    from llamabatch.models.resolve import resolve_model
 
     model_path = resolve_model(None)
     prompts = make_prompts(args.prompts)

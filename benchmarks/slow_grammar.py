@@ -23,7 +23,7 @@ import statistics
 import time
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.apart import THREAD_NAME
+from llamabatch.core.apart import THREAD_NAME
 
 
 def sampling_threads_cpu() -> float:

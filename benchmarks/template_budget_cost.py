@@ -1,4 +1,4 @@
-"""What the chat-template budget (llamabatch/template_budget.py) costs a normal render.
+"""What the chat-template budget (llamabatch/models/template_budget.py) costs a normal render.
 
 Renders Gemma 3's official template and a ChatML template over conversations of 2, 20
 and 200 messages, alternating the budgeted renderer and Jinja's plain ImmutableSandboxedEnvironment
@@ -20,8 +20,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_chat_template import GEMMA3_TEXT_TEMPLATE  # noqa: E402  (the official template's text)
 
-from llamabatch import template_budget  # noqa: E402
-from llamabatch.chat_template import ChatTemplate, _generation_tag, jinja_template  # noqa: E402
+from llamabatch.models import template_budget  # noqa: E402
+from llamabatch.models.chat_template import ChatTemplate, _generation_tag, jinja_template  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

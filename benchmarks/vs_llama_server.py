@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.models import resolve_model
-from llamabatch.machine_verdicts import cpu_name
-from llamabatch.runner import cpu_extra_buffer_types, kernel_path
+from llamabatch.models.resolve import resolve_model
+from llamabatch.llama.machine_verdicts import cpu_name
+from llamabatch.llama.runner import cpu_extra_buffer_types, kernel_path
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
 SLOT_CTX = 2048  # per slot, both sides: the longest mixed prompt (1,500) plus its answer fits

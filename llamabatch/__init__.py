@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 
 from .config import EngineConfig
-from .engine import Engine
-from .handle import RequestHandle
-from .errors import (ContextOverflow, DecodeError, DeterminismUnavailable, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError,
-                     QueueFull)
+from .core.engine import Engine
+from .core.handle import RequestHandle
+from .errors import (ContextOverflow, DecodeError, DeterminismUnavailable, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError, QueueFull)
 from .params import SamplingParams
 from .results import Delta, Result, Timings, Usage
-from .telemetry import EngineStats, RequestRecord, TickRecord
+from .core.telemetry import EngineStats, RequestRecord, TickRecord
 
 __version__ = "0.1.0"
 

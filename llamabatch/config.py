@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .cpu_buffers import CHOICES as CPU_BUFFERS
+from .llama.cpu_buffers import CHOICES as CPU_BUFFERS
 from .errors import InvalidRequest
 from .memory_setting import max_memory_rule
 from .params import SEED_ALLOWED, is_seed
-from .policies import POLICIES
+from .core.policies import POLICIES
 from .rules import Rule, boolean, choice, integer, optional, text
 
 DEFAULT_CTX_PER_SLOT = 4096
@@ -53,7 +53,7 @@ class EngineConfig:
     # whatever its shape, and forks share cells instead of copying them.
     kv_unified: bool = False
     # A request's tokens depend only on its prompt, sampling parameters and seed, not on what
-    # else shares the batch (see llamabatch/batch_invariance.py and the README). CPU builds only.
+    # else shares the batch (see llamabatch/llama/batch_invariance.py and the README). CPU builds only.
     deterministic: bool = False
     # Which CPU weight layout llama.cpp loads with, and so which kernels run (cpu_buffers.py):
     # "auto" (llama.cpp's default, AMX only where a probe shows it runs), "plain" or
@@ -102,7 +102,7 @@ class EngineConfig:
         if self.n_batch < slots:
             _bad("n_batch", f"an integer >= n_parallel ({slots})", self.n_batch)
         if self.deterministic and self.kv_unified:
-            # the invariance rests on one KV stream per sequence (llamabatch/batch_invariance.py)
+            # the invariance rests on one KV stream per sequence (llamabatch/llama/batch_invariance.py)
             _bad("kv_unified", "false when deterministic is on", self.kv_unified)
         return self
 

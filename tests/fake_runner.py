@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
-from llamabatch.plan import SampleStopped, StepPlan, StepResult
+from llamabatch.core.plan import SampleStopped, StepPlan, StepResult
 
 EOG = 1  # end of generation
 FILL = ord("~")  # sampled where EOG is blocked (ignore_eos, min_tokens)
@@ -80,7 +80,7 @@ class ExecutedPlan:
 
 
 class FakeRunner:
-    """Implements the Runner protocol in llamabatch/plan.py with scripted behaviour.
+    """Implements the Runner protocol in llamabatch/core/plan.py with scripted behaviour.
 
     reply:        prompt text -> reply (str or token list); default echoes "<prompt>!".
     status:       {call_no: status} or a callable (call_no, plan) -> status; 0 when absent.

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llamabatch import EngineConfig
-from llamabatch.autoslots import CANDIDATES, cache_path, choose, kv_bytes_per_token, pick
+from llamabatch.llama.autoslots import CANDIDATES, cache_path, choose, kv_bytes_per_token, pick
 from llamabatch.cli.options import SharedOptions, resolve
 
 GIB = 2**30

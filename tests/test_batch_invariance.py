@@ -8,7 +8,7 @@ import pytest
 
 from cli_harness import invoke
 
-from llamabatch import batch_invariance as inv
+from llamabatch.llama import batch_invariance as inv
 from llamabatch.cli.options import SharedOptions, resolve
 from llamabatch.cli.run.progress import PlainReporter
 from llamabatch.cli.run.command import _verified
@@ -16,7 +16,7 @@ from llamabatch.config import EngineConfig
 from llamabatch.cli.config.config_file import parse_text
 from llamabatch.errors import DeterminismUnavailable
 from llamabatch.params import SamplingParams
-from llamabatch.plan import Chunk
+from llamabatch.core.plan import Chunk
 from llamabatch.results import Result, Timings, Usage
 from llamabatch.cli.run.verify import Reservoir, rerun_alone
 
@@ -183,7 +183,7 @@ def test_verify_report_lists_the_ids_that_differ_and_fails():
 
 
 def test_gpu_build_refuses_in_one_line_with_exit_2(monkeypatch, tmp_path):
-    import llamabatch.runner as runner
+    import llamabatch.llama.runner as runner
 
     monkeypatch.setattr(runner, "gpu_offload_supported", lambda: True)
     with pytest.raises(DeterminismUnavailable):

@@ -4,12 +4,10 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.bench.benchkit import (LevelRun, RequestTrace, baseline_figures, batched_figures, cycle_prompts, describe,
-                                 latency_figures, parse_levels, percentile, read_prompt_file, run_level, speedup,
-                                 synthetic_prompts, tick_summary)
+from llamabatch.cli.bench.benchkit import (LevelRun, RequestTrace, baseline_figures, batched_figures, cycle_prompts, describe, latency_figures, parse_levels, percentile, read_prompt_file, run_level, speedup, synthetic_prompts, tick_summary)
 from llamabatch.errors import InvalidRequest
 from llamabatch.results import Result, Timings, Usage
-from llamabatch.telemetry import TickRecord
+from llamabatch.core.telemetry import TickRecord
 
 from fake_runner import FakeRunner, text_tokens
 

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from llamabatch import chat_template
-from llamabatch.chat_template import (builtin_names, builtin_template, choose_format, from_gguf, jinja_template,
-                                      recognised_format, validate_messages)
+from llamabatch.models import chat_template
+from llamabatch.models.chat_template import (builtin_names, builtin_template, choose_format, from_gguf, jinja_template, recognised_format, validate_messages)
 from llamabatch.errors import InvalidRequest
-from llamabatch.runner import LlamaChatFormats
+from llamabatch.llama.runner import LlamaChatFormats
 
 FORMATS = LlamaChatFormats()
 

@@ -7,10 +7,10 @@ import pytest
 
 from fake_runner import FakeRunner, byte_tokens, text_tokens
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.chat_template import ChatTemplate, builtin_template
+from llamabatch.models.chat_template import ChatTemplate, builtin_template
 from llamabatch.cli.chat.conversation import Conversation, PromptBuilder
 from llamabatch.errors import InvalidRequest
-from llamabatch.runner import LlamaChatFormats
+from llamabatch.llama.runner import LlamaChatFormats
 
 
 def gemma_template() -> ChatTemplate:

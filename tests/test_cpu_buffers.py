@@ -9,11 +9,12 @@ import sys
 import pytest
 
 from cli_harness import invoke
-from llamabatch import EngineConfig, batch_invariance as inv, cpu_buffers, machine_verdicts
+from llamabatch import EngineConfig
+from llamabatch.llama import batch_invariance as inv, cpu_buffers, machine_verdicts
 from llamabatch.cli.options import SharedOptions, resolve
 from llamabatch.errors import DeterminismUnavailable, InvalidRequest
-from llamabatch.gguf_header import TensorInfo
-from llamabatch.repack_rule import Q4_0, Q4_K, Q6_K, Q8_0, is_repacked
+from llamabatch.models.gguf_header import TensorInfo
+from llamabatch.llama.repack_rule import Q4_0, Q4_K, Q6_K, Q8_0, is_repacked
 
 NEVER = lambda: pytest.fail("the AMX probe was asked where it does not matter")  # noqa: E731
 
@@ -176,7 +177,7 @@ def test_row_rule_without_the_tiled_kernel_needs_only_the_gemm_tile():
 
 
 def test_passes_follow_the_derived_rule():
-    from llamabatch.plan import Chunk
+    from llamabatch.core.plan import Chunk
 
     shapes = inv.Shapes(tile=4, min_rows=4, why="test")
     p = inv.prefill_pass([Chunk(0, 0, [1, 2, 3, 4, 5], 0, True, False)], shapes)
@@ -198,7 +199,7 @@ class ProbeRunner:
 
 
 def test_self_check_refuses_in_one_line_naming_the_kernels_and_caches_it(monkeypatch, tmp_path):
-    from llamabatch import determinism_check
+    from llamabatch.llama import determinism_check
 
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
     answers = {False: [1, 2, 3], True: [1, 2, 4]}
@@ -215,7 +216,7 @@ def test_self_check_refuses_in_one_line_naming_the_kernels_and_caches_it(monkeyp
 
 
 def test_self_check_passes_when_the_tokens_agree(monkeypatch, tmp_path):
-    from llamabatch import determinism_check
+    from llamabatch.llama import determinism_check
 
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(determinism_check, "generate", lambda runner, with_fillers: [5, 6, 7])
@@ -225,7 +226,7 @@ def test_self_check_passes_when_the_tokens_agree(monkeypatch, tmp_path):
 
 
 def test_self_check_in_a_slot_too_small_for_its_probe_says_so(monkeypatch, tmp_path):
-    from llamabatch import determinism_check
+    from llamabatch.llama import determinism_check
 
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
     runner = ProbeRunner()

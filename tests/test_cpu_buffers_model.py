@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from llamabatch import EngineConfig, SamplingParams
-from llamabatch.cpu_buffers import KernelPath, probe_amx
-from llamabatch.plan import Chunk, StepPlan
+from llamabatch.llama.cpu_buffers import KernelPath, probe_amx
+from llamabatch.core.plan import Chunk, StepPlan
 
 pytestmark = pytest.mark.model
 
@@ -29,7 +29,7 @@ def greedy_tokens(runner, text: str, n: int) -> list[int]:
 
 
 def test_repack_pinned_by_name_is_the_layout_llama_cpp_chooses_itself(model_path):
-    from llamabatch.runner import LlamaRunner, cpu_extra_buffer_types
+    from llamabatch.llama.runner import LlamaRunner, cpu_extra_buffer_types
 
     config = EngineConfig(model=model_path, n_parallel=1, n_ctx=256, threads=2)
     pinned = LlamaRunner(config.replace(cpu_buffers="repack"), model_path)
@@ -52,7 +52,7 @@ def test_repack_pinned_by_name_is_the_layout_llama_cpp_chooses_itself(model_path
 
 
 def test_the_amx_probe_subprocess_runs_the_model(model_path):
-    from llamabatch.runner import cpu_extra_buffer_types
+    from llamabatch.llama.runner import cpu_extra_buffer_types
 
     ok, why = probe_amx(model_path)
     if "AMX" not in cpu_extra_buffer_types():
@@ -62,8 +62,8 @@ def test_the_amx_probe_subprocess_runs_the_model(model_path):
 
 
 def test_self_check_holds_on_each_layout(model_path, cpu_path):
-    from llamabatch import determinism_check
-    from llamabatch.runner import LlamaRunner
+    from llamabatch.llama import determinism_check
+    from llamabatch.llama.runner import LlamaRunner
 
     runner = LlamaRunner(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, deterministic=True,
                                       cpu_buffers=cpu_path), model_path)

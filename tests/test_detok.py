@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from llamabatch.detok import IncrementalDetokenizer
+from llamabatch.core.detok import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 

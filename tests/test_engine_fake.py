@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from llamabatch import (Delta, Engine, EngineClosed, EngineConfig, QueueFull, RequestRecord, Result,
-                        SamplingParams, TickRecord)
+from llamabatch import (Delta, Engine, EngineClosed, EngineConfig, QueueFull, RequestRecord, Result, SamplingParams, TickRecord)
 
 from fake_runner import FILL, FakeRunner, text_tokens
 
@@ -573,7 +572,7 @@ def test_sequence_has_no_write_only_cancel_flag():
     # queue is what ends a request. State nobody reads only misleads the next reader.
     import dataclasses
 
-    from llamabatch.sequence import Sequence
+    from llamabatch.core.sequence import Sequence
 
     assert "cancel_requested" not in {f.name for f in dataclasses.fields(Sequence)}
 
@@ -601,7 +600,7 @@ def test_the_plan_carries_each_rows_sampler_and_logprobs_so_execute_needs_nothin
 def test_stats_carry_every_running_total():
     import dataclasses
 
-    from llamabatch.telemetry import Totals
+    from llamabatch.core.telemetry import Totals
 
     runner = FakeRunner(reply=lambda p: "abc")
     with make_engine(runner) as engine:

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from llamabatch import (Delta, Engine, EngineConfig, ModelLoadError, QueueFull, SamplingParams)
+from llamabatch import Delta, Engine, EngineConfig, ModelLoadError, QueueFull, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 WAIT = 60  # seconds before a test calls the engine hung

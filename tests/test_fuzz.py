@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from llamabatch import SamplingParams
 from llamabatch.cli.serve.loop import serve
-from llamabatch.detok import IncrementalDetokenizer
+from llamabatch.core.detok import IncrementalDetokenizer
 from llamabatch.errors import InvalidRequest
 from llamabatch.cli.run.formats import LineError, LineParser, LineRequest
 from llamabatch.params import FIELD_TYPES

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import ContextOverflow, InvalidRequest, SamplingParams
-from llamabatch.inputs import InputPreparer, is_chat
-from llamabatch.sequence import Status
+from llamabatch.core.inputs import InputPreparer, is_chat
+from llamabatch.core.sequence import Status
 
 from fake_runner import FakeRunner, text_tokens
 

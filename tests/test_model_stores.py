@@ -16,9 +16,9 @@ import pytest
 
 from gguf_tools import hf_repo, link, ollama_model
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.model_list import list_models
-from llamabatch.model_stores import ModelNotFound, resolve_spelling
-from llamabatch.models import resolve_model_ref
+from llamabatch.models.listing import list_models
+from llamabatch.models.stores import ModelNotFound, resolve_spelling
+from llamabatch.models.resolve import resolve_model_ref
 
 SMALL = dict(n_parallel=1, n_ctx=256, n_batch=64)
 GREEDY = SamplingParams(max_tokens=3, temperature=0)

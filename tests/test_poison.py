@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamabatch.poison import PoisonRule
+from llamabatch.core.poison import PoisonRule
 
 
 def supervise(keys: list[int], poison: set[int], worker_size: int, rule: PoisonRule | None = None):

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from llamabatch import EngineConfig, SamplingParams
-from llamabatch.engine import Engine
-from llamabatch.plan import Fork, StepResult
-from llamabatch.scheduler import Scheduler
-from llamabatch.sequence import Status
+from llamabatch.core.engine import Engine
+from llamabatch.core.plan import Fork, StepResult
+from llamabatch.core.scheduler import Scheduler
+from llamabatch.core.sequence import Status
 
 from fake_runner import EOG, FakeRunner, text_tokens, token_piece
 
@@ -30,7 +30,7 @@ _ids = iter(range(10**6))
 
 
 def make_seq(prompt: str):
-    from llamabatch.sequence import Sequence
+    from llamabatch.core.sequence import Sequence
 
     return Sequence(next(_ids), text_tokens(prompt), GREEDY, seed=0)
 

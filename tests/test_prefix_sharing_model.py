@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.plan import Chunk, Fork, StepPlan
+from llamabatch.core.plan import Chunk, Fork, StepPlan
 
 pytestmark = pytest.mark.model
 
@@ -50,7 +50,7 @@ def greedy(runner, sampler, slot: int, first: int, pos: int, n: int) -> list[int
 
 @pytest.mark.parametrize("unified", [False, True], ids=["per-slot-streams", "unified"])
 def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(model_path, unified, cpu_path):
-    from llamabatch.runner import LlamaRunner
+    from llamabatch.llama.runner import LlamaRunner
 
     config = EngineConfig(model=model_path, n_parallel=2, n_ctx=2 * 640, threads=2, kv_unified=unified,
                           cpu_buffers=cpu_path)

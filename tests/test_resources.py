@@ -10,7 +10,7 @@ from cli_harness import invoke
 from llamabatch import EngineConfig
 from llamabatch.errors import InvalidRequest, ResourceLimit
 from llamabatch.memory_setting import memory_cap
-from llamabatch.resources import check, needs
+from llamabatch.llama.resources import check, needs
 
 GIB, MIB = 2**30, 2**20
 PER_LAYER = 1 * (256 + 256) * 2  # Gemma 3 270M: 1 KV head x (key 256 + value 256) x f16

@@ -1,4 +1,4 @@
-"""Sampling apart from the tick (llamabatch/apart.py) on the bundled Gemma 3 270M: the tokens are
+"""Sampling apart from the tick (llamabatch/core/apart.py) on the bundled Gemma 3 270M: the tokens are
 the ones inline sampling gives, a large JSON-schema enum beside plain requests finishes, and
 the supervised child samples apart too. Kept small: one or two slots, few tokens."""
 from __future__ import annotations

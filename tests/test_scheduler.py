@@ -3,9 +3,9 @@ prefill accounting, stops. No model, no engine thread."""
 from __future__ import annotations
 
 from llamabatch.params import SamplingParams
-from llamabatch.plan import StepPlan, StepResult
-from llamabatch.scheduler import Scheduler
-from llamabatch.sequence import Sequence, Status
+from llamabatch.core.plan import StepPlan, StepResult
+from llamabatch.core.scheduler import Scheduler
+from llamabatch.core.sequence import Sequence, Status
 
 from fake_runner import EOG, byte_tokens, text_tokens, token_piece
 

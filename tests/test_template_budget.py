@@ -11,10 +11,10 @@ import pytest
 
 from cli_harness import invoke, runner_for
 from test_chat_template import FORMATS, GEMMA3_TEXT_TEMPLATE
-from llamabatch import template_budget
-from llamabatch.chat_template import from_gguf, jinja_template
+from llamabatch.models import template_budget
+from llamabatch.models.chat_template import from_gguf, jinja_template
 from llamabatch.errors import InvalidRequest
-from llamabatch.template_budget import Budget, BudgetedSandbox, TemplateBudgetExceeded, render_within
+from llamabatch.models.template_budget import Budget, BudgetedSandbox, TemplateBudgetExceeded, render_within
 
 NESTED = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
 HI = [{"role": "user", "content": "hi"}]

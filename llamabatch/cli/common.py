@@ -16,7 +16,7 @@ from .config.layer import resolve_layers, resolve_model_layer
 from .options import Resolved, SharedOptions
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..core.engine import Engine
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143: what service managers and `timeout` expect after SIGTERM
@@ -105,8 +105,8 @@ def open_engine(resolved: Resolved, max_slots: int | None = None, *, isolated: b
     `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off)."""
     config, reason = resolved.engine, ""
     if config.n_parallel == "auto" and env.current().engine_factory is env.real_engine:
-        from ..autoslots import resolve
-        from ..models import check_gguf, resolve_model_ref
+        from ..llama.autoslots import resolve
+        from ..models.resolve import check_gguf, resolve_model_ref
 
         path = resolve_model_ref(config.model).path
         check_gguf(path)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, TextIO
 
 if TYPE_CHECKING:
     from ..config import EngineConfig
-    from ..engine import Engine
+    from ..core.engine import Engine
     from ..params import SamplingParams
 
 EngineFactory = Callable[["EngineConfig", "SamplingParams"], "Engine"]
@@ -22,7 +22,7 @@ EngineFactory = Callable[["EngineConfig", "SamplingParams"], "Engine"]
 
 def real_engine(config: "EngineConfig", params: "SamplingParams") -> "Engine":
     """Load the model named by `config` (what every command does outside tests)."""
-    from ..engine import Engine
+    from ..core.engine import Engine
 
     return Engine(config, default_params=params)
 

@@ -18,7 +18,7 @@ import typer
 
 from ..config import EngineConfig
 from .config.config_file import ENGINE_RULES
-from ..policies import POLICIES
+from ..core.policies import POLICIES
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 

@@ -8,7 +8,7 @@ under one lock; it never blocks.
 
 Backpressure: a worker holds at most `cap` lines (its slots plus as many queued in its
 engine); the rest wait here, and run's reader stops reading when `--max-inflight` lines
-are out. Crashes follow the shared poison-line rule (llamabatch/poison.py): the dead worker's
+are out. Crashes follow the shared poison-line rule (llamabatch/core/poison.py): the dead worker's
 in-flight lines become suspects, run again in quarantine groups on a worker with nothing
 else in flight, and a line convicted by the rule gets an `engine_crashed` error record.
 """
@@ -18,7 +18,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..poison import PoisonRule
+from ..core.poison import PoisonRule
 from .plan import WorkerTally
 from ..results import Result, Timings, Usage
 

@@ -38,16 +38,16 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..config import EngineConfig
-from ..engine import Engine, EngineStats
+from ..core.engine import Engine, EngineStats
 from ..errors import LlamaBatchError
 from ..params import SamplingParams
-from ..autoslots import CANDIDATES
+from ..llama.autoslots import CANDIDATES
 from .describe import header, slots_note
 from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
 from .plan import Node, PlacementError, WorkerTally, place_workers
 from ..results import Result
 from ..supervised.watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, RECENT_TICKS, Watchdog
-from ..telemetry import TickRecord
+from ..core.telemetry import TickRecord
 
 log = logging.getLogger("llamabatch.ray")
 
@@ -100,8 +100,8 @@ class EngineWorker:
         threads (the calibration cache is per machine), bounded by the run's line count."""
         if self._config.n_parallel != "auto":
             return self._config, ""
-        from ..autoslots import resolve
-        from ..models import check_gguf, resolve_model_ref
+        from ..llama.autoslots import resolve
+        from ..models.resolve import check_gguf, resolve_model_ref
 
         path = resolve_model_ref(self._config.model).path
         check_gguf(path)

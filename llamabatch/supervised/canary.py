@@ -1,6 +1,6 @@
 """Whose fault is a crash: the lines', or the engine's whatever it runs?
 
-The poison rule (llamabatch/poison.py) blames requests, which is right when the engine
+The poison rule (llamabatch/core/poison.py) blames requests, which is right when the engine
 works and one request breaks it. When the engine breaks on everything (a setting llama.cpp
 aborts on at the first decode, such as `--threads 100000` -> std::bad_alloc; a broken build),
 the rule would blame every line in turn. So, after a crash, while no child of this engine

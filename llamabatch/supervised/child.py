@@ -35,11 +35,11 @@ import threading
 import time
 from typing import Any
 
-from ..engine import Engine
-from ..handle import RequestHandle
+from ..core.engine import Engine
+from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
 from ..results import Delta, Result, Timings, Usage
-from ..telemetry import RequestRecord, TickRecord
+from ..core.telemetry import RequestRecord, TickRecord
 from . import wire
 
 CRASH_PROMPT_ENV = "LLAMABATCH_TEST_CRASH_PROMPT"

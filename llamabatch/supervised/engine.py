@@ -5,7 +5,7 @@ llama.cpp aborts the whole process on an assertion or a C++ throw, some reachabl
 request data. Here that costs a restart, not the run:
 
 - every request in flight in the dead child is retried in a fresh one, in quarantine groups
-  decided by llamabatch/poison.py, so the request that causes the crash is found;
+  decided by llamabatch/core/poison.py, so the request that causes the crash is found;
 - that request ends with an `engine_crashed` error naming how the child died and llama.cpp's
   last log line; every other request finishes normally, each with exactly one Result;
 - a child that dies while starting is retried a few times, then the engine stops with a
@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence as Seq
 
 from ..config import EngineConfig
-from ..handle import EventCallback, RequestHandle
-from ..inputs import Prompt
+from ..core.handle import EventCallback, RequestHandle
+from ..core.inputs import Prompt
 from ..errors import EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError, QueueFull
 from ..params import SamplingParams, random_seed
-from ..poison import MAX_CRASHES, PoisonRule
+from ..core.poison import MAX_CRASHES, PoisonRule
 from ..results import Delta, Result, Timings, Usage
-from ..telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
+from ..core.telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 from .canary import CANARY_PARAMS, CANARY_PID, CANARY_PROMPT, engine_error, settings_hint
 from .child_process import ChildProcess, StartFailed
 from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog, load_bound
@@ -105,7 +105,7 @@ class SupervisedEngine:
         """`watchdog_s`: the watchdog's floor in seconds (0 = no watchdog); a child with work in
         flight and no progress for max(watchdog_s, watchdog_margin x the longest recent tick)
         is killed as a crash. A restart's model load is bounded too (watchdog.load_bound)."""
-        from ..models import open_model_ref
+        from ..models.resolve import open_model_ref
 
         self.config = (config or EngineConfig()).validate()
         # As Engine does (and before any child starts); the child only ever sees the file.
@@ -115,7 +115,7 @@ class SupervisedEngine:
         self._child_config = self.config.replace(model=self.model_path, max_queue=0)  # the parent bounds the queue
         # The child checks again before it allocates; checking here too means a setting that
         # cannot fit costs no child start and reaches the caller as itself (ResourceLimit).
-        from .. import resources
+        from ..llama import resources
 
         resources.check(self._child_config, self.model_path)
         self._env = env
@@ -184,7 +184,7 @@ class SupervisedEngine:
     @property
     def chat_template(self):
         if self._chat_template is None:
-            from ..chat_template import from_gguf
+            from ..models.chat_template import from_gguf
 
             info = self._child.info if self._child is not None else {}
             meta = info.get("metadata", {})
@@ -194,7 +194,7 @@ class SupervisedEngine:
         return self._chat_template
 
     def render_chat(self, messages: Seq[dict]) -> str:
-        from ..chat_template import validate_messages
+        from ..models.chat_template import validate_messages
 
         return self.chat_template.render(validate_messages(messages), add_generation_prompt=True)
 

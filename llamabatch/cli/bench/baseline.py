@@ -56,7 +56,7 @@ def _sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: 
                          on_request: Any = None, cpu_buffers: str | None = None) -> list[dict[str, Any]]:
     import llama_cpp
 
-    from ...runner import init_backend, llama_uses_model_params
+    from ...llama.runner import init_backend, llama_uses_model_params
 
     init_backend()  # keeps llama.cpp's log lines off stderr, as for the engine
     seed = params.seed if params.seed is not None else random_seed()

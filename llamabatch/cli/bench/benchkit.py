@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 from ...errors import InvalidRequest
 from ...params import SamplingParams
 from ...results import Delta, Result
-from ...telemetry import TickRecord
+from ...core.telemetry import TickRecord
 
 # Ordinary prose, long enough (a few hundred tokens) that prompts built from different
 # offsets into it differ from their second token on: the prefix cache cannot make a

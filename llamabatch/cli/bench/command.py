@@ -15,8 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ... import __version__
 from . import benchkit
 from ...errors import InvalidRequest
-from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table,
-                     tick_summary_line, ticks_table)
+from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table)
 from .. import env as cli_env
 from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ...chat_template import ChatTemplate, validate_messages
+from ...models.chat_template import ChatTemplate, validate_messages
 from ...errors import InvalidRequest
 
 TRANSCRIPT_VERSION = 1

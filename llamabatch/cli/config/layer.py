@@ -65,7 +65,7 @@ def resolve_model_layer(resolved: Resolved) -> Resolved:
     """`resolved` with its model spelling turned into a file (models.resolve_model_ref):
     aliases from the config file's [models] table, store names, folders. The display name
     stays the user's spelling; a store's default stops fill an unset `stop`."""
-    from ...models import resolve_model_ref
+    from ...models.resolve import resolve_model_ref
 
     config = current_config()
     aliases = {name: s.value for name, s in config.models.items()} if config else {}

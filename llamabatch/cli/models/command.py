@@ -18,7 +18,7 @@ def models_command(
 
     NAME is what to pass to -m / --model. Only GGUF headers are read: no model is loaded.
     """
-    from ...model_list import list_models, places
+    from ...models.listing import list_models, places
     from ..config.layer import current_config
 
     config = current_config()

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from ...engine import Engine, RequestHandle
+from ...core.engine import Engine, RequestHandle
 from ...errors import LlamaBatchError
 from .formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
 from ...results import Result

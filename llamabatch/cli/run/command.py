@@ -14,15 +14,14 @@ from typing import Optional
 import typer
 
 from .formats import LineParser
-from ... import autoslots
+from ...llama import autoslots
 from .. import env as cli_env
 from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options, say
 from .verify import Reservoir, rerun_alone
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
-from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back,
-                    refuse_resume_to_stream, stream_kind)
+from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back, refuse_resume_to_stream, stream_kind)
 from .on_ray import import_ray_pool, open_pool
 from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
 from .writer import RecordWriter

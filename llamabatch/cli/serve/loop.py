@@ -30,12 +30,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ...engine import Engine, RequestHandle
+from ...core.engine import Engine, RequestHandle
 from ...errors import EngineClosed, QueueFull
-from .protocol import (BadLine, Cancel, RequestId, Stats, Submit, cancel_ignored_event, error_event, encode,
-                        parse_line, ready_event, stats_event, terminal_event, token_event)
+from .protocol import (BadLine, Cancel, RequestId, Stats, Submit, cancel_ignored_event, error_event, encode, parse_line, ready_event, stats_event, terminal_event, token_event)
 from ...results import Delta, Result
-from ...telemetry import TickRecord
+from ...core.telemetry import TickRecord
 
 log = logging.getLogger("llamabatch.serve")
 

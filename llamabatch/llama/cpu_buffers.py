@@ -95,9 +95,9 @@ def amx_verdict(model_path: str, run_probe: Callable[[str], tuple[bool, str]] | 
 
 
 def probe_amx(model_path: str, command: Sequence[str] | None = None, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
-    """Run the AMX probe (llamabatch.amx_probe) in a throwaway subprocess. Whatever happens to
+    """Run the AMX probe (llamabatch.llama.amx_probe) in a throwaway subprocess. Whatever happens to
     the child — SIGILL, abort, a hang — is the answer "no", never an error of the caller."""
-    cmd = list(command or [sys.executable, "-m", "llamabatch.amx_probe", model_path])
+    cmd = list(command or [sys.executable, "-m", "llamabatch.llama.amx_probe", model_path])
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               timeout=timeout, start_new_session=True)

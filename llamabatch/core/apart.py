@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .params import SamplingParams
+from ..params import SamplingParams
 from .plan import Chunk, SampleJob, SampleStopped
 
 log = logging.getLogger("llamabatch.apart")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Sequence as Seq, Union
 
-from .errors import ContextOverflow, InvalidRequest
-from .json_line import find_surrogate, surrogate_at
-from .params import SamplingParams, random_seed
+from ..errors import ContextOverflow, InvalidRequest
+from ..json_line import find_surrogate, surrogate_at
+from ..params import SamplingParams, random_seed
 from .sequence import Sequence
 
 Prompt = Union[str, Seq[int], Seq[dict]]
@@ -58,11 +58,11 @@ class InputPreparer:
         return self._template
 
     def _choose_template(self):
-        from .chat_template import from_gguf
+        from ..models.chat_template import from_gguf
 
         formats = getattr(self.runner, "chat_formats", None)
         if formats is None:
-            from .runner import LlamaChatFormats  # llama.cpp's formats need no model
+            from ..llama.runner import LlamaChatFormats  # llama.cpp's formats need no model
 
             formats = LlamaChatFormats()
         meta = getattr(self.runner, "metadata", {})
@@ -80,7 +80,7 @@ class InputPreparer:
             return False
 
     def render_chat(self, messages: Seq[dict]) -> str:
-        from .chat_template import validate_messages
+        from ..models.chat_template import validate_messages
 
         return self.chat_template.render(validate_messages(messages), add_generation_prompt=True)
 

@@ -14,12 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ModelLoadError
-from .model_stores import ModelRef, display_name, resolve_spelling
+from ..errors import ModelLoadError
+from .stores import ModelRef, display_name, resolve_spelling
 
 if TYPE_CHECKING:
-    from .config import EngineConfig
-    from .params import SamplingParams
+    from ..config import EngineConfig
+    from ..params import SamplingParams
 
 MODEL_ENV = "LLAMABATCH_MODEL"
 CACHE_DIR_ENV = "LLAMABATCH_CACHE_DIR"

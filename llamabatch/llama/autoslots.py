@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .config import DEFAULT_CTX_PER_SLOT, EngineConfig
+from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
 # the KV and memory figures are resources.py's (which also checks them before a context is made)
 from .resources import available_memory, kv_bytes_per_token  # noqa: F401  (kv_bytes_per_token: re-exported)
 
@@ -84,7 +84,7 @@ def describe(n: int, measured: Mapping[int, float], bound_why: str, limit: int) 
 
 def cache_path() -> Path:
     """slots.json in llamabatch's cache folder ($LLAMABATCH_CACHE_DIR, else the XDG cache dir)."""
-    from .models import cache_dir
+    from ..models.resolve import cache_dir
 
     return cache_dir() / "slots.json"
 
@@ -194,8 +194,8 @@ def calibrate(config: EngineConfig, model_path: str, levels: list[int], ticks: i
     """Decode tokens/s at each slot count in `levels`, on the real model: every slot gets a
     short distinct prompt, then one untimed and `ticks` timed decode ticks of one token per
     slot. One context sized for the largest level serves every level."""
-    from .params import SamplingParams
-    from .plan import Chunk, StepPlan
+    from ..params import SamplingParams
+    from ..core.plan import Chunk, StepPlan
     from .runner import LlamaRunner  # runner.py stays the only importer of llama_cpp
 
     top = max(levels)

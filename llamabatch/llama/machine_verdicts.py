@@ -66,7 +66,7 @@ def verdict_key(*parts: str) -> str:
 
 def verdicts_path() -> Path:
     """verdicts.json in llamabatch's cache folder ($LLAMABATCH_CACHE_DIR, else the XDG cache dir)."""
-    from .models import cache_dir
+    from ..models.resolve import cache_dir
 
     return cache_dir() / "verdicts.json"
 

@@ -1,4 +1,4 @@
-"""`python -m llamabatch.amx_probe MODEL`: load MODEL with llama.cpp's default weight layout
+"""`python -m llamabatch.llama.amx_probe MODEL`: load MODEL with llama.cpp's default weight layout
 (AMX included where the build has it) and run one prefill of 32 rows and a few decode steps.
 
 Run only as a throwaway subprocess by cpu_buffers.probe_amx: where AMX is listed but not
@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import sys
 
-from .config import EngineConfig
+from ..config import EngineConfig
 from .cpu_buffers import KernelPath
-from .params import SamplingParams
-from .plan import Chunk, StepPlan
+from ..params import SamplingParams
+from ..core.plan import Chunk, StepPlan
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m llamabatch.amx_probe MODEL.gguf", file=sys.stderr)
+        print("usage: python -m llamabatch.llama.amx_probe MODEL.gguf", file=sys.stderr)
         return 2
     from .runner import LlamaRunner
 

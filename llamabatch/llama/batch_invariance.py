@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .plan import Chunk
+from ..core.plan import Chunk
 
 TILE = 4  # rows per gemm tile of the repacked kernels (the default Shapes)
 MIN_ROWS = 8  # fewest rows in any ubatch: at or above the tiled K-quant kernel's threshold

@@ -16,7 +16,7 @@ import os
 from datetime import datetime
 from typing import Callable, Protocol
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 ROLES = ("system", "user", "assistant", "tool")
 

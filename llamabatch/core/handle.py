@@ -9,7 +9,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
 
-from .results import Delta, Result
+from ..results import Delta, Result
 
 if TYPE_CHECKING:
     from .engine import Engine

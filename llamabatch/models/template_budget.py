@@ -36,7 +36,7 @@ from jinja2.compiler import CodeGenerator
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 STEPS_BASE = 1_000_000  # loop iterations + calls: ~1 s of a tight template loop on this machine
 STEPS_PER_MESSAGE = 10_000

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .params import SamplingParams
-from .results import Result, Timings, Usage
+from ..params import SamplingParams
+from ..results import Result, Timings, Usage
 
 
 class Status(enum.IntEnum):

