@@ -8,11 +8,20 @@ real process on the model without them carries `@pytest.mark.model` itself.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import pytest
 from hypothesis import settings
 
 from llamabatch.models.resolve import resolve_model
+
+# Machines of this kind set PYTHONDONTWRITEBYTECODE=1. Then every `python -m llamabatch` a test
+# starts compiles the package from source again (0.55 s of its 1.0 s start), and pytest rewrites
+# every test module's asserts again (collection 6.9 s instead of 1.6 s). The suite starts a few
+# hundred such processes; bytecode caches go to __pycache__/ (git-ignored) and change no result.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +39,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+        if item.get_closest_marker("model"):
+            # One at a time, in file order, on one xdist worker: model tests load the model with
+            # 2 threads each and some measure time; two at once on 2 cores would only slow
+            # both, and a module's model fixture is loaded once, not once per worker.
+            item.add_marker(pytest.mark.xdist_group("model"))
 
 
 # Hypothesis profiles for tests/test_fuzz.py: "fast" in the normal suite (a few seconds), "long"

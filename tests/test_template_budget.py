@@ -21,6 +21,15 @@ HI = [{"role": "user", "content": "hi"}]
 BOUND_S = 15  # generous on a loaded 2-core machine: the steps run out in about a second
 
 
+@pytest.fixture(autouse=True)
+def deadline_past_the_steps(monkeypatch):
+    """These tests name the bound that stops a render (steps, size). The steps run out in about
+    a second on a quiet machine, but on a loaded one (or beside other test workers) the 2-s
+    deadline can come first: here it is moved past BOUND_S, so the step and size bounds are
+    what is tested. The deadline has its own test, with its own explicit value."""
+    monkeypatch.setattr(template_budget, "DEADLINE_S", BOUND_S)
+
+
 def stopped(text: str, messages=HI) -> TemplateBudgetExceeded:
     t0 = time.perf_counter()
     with pytest.raises(TemplateBudgetExceeded) as info:
@@ -51,7 +60,9 @@ def test_reproducer_nested_loops_run_out_of_steps():
      "`~` built"),
     ("{% for i in range(100000) %}{{ messages[0].content }}{% endfor %}", "output longer than"),
 ])
-def test_every_way_to_run_long_or_grow_large_is_stopped(text, says):
+def test_every_way_to_run_long_or_grow_large_is_stopped(text, says, monkeypatch):
+    if says == "chat template 't' stopped: ":  # either bound may stop it: the deadline as shipped
+        monkeypatch.setattr(template_budget, "DEADLINE_S", 2.0)
     messages = [{"role": "user", "content": "y" * 3000}]
     t0 = time.perf_counter()
     with pytest.raises(TemplateBudgetExceeded) as info:

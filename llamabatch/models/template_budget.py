@@ -53,12 +53,12 @@ class TemplateBudgetExceeded(InvalidRequest):
 
 
 class Budget:
-    def __init__(self, steps: int, output_chars: int, deadline_s: float = DEADLINE_S):
+    def __init__(self, steps: int, output_chars: int, deadline_s: float | None = None):
         self.steps = steps
         self.left = steps
         self.output_chars = output_chars
-        self.deadline_s = deadline_s
-        self.deadline = time.perf_counter() + deadline_s
+        self.deadline_s = DEADLINE_S if deadline_s is None else deadline_s  # read when a render starts
+        self.deadline = time.perf_counter() + self.deadline_s
 
     def spend(self) -> None:
         self.left -= 1
