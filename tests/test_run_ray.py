@@ -186,7 +186,7 @@ def test_two_workers_give_what_a_local_run_gives(cluster, ray_env, tmp_path):
     # gemm vs gemv rows, cached vs fresh prefixes). One slot per engine and no prefix cache
     # make every line run alone on either side, so the texts must match exactly.
     env, _ = ray_env
-    inp = lines_file(tmp_path / "in.jsonl", 40, 6)
+    inp = lines_file(tmp_path / "in.jsonl", 16, 6)
     alone = ["--n-parallel", "1", "--n-ctx", "512", "--no-cache-prompt", "--temperature", "0", "--max-tokens", "6"]
     local = run_cli(env, str(inp), "-o", str(tmp_path / "local.jsonl"), *alone, "-t", "1")
     assert local.returncode == 0, local.stderr
@@ -194,7 +194,7 @@ def test_two_workers_give_what_a_local_run_gives(cluster, ray_env, tmp_path):
                   "--progress-every", "0")
     assert ray.returncode == 0, ray.stderr
     a, b = records(tmp_path / "local.jsonl"), records(tmp_path / "ray.jsonl")
-    assert len(b) == 40
+    assert len(b) == 16
     assert [rid(r) for r in b] == [rid(r) for r in a]  # --order input, as locally
     assert [shape(r) for r in b] == [shape(r) for r in a]
     assert [text_of(r) for r in b] == [text_of(r) for r in a]
@@ -202,7 +202,7 @@ def test_two_workers_give_what_a_local_run_gives(cluster, ray_env, tmp_path):
     # one summary line per worker, and per-worker rates in the progress lines
     workers = re.findall(r"^  (w\d) on 127\.0\.0\.1 .*: (\d+) line\(s\)", ray.stderr, re.M)
     assert [w for w, _ in workers] == ["w1", "w2"], ray.stderr
-    assert sum(int(n) for _, n in workers) == 40
+    assert sum(int(n) for _, n in workers) == 16
     assert re.search(r"w1 [\d.]+ lines/s \d+ tok/s, w2 ", ray.stderr), ray.stderr
     assert "0 worker restart(s), 0 line(s) retried" in ray.stderr
 
@@ -228,10 +228,10 @@ def test_the_default_auto_slots_are_chosen_by_each_worker(cluster, ray_env, tmp_
 
 def test_a_killed_worker_loses_no_line(cluster, ray_env, tmp_path):
     env, _ = ray_env
-    inp = lines_file(tmp_path / "in.jsonl", 40, 12)
+    inp = lines_file(tmp_path / "in.jsonl", 20, 8)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
     proc = start_cli(env, err, str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS,
-                     "--max-tokens", "12", "--order", "completion")
+                     "--max-tokens", "8", "--order", "completion")
     try:
         wait_records(out, 4, proc)
         pid = int(re.search(r"w1: node \S+, pid (\d+)", err.read_text()).group(1))
@@ -242,7 +242,7 @@ def test_a_killed_worker_loses_no_line(cluster, ray_env, tmp_path):
             proc.kill()
     got = records(out)
     ids = [rid(r) for r in got]
-    assert len(got) == 40 and len(set(ids)) == 40
+    assert len(got) == 20 and len(set(ids)) == 20
     assert all(r.get("error") is None and r.get("response", {}).get("status_code", 200) == 200 for r in got)
     stderr = err.read_text()
     assert re.search(r"w1 on .*died 1 time\(s\) with [1-9]\d* line\(s\) in flight", stderr), stderr
@@ -253,10 +253,10 @@ def test_a_stopped_worker_is_killed_by_the_watchdog_and_loses_no_line(cluster, r
     """A worker that hangs (here: SIGSTOP; it does not even answer) is killed after the watchdog's
     bound and its lines are retried as for a dead one."""
     env, _ = ray_env
-    inp = lines_file(tmp_path / "in.jsonl", 40, 12)
+    inp = lines_file(tmp_path / "in.jsonl", 20, 8)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
     proc = start_cli(env, err, str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS,
-                     "--max-tokens", "12", "--order", "completion", "--watchdog", "3")
+                     "--max-tokens", "8", "--order", "completion", "--watchdog", "3")
     try:
         wait_records(out, 4, proc)
         pid = int(re.search(r"w1: node \S+, pid (\d+)", err.read_text()).group(1))
@@ -266,7 +266,7 @@ def test_a_stopped_worker_is_killed_by_the_watchdog_and_loses_no_line(cluster, r
         if proc.poll() is None:
             proc.kill()
     got = records(out)
-    assert len(got) == 40 and len({rid(r) for r in got}) == 40
+    assert len(got) == 20 and len({rid(r) for r in got}) == 20
     assert all(r.get("error") is None and r.get("response", {}).get("status_code", 200) == 200 for r in got)
     stderr = err.read_text()
     assert re.search(r"w1 on .*died 1 time\(s\) with [1-9]\d* line\(s\) in flight.*killed by the watchdog", stderr), stderr
@@ -310,9 +310,9 @@ def _session(sid: int) -> list[int]:
 
 def test_resume_after_kill_9_of_the_driver(cluster, ray_env, tmp_path):
     env, _ = ray_env
-    inp = lines_file(tmp_path / "in.jsonl", 40, 8)
+    inp = lines_file(tmp_path / "in.jsonl", 20, 6)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
-    args = [str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS, "--max-tokens", "8"]
+    args = [str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS, "--max-tokens", "6"]
     proc = start_cli(env, err, *args)
     try:
         wait_records(out, 6, proc)
@@ -322,10 +322,10 @@ def test_resume_after_kill_9_of_the_driver(cluster, ray_env, tmp_path):
         if proc.poll() is None:
             proc.kill()
     first = out.read_bytes().count(b"\n")
-    assert first < 40
+    assert first < 20
     resumed = run_cli(env, *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     got = records(out)
     ids = [rid(r) for r in got]
-    assert len(got) == 40 and len(set(ids)) == 40, resumed.stderr
+    assert len(got) == 20 and len(set(ids)) == 20, resumed.stderr
     assert re.search(rf"resuming: {first} record\(s\) already", resumed.stderr), resumed.stderr
