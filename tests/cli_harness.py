@@ -3,6 +3,7 @@ test's own and, when asked, an engine over the scripted fake runner (no model).
 
     result = invoke(["config", "show"])                      # like CliRunner().invoke
     result = invoke(["run", "-"], input="hi\n", runner=fake)  # `run` on the fake runner
+    result = invoke(["run", "-"], input="hi\n", factory=FakeEngines(fake, [], supervise=True))
 
 stdin, stdout and stderr are temporary files (commands that read or write raw fds, such
 as serve-stdin, need real descriptors); they are read back as text when the command ends.
@@ -18,6 +19,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 from llamabatch import Engine
 from llamabatch.cli.app import main
 from llamabatch.cli.env import Environment
+from llamabatch.llama import autoslots
+from llamabatch.settings.factory import EngineFactory
+from llamabatch.supervised.child import RUNNER_ENV
 
 from fake_runner import FakeRunner
 
@@ -27,26 +31,70 @@ class Outcome:
     exit_code: int
     stdout: str
     stderr: str
-    engines: list[Engine]  # the engines the command built (fake runner only)
+    engines: list[Engine]  # the engines the command built (fake factories only)
 
     @property
     def output(self) -> str:
         return self.stdout
 
 
-def fake_factory(make_runner: Callable[..., FakeRunner], engines: list[Engine]):
-    """An Environment.engine_factory that builds the engine over `make_runner(config)`."""
-    def build(config, params):
-        # The CLI resolved --model (the bundled file) and named it; the fake runner stands in
-        # for that model, so records name the fake, as they would name whatever really loaded.
-        config = config.replace(model_name=None)
-        runner = make_runner(config)
+# What the fake chooser "measures" for n_parallel auto (decode tok/s per slot count): 16 slots
+# win (the smallest count within 5% of the best), unless something bounds them lower.
+FAKE_MEASURED = {4: 100.0, 8: 170.0, 16: 190.0, 24: 195.0, 32: 150.0}
+CHILD_RUNNERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervised_child_runner.py")
+
+
+class FakeEngines(EngineFactory):
+    """The CLI's engine factory with the scripted fake runner in place of the model.
+
+    Everything else is the real factory's: the settings the command resolved, the model
+    check, n_parallel "auto" chosen by autoslots' own bounds and pick (over FAKE_MEASURED:
+    nothing is measured or cached), and with `supervise` a real SupervisedEngine whose
+    child runs `child_runner` (tests/supervised_child_runner.py) instead of loading the
+    model. Without `supervise`, --isolate engines run in this process (milliseconds)."""
+
+    def __init__(self, make_runner: Callable[..., FakeRunner], engines: list, *, supervise: bool = False,
+                 child_runner: str = "fake"):
+        self.make_runner = make_runner
+        self.engines = engines
+        self.supervise = supervise
+        self.child_runner = child_runner
+        self.slot_choices: list[tuple[int | None, int]] = []  # (max_slots, chosen) per auto choice
+
+    def open(self, resolved, *, max_slots=None, isolated=False, watchdog_s=None):
+        engine = super().open(resolved, max_slots=max_slots, isolated=isolated and self.supervise,
+                              watchdog_s=watchdog_s)
+        self.engines.append(engine)
+        return engine
+
+    def choose_slots(self, config, model_path, max_slots):
+        if max_slots is not None and max_slots <= 1:
+            choice = autoslots.Choice(1, "auto: bounded by 1 input line", {})
+        else:
+            limit, why = autoslots.bounds(config, None, None, max_slots)
+            n = autoslots.pick(FAKE_MEASURED, limit)
+            choice = autoslots.Choice(n, autoslots.describe(n, FAKE_MEASURED, why, limit), dict(FAKE_MEASURED))
+        self.slot_choices.append((max_slots, choice.n_parallel))
+        return choice
+
+    def load_runner(self, config):
+        runner = self.make_runner(config)
         if runner.n_batch is None:
             runner.n_batch = config.n_batch
-        engine = Engine(config, runner=runner, default_params=params)
-        engines.append(engine)
-        return engine
-    return build
+        return runner
+
+    def in_process(self, resolved):
+        # The CLI resolved --model (the bundled file) and named it; the fake runner stands in
+        # for that model, so records name the fake, as they would name whatever really loaded.
+        return super().in_process(resolved.replace(engine=resolved.engine.replace(model_name=None)))
+
+    def child_environment(self):
+        return {**os.environ, RUNNER_ENV: f"{CHILD_RUNNERS}:{self.child_runner}"}
+
+
+def fake_factory(make_runner: Callable[..., FakeRunner], engines: list, **kw) -> FakeEngines:
+    """An Environment.engine_factory that builds the engine over `make_runner(config)`."""
+    return FakeEngines(make_runner, engines, **kw)
 
 
 def runner_for(reply: Callable[[str], str] | None = None, **kw) -> Callable[..., FakeRunner]:
@@ -70,7 +118,9 @@ def _environ(overrides: Mapping[str, str] | None) -> Iterator[None]:
 
 def invoke(args: Sequence[str], input: str | bytes = "", *, runner: Callable[..., FakeRunner] | None = None,
            env: Mapping[str, str] | None = None, stdin_isatty: bool = False, stdout_isatty: bool = False,
-           stderr_isatty: bool = False) -> Outcome:
+           stderr_isatty: bool = False, factory: EngineFactory | None = None) -> Outcome:
+    """`runner`: the engine over that fake runner (FakeEngines), or `factory`: that factory
+    (e.g. FakeEngines(..., supervise=True)); neither: the real one, which loads the model."""
     engines: list[Engine] = []
     with tempfile.TemporaryFile("w+b") as fin, tempfile.TemporaryFile("w+b") as fout, \
             tempfile.TemporaryFile("w+b") as ferr:
@@ -81,7 +131,10 @@ def invoke(args: Sequence[str], input: str | bytes = "", *, runner: Callable[...
         stderr = open(ferr.fileno(), "w", encoding="utf-8", closefd=False)
         environment = Environment(stdin, stdout, stderr, stdin_isatty=stdin_isatty, stdout_isatty=stdout_isatty,
                                   stderr_isatty=stderr_isatty)
-        if runner is not None:
+        if factory is not None:
+            environment.engine_factory = factory
+            engines = factory.engines if isinstance(factory, FakeEngines) else engines
+        elif runner is not None:
             environment.engine_factory = fake_factory(runner, engines)
         with _environ(env):
             code = main(list(args), environment)

@@ -8,7 +8,7 @@ import pytest
 
 from llamabatch import EngineConfig
 from llamabatch.llama.autoslots import CANDIDATES, cache_path, choose, kv_bytes_per_token, pick
-from llamabatch.cli.options import SharedOptions, resolve
+from llamabatch.settings.layers import merge
 
 GIB = 2**30
 GEMMA_META = {"general.architecture": "gemma3", "gemma3.block_count": "18", "gemma3.attention.head_count": "4",
@@ -105,14 +105,14 @@ def test_an_explicit_count_always_wins():
 
 def test_run_and_serve_default_to_auto_chat_to_one_and_a_flag_or_env_wins(monkeypatch):
     monkeypatch.delenv("LLAMABATCH_N_PARALLEL", raising=False)
-    assert resolve(SharedOptions({}, "run")).engine.n_parallel == "auto"
-    assert resolve(SharedOptions({}, "serve-stdin")).engine.n_parallel == "auto"
-    assert resolve(SharedOptions({}, "chat")).engine.n_parallel == 1
-    assert resolve(SharedOptions({"n_parallel": "3"}, "run")).engine.n_parallel == 3
-    assert resolve(SharedOptions({"n_parallel": "auto"}, "chat")).engine.n_parallel == "auto"
+    assert merge({}, "run").engine.n_parallel == "auto"
+    assert merge({}, "serve-stdin").engine.n_parallel == "auto"
+    assert merge({}, "chat").engine.n_parallel == 1
+    assert merge({"n_parallel": "3"}, "run").engine.n_parallel == 3
+    assert merge({"n_parallel": "auto"}, "chat").engine.n_parallel == "auto"
     monkeypatch.setenv("LLAMABATCH_N_PARALLEL", "5")
-    assert resolve(SharedOptions({}, "run")).engine.n_parallel == 5
-    assert resolve(SharedOptions({"n_parallel": "2"}, "run")).engine.n_parallel == 2
+    assert merge({}, "run").engine.n_parallel == 5
+    assert merge({"n_parallel": "2"}, "run").engine.n_parallel == 2
 
 
 @pytest.mark.parametrize("bad", ["0", "many", "-3"])
@@ -120,7 +120,7 @@ def test_bad_slot_counts_are_usage_errors(bad):
     from llamabatch.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="n_parallel|--n-parallel"):
-        resolve(SharedOptions({"n_parallel": bad}, "run"))
+        merge({"n_parallel": bad}, "run")
 
 
 # -- on the bundled model ---------------------------------------------------------------------

@@ -9,11 +9,11 @@ import pytest
 from cli_harness import invoke
 
 from llamabatch.llama import batch_invariance as inv
-from llamabatch.cli.options import SharedOptions, resolve
+from llamabatch.settings.layers import merge
 from llamabatch.cli.run.progress import PlainReporter
 from llamabatch.cli.run.command import _verified
 from llamabatch.config import EngineConfig
-from llamabatch.cli.config.config_file import parse_text
+from llamabatch.settings.config_file import parse_text
 from llamabatch.errors import DeterminismUnavailable
 from llamabatch.params import SamplingParams
 from llamabatch.core.plan import Chunk
@@ -200,14 +200,14 @@ def test_gpu_build_refuses_in_one_line_with_exit_2(monkeypatch, tmp_path):
 
 def test_flag_env_and_config_file_reach_engine_config(monkeypatch):
     monkeypatch.delenv("LLAMABATCH_DETERMINISTIC", raising=False)
-    assert resolve(SharedOptions({}, "run")).engine.deterministic is False
-    assert resolve(SharedOptions({"deterministic": True}, "run")).engine.deterministic is True
+    assert merge({}, "run").engine.deterministic is False
+    assert merge({"deterministic": True}, "run").engine.deterministic is True
     monkeypatch.setenv("LLAMABATCH_DETERMINISTIC", "1")
-    assert resolve(SharedOptions({}, "run")).engine.deterministic is True
+    assert merge({}, "run").engine.deterministic is True
     monkeypatch.delenv("LLAMABATCH_DETERMINISTIC")
     config = parse_text("deterministic = true\n[bench]\ndeterministic = false\n", "llamabatch.toml")
-    assert resolve(SharedOptions({}, "run"), config.values_for("run")).engine.deterministic is True
-    assert resolve(SharedOptions({}, "bench"), config.values_for("bench")).engine.deterministic is False
+    assert merge({}, "run", config.values_for("run")).engine.deterministic is True
+    assert merge({}, "bench", config.values_for("bench")).engine.deterministic is False
 
 
 def test_records_say_deterministic_only_when_on():

@@ -15,10 +15,9 @@ import pytest
 from llamabatch import InvalidRequest
 from llamabatch.cli import env as cli_env
 from llamabatch.cli.app import app
-from llamabatch.cli.common import resolve_options
-from llamabatch.cli.config.layer import command_setting, command_setting_source, file_values_for
-from llamabatch.cli.options import SHARED_OPTIONS, SharedOptions
-from llamabatch.cli.config.config_file import ConfigFileError, key_lines, parse_text
+from llamabatch.settings.file_layer import command_setting, command_setting_source, file_values_for, resolve_settings
+from llamabatch.cli.options import SHARED_OPTIONS
+from llamabatch.settings.config_file import ConfigFileError, key_lines, parse_text
 
 from cli_harness import invoke
 
@@ -146,13 +145,13 @@ def test_resolve_options_uses_the_file_for_engine_and_sampling(clean_env):
     write(clean_env / "json.gbnf", 'root ::= "{}"\n')
     with open(path, "a", encoding="utf-8") as f:
         f.write('\n[chat]\ngrammar_file = "json.gbnf"\nmax_tokens = 7\n')
-    resolved = resolve_options(SharedOptions({}, "chat"))
+    resolved = resolve_settings({}, "chat")
     assert resolved.engine.n_parallel == 4 and resolved.engine.policy == "balanced"
     assert resolved.sampling.temperature == 0.2 and resolved.sampling.max_tokens == 7
     assert resolved.sampling.presence_penalty == 0.5  # a sampling field with no flag of its own
     assert resolved.sampling.grammar == 'root ::= "{}"\n'  # read from next to the config file
     assert resolved.sources["presence_penalty"] == f"{path}:9"
-    resolved = resolve_options(SharedOptions({"temperature": 0.0}, "run"))
+    resolved = resolve_settings({"temperature": 0.0}, "run")
     assert resolved.sampling.temperature == 0.0 and resolved.engine.n_parallel == 16
 
 
@@ -169,7 +168,7 @@ def test_command_setting(clean_env):
 
 def test_every_command_reads_its_own_table():
     """The name a command passes to the config layer is the name its table has."""
-    from llamabatch.cli.config.config_file import COMMANDS
+    from llamabatch.settings.config_file import COMMANDS
 
     named = {info.name: getattr(info.callback, "config_command", None) for info in app.registered_commands}
     assert {name: named.get(name) for name in COMMANDS} == {name: name for name in COMMANDS}
@@ -192,7 +191,7 @@ def test_sampling_table_forms(clean_env):
     values = show()
     assert values["stop"] == (["END"], f"{path}:2")
     assert json.loads(values["json_schema"][0]) == {"type": "object", "required": ["a"]}
-    resolved = resolve_options(SharedOptions({}, ""))
+    resolved = resolve_settings({}, "")
     assert resolved.sampling.json_schema == {"type": "object", "required": ["a"]}
     assert resolved.sampling.logit_bias == {42: -100.0}
 
@@ -284,7 +283,7 @@ def test_bad_file_is_one_line_with_file_and_key_exit_2(clean_env, text, expected
 def test_bad_file_also_stops_a_command_before_anything_runs(clean_env):
     write(clean_env / "llamabatch.toml", "n_parallel = 0\n")
     with pytest.raises(InvalidRequest) as info:  # what every command calls first; main() makes it exit 2
-        resolve_options(SharedOptions({}, "run"))
+        resolve_settings({}, "run")
     assert ":1: n_parallel: must be an integer >= 1 or \"auto\", got 0" in str(info.value)
     assert invoke(["run", "-"], "hi\n").exit_code == 2
 
@@ -425,7 +424,7 @@ def test_models_table_holds_aliases_with_paths_relative_to_the_file(clean_env):
 
 def test_an_alias_becomes_the_model_and_its_display_name(clean_env, model_path):
     write(clean_env / "llamabatch.toml", f'model = "small"\n[models]\nsmall = "{model_path}"\n')
-    resolved = resolve_options(SharedOptions({}, "run"))
+    resolved = resolve_settings({}, "run")
     assert resolved.engine.model == model_path
     assert resolved.engine.model_name == "small"
 

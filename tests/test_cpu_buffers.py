@@ -11,7 +11,7 @@ import pytest
 from cli_harness import invoke
 from llamabatch import EngineConfig
 from llamabatch.llama import batch_invariance as inv, cpu_buffers, machine_verdicts
-from llamabatch.cli.options import SharedOptions, resolve
+from llamabatch.settings.layers import merge
 from llamabatch.errors import DeterminismUnavailable, InvalidRequest
 from llamabatch.models.gguf_header import TensorInfo
 from llamabatch.llama.repack_rule import Q4_0, Q4_K, Q6_K, Q8_0, is_repacked
@@ -85,10 +85,10 @@ def test_unknown_value_on_the_command_line_is_one_line_and_exit_2(tmp_path):
 
 def test_flag_and_env_reach_engine_config(monkeypatch):
     monkeypatch.delenv("LLAMABATCH_CPU_BUFFERS", raising=False)
-    assert resolve(SharedOptions({}, "run")).engine.cpu_buffers is None
-    assert resolve(SharedOptions({"cpu_buffers": "plain"}, "run")).engine.cpu_buffers == "plain"
+    assert merge({}, "run").engine.cpu_buffers is None
+    assert merge({"cpu_buffers": "plain"}, "run").engine.cpu_buffers == "plain"
     monkeypatch.setenv("LLAMABATCH_CPU_BUFFERS", "repack")
-    assert resolve(SharedOptions({}, "run")).engine.cpu_buffers == "repack"
+    assert merge({}, "run").engine.cpu_buffers == "repack"
     assert cpu_buffers.env_choice() == "repack"  # the library's default too (EngineConfig.cpu_buffers=None)
 
 

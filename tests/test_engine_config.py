@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import EngineConfig, InvalidRequest, SamplingParams
-from llamabatch.cli.config import config_file
+from llamabatch.settings import config_file
 from llamabatch.config import KEY_RULES
 from llamabatch.params import LLAMA_RANDOM_SEED, random_seed
 from llamabatch.core.policies import POLICIES

@@ -1,6 +1,7 @@
 """What every command shares at run time: lines for people, the exit codes and the one
-mapping from exceptions to them (`exit_code_for`, used by `app.main`), and building an
-Engine from resolved options."""
+mapping from exceptions to them (`exit_code_for`, used by `app.main`), and the two calls
+every engine-running command makes: resolve its options (settings layer), open its engine
+(the Environment's factory)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,9 +12,11 @@ from typing import TYPE_CHECKING, Iterator, TextIO
 import typer
 
 from ..errors import InvalidRequest, LlamaBatchError
+from ..settings.file_layer import resolve_settings
+from ..settings.resolved import Resolved
 from . import env
-from .config.layer import resolve_layers, resolve_model_layer
-from .options import Resolved, SharedOptions
+from .env import Environment
+from .options import SharedOptions
 
 if TYPE_CHECKING:
     from ..core.engine import Engine
@@ -86,43 +89,24 @@ def exit_code_for(exc: BaseException) -> tuple[int, str] | None:
     return None
 
 
-def resolve_options(opts: SharedOptions) -> Resolved:
-    """Flags > LLAMABATCH_* env > config file > defaults. Bad values raise InvalidRequest (exit 2).
+def resolve_options(opts: SharedOptions, environment: Environment) -> Resolved:
+    """Flags > LLAMABATCH_* env > config file (--config from `environment`) > defaults, the
+    model named by them resolved (settings.file_layer.resolve_settings), once, before any
+    input is read. Bad values raise InvalidRequest (exit 2); an unknown model name is a
+    ModelLoadError (one line, exit 1); a store's default stops (Ollama's) become the default
+    `stop` when no layer sets one."""
+    return resolve_settings(opts.values, opts.command, environment.config_path)
 
-    The model name is resolved here too (aliases, store names, folders), before any input
-    is read: an unknown name is a ModelLoadError (one line, exit 1), and a store's default
-    stops (Ollama's) become the default `stop` when no layer sets one.
-    """
-    return resolve_model_layer(resolve_layers(opts))
 
-
-def open_engine(resolved: Resolved, max_slots: int | None = None, *, isolated: bool = False,
-                watchdog_s: float | None = None) -> "Engine":
-    """Build the command's engine (loads the model; ModelLoadError is one line and exit 1).
-    A chat-template fallback is said once on stderr, when chat messages first need it.
-    n_parallel "auto" is measured first (autoslots), bounded by `max_slots` (e.g. the number
-    of input lines); an engine factory other than the real one (tests) decides it itself.
-    `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off)."""
-    config, reason = resolved.engine, ""
-    if config.n_parallel == "auto" and env.current().engine_factory is env.real_engine:
-        from ..llama.autoslots import resolve
-        from ..models.resolve import check_gguf, resolve_model_ref
-
-        path = resolve_model_ref(config.model).path
-        check_gguf(path)
-        config, choice = resolve(config, path, max_slots=max_slots)
-        reason = choice.reason
-    if isolated and env.current().engine_factory is env.real_engine:
-        # in a supervised child process (llamabatch/supervised): a llama.cpp abort costs a restart
-        from ..supervised import SupervisedEngine
-
-        bounds = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
-        engine = SupervisedEngine(config, default_params=resolved.sampling, **bounds)
-    else:
-        engine = env.current().engine_factory(config, resolved.sampling)
-    if reason:
-        engine.slots_reason = reason
-    engine.on_notice = lambda line: say(f"llamabatch: {line}")
+def open_engine(resolved: Resolved, environment: Environment, max_slots: int | None = None, *,
+                isolated: bool = False, watchdog_s: float | None = None) -> "Engine":
+    """Build the command's engine with the environment's factory (loads the model;
+    ModelLoadError is one line and exit 1): n_parallel "auto" measured, bounded by
+    `max_slots` (e.g. the number of input lines); `isolated`: in a supervised child process;
+    `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off).
+    A chat-template fallback is said once on stderr, when chat messages first need it."""
+    engine = environment.engine_factory.open(resolved, max_slots=max_slots, isolated=isolated, watchdog_s=watchdog_s)
+    engine.on_notice = lambda line: print(f"llamabatch: {line}", file=environment.stderr, flush=True)
     return engine
 
 

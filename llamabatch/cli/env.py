@@ -3,28 +3,18 @@ builds an engine, and the global flags.
 
 `main()` builds the real one from sys.stdin/stdout/stderr. Tests build their own (httpie's
 `Environment` idea): text streams over bytes, terminal flags of their choosing and an engine
-factory over the scripted fake runner, so run, serve-stdin and chat run in-process in
-milliseconds. Commands never reach for sys.std* themselves; they ask `current()`.
+factory over the scripted fake runner (settings/factory.py), so run, serve-stdin and chat
+run in milliseconds. Commands receive it (options.with_shared_options passes it as `env`)
+and never reach for sys.std* themselves; `say`/`out` (common.py) and code below a command
+that has no Environment in hand ask `current()`, the one main() activated.
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, TextIO
+from typing import TextIO
 
-if TYPE_CHECKING:
-    from ..config import EngineConfig
-    from ..core.engine import Engine
-    from ..params import SamplingParams
-
-EngineFactory = Callable[["EngineConfig", "SamplingParams"], "Engine"]
-
-
-def real_engine(config: "EngineConfig", params: "SamplingParams") -> "Engine":
-    """Load the model named by `config` (what every command does outside tests)."""
-    from ..core.engine import Engine
-
-    return Engine(config, default_params=params)
+from ..settings.factory import EngineFactory
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -42,7 +32,7 @@ class Environment:
     stdin_isatty: bool | None = None  # None: ask the stream
     stdout_isatty: bool | None = None
     stderr_isatty: bool | None = None
-    engine_factory: EngineFactory = real_engine
+    engine_factory: EngineFactory = field(default_factory=EngineFactory)  # tests: one over the fake runner
     debug: bool = False  # --debug: tracebacks instead of one-line errors, llama.cpp logs on stderr
     config_path: str | None = None  # the global --config FILE
     argv: tuple[str, ...] = ()  # the command line as given (main sets it), e.g. for run's resume hint

@@ -1,26 +1,24 @@
-"""The options every command shares, declared once and resolved in one place.
+"""The options every command shares, declared once as Typer flags.
 
 Each shared option defaults to None ("not given on the command line") so settings can be
-layered: flags > LLAMABATCH_* environment > config file > built-in defaults. `resolve`
-returns the EngineConfig, the default SamplingParams and where each value came from.
+layered: flags > LLAMABATCH_* environment > config file > built-in defaults. The layering
+itself is the settings layer's (llamabatch/settings/): a command hands `opts` to
+`common.resolve_options`, which returns the one Resolved value it runs with.
 """
 from __future__ import annotations
 
 import functools
 import inspect
-import json
-import os
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from ..config import EngineConfig
-from .config.config_file import ENGINE_RULES
 from ..core.policies import POLICIES
-from ..errors import InvalidRequest
-from ..params import SamplingParams
+from ..settings.layers import SHARED_KEYS, env_name  # noqa: F401  (env_name: config show's words)
+from ..settings.resolved import Resolved  # noqa: F401  (re-exported: what resolve_options returns)
+from .env import Environment
 
 ENGINE = "Engine"
 SAMPLING = "Sampling"
@@ -58,9 +56,7 @@ SHARED_OPTIONS: dict[str, Any] = {
     "json_schema": Annotated[Optional[str], _opt("--json-schema", help="JSON schema (inline JSON or a file) constraining output", panel=SAMPLING)],
 }
 
-ENGINE_KEYS = tuple(ENGINE_RULES)  # EngineConfig's keys a flag, env variable or config file sets
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop",
-                 "grammar_file", "json_schema")
+assert tuple(SHARED_OPTIONS) == SHARED_KEYS, "one flag per settings.layers.SHARED_KEYS key"
 
 
 @dataclass
@@ -75,15 +71,18 @@ class SharedOptions:
 
 
 def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Add every shared option to a Typer command; the command receives them as `opts`."""
+    """Add every shared option to a Typer command; the command receives them as `opts`, and
+    the Environment it runs in (the root command's context object) as `env`."""
     sig = inspect.signature(func)
     # With `from __future__ import annotations` the command's own annotations are strings, and
     # Typer does not evaluate strings found in an explicit __signature__: evaluate them here, or
     # its Annotated[..., typer.Option(...)] declarations (names, help, min=...) are lost.
     hints = typing.get_type_hints(func, include_extras=True)
-    own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values() if p.name != "opts"]
+    own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+           if p.name not in ("opts", "env")]
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
              for name, ann in SHARED_OPTIONS.items()]
+    extra.append(inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
 
     # The command's name, which picks its config-file table: run_command -> "run", serve_stdin -> "serve-stdin".
     command = func.__name__.removesuffix("_command").replace("_", "-")
@@ -93,128 +92,20 @@ def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
         shared = {name: kwargs.pop(name, None) for name in SHARED_OPTIONS}
         if shared.get("stop") == []:
             shared["stop"] = None  # a list option with nothing given is "not given"
-        return func(*args, opts=SharedOptions(shared, command), **kwargs)
+        env = environment_of(kwargs.pop(_CONTEXT))
+        return func(*args, opts=SharedOptions(shared, command), env=env, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
     wrapper.config_command = command  # type: ignore[attr-defined]
     return wrapper
 
 
-# Built-in defaults that differ for one command, below every other layer. One conversation
-# needs one slot, which then gets all of --n-ctx.
-COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"chat": {"n_parallel": 1}, "run": {"n_parallel": "auto"},
-                                               "serve-stdin": {"n_parallel": "auto"}}
+
+_CONTEXT = "_llamabatch_context"  # the click context Typer passes in; not a flag
 
 
-@dataclass
-class Resolved:
-    engine: EngineConfig
-    sampling: SamplingParams
-    sources: dict[str, str]  # key -> "flag" | "env LLAMABATCH_X" | "file:line" | "default"
-
-
-def env_name(key: str) -> str:
-    return "LLAMABATCH_" + key.upper()
-
-
-def _from_env(key: str, kind: Any) -> Any:
-    raw = os.environ.get(env_name(key))
-    if raw is None or raw == "":
-        return None
-    try:
-        if kind is bool:
-            low = raw.strip().lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            return int(raw)
-        if kind is float:
-            return float(raw)
-        if kind == "list":
-            return [s for s in raw.split(",") if s]
-        if kind == "slots":
-            return parse_slots(raw.strip(), env_name(key))
-        return raw
-    except ValueError:
-        raise InvalidRequest(f"{env_name(key)}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
-
-
-def parse_slots(value: Any, where: str = "--n-parallel") -> int | str:
-    """An explicit slot count or "auto" (from a flag or the environment, both text)."""
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise InvalidRequest(f"{where} must be an integer >= 1 or auto, got {value!r}") from None
-
-
-def _kind(key: str) -> Any:
-    if key == "stop":
-        return "list"
-    if key == "n_parallel":
-        return "slots"
-    if key == "max_memory":  # "16GiB", "80%", "off" or bytes: the setting's rule reads the text
-        return str
-    if key in ("cache_prompt", "deterministic"):
-        return bool
-    defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}
-    t = str(defaults.get(key, "str"))
-    return int if t.startswith("int") else float if t.startswith("float") else str
-
-
-def resolve(opts: SharedOptions, file_values: dict[str, tuple[Any, str]] | None = None) -> Resolved:
-    """Merge the layers for every shared key: flag > env > config file > default."""
-    file_values = file_values or {}
-    chosen: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for key in SHARED_OPTIONS:
-        flag = opts[key]
-        if key == "n_parallel" and flag is not None:
-            flag = parse_slots(flag)
-        if flag is not None:
-            chosen[key], sources[key] = flag, "flag"
-            continue
-        env = _from_env(key, _kind(key))
-        if env is not None:
-            chosen[key], sources[key] = env, f"env {env_name(key)}"
-        elif key in file_values:
-            chosen[key], sources[key] = file_values[key]
-        elif key in COMMAND_DEFAULTS.get(opts.command, {}):
-            chosen[key], sources[key] = COMMAND_DEFAULTS[opts.command][key], f"default ({opts.command})"
-        else:
-            sources[key] = "default"
-    engine = EngineConfig.from_dict({k: chosen[k] for k in ENGINE_KEYS if k in chosen})
-    sampling_values = {k: chosen[k] for k in SAMPLING_KEYS if k in chosen and k not in ("grammar_file", "json_schema")}
-    # Sampling fields without a flag (presence_penalty, timeout, ...) can come from the config file only.
-    extra = {k: v for k, v in file_values.items() if k not in SHARED_OPTIONS}
-    sources.update({k: where for k, (_, where) in extra.items()})
-    sampling_values = {k: v for k, (v, _) in extra.items()} | sampling_values
-    if "grammar_file" in chosen:
-        sampling_values["grammar"] = _read_text(chosen["grammar_file"], "--grammar-file")
-    if "json_schema" in chosen:
-        sampling_values["json_schema"] = _json_schema(chosen["json_schema"])
-    sampling = SamplingParams.from_dict(sampling_values)
-    return Resolved(engine, sampling, sources)
-
-
-def _read_text(path: str, what: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise InvalidRequest(f"{what} {path}: {exc.strerror or exc}") from None
-
-
-def _json_schema(value: str) -> dict:
-    text = value if value.lstrip().startswith("{") else _read_text(value, "--json-schema")
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"--json-schema is not valid JSON: {exc}") from None
-    if not isinstance(schema, dict):
-        raise InvalidRequest("--json-schema must be a JSON object")
-    return schema
+def environment_of(ctx: typer.Context) -> Environment:
+    """The Environment of the invocation `ctx` belongs to (app.root puts it on the root
+    context; a command called outside main() gets a default one over the real streams)."""
+    found = ctx.find_object(Environment)
+    return found if found is not None else ctx.ensure_object(Environment)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..supervised.watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN
-from .config.layer import command_setting
+from ..settings.file_layer import command_setting
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
@@ -35,10 +35,12 @@ class TimeBounds:
     drain_timeout_s: float
 
 
-def time_bounds(command: str, watchdog: float | None, drain_timeout: float | None) -> TimeBounds:
-    """The flags' values, else the command's config table's, else the defaults."""
+def time_bounds(command: str, watchdog: float | None, drain_timeout: float | None,
+                config_path: str | None = None) -> TimeBounds:
+    """The flags' values, else the command's config table's (the file --config, `config_path`,
+    names, or the default one), else the defaults."""
     if watchdog is None:
-        watchdog = command_setting(command, "watchdog", DEFAULT_FLOOR_S)
+        watchdog = command_setting(command, "watchdog", DEFAULT_FLOOR_S, config_path)
     if drain_timeout is None:
-        drain_timeout = command_setting(command, "drain_timeout", DEFAULT_DRAIN_TIMEOUT_S)
+        drain_timeout = command_setting(command, "drain_timeout", DEFAULT_DRAIN_TIMEOUT_S, config_path)
     return TimeBounds(float(watchdog), float(drain_timeout))

@@ -85,28 +85,20 @@ class EngineWorker:
         info = {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
         if self._engine is None:
             try:
-                config, reason = self._resolve_slots()
-                self._engine = Engine(config, default_params=self._defaults)
-                self._engine.slots_reason = reason
+                # The settings layer resolves the model (the same absolute path on every node) and
+                # n_parallel "auto" here, on this worker's node: its CPUs, its memory, its threads
+                # (the calibration cache is per machine), bounded by the run's line count.
+                from ..settings.loading import open_runner, settings_for
+
+                resolved, runner = open_runner(settings_for(self._config, self._defaults), max_slots=self._max_slots)
+                self._engine = Engine(resolved.engine, runner=runner, default_params=resolved.sampling,
+                                      slots_reason=resolved.slots_reason)
             except LlamaBatchError as exc:
                 return {**info, "error": str(exc)}
             self._engine.subscribe(self._on_record)
         e = self._engine
         return {**info, "model_name": e.model_name, "slot_ctx": e.slot_ctx, "n_parallel": e.config.n_parallel,
                 "slots_reason": e.slots_reason}
-
-    def _resolve_slots(self) -> tuple[EngineConfig, str]:
-        """n_parallel "auto" chosen here, on this worker's node: its CPUs, its memory, its
-        threads (the calibration cache is per machine), bounded by the run's line count."""
-        if self._config.n_parallel != "auto":
-            return self._config, ""
-        from ..llama.autoslots import resolve
-        from ..models.resolve import check_gguf, resolve_model_ref
-
-        path = resolve_model_ref(self._config.model).path
-        check_gguf(path)
-        config, choice = resolve(self._config, path, max_slots=self._max_slots)
-        return config, choice.reason
 
     def _on_record(self, record: Any) -> None:
         if isinstance(record, TickRecord):

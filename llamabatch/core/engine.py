@@ -23,6 +23,7 @@ from ..config import EngineConfig
 from ..errors import DecodeError, EngineClosed, InternalError, InvalidRequest, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
 from .inputs import InputPreparer, Prompt
+from ..models.resolve import model_display_name
 from ..params import SamplingParams
 from .plan import StepPlan, StepResult
 from ..results import Delta, Result, Timings, Usage
@@ -41,30 +42,23 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, *, runner: Any = None,
                  default_params: SamplingParams | None = None,
-                 on_notice: Callable[[str], None] | None = None):
-        self.config = (config or EngineConfig()).validate()
-        params = (default_params or SamplingParams()).validate()
-        self.slots_reason = ""  # why this many slots, when n_parallel="auto" chose them
+                 on_notice: Callable[[str], None] | None = None, slots_reason: str = ""):
+        """An engine over `runner` with `config` (resolved settings: settings/factory.py builds
+        engines this way). `Engine(EngineConfig(...))` with no runner, as library users write
+        it, asks the settings layer for the runner: it resolves the model and the slot count
+        and loads the model, the one way every engine gets them (settings/loading.py)."""
         if runner is None:
-            from ..models.resolve import open_model_ref
-            from ..llama.runner import LlamaRunner  # the only import of llama_cpp, kept lazy
+            from ..settings.loading import open_runner, settings_for
 
-            ref, self._model_name, params = open_model_ref(self.config, params)
-            if self.config.n_parallel == "auto":
-                from ..llama.autoslots import resolve
-
-                self.config, choice = resolve(self.config, ref.path)
-                self.config.validate()
-                self.slots_reason = choice.reason
-            runner = LlamaRunner(self.config, ref.path)
-            self.model_path = ref.path
-        else:
-            from ..models.resolve import model_display_name
-
-            self.model_path = getattr(runner, "model_path", "fake")
-            if self.config.n_parallel == "auto":  # a given runner has its slots already
-                self.config = self.config.replace(n_parallel=runner.n_slots).validate()
-            self._model_name = self.config.model_name or model_display_name(self.model_path)
+            resolved, runner = open_runner(settings_for(config, default_params))
+            config, default_params, slots_reason = resolved.engine, resolved.sampling, resolved.slots_reason
+        self.config = (config or EngineConfig()).validate()
+        if self.config.n_parallel == "auto":  # a given runner has its slots already
+            self.config = self.config.replace(n_parallel=runner.n_slots).validate()
+        params = (default_params or SamplingParams()).validate()
+        self.slots_reason = slots_reason  # why this many slots, when n_parallel="auto" chose them
+        self.model_path = getattr(runner, "model_path", "fake")
+        self._model_name = self.config.model_name or model_display_name(self.model_path)
         self.runner = runner
         self.kernels = runner.kernel_text  # for the header line: which CPU kernels run, and why
         self.slot_ctx = runner.slot_ctx

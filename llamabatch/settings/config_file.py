@@ -15,7 +15,7 @@ $XDG_CONFIG_HOME/llamabatch/config.toml (~/.config by default). Layout:
 
 Everything is checked when the file is loaded, so a typo fails at once with one line
 naming the file, the line, the key (with its table) and what is allowed — never later,
-half-way through a batch. Nothing here knows about option resolution; `layer.py` beside it glues
+half-way through a batch. Nothing here knows about option resolution; `file_layer.py` beside it glues
 it to option resolution.
 """
 from __future__ import annotations
@@ -34,10 +34,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from ...config import KEY_RULES as ENGINE_KEY_RULES
-from ...errors import InvalidRequest
-from ...params import SamplingParams
-from ...rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, seconds as _seconds, text as _text
+from ..config import KEY_RULES as ENGINE_KEY_RULES
+from ..errors import InvalidRequest
+from ..params import SamplingParams
+from ..rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, seconds as _seconds, text as _text
 
 CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"
@@ -67,7 +67,7 @@ _SAMPLING_SPECIAL: dict[str, Rule] = {
 SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams)) + tuple(_SAMPLING_SPECIAL)
 
 # Keys only one command understands (flag > file > the command's own default). A command
-# reads them with `cli.config.layer.command_setting`; adding one is one line here.
+# reads them with `settings.file_layer.command_setting`; adding one is one line here.
 COMMAND_RULES: dict[str, dict[str, Rule]] = {
     "run": {
         "order": _choice("input", "completion"),

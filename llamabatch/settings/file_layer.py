@@ -1,33 +1,34 @@
-"""The config-file layer of option resolution (flags > env > file > defaults).
+"""The config-file layer of settings resolution (flags > env > file > defaults).
 
-Which file applies comes from the global `--config` (kept in the command's `env.Environment`), then
-$LLAMABATCH_CONFIG, then ./llamabatch.toml, then the per-user file; `config_file.py`
-reads and checks it. A bad file raises ConfigFileError (an InvalidRequest), which
-`app.main` turns into one line and exit 2.
+Which file applies comes from the global `--config` (the command's Environment passes it
+here as `config_path`), then $LLAMABATCH_CONFIG, then ./llamabatch.toml, then the per-user
+file; `config_file.py` reads and checks it. A bad file raises ConfigFileError (an
+InvalidRequest), which the CLI turns into one line and exit 2.
 """
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
+from ..errors import InvalidRequest
 from .config_file import COMMAND_RULES, ConfigFile, ConfigFileError, Location, load, locate
-from ...errors import InvalidRequest
-from .. import env
-from ..options import Resolved, SharedOptions, resolve
+from .layers import merge
+from .model import choose_model
+from .resolved import Resolved
 
-# A command may read the file up to twice (shared options, then its own keys): keep the
+# A command may read the file more than once (shared options, then its own keys): keep the
 # parsed file while it is unchanged on disk.
 _cache: dict[tuple[str, int, int], ConfigFile] = {}
 
 
-def config_location() -> Location:
-    """Which file applies now (see config_file.locate)."""
-    return locate(env.current().config_path)
+def config_location(config_path: str | None = None) -> Location:
+    """Which file applies now (see config_file.locate); `config_path` is --config's value."""
+    return locate(config_path)
 
 
-def current_config() -> ConfigFile | None:
+def current_config(config_path: str | None = None) -> ConfigFile | None:
     """The checked config file that applies, or None when there is none."""
-    path = config_location().path
+    path = config_location(config_path).path
     if path is None:
         return None
     st = os.stat(path)
@@ -38,20 +39,21 @@ def current_config() -> ConfigFile | None:
     return _cache[key]
 
 
-def file_values_for(command: str) -> dict[str, tuple[Any, str]]:
+def file_values_for(command: str, config_path: str | None = None) -> dict[str, tuple[Any, str]]:
     """Values from the config file for `command`: key -> (value, "file:line").
 
     Top-level engine keys and [sampling], overridden by the command's own table.
     """
-    config = current_config()
+    config = current_config(config_path)
     return config.values_for(command) if config else {}
 
 
-def resolve_layers(opts: SharedOptions) -> Resolved:
-    """Flags > env > this command's file values > defaults (see options.resolve)."""
-    file_values = file_values_for(opts.command)
+def resolve_layers(flags: Mapping[str, Any], command: str = "", config_path: str | None = None) -> Resolved:
+    """Flags > env > this command's file values > defaults (layers.merge); the model is
+    still the user's spelling (`config show` prints it as given)."""
+    file_values = file_values_for(command, config_path)
     try:
-        return resolve(opts, file_values)
+        return merge(flags, command, file_values)
     except InvalidRequest as exc:
         # A file value fine on its own can clash with another (n_batch < n_parallel):
         # the message names the key; add where the file sets it.
@@ -61,40 +63,34 @@ def resolve_layers(opts: SharedOptions) -> Resolved:
         raise
 
 
-def resolve_model_layer(resolved: Resolved) -> Resolved:
-    """`resolved` with its model spelling turned into a file (models.resolve_model_ref):
-    aliases from the config file's [models] table, store names, folders. The display name
-    stays the user's spelling; a store's default stops fill an unset `stop`."""
-    from ...models.resolve import resolve_model_ref
-
-    config = current_config()
+def resolve_settings(flags: Mapping[str, Any], command: str = "", config_path: str | None = None) -> Resolved:
+    """What a command runs with: every layer merged (resolve_layers), then the model named
+    by them resolved, aliases from the file's [models] table included (model.choose_model).
+    Bad values raise InvalidRequest (exit 2); an unknown model name ModelLoadError (exit 1)."""
+    resolved = resolve_layers(flags, command, config_path)
+    config = current_config(config_path)
     aliases = {name: s.value for name, s in config.models.items()} if config else {}
-    ref = resolve_model_ref(resolved.engine.model, aliases, config.path if config else None)
-    resolved.engine = resolved.engine.replace(model=ref.path, model_name=resolved.engine.model_name or ref.name)
-    if ref.stop and not resolved.sampling.stop and resolved.sources.get("stop", "default") == "default":
-        resolved.sampling = resolved.sampling.replace(stop=list(ref.stop))
-        resolved.sources["stop"] = f"model ({ref.source})"
-    return resolved
+    return choose_model(resolved, aliases, config.path if config else None)
 
 
-def command_setting(command: str, key: str, default: Any = None) -> Any:
+def command_setting(command: str, key: str, default: Any = None, config_path: str | None = None) -> Any:
     """A command-only key (config_file.COMMAND_RULES, e.g. run's `order`) from the
     command's table, else `default`. The caller gives its flag precedence:
 
-        order = order_flag if order_flag is not None else command_setting("run", "order", "input")
+        order = order_flag if order_flag is not None else command_setting("run", "order", "input", path)
 
-    Raises ConfigFileError for a bad file (one line and exit 2 from `app.main`).
+    Raises ConfigFileError for a bad file (one line and exit 2 from the CLI).
     """
     if key not in COMMAND_RULES.get(command, {}):
         # A programming error, not a user one: the key must be declared to be checked.
         raise KeyError(f"{command!r} has no config key {key!r}; declare it in config_file.COMMAND_RULES")
-    config = current_config()
+    config = current_config(config_path)
     setting = config.command_value(command, key) if config else None
     return default if setting is None else setting.value
 
 
-def command_setting_source(command: str, key: str) -> str | None:
+def command_setting_source(command: str, key: str, config_path: str | None = None) -> str | None:
     """"file:line" where a command-only key is set, or None."""
-    config = current_config()
+    config = current_config(config_path)
     setting = config.command_value(command, key) if config else None
     return setting.where(config.path) if setting and config else None

@@ -180,6 +180,19 @@ def _log_llama_cpp_to_stderr() -> None:
     runner_log.propagate = False
 
 
+def _open_engine(config: Any, default_params: Any) -> Engine:
+    """The parent resolved the settings (settings/loading.py): the child takes the model file
+    as it is and only measures n_parallel "auto" (on its own process) and loads the runner."""
+    from ..settings.loading import from_parent, load_runner, prepare
+
+    resolved = from_parent(config, default_params)
+    runner = _test_runner(config)
+    if runner is None:
+        resolved = prepare(resolved)
+        runner = load_runner(resolved.engine)
+    return Engine(resolved.engine, runner=runner, default_params=resolved.sampling, slots_reason=resolved.slots_reason)
+
+
 def _test_runner(config: Any) -> Any:
     spec = os.environ.get(RUNNER_ENV)
     if not spec:
@@ -233,7 +246,7 @@ def main() -> int:
         os.write(2, f"llamabatch test hook: {CRASH_AT_LOAD_ENV}=1; calling os.abort()\n".encode())
         os.abort()
     try:
-        engine = Engine(config, default_params=default_params, runner=_test_runner(config))
+        engine = _open_engine(config, default_params)
     except LlamaBatchError as exc:
         wire.send(out_fd, ("load_error", type(exc).__name__, str(exc)))
         return 1

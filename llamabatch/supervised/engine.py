@@ -33,7 +33,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
 
 from ..config import EngineConfig
 from ..core.handle import EventCallback, RequestHandle
@@ -46,6 +46,9 @@ from ..core.telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 from .canary import CANARY_PARAMS, CANARY_PID, CANARY_PROMPT, engine_error, settings_hint
 from .child_process import ChildProcess, StartFailed
 from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog, load_bound
+
+if TYPE_CHECKING:
+    from ..settings.resolved import Resolved
 
 log = logging.getLogger("llamabatch.supervised")
 
@@ -101,17 +104,21 @@ class SupervisedEngine:
 
     def __init__(self, config: EngineConfig | None = None, *, default_params: SamplingParams | None = None,
                  max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None,
-                 watchdog_s: float = DEFAULT_FLOOR_S, watchdog_margin: float = DEFAULT_MARGIN):
+                 watchdog_s: float = DEFAULT_FLOOR_S, watchdog_margin: float = DEFAULT_MARGIN,
+                 settings: "Resolved | None" = None):
         """`watchdog_s`: the watchdog's floor in seconds (0 = no watchdog); a child with work in
         flight and no progress for max(watchdog_s, watchdog_margin x the longest recent tick)
-        is killed as a crash. A restart's model load is bounded too (watchdog.load_bound)."""
-        from ..models.resolve import open_model_ref
+        is killed as a crash. A restart's model load is bounded too (watchdog.load_bound).
+        `settings`: resolved settings (the engine factory's, settings/factory.py), used as they
+        are; without them `config` and `default_params` are resolved here, the way Engine does."""
+        from ..settings.loading import check_model, settings_for
 
-        self.config = (config or EngineConfig()).validate()
-        # As Engine does (and before any child starts); the child only ever sees the file.
-        ref, self._model_name, self.default_params = open_model_ref(
-            self.config, (default_params or SamplingParams()).validate())
-        self.model_path = ref.path
+        resolved = settings if settings is not None else settings_for(config, default_params)
+        check_model(resolved)  # before any child starts; the child only ever sees the file
+        self.config, self.default_params = resolved.engine, resolved.sampling
+        self._model_name = self.config.model_name
+        self.model_path = self.config.model
+        self.slots_reason = resolved.slots_reason
         self._child_config = self.config.replace(model=self.model_path, max_queue=0)  # the parent bounds the queue
         # The child checks again before it allocates; checking here too means a setting that
         # cannot fit costs no child start and reaches the caller as itself (ResourceLimit).

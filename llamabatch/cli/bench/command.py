@@ -16,7 +16,7 @@ from ... import __version__
 from . import benchkit
 from ...errors import InvalidRequest
 from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table)
-from .. import env as cli_env
+from ..env import Environment
 from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options
 
@@ -36,6 +36,7 @@ def bench_command(
                                                      help="Write every figure (levels, latency, ticks, baseline, machine, model, versions) as JSON.")] = None,
     ticks: Annotated[int, typer.Option("--ticks", metavar="N", help="Show only the last N ticks of each level (0 = all).")] = 0,
     opts: SharedOptions = None,  # type: ignore[assignment]
+    env: Environment = None,  # type: ignore[assignment]
 ) -> None:
     """Measure throughput, request latency and tick telemetry at several concurrency levels.
 
@@ -57,7 +58,7 @@ def bench_command(
     # Settings are checked against the largest level (not the default 8 slots), so e.g. a small
     # --n-ctx that suits --parallel 2 is accepted; every level is validated again below.
     opts.values["n_parallel"] = max(levels)
-    resolved = resolve_options(opts)
+    resolved = resolve_options(opts, env)
     if opts["max_tokens"] is not None:
         say("llamabatch: note: --max-tokens is ignored; bench generates --tg tokens per request")
     configs = [resolved.engine.replace(n_parallel=b, max_queue=0).validate() for b in levels]
@@ -68,7 +69,7 @@ def bench_command(
         raise fail(f"--pp {pp} + --tg {tg} = {pp + tg} tokens does not fit a slot of {smallest_slot} "
                    f"(n_ctx / n_parallel); lower them or raise --n-ctx", EXIT_USAGE)
 
-    progress = _progress()
+    progress = _progress(env)
     figures: list[dict[str, Any]] = []
     default_figures: list[dict[str, Any]] = []  # with --deterministic: the same levels without it
     deterministic = resolved.engine.deterministic
@@ -83,7 +84,7 @@ def bench_command(
             # --deterministic: the default engine first, then the deterministic one, side by side
             for variant in ([config.replace(deterministic=False)] if deterministic else []) + [config]:
                 progress.update(task, description=f"B={b}" + (" deterministic" if variant.deterministic else ""))
-                engine = open_engine(dataclasses.replace(resolved, engine=variant))
+                engine = open_engine(dataclasses.replace(resolved, engine=variant), env)
                 try:
                     if not all_prompts:
                         model = benchkit.model_info(engine)
@@ -105,7 +106,7 @@ def bench_command(
             for level in figures:
                 level.update(benchkit.speedup(level, base))
 
-    _print_tables(figures, base, ticks, configs[0].n_batch, default_figures if deterministic else None)
+    _print_tables(env, figures, base, ticks, configs[0].n_batch, default_figures if deterministic else None)
     failed = [e for level in figures for e in level["errors"]]
     for level in figures:
         if level["errors"]:
@@ -160,16 +161,14 @@ def _build_prompts(engine: Any, prompt_lines: list[tuple[int, str]] | None, coun
     return benchkit.cycle_prompts(tokenized, count)
 
 
-def _progress() -> Progress:
-    env = cli_env.current()
+def _progress(env: Environment) -> Progress:
     console = Console(file=env.stderr, force_terminal=env.stderr_isatty)
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                     TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal)
 
 
-def _print_tables(figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int,
+def _print_tables(env: Environment, figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int,
                   default_figures: list[dict[str, Any]] | None = None) -> None:
-    env = cli_env.current()
     out = (Console(file=env.stdout, force_terminal=True) if env.stdout_isatty
            else Console(file=env.stdout, width=200))  # a pipe must not fold columns
     out.print(batched_table(figures, with_speedup=base is not None))

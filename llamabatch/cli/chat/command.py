@@ -21,7 +21,7 @@ from .listing import print_list
 from .slash_commands import QUIT, looks_like_command, run_slash_command
 from .session import ChatIO, ChatSession
 from .store import Store, StoreError, Stored, default_path
-from .. import env as cli_env
+from ..env import Environment
 from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
 from ..options import SharedOptions, with_shared_options
 
@@ -161,7 +161,7 @@ def line_printer(stream: TextIO, style: str = ""):
     return show
 
 
-def terminal_io(env: cli_env.Environment) -> ChatIO:
+def terminal_io(env: Environment) -> ChatIO:
     # With stdout redirected, prompt-toolkit draws on stderr and replies still go to stdout.
     from prompt_toolkit.output import create_output
 
@@ -196,6 +196,7 @@ def chat_command(
     no_save: Annotated[bool, typer.Option("--no-save", help="Do not record this chat in the conversation database.")] = False,
     *,
     opts: SharedOptions,
+    env: Environment,
 ) -> None:
     """Chat with the model: a multi-turn REPL that evaluates only what is new each turn.
 
@@ -207,7 +208,6 @@ def chat_command(
 
     Chat uses one slot (all of --n-ctx) unless --n-parallel is set.
     """
-    env = cli_env.current()
     if list_ or search is not None:
         store = Store(create=False)
         try:
@@ -217,12 +217,12 @@ def chat_command(
         return
     if continue_ + (resume is not None) + (load is not None) > 1:
         raise fail("use one of --continue, --resume ID and --load FILE", EXIT_USAGE)
-    resolved = resolve_options(opts)  # n_parallel defaults to 1 here (options.COMMAND_DEFAULTS)
+    resolved = resolve_options(opts, env)  # n_parallel defaults to 1 here (settings.layers.COMMAND_DEFAULTS)
     stored = read_stored(continue_, resume)
     loaded = Conversation.load(load) if load is not None else None  # a bad file: one line, exit 2
     store, broken = (None, None) if no_save else open_store()
     started = time.perf_counter()
-    engine = open_engine(resolved)
+    engine = open_engine(resolved, env)
     load_s = time.perf_counter() - started
     try:
         interactive = env.stdin_isatty and prompt is None
@@ -285,7 +285,7 @@ def resume_stored(session: ChatSession, stored: Stored, system: str | None) -> N
     session.io.notice(f"continuing conversation {stored.id}: {len(stored.messages)} messages{other}")
 
 
-def one_shot(session: ChatSession, prompt: str, env: cli_env.Environment) -> None:
+def one_shot(session: ChatSession, prompt: str, env: Environment) -> None:
     """`chat PROMPT`: one reply on stdout. Piped stdin is the material, PROMPT the instruction
     after it (as simonw/llm does)."""
     material = "" if env.stdin_isatty else env.stdin.read()

@@ -1,1 +1,2 @@
-"""The config file, its layer in option resolution, and `llamabatch config`."""
+"""`llamabatch config`: the config file and the settings in effect (the file itself and its
+layer are the settings layer's: llamabatch/settings/)."""

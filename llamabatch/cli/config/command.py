@@ -7,11 +7,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .config_file import COMMANDS, ENGINE_RULES, Location
-from .config_file import SAMPLING_KEYS as FILE_SAMPLING_KEYS
+from ...settings.config_file import COMMANDS, ENGINE_RULES, Location
+from ...settings.config_file import SAMPLING_KEYS as FILE_SAMPLING_KEYS
+from ...settings.file_layer import config_location, current_config, file_values_for, resolve_layers
 from ..common import EXIT_ERROR, EXIT_USAGE, fail, out, say
-from .layer import config_location, current_config, file_values_for, resolve_layers
-from ..options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, with_shared_options
+from ..env import Environment
+from ..options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, environment_of, with_shared_options
 
 config_app = typer.Typer(
     help="The config file and the settings in effect.",
@@ -42,6 +43,7 @@ def show_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of a table.")] = False,
     *,
     opts: SharedOptions,
+    env: Environment,
 ) -> None:
     """Show the effective settings and where each came from: flag, env, file:line, default.
 
@@ -50,11 +52,11 @@ def show_command(
     if command is not None and command not in COMMANDS:
         raise fail(f"--command must be one of {', '.join(COMMANDS)}, got {command!r}", EXIT_USAGE)
     shared = SharedOptions(opts.values, command or "")
-    location = config_location()
-    file_values = file_values_for(command or "")
-    resolved = resolve_layers(shared)
+    location = config_location(env.config_path)
+    file_values = file_values_for(command or "", env.config_path)
+    resolved = resolve_layers(shared.values, shared.command, env.config_path)
     rows = _rows(resolved, shared, file_values)
-    rows += _command_rows(command)
+    rows += _command_rows(command, env.config_path)
     _say_location(location)
     if as_json:
         out(json.dumps({
@@ -70,9 +72,9 @@ def show_command(
 
 
 @config_app.command("path")
-def path_command() -> None:
+def path_command(ctx: typer.Context) -> None:
     """Print the config file that would be read (exit 1 when there is none)."""
-    location = config_location()
+    location = config_location(environment_of(ctx).config_path)
     if location.path is None:
         say("llamabatch: no config file; looked for, in order:")
         for place in location.looked:
@@ -107,9 +109,9 @@ def _given(key: str, source: str, opts: SharedOptions, file_values: dict[str, tu
     return file_values[key][0]
 
 
-def _command_rows(command: str | None) -> list[tuple[str, Any, str]]:
+def _command_rows(command: str | None, config_path: str | None) -> list[tuple[str, Any, str]]:
     """A command's own keys, where the file sets them (their defaults live in the command)."""
-    config = current_config()
+    config = current_config(config_path)
     if not command or config is None:
         return []
     return [(key, setting.value, setting.where(config.path))

@@ -6,11 +6,13 @@ from typing import Any
 
 import typer
 
-from .. import env
 from ..common import say
+from ..env import Environment
+from ..options import environment_of
 
 
 def models_command(
+    ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per model on stdout instead of a table."),
 ) -> None:
     """List the GGUF models already on disk: the Hugging Face cache, llama.cpp's -hf cache, Ollama, LM Studio,
@@ -19,23 +21,24 @@ def models_command(
     NAME is what to pass to -m / --model. Only GGUF headers are read: no model is loaded.
     """
     from ...models.listing import list_models, places
-    from ..config.layer import current_config
+    from ...settings.file_layer import current_config
 
-    config = current_config()
+    env = environment_of(ctx)
+    config = current_config(env.config_path)
     aliases = {name: s.value for name, s in config.models.items()} if config else {}
     rows = list_models(aliases, config.path if config else None)
-    stdout = env.current().stdout
+    stdout = env.stdout
     if as_json:
         for row in rows:
             stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
         stdout.flush()
     elif rows:
-        _table(rows)
+        _table(rows, env)
     if not any(row["source"] not in ("bundled", "alias") for row in rows):
         say("llamabatch: no models in the stores; looked in " + ", ".join(f"{s} {d}" for s, d in places()))
 
 
-def _table(rows: list[dict[str, Any]]) -> None:
+def _table(rows: list[dict[str, Any]], env: Environment) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -52,8 +55,7 @@ def _table(rows: list[dict[str, Any]]) -> None:
                       row["quantization"] or "?", f"{row['context_length']:,}" if row["context_length"] else "?",
                       "yes" if row["chat_template"] else "no")
     # Piped, the table keeps its natural width rather than being squeezed to 80 columns.
-    current = env.current()
-    Console(file=current.stdout, width=None if current.stdout_isatty else 400).print(table)
+    Console(file=env.stdout, width=None if env.stdout_isatty else 400).print(table)
 
 
 def _size(n: int | None) -> str:

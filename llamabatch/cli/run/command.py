@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import shlex
 import threading
+from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from .formats import LineParser
 from ...llama import autoslots
-from .. import env as cli_env
 from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options, say
 from .verify import Reservoir, rerun_alone
+from ..env import Environment
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
@@ -39,6 +40,49 @@ class InputFormat(str, Enum):
     auto = "auto"
     text = "text"
     jsonl = "jsonl"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """`run`'s own options (the shared ones are in the Resolved settings), as given."""
+
+    input_path: str
+    output: str | None = None
+    input_format: str = "auto"
+    system: str | None = None
+    order: str = "input"
+    max_inflight: int | None = None
+    resume: bool = False
+    echo: bool = False
+    fail_on_error: bool = False
+    isolate: bool = True
+    watchdog: float | None = None
+    drain_timeout: float | None = None
+    quiet: bool = False
+    progress_every: float = 10.0
+    ray: str | None = None
+    ray_workers: int | None = None
+    ray_cpus_per_worker: int | None = None
+    ray_gpus_per_worker: float | None = None
+    verify: int | None = None
+
+
+@dataclass
+class RunJob:
+    """Everything the batch loop (`_run`) works with once the files are open and the
+    engine is built: what used to be its 15 positional parameters."""
+
+    parser: LineParser
+    source: Source
+    sink: Sink
+    reporter: Reporter
+    options: RunOptions
+    inflight: int
+    argv: tuple[str, ...]  # the command line as typed, for the resume hint
+    answered: Any = None  # with --resume: what OUTPUT already answers
+    cluster: Any = None  # with --ray: the RayPool (also the engine)
+    deterministic: bool = False
+    drain_timeout: float | None = None
 
 
 @with_shared_options
@@ -97,6 +141,7 @@ def run_command(
                                               "--deterministic."),
     *,
     opts: SharedOptions,
+    env: Environment,
 ) -> None:
     """Run every prompt in INPUT concurrently and write one JSON line per input line.
 
@@ -112,30 +157,40 @@ def run_command(
     Crash-safe: each record is flushed when written. After an interruption or a crash, run
     the same command with --resume to finish the rest.
     """
-    ray_pool = import_ray_pool(ray) if ray is not None else None  # no Ray: exit 2 before anything
-    resolved = resolve_options(opts)
-    bounds = time_bounds("run", watchdog, drain_timeout)
-    if resume and output in (None, "-"):
+    run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
+                   order=order.value, max_inflight=max_inflight, resume=resume, echo=echo,
+                   fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
+                   quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
+                   ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
+                   verify=verify),
+        opts, env)
+
+
+def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
+    """The command's body: `o` its own options, `opts` the shared ones, `env` where it runs."""
+    ray_pool = import_ray_pool(o.ray) if o.ray is not None else None  # no Ray: exit 2 before anything
+    resolved = resolve_options(opts, env)
+    bounds = time_bounds("run", o.watchdog, o.drain_timeout, env.config_path)
+    if o.resume and o.output in (None, "-"):
         raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
-    if resume:
+    if o.resume:
         try:
-            refuse_resume_to_stream(output)
+            refuse_resume_to_stream(o.output)
         except RunFileError as exc:
             raise fail(str(exc), EXIT_USAGE) from None
-    fmt = input_format.value
+    fmt = o.input_format
     if fmt == "auto":
-        fmt = format_for_path(input_path)
-    parser = LineParser(resolved.sampling, input_format=fmt, system=system, echo=echo)
+        fmt = format_for_path(o.input_path)
+    parser = LineParser(resolved.sampling, input_format=fmt, system=o.system, echo=o.echo)
 
     # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
-    env = cli_env.current()
     try:
-        source = open_input(input_path, env.stdin)
-        sink = open_output(output, input_path, env.stdout)
+        source = open_input(o.input_path, env.stdin)
+        sink = open_output(o.output, o.input_path, env.stdout)
     except RunFileError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
     answered = None
-    if resume:
+    if o.resume:
         try:
             answered, torn = read_back(sink)
         except RunFileError as exc:
@@ -145,31 +200,32 @@ def run_command(
         # auto never opens more slots than lines (locally, and on each Ray worker)
         lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
         if ray_pool is None:
-            engine = open_engine(resolved, max_slots=lines, isolated=isolate, watchdog_s=bounds.watchdog_s)
+            engine = open_engine(resolved, env, max_slots=lines, isolated=o.isolate, watchdog_s=bounds.watchdog_s)
             cluster = None
         else:
-            engine = cluster = open_pool(ray_pool, resolved, ray, ray_workers, ray_cpus_per_worker,
-                                         ray_gpus_per_worker, note=(lambda _m: None) if quiet else say,
-                                         max_slots=lines, watchdog_s=bounds.watchdog_s)
+            engine = cluster = open_pool(ray_pool, resolved, o.ray, o.ray_workers, o.ray_cpus_per_worker,
+                                         o.ray_gpus_per_worker, note=(lambda _m: None) if o.quiet else say,
+                                         max_slots=lines, watchdog_s=bounds.watchdog_s, debug=env.debug)
     except BaseException:
         sink.discard()
         raise
     # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
-    inflight = max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
-    reporter = make_reporter(quiet, progress_every, env.stderr, live_ok=not sink.is_terminal,
+    inflight = o.max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
+    reporter = make_reporter(o.quiet, o.progress_every, env.stderr, live_ok=not sink.is_terminal,
                              stream_isatty=env.stderr_isatty)
-    if resume:
-        reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {output}"
+    if o.resume:
+        reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {o.output}"
                       + (f"; cut off a torn last line ({torn} bytes)" if torn else ""))
     try:
-        if not resume:
+        if not o.resume:
             try:
                 sink.start_fresh()
             except RunFileError as exc:
                 raise fail(str(exc), EXIT_ERROR) from None
-        code = _run(engine, parser, source, sink, reporter, order.value, inflight, answered,
-                    fail_on_error, input_path, output, cluster, verify,
-                    deterministic=resolved.engine.deterministic, drain_timeout=bounds.drain_timeout_s)
+        code = _run(engine, RunJob(parser=parser, source=source, sink=sink, reporter=reporter, options=o,
+                                   inflight=inflight, argv=env.argv, answered=answered, cluster=cluster,
+                                   deterministic=resolved.engine.deterministic,
+                                   drain_timeout=bounds.drain_timeout_s))
     finally:
         engine.close()
         source.close()
@@ -186,11 +242,11 @@ def format_for_path(path: str) -> str:
     return "auto"
 
 
-def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Reporter, order: str, inflight: int,
-         answered, fail_on_error: bool, input_path: str, output: str | None, cluster=None,
-         verify: int | None = None, deterministic: bool = False, drain_timeout: float | None = None) -> int:
-    """`engine` is an Engine, or with --ray the RayPool (`cluster` too), which takes lines the same way."""
-    env = cli_env.current()  # its argv goes into the resume hint
+def _run(engine, job: RunJob) -> int:
+    """`engine` is an Engine, or with --ray the RayPool (`job.cluster` too), which takes lines the same way."""
+    parser, source, sink, reporter, cluster = job.parser, job.source, job.sink, job.reporter, job.cluster
+    input_path, output, order, argv = job.options.input_path, job.options.output, job.options.order, job.argv
+    inflight, deterministic = job.inflight, job.deterministic
     why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
     kernels = f", {engine.kernels}" if getattr(engine, "kernels", "") else ""
     what = cluster.describe() if cluster else (f"{engine.model_name}, {engine.config.n_parallel} slots x "
@@ -199,8 +255,8 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
     window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
     writer = RecordWriter(sink, engine.model_name, order, window, deterministic=deterministic)
-    reservoir = Reservoir(verify) if verify else None
-    run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=answered,
+    reservoir = Reservoir(job.options.verify) if job.options.verify else None
+    run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=job.answered,
                    on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))
                    if reservoir else None)
     counter = LineCounter(source.name) if source.is_file else None
@@ -208,7 +264,7 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
     try:
         with interrupts.installed():
             run.start()
-            wait_for(run, reporter, interrupts, counter, cluster, drain_timeout=drain_timeout)
+            wait_for(run, reporter, interrupts, counter, cluster, drain_timeout=job.drain_timeout)
     finally:
         reporter.close()
         writer.close()
@@ -219,30 +275,30 @@ def _run(engine, parser: LineParser, source: Source, sink: Sink, reporter: Repor
             reporter.note(line)
         if cluster.fatal_error is not None:
             reporter.say(f"llamabatch: error: {cluster.fatal_error}")
-            reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
+            reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
             return EXIT_ERROR
     if run.read_note is not None:
         reporter.say(f"llamabatch run: {run.read_note}")
     if writer.error is not None:
         reporter.say(f"llamabatch: error: {writer.error}")
         if resumable:  # every record in it is whole (a torn last one is cut on resume)
-            reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
+            reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
         return EXIT_ERROR
     fatal = getattr(engine, "fatal_error", None)
     if fatal is not None:  # the engine process died and could not be restarted
         reporter.say(f"llamabatch: error: {fatal}")
-        reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
+        reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
         return EXIT_ERROR
     if run.read_error is not None:
         reporter.say(f"llamabatch: error: {run.read_error}")
-        reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
+        reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
         return EXIT_ERROR
     if run.stopping:
-        reporter.say(_resume_hint(writer.stats.written, input_path, output, env.argv))
+        reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
         return 128 + interrupts.first if interrupts.first else EXIT_INTERRUPTED
     if reservoir is not None and not _verified(engine, reservoir, reporter, deterministic):
         return EXIT_ERROR
-    if fail_on_error and writer.stats.failed:
+    if job.options.fail_on_error and writer.stats.failed:
         return EXIT_ERROR
     return EXIT_OK
 

@@ -9,8 +9,7 @@ import os
 import re
 from typing import Callable
 
-from ..options import Resolved
-from .. import env as cli_env
+from ...settings.resolved import Resolved
 from ..common import EXIT_ERROR, EXIT_USAGE, fail
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'llamabatch[ray]'"
@@ -52,19 +51,20 @@ def import_ray_pool(address: str):
 
 def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, cpus: int | None,
               gpus: float | None, note: Callable[[str], None], max_slots: int | None = None,
-              watchdog_s: float | None = None):
+              watchdog_s: float | None = None, debug: bool = False):
     """Start the engines on Ray; anything that stops them is one line and exit 1, before any work.
     With n_parallel "auto" (the default) each worker measures or reuses its own node's choice,
-    bounded by `max_slots` (the input's line count); the header names each worker's."""
+    bounded by `max_slots` (the input's line count); the header names each worker's.
+    `debug` (--debug): workers' logs reach the driver, and a start failure keeps its traceback."""
     if resolved.sources.get("threads", "default") != "default":
         note("llamabatch run: --threads is not used with --ray: each engine runs --ray-cpus-per-worker threads")
     try:
         return ray_pool.RayPool.start(resolved.engine, resolved.sampling,
                                       address=None if address == LOCAL else address, workers=workers,
                                       cpus_per_worker=cpus, gpus_per_worker=gpus or 0.0,
-                                      log_to_driver=cli_env.current().debug, note=note, max_slots=max_slots,
+                                      log_to_driver=debug, note=note, max_slots=max_slots,
                                       **({} if watchdog_s is None else {"watchdog_s": watchdog_s}))
     except ray_pool.RayStartError as exc:
-        if cli_env.current().debug:
+        if debug:
             raise
         raise fail(str(exc), EXIT_ERROR) from None

@@ -10,9 +10,9 @@ from typing import Annotated, Iterator, Optional
 
 import typer
 
-from .. import env as cli_env
+from ...settings.file_layer import command_setting
 from ..common import fail, open_engine, resolve_options
-from ..config.layer import command_setting
+from ..env import Environment
 from ..options import SharedOptions, with_shared_options
 from ..time_bounds import SERVE_DRAIN_HELP, WATCHDOG_HELP, time_bounds
 
@@ -44,6 +44,7 @@ def serve_stdin(
         help=SERVE_DRAIN_HELP)] = None,
     *,
     opts: SharedOptions,
+    env: Environment,
 ) -> None:
     """Serve requests from stdin as a JSON-lines co-process: requests in, events out, one per line.
 
@@ -57,18 +58,17 @@ def serve_stdin(
     """
     from .loop import serve
 
-    resolved = resolve_options(opts)
-    bounds = time_bounds("serve-stdin", watchdog, drain_timeout)
-    env = cli_env.current()
+    resolved = resolve_options(opts, env)
+    bounds = time_bounds("serve-stdin", watchdog, drain_timeout, env.config_path)
     if max_queue is None:
-        max_queue = command_setting("serve-stdin", "max_queue", 0)
-    eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain")
+        max_queue = command_setting("serve-stdin", "max_queue", 0, env.config_path)
+    eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain", env.config_path)
     resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
     in_fd, out_fd = env.fileno("stdin"), env.fileno("stdout")
     if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (see loop.py)
         raise fail("serve-stdin needs stdin and stdout with file descriptors")
     with protocol_stdout(out_fd) as events_fd:
-        engine = open_engine(resolved, isolated=isolate, watchdog_s=bounds.watchdog_s)
+        engine = open_engine(resolved, env, isolated=isolate, watchdog_s=bounds.watchdog_s)
         if getattr(engine, "slots_reason", ""):  # for people, on stderr: the ready event has the count
             print(f"llamabatch serve-stdin: {engine.config.n_parallel} slots x {engine.slot_ctx} tokens "
                   f"({engine.slots_reason})", file=env.stderr, flush=True)

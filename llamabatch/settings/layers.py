@@ -1,0 +1,141 @@
+"""Flag > LLAMABATCH_* environment > config file > built-in default, for every shared key.
+
+`merge` takes the flags as given (None = not given), the config file's values for the
+command, and the command's name (a few built-in defaults differ per command), and returns
+a Resolved: the EngineConfig, the default SamplingParams, and where each value came from.
+The model is still the user's spelling here (model.choose_model resolves it).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+from typing import Any, Mapping
+
+from ..config import EngineConfig
+from ..errors import InvalidRequest
+from ..params import SamplingParams
+from .config_file import ENGINE_RULES
+from .resolved import Resolved
+
+ENGINE_KEYS = tuple(ENGINE_RULES)  # EngineConfig's keys a flag, env variable or config file sets
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop",
+                 "grammar_file", "json_schema")
+# Every key a flag sets (cli/options.py declares one flag per key, in this order).
+SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
+               "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "max_memory") + SAMPLING_KEYS
+
+# Built-in defaults that differ for one command, below every other layer. One conversation
+# needs one slot, which then gets all of --n-ctx.
+COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"chat": {"n_parallel": 1}, "run": {"n_parallel": "auto"},
+                                               "serve-stdin": {"n_parallel": "auto"}}
+
+
+def env_name(key: str) -> str:
+    return "LLAMABATCH_" + key.upper()
+
+
+def _from_env(key: str, kind: Any, environ: Mapping[str, str]) -> Any:
+    raw = environ.get(env_name(key))
+    if raw is None or raw == "":
+        return None
+    try:
+        if kind is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        if kind == "list":
+            return [s for s in raw.split(",") if s]
+        if kind == "slots":
+            return parse_slots(raw.strip(), env_name(key))
+        return raw
+    except ValueError:
+        raise InvalidRequest(f"{env_name(key)}={raw!r} is not a valid {getattr(kind, '__name__', kind)}") from None
+
+
+def parse_slots(value: Any, where: str = "--n-parallel") -> int | str:
+    """An explicit slot count or "auto" (from a flag or the environment, both text)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise InvalidRequest(f"{where} must be an integer >= 1 or auto, got {value!r}") from None
+
+
+def _kind(key: str) -> Any:
+    if key == "stop":
+        return "list"
+    if key == "n_parallel":
+        return "slots"
+    if key == "max_memory":  # "16GiB", "80%", "off" or bytes: the setting's rule reads the text
+        return str
+    if key in ("cache_prompt", "deterministic"):
+        return bool
+    defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}
+    t = str(defaults.get(key, "str"))
+    return int if t.startswith("int") else float if t.startswith("float") else str
+
+
+def merge(flags: Mapping[str, Any], command: str = "", file_values: Mapping[str, tuple[Any, str]] | None = None,
+          environ: Mapping[str, str] | None = None) -> Resolved:
+    """Merge the layers for every shared key: flag > env > config file > default.
+    `file_values`: key -> (value, "file:line"); `environ` defaults to os.environ."""
+    file_values = file_values or {}
+    environ = os.environ if environ is None else environ
+    chosen: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key in SHARED_KEYS:
+        flag = flags.get(key)
+        if key == "n_parallel" and flag is not None:
+            flag = parse_slots(flag)
+        if flag is not None:
+            chosen[key], sources[key] = flag, "flag"
+            continue
+        env = _from_env(key, _kind(key), environ)
+        if env is not None:
+            chosen[key], sources[key] = env, f"env {env_name(key)}"
+        elif key in file_values:
+            chosen[key], sources[key] = file_values[key]
+        elif key in COMMAND_DEFAULTS.get(command, {}):
+            chosen[key], sources[key] = COMMAND_DEFAULTS[command][key], f"default ({command})"
+        else:
+            sources[key] = "default"
+    engine = EngineConfig.from_dict({k: chosen[k] for k in ENGINE_KEYS if k in chosen})
+    sampling_values = {k: chosen[k] for k in SAMPLING_KEYS if k in chosen and k not in ("grammar_file", "json_schema")}
+    # Sampling fields without a flag (presence_penalty, timeout, ...) can come from the config file only.
+    extra = {k: v for k, v in file_values.items() if k not in SHARED_KEYS}
+    sources.update({k: where for k, (_, where) in extra.items()})
+    sampling_values = {k: v for k, (v, _) in extra.items()} | sampling_values
+    if "grammar_file" in chosen:
+        sampling_values["grammar"] = _read_text(chosen["grammar_file"], "--grammar-file")
+    if "json_schema" in chosen:
+        sampling_values["json_schema"] = _json_schema(chosen["json_schema"])
+    sampling = SamplingParams.from_dict(sampling_values)
+    return Resolved(engine, sampling, sources)
+
+
+def _read_text(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidRequest(f"{what} {path}: {exc.strerror or exc}") from None
+
+
+def _json_schema(value: str) -> dict:
+    text = value if value.lstrip().startswith("{") else _read_text(value, "--json-schema")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"--json-schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise InvalidRequest("--json-schema must be a JSON object")
+    return schema
