@@ -2,7 +2,7 @@
 
 EngineConfig is the one owner of the engine settings: `KEY_RULES` says what each key may
 hold, `validate()` adds the rules between keys, and `from_dict` builds a config from
-JSON/TOML-like data. The config file (`cli/config/config_file.py`) takes its engine keys and their
+JSON/TOML-like data. The config file (`settings/config_file.py`) takes its engine keys and their
 checks from here, as it takes the sampling ones from `SamplingParams.from_dict`.
 """
 from __future__ import annotations

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from llamabatch import InvalidRequest
-from llamabatch.cli import env as cli_env
 from llamabatch.cli.app import app
 from llamabatch.settings.file_layer import command_setting, command_setting_source, file_values_for, resolve_settings
 from llamabatch.cli.options import SHARED_OPTIONS
@@ -32,7 +31,6 @@ def clean_env(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    monkeypatch.setattr(cli_env, "_active", None)  # no --config left over from another test
     return work
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli import env as cli_env
 from llamabatch.models import resolve as model_resolve
 from llamabatch.models.stores import ModelRef
 from llamabatch.settings import loading
@@ -37,7 +36,6 @@ def clean_env(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    monkeypatch.setattr(cli_env, "_active", None)
     return work
 
 

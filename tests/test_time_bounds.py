@@ -5,7 +5,6 @@ import os
 
 import pytest
 
-from llamabatch.cli import env as cli_env
 from llamabatch.cli.time_bounds import DEFAULT_DRAIN_TIMEOUT_S, TimeBounds, time_bounds
 from llamabatch.supervised.watchdog import DEFAULT_FLOOR_S
 
@@ -19,7 +18,6 @@ def clean_env(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli_env, "_active", None)
     return tmp_path
 
 

@@ -16,9 +16,9 @@ from .. import __version__
 from .bench.command import bench_command
 from .chat.command import chat_command
 from .common import exit_code_for, setup_logging, sigterm_raises
+from .options import environment_of
 from .config.command import config_app
-from . import env as env_module
-from .env import Environment, activate, current
+from .env import Environment
 from .models.command import models_command
 from .run.command import run_command
 from .run.on_ray import with_bare_ray_flag
@@ -34,9 +34,9 @@ app = typer.Typer(
 )
 
 
-def _version(value: bool) -> None:
+def _version(ctx: typer.Context, value: bool) -> None:
     if value:
-        print(f"llamabatch {__version__}", file=current().stdout)
+        environment_of(ctx).out(f"llamabatch {__version__}")
         raise typer.Exit()
 
 
@@ -52,7 +52,7 @@ def root(
              "else ~/.config/llamabatch/config.toml]")] = None,
 ) -> None:
     """Continuous batching for many prompts on one local GGUF model."""
-    env = activate(ctx.ensure_object(Environment))  # main() passes one; CliRunner gets the real streams
+    env = ctx.ensure_object(Environment)  # main() passes one; CliRunner gets the real streams
     env.debug = debug
     env.config_path = config
     setup_logging(debug, env.stderr)
@@ -73,13 +73,8 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> i
     Library errors raised anywhere in a command end here as one line on stderr; --debug
     re-raises them with their traceback instead."""
     env = env if env is not None else Environment()
-    previous = env_module.current()
-    activate(env)
-    try:
-        with sigterm_raises():  # SIGTERM ends a command like Ctrl-C, with exit 143
-            return _main(argv, env)
-    finally:
-        activate(previous)  # an embedding caller's next call starts clean
+    with sigterm_raises():  # SIGTERM ends a command like Ctrl-C, with exit 143
+        return _main(argv, env)
 
 
 def _main(argv: Sequence[str] | None, env: Environment) -> int:

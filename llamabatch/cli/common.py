@@ -1,4 +1,4 @@
-"""What every command shares at run time: lines for people, the exit codes and the one
+"""What every command shares at run time: the exit codes and the one
 mapping from exceptions to them (`exit_code_for`, used by `app.main`), and the two calls
 every engine-running command makes: resolve its options (settings layer), open its engine
 (the Environment's factory)."""
@@ -14,7 +14,6 @@ import typer
 from ..errors import InvalidRequest, LlamaBatchError
 from ..settings.file_layer import resolve_settings
 from ..settings.resolved import Resolved
-from . import env
 from .env import Environment
 from .options import SharedOptions
 
@@ -57,16 +56,6 @@ class CliError(Exception):
         self.code = code
 
 
-def say(message: str) -> None:
-    """A line for people: always stderr, never mixed into data on stdout."""
-    print(message, file=env.current().stderr, flush=True)
-
-
-def out(text: str) -> None:
-    """Data or a command's answer: stdout."""
-    print(text, file=env.current().stdout, flush=True)
-
-
 def fail(message: str, code: int = EXIT_ERROR) -> CliError:
     """`raise fail("...", EXIT_USAGE)`: one line, that exit code (see exit_code_for)."""
     return CliError(message, code)
@@ -106,7 +95,7 @@ def open_engine(resolved: Resolved, environment: Environment, max_slots: int | N
     `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off).
     A chat-template fallback is said once on stderr, when chat messages first need it."""
     engine = environment.engine_factory.open(resolved, max_slots=max_slots, isolated=isolated, watchdog_s=watchdog_s)
-    engine.on_notice = lambda line: print(f"llamabatch: {line}", file=environment.stderr, flush=True)
+    engine.on_notice = lambda line: environment.say(f"llamabatch: {line}")
     return engine
 
 

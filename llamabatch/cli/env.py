@@ -5,8 +5,8 @@ builds an engine, and the global flags.
 `Environment` idea): text streams over bytes, terminal flags of their choosing and an engine
 factory over the scripted fake runner (settings/factory.py), so run, serve-stdin and chat
 run in milliseconds. Commands receive it (options.with_shared_options passes it as `env`)
-and never reach for sys.std* themselves; `say`/`out` (common.py) and code below a command
-that has no Environment in hand ask `current()`, the one main() activated.
+(commands without shared options take it from their click context: options.environment_of)
+and never reach for sys.std* or a module global: they write with `env.say` and `env.out`.
 """
 from __future__ import annotations
 
@@ -42,28 +42,17 @@ class Environment:
             if getattr(self, f"{name}_isatty") is None:
                 setattr(self, f"{name}_isatty", _isatty(getattr(self, name)))
 
+    def say(self, message: str) -> None:
+        """A line for people: always stderr, never mixed into data on stdout."""
+        print(message, file=self.stderr, flush=True)
+
+    def out(self, text: str) -> None:
+        """Data or a command's answer: stdout."""
+        print(text, file=self.stdout, flush=True)
+
     def fileno(self, name: str) -> int | None:
         """The OS file descriptor behind stdin/stdout/stderr, or None (an in-memory stream)."""
         try:
             return getattr(self, name).fileno()
         except (AttributeError, OSError, ValueError):
             return None
-
-
-_active: Environment | None = None
-
-
-def activate(env: Environment) -> Environment:
-    """Make `env` the one `current()` returns (the root command does, for each invocation)."""
-    global _active
-    _active = env
-    return env
-
-
-def current() -> Environment:
-    """The environment of the command being run; outside one (a command function called
-    from a script), a default one over the real streams."""
-    global _active
-    if _active is None:
-        _active = Environment()
-    return _active

@@ -12,14 +12,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import ModelLoadError
 from .stores import ModelRef, display_name, resolve_spelling
-
-if TYPE_CHECKING:
-    from ..config import EngineConfig
-    from ..params import SamplingParams
 
 MODEL_ENV = "LLAMABATCH_MODEL"
 CACHE_DIR_ENV = "LLAMABATCH_CACHE_DIR"
@@ -50,19 +45,6 @@ def resolve_model_ref(model: str | None = None, aliases: dict[str, str] | None =
         path = bundled_model_path()
         return ModelRef(path, display_name(path), "bundled", (), (path,))
     return resolve_spelling(model, aliases, config_path)
-
-
-def open_model_ref(config: EngineConfig, params: SamplingParams) -> tuple[ModelRef, str, SamplingParams]:
-    """The model an EngineConfig names, checked: (ref, the name records report, `params` with
-    the store's default stops applied). Engine and SupervisedEngine share it so that both call
-    the model what the user called it (a store name, an alias) and apply a store's default
-    stops (Ollama's params layer) the way Ollama does: only where the request sets none.
-    A missing or non-GGUF file raises ModelLoadError here, before anything is loaded."""
-    ref = resolve_model_ref(config.model)
-    check_gguf(ref.path)
-    if ref.stop and not params.stop:
-        params = params.replace(stop=list(ref.stop))
-    return ref, config.model_name or ref.name, params
 
 
 def check_gguf(path: str) -> None:

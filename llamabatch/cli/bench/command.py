@@ -17,7 +17,7 @@ from . import benchkit
 from ...errors import InvalidRequest
 from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table)
 from ..env import Environment
-from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
+from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options
 from ..options import SharedOptions, with_shared_options
 
 
@@ -54,13 +54,13 @@ def bench_command(
     """
     levels, prompt_lines = _check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks)
     if opts["n_parallel"] is not None:
-        say("llamabatch: note: --n-parallel is ignored; bench sets n_parallel per level from --parallel")
+        env.say("llamabatch: note: --n-parallel is ignored; bench sets n_parallel per level from --parallel")
     # Settings are checked against the largest level (not the default 8 slots), so e.g. a small
     # --n-ctx that suits --parallel 2 is accepted; every level is validated again below.
     opts.values["n_parallel"] = max(levels)
     resolved = resolve_options(opts, env)
     if opts["max_tokens"] is not None:
-        say("llamabatch: note: --max-tokens is ignored; bench generates --tg tokens per request")
+        env.say("llamabatch: note: --max-tokens is ignored; bench generates --tg tokens per request")
     configs = [resolved.engine.replace(n_parallel=b, max_queue=0).validate() for b in levels]
     params = resolved.sampling.replace(max_tokens=tg, ignore_eos=True).validate()
     counts = [requests or b for b in levels]
@@ -110,7 +110,7 @@ def bench_command(
     failed = [e for level in figures for e in level["errors"]]
     for level in figures:
         if level["errors"]:
-            say(f"llamabatch: warning: B={level['n_parallel']}: {len(level['errors'])} of "
+            env.say(f"llamabatch: warning: B={level['n_parallel']}: {len(level['errors'])} of "
                 f"{len(level['requests'])} requests failed, first: {level['errors'][0]}")
     if json_file:
         document = _document(figures, base, model, resolved, configs[0], levels, counts, pp, tg, requests, prompts)

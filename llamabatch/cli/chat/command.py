@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional, TextIO
+from typing import Annotated, Any, Callable, Optional, TextIO
 
 import typer
 
@@ -22,7 +22,7 @@ from .slash_commands import QUIT, looks_like_command, run_slash_command
 from .session import ChatIO, ChatSession
 from .store import Store, StoreError, Stored, default_path
 from ..env import Environment
-from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options, say
+from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options
 from ..options import SharedOptions, with_shared_options
 
 MULTILINE = '"""'
@@ -104,9 +104,11 @@ def history_path() -> Path:
     return Path(base) / "llamabatch" / "chat_history"
 
 
-def terminal_reader(history: Path | None, *, input: Any = None, output: Any = None):
+def terminal_reader(history: Path | None, *, input: Any = None, output: Any = None,
+                    warn: Callable[[str], None] = lambda line: None):
     """read(prompt) over a prompt-toolkit session: history across runs, Esc-Enter for a new
-    line, bracketed paste (a pasted block arrives as one message)."""
+    line, bracketed paste (a pasted block arrives as one message). `warn`: a line for people
+(the history file cannot be kept)."""
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory, InMemoryHistory
     from prompt_toolkit.key_binding import KeyBindings
@@ -125,7 +127,7 @@ def terminal_reader(history: Path | None, *, input: Any = None, output: Any = No
                 raise PermissionError(13, "not writable")
             store = FileHistory(str(history))
         except OSError as exc:  # FileHistory would fail later, at the first Enter
-            say(f"llamabatch: chat history not kept ({history}: {exc.strerror or exc})")
+            warn(f"llamabatch: chat history not kept ({history}: {exc.strerror or exc})")
     session: Any = PromptSession(history=store, key_bindings=bindings, input=input, output=output,
                                  enable_history_search=False)
     return lambda prompt: session.prompt(prompt)
@@ -166,7 +168,7 @@ def terminal_io(env: Environment) -> ChatIO:
     from prompt_toolkit.output import create_output
 
     output = create_output(stdout=env.stdout if env.stdout_isatty else env.stderr)
-    return ChatIO(read=terminal_reader(history_path(), output=output), write=stream_writer(env.stdout),
+    return ChatIO(read=terminal_reader(history_path(), output=output, warn=env.say), write=stream_writer(env.stdout),
                   info=line_printer(env.stderr), notice=line_printer(env.stderr, "2"), interactive=True)
 
 
@@ -211,7 +213,7 @@ def chat_command(
     if list_ or search is not None:
         store = Store(create=False)
         try:
-            print_list(store, search, lambda line: print(line, file=env.stdout, flush=True), say)
+            print_list(store, search, env.out, env.say)
         finally:
             store.close()
         return

@@ -10,7 +10,7 @@ import typer
 from ...settings.config_file import COMMANDS, ENGINE_RULES, Location
 from ...settings.config_file import SAMPLING_KEYS as FILE_SAMPLING_KEYS
 from ...settings.file_layer import config_location, current_config, file_values_for, resolve_layers
-from ..common import EXIT_ERROR, EXIT_USAGE, fail, out, say
+from ..common import EXIT_ERROR, EXIT_USAGE, fail
 from ..env import Environment
 from ..options import SHARED_OPTIONS, Resolved, SharedOptions, env_name, environment_of, with_shared_options
 
@@ -57,9 +57,9 @@ def show_command(
     resolved = resolve_layers(shared.values, shared.command, env.config_path)
     rows = _rows(resolved, shared, file_values)
     rows += _command_rows(command, env.config_path)
-    _say_location(location)
+    _say_location(location, env)
     if as_json:
-        out(json.dumps({
+        env.out(json.dumps({
             "command": command,
             "config_file": location.path,
             "settings": {key: {"value": value, "source": source} for key, value, source in rows},
@@ -68,20 +68,21 @@ def show_command(
     table = [("KEY", "VALUE", "SOURCE")] + [(key, _text(key, value, resolved), source) for key, value, source in rows]
     widths = [max(len(row[i]) for row in table) for i in range(2)]
     for key, value, source in table:
-        out(f"{key:<{widths[0]}}  {value:<{widths[1]}}  {source}".rstrip())
+        env.out(f"{key:<{widths[0]}}  {value:<{widths[1]}}  {source}".rstrip())
 
 
 @config_app.command("path")
 def path_command(ctx: typer.Context) -> None:
     """Print the config file that would be read (exit 1 when there is none)."""
-    location = config_location(environment_of(ctx).config_path)
+    env = environment_of(ctx)
+    location = config_location(env.config_path)
     if location.path is None:
-        say("llamabatch: no config file; looked for, in order:")
+        env.say("llamabatch: no config file; looked for, in order:")
         for place in location.looked:
-            say(f"  {place}")
-        say("  (or name one with --config FILE or $LLAMABATCH_CONFIG)")
+            env.say(f"  {place}")
+        env.say("  (or name one with --config FILE or $LLAMABATCH_CONFIG)")
         raise typer.Exit(EXIT_ERROR)
-    out(location.path)
+    env.out(location.path)
 
 
 def _rows(resolved: Resolved, opts: SharedOptions, file_values: dict[str, tuple[Any, str]]) -> list[tuple[str, Any, str]]:
@@ -136,8 +137,8 @@ def _text(key: str, value: Any, resolved: Resolved) -> str:
     return text if len(text) <= _WIDEST_VALUE else text[: _WIDEST_VALUE - 1] + "…"
 
 
-def _say_location(location: Location) -> None:
+def _say_location(location: Location, env: Environment) -> None:
     if location.path:
-        say(f"config file: {location.path} (from {location.reason})")
+        env.say(f"config file: {location.path} (from {location.reason})")
     else:
-        say("config file: none (looked for " + ", ".join(location.looked) + ")")
+        env.say("config file: none (looked for " + ", ".join(location.looked) + ")")

@@ -6,7 +6,6 @@ from typing import Any
 
 import typer
 
-from ..common import say
 from ..env import Environment
 from ..options import environment_of
 
@@ -35,7 +34,7 @@ def models_command(
     elif rows:
         _table(rows, env)
     if not any(row["source"] not in ("bundled", "alias") for row in rows):
-        say("llamabatch: no models in the stores; looked in " + ", ".join(f"{s} {d}" for s, d in places()))
+        env.say("llamabatch: no models in the stores; looked in " + ", ".join(f"{s} {d}" for s, d in places()))
 
 
 def _table(rows: list[dict[str, Any]], env: Environment) -> None:

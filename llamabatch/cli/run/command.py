@@ -16,7 +16,7 @@ import typer
 
 from .formats import LineParser
 from ...llama import autoslots
-from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options, say
+from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options
 from .verify import Reservoir, rerun_alone
 from ..env import Environment
 from ..options import SharedOptions, with_shared_options
@@ -204,7 +204,7 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
             cluster = None
         else:
             engine = cluster = open_pool(ray_pool, resolved, o.ray, o.ray_workers, o.ray_cpus_per_worker,
-                                         o.ray_gpus_per_worker, note=(lambda _m: None) if o.quiet else say,
+                                         o.ray_gpus_per_worker, note=(lambda _m: None) if o.quiet else env.say,
                                          max_slots=lines, watchdog_s=bounds.watchdog_s, debug=env.debug)
     except BaseException:
         sink.discard()
