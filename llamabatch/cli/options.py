@@ -56,7 +56,8 @@ SHARED_OPTIONS: dict[str, Any] = {
     "json_schema": Annotated[Optional[str], _opt("--json-schema", help="JSON schema (inline JSON or a file) constraining output", panel=SAMPLING)],
 }
 
-assert tuple(SHARED_OPTIONS) == SHARED_KEYS, "one flag per settings.layers.SHARED_KEYS key"
+if tuple(SHARED_OPTIONS) != SHARED_KEYS:  # a key added on one side only would be silently ignored
+    raise ImportError("cli/options.py declares one flag per settings.layers.SHARED_KEYS key, in that order")
 
 
 @dataclass
@@ -98,7 +99,6 @@ def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
     wrapper.config_command = command  # type: ignore[attr-defined]
     return wrapper
-
 
 
 _CONTEXT = "_llamabatch_context"  # the click context Typer passes in; not a flag
