@@ -442,7 +442,7 @@ def test_close_on_an_idle_engine_and_from_a_callback():
     def close_on_first(handle, item):
         if not got:
             got.append(item)
-            handle._engine.close()  # from the engine thread: must not deadlock
+            engine2.close()  # from the engine thread: must not deadlock
 
     h = engine2.submit("a", GREEDY.replace(max_tokens=1000), callback=close_on_first)
     assert h.result(WAIT).finish_reason == "cancelled"

@@ -20,18 +20,20 @@ from typing import Any, Callable
 
 from ..core.poison import PoisonRule
 from .plan import WorkerTally
-from ..results import Result, Timings, Usage
+from ..core.shared import ended_result, error_result
+from ..results import Result
 
 READY, RESTARTING, GONE = "ready", "restarting", "gone"
 
 
 def cancelled_result() -> Result:
-    """No answer: run's writer skips the line and --resume runs it again."""
-    return Result(-1, "", [], "cancelled", Usage(), Timings())
+    """No answer: run's writer skips the line and --resume runs it again. (request_id -1: the
+    pool sets the line's own.)"""
+    return ended_result(-1, "cancelled")
 
 
 def crashed_result(message: str) -> Result:
-    return Result(-1, "", [], "error", Usage(), Timings(), error=message, error_code="engine_crashed")
+    return error_result(-1, message, "engine_crashed")
 
 
 @dataclass(eq=False)
@@ -39,8 +41,7 @@ class Line:
     key: int
     prompt: Any
     params: Any
-    callback: Callable[[Any, Result], None] | None = None
-    handle: Any = None
+    handle: Any = None  # the caller's RequestHandle
     worker: "WorkerState | None" = None
     retried: bool = False  # it was in flight when a worker died
     cancel_asked: bool = False

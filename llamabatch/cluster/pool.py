@@ -1,5 +1,5 @@
-"""`run --ray`: one Engine per Ray actor, and a driver-side pool that run's batch loop uses
-exactly as it uses an Engine (submit with a callback, cancel, stats, close).
+"""`run --ray`: one Engine per Ray actor, and a driver-side pool with the engine API
+(llamabatch.api.EngineAPI): run's batch loop uses it exactly as it uses an Engine.
 
 This is the only module that imports ray, as runner.py is for llama_cpp. Import it lazily:
 without Ray installed the import fails and the CLI prints how to install the extra.
@@ -25,13 +25,15 @@ and the unanswered lines get no record, so --resume finishes them.
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
@@ -39,13 +41,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..config import EngineConfig
 from ..core.engine import Engine, EngineStats
-from ..errors import LlamaBatchError
+from ..core.handle import EventCallback, RequestHandle
+from ..core.shared import SharedEngine, check_room, record_outcome
+from ..core.telemetry import Telemetry
+from ..errors import EngineClosed, LlamaBatchError
 from ..params import SamplingParams
 from ..llama.autoslots import CANDIDATES
 from .describe import header, slots_note
-from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
+from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, cancelled_result, crashed_result
 from .plan import Node, PlacementError, WorkerTally, place_workers
-from ..results import Result
+from ..results import Delta, Result
+from ..supervised.child import runner_from_env
 from ..supervised.watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, RECENT_TICKS, Watchdog
 from ..core.telemetry import TickRecord
 
@@ -90,7 +96,10 @@ class EngineWorker:
                 # (the calibration cache is per machine), bounded by the run's line count.
                 from ..settings.loading import open_runner, settings_for
 
-                resolved, runner = open_runner(settings_for(self._config, self._defaults), max_slots=self._max_slots)
+                resolved = settings_for(self._config, self._defaults)
+                runner = runner_from_env(resolved.engine)  # a test's fake runner (as in the supervised child)
+                if runner is None:
+                    resolved, runner = open_runner(resolved, max_slots=self._max_slots)
                 self._engine = Engine(resolved.engine, runner=runner, default_params=resolved.sampling,
                                       slots_reason=resolved.slots_reason)
             except LlamaBatchError as exc:
@@ -133,40 +142,44 @@ class EngineWorker:
         if handle is not None:
             handle.cancel()
 
+    def tokenize(self, text: str, special: bool) -> list[int]:
+        assert self._engine is not None, "tokenize before start"
+        return self._engine.tokenize(text, special=special)
+
 
 _RemoteWorker = ray.remote(EngineWorker)
 
 
 # -- the driver side ----------------------------------------------------------------------------
 
-class PoolHandle:
-    """What `RayPool.submit` returns: the part of a RequestHandle run's batch loop uses."""
+class RayPool(SharedEngine):
+    """Engines on Ray workers behind one submit() (llamabatch.api.EngineAPI). Build it with
+    `RayPool.start(...)`.
 
-    def __init__(self, pool: "RayPool", key: int):
-        self._pool = pool
-        self.request_id = key
-        self.done = False
+    What differs from an Engine, because each line runs as one call on a worker: a line's
+    text comes back whole, so a streamed handle gets it as one Delta just before its Result;
+    `subscribe` sees the driver's RequestRecords (the ticks happen on the workers); `hold`
+    has nothing to hold (no tick spans the workers)."""
 
-    def cancel(self) -> None:
-        if not self.done:
-            self._pool._cancel(self.request_id)
-
-
-class RayPool:
-    """Engines on Ray workers behind one submit(). Build it with `RayPool.start(...)`."""
+    recovers_crashes = True
 
     def __init__(self, workers: list[WorkerState], model_name: str, slot_ctx: int, owns_ray: bool, address: str,
-                 watchdog_s: float = DEFAULT_FLOOR_S):
+                 watchdog_s: float = DEFAULT_FLOOR_S, max_queue: int = 0):
         self.model_name = model_name
         self.slot_ctx = slot_ctx
         self.address = address  # "local" or what --ray was given
+        self.max_queue = max_queue  # bounded here, for the whole pool (the workers' engines are not)
         self._owns_ray = owns_ray
+        self._ends_ray_session = True  # False when the caller had connected to Ray before start()
         self._workers = workers
         self._lock = threading.Lock()
         self._by_ref: dict[Any, Line] = {}
+        self._open: dict[int, Line] = {}  # every line without its outcome
         self._dispatcher = Dispatcher(workers, self._send, self._cancel_remote)
         self._next_key = 0
-        self._submitted = self._finished = self._generated = 0
+        self._hangs = 0
+        self.telemetry = Telemetry()
+        self._closing = False
         self._closed = threading.Event()
         self._here = ray.util.get_node_ip_address()  # a hung worker on this node is also SIGKILLed by pid
         for w in workers:
@@ -188,10 +201,13 @@ class RayPool:
         Raises RayStartError before any line runs: no cluster, no room, a node without the model.
         """
         owns = address is None
+        joined = ray.is_initialized()  # a session the caller opened: used as it is, and left open
         if not log_to_driver:  # Ray's own warnings (token auth, ...) are not ours to show; --debug shows them
             logging.getLogger("ray").setLevel(logging.ERROR)
         try:
-            if owns:
+            if joined:
+                pass
+            elif owns:
                 ray.init(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
             else:
                 ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
@@ -204,11 +220,14 @@ class RayPool:
                                 f"{_first_line(exc)}{hint}") from None
         _raylet_messages_to_log()
         try:
-            return cls._start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
+            pool = cls._start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
                                       gpus_per_worker, inflight_per_worker, note, max_slots, watchdog_s)
         except BaseException:
-            ray.shutdown()
+            if not joined:
+                ray.shutdown()
             raise
+        pool._ends_ray_session = not joined
+        return pool
 
     @classmethod
     def _start_workers(cls, config: EngineConfig, default_params: SamplingParams, owns: bool, address: str,
@@ -227,6 +246,8 @@ class RayPool:
         cap = inflight or 2 * most
         if config.model is not None:  # the same absolute path on every node, not the driver's cwd
             config = config.replace(model=os.path.abspath(os.path.expanduser(config.model)))
+        max_queue = config.max_queue
+        config = config.replace(max_queue=0)  # the pool bounds the queue, for all workers at once
         states = []
         for i, p in enumerate(placements, start=1):
             actor = _RemoteWorker.options(
@@ -259,40 +280,83 @@ class RayPool:
             note(f"llamabatch run: {w.tally.name}: node {p.node.address}, pid {w.tally.pid}, {p.cpus} CPU(s) = "
                  f"threads" + (f", {p.gpus:g} GPU(s)" if p.gpus else "") + f", {slots_note(w)}")
         # slot_ctx: the smallest, for stats (with auto and a total n_ctx, workers differ)
-        return cls(states, infos[0]["model_name"], min(w.slot_ctx for w in states), owns, address, watchdog_s)
+        return cls(states, infos[0]["model_name"], min(w.slot_ctx for w in states), owns, address, watchdog_s,
+                   max_queue)
 
-    # -- what run's batch loop calls --------------------------------------------------------------
+    # -- the engine API (generate and the context manager: core/shared.py) ------------------------
 
     @property
-    def fatal_error(self) -> str | None:
+    def fatal_error(self) -> str | None:  # type: ignore[override]
+        """Set when every worker is gone."""
         return self._dispatcher.fatal_error
+
+    @property
+    def restarts(self) -> int:  # type: ignore[override]
+        """Worker processes Ray restarted after they died (or the watchdog killed them)."""
+        with self._lock:
+            return sum(w.tally.restarts for w in self._workers)
+
+    @property
+    def hangs(self) -> int:  # type: ignore[override]
+        return self._hangs
+
+    @property
+    def isolated(self) -> Sequence[int]:  # type: ignore[override]
+        return list(self._dispatcher.isolated)
 
     @property
     def inflight_cap(self) -> int:
         """Lines the workers hold at once: run's --max-inflight default."""
         return sum(w.cap for w in self._workers)
 
-    def submit(self, prompt: Any, params: SamplingParams | None = None, *, stream: bool = False,
-               callback: Callable[[PoolHandle, Result], None] | None = None) -> PoolHandle:
+    def submit(self, prompt: Any, params: SamplingParams | None = None, *, stream: bool = True,
+               callback: EventCallback | None = None) -> RequestHandle:
+        """Queue one line for the workers (see Engine.submit); QueueFull past max_queue."""
         with self._lock:
+            if self._closing:
+                raise EngineClosed("the engine is closed")
+            check_room(len(self._open), sum(w.n_parallel for w in self._workers), self.max_queue)
             key = self._next_key
             self._next_key += 1
-            self._submitted += 1
-            line = Line(key, prompt, params, callback, PoolHandle(self, key))
+            self.telemetry.totals.submitted += 1
+            line = Line(key, prompt, params, handle=RequestHandle(self._cancel, key, stream, callback))
+            self._open[key] = line
             outcomes = self._dispatcher.submit(line)
         self._deliver(outcomes)
         return line.handle
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Nothing to hold: each line is a call of its own on a worker, and no tick spans workers."""
+        yield
+
+    def tokenize(self, text: str, *, special: bool = False, timeout: float = 60.0) -> list[int]:
+        """Tokenize on a live worker (every worker loads the same model)."""
+        with self._lock:
+            live = [w for w in self._workers if w.state == READY]
+        if self._closing or not live:
+            raise EngineClosed(self.fatal_error or "the engine is closed")
+        try:
+            return ray.get(live[0].actor.tokenize.remote(text, special), timeout=timeout)
+        except GetTimeoutError:
+            raise TimeoutError(f"tokenize took more than {timeout}s") from None
+        except RayTaskError as exc:  # the worker's own error (bad text): the same error here
+            cause = exc.as_instanceof_cause()
+            raise (cause if isinstance(cause, LlamaBatchError) else EngineClosed(_first_line(exc))) from None
+        except RayActorError as exc:
+            raise EngineClosed(f"the Ray worker died: {_death(exc)}") from None
+
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        """Receive the RequestRecord of every line's outcome (on the pool's thread). Returns unsubscribe."""
+        return self.telemetry.subscribe(callback)
 
     def stats(self) -> EngineStats:
         with self._lock:
             live = [w for w in self._workers if w.state == READY]
             busy = sum(min(len(w.inflight), w.n_parallel) for w in live)
             n = sum(w.n_parallel for w in self._workers)
-            return EngineStats(slots_idle=n - busy, slots_prefilling=0, slots_generating=busy,
-                               queue_depth=self._dispatcher.waiting, n_parallel=n, slot_ctx=self.slot_ctx,
-                               submitted=self._submitted, finished=self._finished, cancelled=0, failed=0,
-                               timed_out=0, prompt_tokens=0, cached_tokens=0, generated_tokens=self._generated,
-                               ticks=0, uptime_s=0.0)
+            waiting = self._dispatcher.waiting
+        return self.telemetry.stats(["generating"] * busy + ["idle"] * (n - busy), waiting, self.slot_ctx)
 
     def progress(self) -> str:
         """Per-worker rates for the progress line."""
@@ -312,7 +376,13 @@ class RayPool:
         where = "a local Ray instance" if self._owns_ray else f"Ray cluster {self.address}"
         return header(self.model_name, self._workers, where)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the workers; every line without an outcome ends 'cancelled' (its worker is killed,
+        not drained: `timeout` is not used). A Ray session this pool opened ends with it."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
         self._closed.set()
         self._thread.join()
         for w in self._workers:
@@ -320,7 +390,15 @@ class RayPool:
                 ray.kill(w.actor)
             except Exception:  # already dead: nothing to stop
                 pass
-        ray.shutdown()  # a local instance we started goes away with it; a cluster is only left
+        with self._lock:
+            left = list(self._open.values())
+        self._deliver([(line, cancelled_result()) for line in left])
+        if self._ends_ray_session:
+            ray.shutdown()  # a local instance we started goes away with it; a cluster is only left
+
+    def kill(self) -> None:
+        """Stop now: the workers are killed; lines without an outcome end 'cancelled'."""
+        self.close(timeout=0)
 
     # -- Ray calls (the dispatcher calls these under self._lock) -------------------------------------
 
@@ -334,9 +412,9 @@ class RayPool:
         if line.worker is not None:
             line.worker.actor.cancel.remote(line.key)
 
-    def _cancel(self, key: int) -> None:
+    def _cancel(self, handle: RequestHandle) -> None:
         with self._lock:
-            outcomes = self._dispatcher.cancel(key)
+            outcomes = self._dispatcher.cancel(handle.request_id)
         self._deliver(outcomes)
 
     # -- the watcher thread: results, deaths, restarts -----------------------------------------------
@@ -412,8 +490,6 @@ class RayPool:
                 return outcomes
             result = value if error is None else crashed_result(
                 f"the Ray worker failed on this line: {_first_line(error)}")
-            self._finished += 1
-            self._generated += result.usage.completion_tokens
             return d.answered(line, result)
 
     def _watchdogs(self) -> None:
@@ -432,6 +508,7 @@ class RayPool:
         """The watchdog fired (under self._lock): kill the actor's process. Its lines then fail with
         RayActorError and are retried as for any dead worker; Ray restarts it in place."""
         worker.kill_reason = reason
+        self._hangs += 1
         log.warning("worker %s is hung; %s", worker.tally.name, reason)
         if worker.tally.node == self._here and worker.tally.pid:
             try:  # certain, also for a stopped process; ray.kill below tells Ray
@@ -458,14 +535,17 @@ class RayPool:
         return out
 
     def _deliver(self, outcomes: Outcomes) -> None:
-        # Never under self._lock: the callback takes run's own lock (see BatchRun._admit).
+        """Each line's one outcome: its text as one Delta, then its Result, and the telemetry.
+        Never under self._lock: the callback takes run's own lock (see BatchRun._admit)."""
         for line, result in outcomes:
-            line.handle.done = True
-            if line.callback is not None:
-                try:
-                    line.callback(line.handle, result)
-                except Exception:
-                    log.exception("callback for line %s failed", line.key)
+            with self._lock:
+                if self._open.pop(line.key, None) is None:
+                    continue  # it has its outcome already (close() raced an answer)
+            result = dataclasses.replace(result, request_id=line.key)  # the worker's engine numbers its own
+            if result.text or result.token_ids:
+                line.handle._deliver(Delta(result.text, list(result.token_ids)))
+            record_outcome(self.telemetry, result)
+            line.handle._finish(result)
 
 
 def _raylet_messages_to_log() -> None:

@@ -20,15 +20,16 @@ from typing import Any, Callable, Iterator, Sequence as Seq
 
 from .apart import GRACE, ApartSampling, Flight, wants_apart
 from ..config import EngineConfig
-from ..errors import DecodeError, EngineClosed, InternalError, InvalidRequest, LlamaBatchError, QueueFull
+from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError
 from .handle import EventCallback, RequestHandle
 from .inputs import InputPreparer, Prompt
 from ..models.resolve import model_display_name
 from ..params import SamplingParams
 from .plan import StepPlan, StepResult
-from ..results import Delta, Result, Timings, Usage
+from ..results import Delta
 from .scheduler import Scheduler, SeqEvent
 from .sequence import Sequence, Status
+from .shared import SharedEngine, check_room, error_result, record_outcome
 from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 
 log = logging.getLogger("llamabatch.engine")
@@ -37,8 +38,9 @@ log = logging.getLogger("llamabatch.engine")
 __all__ = ["Engine", "EngineStats", "RequestHandle", "Prompt", "EventCallback"]
 
 
-class Engine:
-    """A continuous-batching engine over one model. Use it as a context manager."""
+class Engine(SharedEngine):
+    """A continuous-batching engine over one model, in this process (llamabatch.api.EngineAPI).
+    Use it as a context manager."""
 
     def __init__(self, config: EngineConfig | None = None, *, runner: Any = None,
                  default_params: SamplingParams | None = None,
@@ -97,13 +99,7 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="llamabatch-engine", daemon=True)
         self._thread.start()
 
-    # -- public API ------------------------------------------------------------------------
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    # -- public API (llamabatch.api.EngineAPI; generate and the context manager: shared.py) -----
 
     @property
     def default_params(self) -> SamplingParams:
@@ -149,7 +145,7 @@ class Engine:
                 raise EngineClosed("the engine is closed")
             request_id = self._next_id
             self._next_id += 1
-        handle = RequestHandle(self, request_id, stream, callback)
+        handle = RequestHandle(self._cancel, request_id, stream, callback)
         try:
             seq = self.inputs.prepare(request_id, prompt, params)
         except Exception as exc:
@@ -168,12 +164,11 @@ class Engine:
             if self._closing:
                 self._free_samplers(seq)
                 raise EngineClosed("the engine is closed")
-            # Count every request in flight against slots + max_queue, not the requests the
-            # engine thread has not admitted yet: those include ones an idle slot is about to
-            # take, so a quick second submit would be refused depending on thread timing.
-            if self.config.max_queue and len(self._handles) >= len(self.scheduler.slots) + self.config.max_queue:
+            try:
+                check_room(len(self._handles), len(self.scheduler.slots), self.config.max_queue)
+            except LlamaBatchError:
                 self._free_samplers(seq)
-                raise QueueFull(f"queue is full ({self.config.max_queue} requests waiting)")
+                raise
             # counted only once accepted: a refused request (QueueFull, EngineClosed) never entered
             self.telemetry.totals.submitted += 1
             self._waiting_count += 1
@@ -181,28 +176,6 @@ class Engine:
             self._inbox.append(seq)
             self._cond.notify()
         return handle
-
-    def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None) -> list[Result]:
-        """Run every prompt concurrently; results come back in input order."""
-        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(per) != len(prompts):
-            raise InvalidRequest(f"{len(prompts)} prompts but {len(per)} SamplingParams")
-        handles: list[RequestHandle] = []
-        for prompt, p in zip(prompts, per):
-            while True:
-                try:
-                    handles.append(self.submit(prompt, p, stream=False))
-                    break
-                except QueueFull:  # a bounded queue: wait for an earlier request, then retry
-                    pending = [h for h in handles if not h.done]
-                    if pending:
-                        try:
-                            pending[0].result(timeout=1.0)
-                        except TimeoutError:
-                            pass
-                    else:
-                        time.sleep(0.01)
-        return [h.result() for h in handles]
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -219,8 +192,9 @@ class Engine:
         """Receive every TickRecord and RequestRecord (on the engine thread). Returns unsubscribe."""
         return self.telemetry.subscribe(callback)
 
-    def close(self) -> None:
-        """Cancel what is in flight, stop the thread, free the context and model once."""
+    def close(self, timeout: float | None = None) -> None:
+        """Cancel what is in flight, stop the thread, free the context and model once.
+        (`timeout` is for engines in another process: this thread is always waited for.)"""
         with self._cond:
             already = self._closing
             self._closing = True
@@ -229,6 +203,13 @@ class Engine:
             self._thread.join()
         if not already:
             log.debug("engine closed")
+
+    def kill(self) -> None:
+        """Stop without waiting: what is in flight ends 'cancelled' once the current step is
+        done (a step in llama_decode cannot be interrupted); close() then waits for the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
 
     def _free_samplers(self, seq: Sequence) -> None:
         for member in seq.members:
@@ -412,18 +393,14 @@ class Engine:
         result = seq.request_result()
         result.deterministic = self.config.deterministic
         handle = self._handles.pop(seq.request_id, None)
-        kind = "exception" if result.finish_reason == "error" else "done"
-        self.telemetry.record_request(RequestRecord(kind, seq.request_id, result.finish_reason, result.usage,
-                                                    result.timings, result.error))
+        record_outcome(self.telemetry, result)
         if handle is not None:
             handle._finish(result)
 
     def _reject(self, handle: RequestHandle, exc: LlamaBatchError) -> None:
         """End a request whose input was refused at submit (it never became a Sequence)."""
-        result = Result(handle.request_id, "", [], "error", Usage(), Timings(), error=str(exc), error_code=exc.code,
-                        deterministic=self.config.deterministic)
-        self.telemetry.record_request(RequestRecord("exception", handle.request_id, "error", result.usage,
-                                                    result.timings, str(exc)))
+        result = error_result(handle.request_id, str(exc), exc.code, deterministic=self.config.deterministic)
+        record_outcome(self.telemetry, result)
         handle._finish(result)
 
     def _fail_everything(self, message: str) -> None:

@@ -1,7 +1,8 @@
-"""RequestHandle: what `Engine.submit` gives back for one request.
+"""RequestHandle: what an engine's `submit` gives back for one request (every engine's).
 
 Iterate it for streamed Deltas; `result()` waits for the one terminal Result. The engine
-thread feeds it (`_deliver`, `_finish`); callers only read and cancel.
+feeds it (`_deliver`, `_finish`); callers only read and cancel. It knows its engine only
+through the cancel callable it is given, so it depends on no engine.
 """
 from __future__ import annotations
 
@@ -12,27 +13,28 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
 from ..results import Delta, Result
 
 if TYPE_CHECKING:
-    from .engine import Engine
     from .sequence import Sequence
 
 log = logging.getLogger("llamabatch.engine")
 
 EventCallback = Callable[["RequestHandle", Union[Delta, Result]], None]
+CancelCallable = Callable[["RequestHandle"], None]
 _END = object()
 
 
 class RequestHandle:
     """One submitted request. Iterate it for streamed Deltas; `result()` gives the Result."""
 
-    def __init__(self, engine: "Engine | None", request_id: int, stream: bool, callback: EventCallback | None):
-        self._engine = engine
+    def __init__(self, cancel: CancelCallable | None, request_id: int, stream: bool, callback: EventCallback | None):
+        """`cancel(handle)` asks the engine to stop the request (None: it cannot be cancelled)."""
+        self._cancel = cancel
         self.request_id = request_id
         self._stream = stream
         self._callback = callback
         self._deltas: list[Any] = []
         self._cond = threading.Condition()
         self._result: Result | None = None
-        self._seq: "Sequence | None" = None
+        self._seq: "Sequence | None" = None  # the in-process engine's own record of the request
 
     def __iter__(self) -> Iterator[Delta]:
         i = 0
@@ -59,8 +61,8 @@ class RequestHandle:
 
     def cancel(self) -> None:
         """Ask the engine to stop this request; its Result gets finish_reason 'cancelled'."""
-        if self._engine is not None and self._result is None:
-            self._engine._cancel(self)
+        if self._cancel is not None and self._result is None:
+            self._cancel(self)
 
     # -- called by the engine thread --------------------------------------------------
 

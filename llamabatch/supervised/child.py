@@ -1,13 +1,10 @@
 """The child process of the supervised engine: `python -m llamabatch.supervised.child`.
 
-It runs an ordinary in-process Engine and speaks frames (wire.py) with its parent:
+It runs an ordinary in-process Engine and speaks frames (the dataclasses in wire.py) with its parent:
 
-    stdin   parent -> child   ("init", config, default_params) once, then
-                              ("submit", [(pid, prompt, params), ...]) / ("cancel", pid) /
-                              ("tokenize", call_id, text, special) / ("close",)
-    stdout  child -> parent   ("ready", info) or ("load_error", message) once, then
-                              ("batch", items, slot_counts): everything one tick produced
-                              (items also carry notices, e.g. a chat-template fallback)
+    stdin   parent -> child   Init once, then Submit / Cancel / Tokenize / Close
+    stdout  child -> parent   Ready or LoadError once, then Batch: everything one tick
+                              produced (items also carry notices, e.g. a chat-template fallback)
     stderr  llama.cpp's log lines and whatever C++ prints when it aborts; the parent keeps
             the last lines to name the cause of a crash
 
@@ -38,7 +35,8 @@ from typing import Any
 from ..core.engine import Engine
 from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
-from ..results import Delta, Result, Timings, Usage
+from ..results import Delta, Result
+from ..core.shared import error_result
 from ..core.telemetry import RequestRecord, TickRecord
 from . import wire
 
@@ -54,7 +52,7 @@ class Link:
     def __init__(self, engine: Engine, out_fd: int):
         self.engine = engine
         self.out_fd = out_fd
-        self._outbox: list[tuple] = []
+        self._outbox: list[wire.Item] = []
         self._lock = threading.Lock()  # the outbox
         self._write_lock = threading.Lock()  # one frame at a time on out_fd
         self._handles: dict[int, RequestHandle] = {}  # pid -> handle, until its Result
@@ -65,7 +63,7 @@ class Link:
         self._doomed: set[int] = set()
         engine.subscribe(self._on_record)
         # A template fallback is said once, by the parent (which knows where stderr goes)
-        engine.on_notice = lambda line: self._append(("n", line))
+        engine.on_notice = lambda line: self._append(wire.Notice(line))
         self._flusher = threading.Thread(target=self._flush_strays, name="llamabatch-child-flush", daemon=True)
         self._flusher.start()
 
@@ -73,48 +71,50 @@ class Link:
         """Handle the parent's frames until it says close or its end of the pipe goes away."""
         while True:
             try:
-                message = wire.recv(in_fd)
+                frame = wire.recv(in_fd)
             except EOFError:
                 break
-            kind = message[0]
-            if kind == "submit":
-                self._submit(message[1])
-            elif kind == "cancel":
-                handle = self._handles.get(message[1])
+            if isinstance(frame, wire.Submit):
+                self._submit(frame.requests)
+            elif isinstance(frame, wire.Cancel):
+                handle = self._handles.get(frame.pid)
                 if handle is not None:
                     handle.cancel()
-            elif kind == "tokenize":
-                self._tokenize(*message[1:])
-            elif kind == "close":
+            elif isinstance(frame, wire.Tokenize):
+                self._tokenize(frame)
+            elif isinstance(frame, wire.Close):
                 break
         self.engine.close()  # cancels what is left: those Results go out below
         self._closed = True
         self._wake.set()
         self.flush()
 
-    def _submit(self, batch: list[tuple[int, Any, Any]]) -> None:
+    def _submit(self, requests: list[wire.Request]) -> None:
         # Inside hold(): the engine thread admits none of them before their ids are known here.
         with self.engine.hold():
-            for pid, prompt, params in batch:
-                if self._crash_prompt is not None and prompt == self._crash_prompt:
+            for request in requests:
+                pid = request.pid
+                if self._crash_prompt is not None and request.prompt == self._crash_prompt:
                     self._doomed.add(pid)
                 try:
-                    handle = self.engine.submit(prompt, params, stream=False, callback=self._callback(pid))
+                    handle = self.engine.submit(request.prompt, request.params, stream=False,
+                                                callback=self._callback(pid))
                 except Exception as exc:  # in-process this would raise to the caller: here it ends the request
-                    self._append(("r", pid, Result(pid, "", [], "error", Usage(), Timings(), seed=params.seed,
-                                                   error=f"{type(exc).__name__}: {exc}",
-                                                   error_code=getattr(exc, "code", "internal_error"))))
+                    code = exc.code if isinstance(exc, LlamaBatchError) else "internal_error"
+                    self._append(wire.Finished(pid, error_result(pid, f"{type(exc).__name__}: {exc}", code,
+                                                                 seed=request.params.seed)))
                     continue
                 if not handle.done:
                     self._handles[pid] = handle
                     self._pids[handle.request_id] = pid
         self._wake.set()
 
-    def _tokenize(self, call_id: int, text: str, special: bool) -> None:
+    def _tokenize(self, call: wire.Tokenize) -> None:
         try:
-            reply = ("k", call_id, self.engine.tokenize(text, special=special), None)
+            reply = wire.Tokenized(call.call_id, self.engine.tokenize(call.text, special=call.special))
         except Exception as exc:
-            reply = ("k", call_id, None, exc if isinstance(exc, LlamaBatchError) else RuntimeError(str(exc)))
+            reply = wire.Tokenized(call.call_id, None,
+                                   exc if isinstance(exc, LlamaBatchError) else RuntimeError(str(exc)))
         self._append(reply)
 
     # -- from the engine thread -------------------------------------------------------------
@@ -126,26 +126,26 @@ class Link:
                     os.write(2, f"llamabatch test hook: {CRASH_PROMPT_ENV} matched; calling os.abort()\n".encode())
                     os.abort()
                 # Deltas come from a tick, whose end sends them: no wake-up per token
-                self._append(("d", pid, item.text, item.token_ids), wake=False)
+                self._append(wire.Streamed(pid, item.text, item.token_ids), wake=False)
             else:
                 self._handles.pop(pid, None)
                 self._pids.pop(handle.request_id, None)
-                self._append(("r", pid, item))  # may come from a tick with nothing to decode: wake the flusher
+                self._append(wire.Finished(pid, item))  # may come from a tick with nothing to decode: wake the flusher
         return on_item
 
     def _on_record(self, record: Any) -> None:
         if isinstance(record, TickRecord):
-            self._append(("t", record), wake=False)
+            self._append(wire.Tick(record), wake=False)
             self.flush()  # the tick is over: send all it produced in one frame
         elif isinstance(record, RequestRecord) and record.kind == "start":
             pid = self._pids.get(record.request_id)
             if pid is not None:
-                self._append(("s", pid), wake=False)
+                self._append(wire.Started(pid), wake=False)
         # done/exception records: the parent makes its own, once per request across restarts
 
     # -- sending ----------------------------------------------------------------------------
 
-    def _append(self, item: tuple, wake: bool = True) -> None:
+    def _append(self, item: wire.Item, wake: bool = True) -> None:
         with self._lock:
             self._outbox.append(item)
         if wake:
@@ -157,8 +157,8 @@ class Link:
                 items, self._outbox = self._outbox, []
             if items:
                 s = self.engine.stats()
-                wire.send(self.out_fd, ("batch", items, (s.slots_idle, s.slots_prefilling, s.slots_generating,
-                                                         s.queue_depth)))
+                wire.send(self.out_fd, wire.Batch(items, wire.SlotCounts(s.slots_idle, s.slots_prefilling,
+                                                                         s.slots_generating, s.queue_depth)))
 
     def _flush_strays(self) -> None:
         while not self._closed:
@@ -186,14 +186,15 @@ def _open_engine(config: Any, default_params: Any) -> Engine:
     from ..settings.loading import from_parent, load_runner, prepare
 
     resolved = from_parent(config, default_params)
-    runner = _test_runner(config)
+    runner = runner_from_env(config)
     if runner is None:
         resolved = prepare(resolved)
         runner = load_runner(resolved.engine)
     return Engine(resolved.engine, runner=runner, default_params=resolved.sampling, slots_reason=resolved.slots_reason)
 
 
-def _test_runner(config: Any) -> Any:
+def runner_from_env(config: Any) -> Any:
+    """The runner named by RUNNER_ENV (a test hook; the Ray worker uses it too), else None."""
     spec = os.environ.get(RUNNER_ENV)
     if not spec:
         return None  # the real one: Engine loads the model
@@ -239,22 +240,24 @@ def main() -> int:
     os.dup2(2, 1)  # a stray print or C printf must not corrupt the frames
     _log_llama_cpp_to_stderr()
     try:
-        _, config, default_params = wire.recv(0)
+        init = wire.recv(0)
     except EOFError:
         return 0
+    assert isinstance(init, wire.Init), init
     if os.environ.get(CRASH_AT_LOAD_ENV) == "1":
         os.write(2, f"llamabatch test hook: {CRASH_AT_LOAD_ENV}=1; calling os.abort()\n".encode())
         os.abort()
     try:
-        engine = _open_engine(config, default_params)
+        engine = _open_engine(init.config, init.default_params)
     except LlamaBatchError as exc:
-        wire.send(out_fd, ("load_error", type(exc).__name__, str(exc)))
+        wire.send(out_fd, wire.LoadError(type(exc).__name__, str(exc)))
         return 1
     runner = engine.runner
-    wire.send(out_fd, ("ready", {
-        "model_path": engine.model_path, "slot_ctx": engine.slot_ctx, "n_slots": runner.n_slots,
-        "n_vocab": getattr(runner, "n_vocab", None), "metadata": getattr(runner, "metadata", {}),
-        "bos_text": getattr(runner, "bos_text", ""), "eos_text": getattr(runner, "eos_text", ""), "kernels": engine.kernels, "pid": os.getpid()}))
+    wire.send(out_fd, wire.Ready(
+        model_path=engine.model_path, slot_ctx=engine.slot_ctx, n_slots=runner.n_slots, pid=os.getpid(),
+        kernels=engine.kernels, slots_reason=engine.slots_reason,
+        n_vocab=getattr(runner, "n_vocab", None), metadata=getattr(runner, "metadata", {}),
+        bos_text=getattr(runner, "bos_text", ""), eos_text=getattr(runner, "eos_text", "")))
     Link(engine, out_fd).serve(0)
     return 0
 

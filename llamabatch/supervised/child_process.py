@@ -35,16 +35,16 @@ class ChildProcess:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                      env=env)
         self.kill_reason: str | None = None  # set when the parent killed it on purpose (watchdog, load bound)
-        self.info: dict[str, Any] = {}
+        self.info: wire.Ready | None = None  # once wait_ready() returned
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._send_lock = threading.Lock()
         self._stderr = threading.Thread(target=self._read_stderr, name="llamabatch-child-stderr", daemon=True)
         self._stderr.start()
-        self.send(("init", config, default_params))
+        self.send(wire.Init(config, default_params))
 
     # -- talking ------------------------------------------------------------------------------
 
-    def send(self, message: Any) -> bool:
+    def send(self, message: wire.Frame) -> bool:
         """Write one frame; False when the child is gone (its death is noticed by the reader)."""
         try:
             with self._send_lock:
@@ -53,10 +53,10 @@ class ChildProcess:
         except (OSError, ValueError):
             return False
 
-    def recv(self) -> Any:
+    def recv(self) -> wire.Frame:
         return wire.recv(self.proc.stdout.fileno())
 
-    def wait_ready(self, timeout: float | None = None) -> dict[str, Any]:
+    def wait_ready(self, timeout: float | None = None) -> wire.Ready:
         """The child's facts once the model is loaded. Raises the child's own load error (the
         same each time: no point retrying) or StartFailed when it died on the way, or when it
         was not ready within `timeout` seconds (then it is killed: a hung load)."""
@@ -72,12 +72,16 @@ class ChildProcess:
         finally:
             if timer is not None:
                 timer.cancel()
-        if message[0] == "load_error":
+        if isinstance(message, wire.LoadError):
             self.wait()
-            kind = getattr(errors, message[1], None)
-            raise (kind if isinstance(kind, type) and issubclass(kind, LlamaBatchError) else ModelLoadError)(message[2])
-        self.info = message[1]
-        return self.info
+            kind = getattr(errors, message.kind, None)
+            raise (kind if isinstance(kind, type) and issubclass(kind, LlamaBatchError) else ModelLoadError)(
+                message.message)
+        if not isinstance(message, wire.Ready):
+            self.kill(f"killed: it sent {type(message).__name__} before it was ready")
+            raise StartFailed(self.death())
+        self.info = message
+        return message
 
     # -- ending -------------------------------------------------------------------------------
 

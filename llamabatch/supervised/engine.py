@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import queue
@@ -38,11 +39,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
 from ..config import EngineConfig
 from ..core.handle import EventCallback, RequestHandle
 from ..core.inputs import Prompt
-from ..errors import EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError, QueueFull
+from ..errors import EngineClosed, LlamaBatchError, ModelLoadError
 from ..params import SamplingParams, random_seed
 from ..core.poison import MAX_CRASHES, PoisonRule
-from ..results import Delta, Result, Timings, Usage
-from ..core.telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
+from ..core.shared import SharedEngine, check_room, ended_result, error_result, record_outcome
+from ..results import Delta, Result
+from ..core.telemetry import EngineStats, RequestRecord, Telemetry
+from . import wire
 from .canary import CANARY_PARAMS, CANARY_PID, CANARY_PROMPT, engine_error, settings_hint
 from .child_process import ChildProcess, StartFailed
 from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog, load_bound
@@ -92,8 +95,9 @@ class _Flight:
         return Delta(text, list(tokens)) if text or tokens else None
 
 
-class SupervisedEngine:
-    """A continuous-batching engine whose llama.cpp runs in a supervised child process.
+class SupervisedEngine(SharedEngine):
+    """A continuous-batching engine whose llama.cpp runs in a supervised child process
+    (llamabatch.api.EngineAPI).
 
     Same use as Engine: submit / stream / generate / cancel / stats / subscribe / close, as a
     context manager. `restarts` counts children started after a crash (`hangs`: how many of
@@ -101,6 +105,8 @@ class SupervisedEngine:
     request ids ended with `engine_crashed`; `fatal_error` is set when no child could be
     started again (every request then ends with `engine_unavailable`).
     """
+
+    recovers_crashes = True
 
     def __init__(self, config: EngineConfig | None = None, *, default_params: SamplingParams | None = None,
                  max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None,
@@ -132,7 +138,7 @@ class SupervisedEngine:
         self.hangs = 0  # children the watchdog killed
         self._fruitless = 0  # crashes since a request last finished in a child
         self.isolated: list[int] = []
-        self.fatal_error: str | None = None
+        self.fatal_error = None
         self._lock = threading.RLock()
         self._flights: dict[int, _Flight] = {}  # every request without an outcome
         self._in_child: dict[int, _Flight] = {}  # those sent to the current child, in order
@@ -170,19 +176,14 @@ class SupervisedEngine:
             self._outgoing.put(None)
             raise self._start_error
         info = self._child.info
-        self.slot_ctx = info["slot_ctx"]
-        self.n_slots = info["n_slots"]
-        self.kernels = info.get("kernels", "")  # which CPU kernels the child's llama.cpp runs, and why
+        self.slot_ctx = info.slot_ctx
+        self.n_slots = info.n_slots
+        self.kernels = info.kernels  # which CPU kernels the child's llama.cpp runs, and why
+        self.slots_reason = info.slots_reason
         self._slot_counts = (self.n_slots, 0, 0, 0)
         self._watchdog.start()
 
-    # -- the Engine API ------------------------------------------------------------------------
-
-    def __enter__(self) -> "SupervisedEngine":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    # -- the engine API (llamabatch.api.EngineAPI; generate and the context manager: shared.py) ----
 
     @property
     def model_name(self) -> str:
@@ -193,10 +194,11 @@ class SupervisedEngine:
         if self._chat_template is None:
             from ..models.chat_template import from_gguf
 
-            info = self._child.info if self._child is not None else {}
-            meta = info.get("metadata", {})
+            info = self._child.info if self._child is not None else None
+            meta = info.metadata if info is not None else {}
             self._chat_template = from_gguf(meta.get("tokenizer.chat_template"), meta.get("general.architecture"),
-                                            bos_token=info.get("bos_text", ""), eos_token=info.get("eos_text", ""),
+                                            bos_token=info.bos_text if info is not None else "",
+                                            eos_token=info.eos_text if info is not None else "",
                                             choice=self.config.chat_template)
         return self._chat_template
 
@@ -213,7 +215,7 @@ class SupervisedEngine:
                 raise EngineClosed("the engine is closed" if self._closing else "the engine process is restarting")
             call_id = next(self._call_ids)
             self._calls[call_id] = call
-            self._outgoing.put((self._child, ("tokenize", call_id, text, special)))
+            self._outgoing.put((self._child, wire.Tokenize(call_id, text, special)))
         if not call[0].wait(timeout):
             with self._lock:
                 self._calls.pop(call_id, None)
@@ -233,41 +235,27 @@ class SupervisedEngine:
         with self._lock:
             pid = self._next_id
             self._next_id += 1
-            self.telemetry.totals.submitted += 1
-        handle = RequestHandle(self, pid, stream, callback)  # type: ignore[arg-type]
+        handle = RequestHandle(self._cancel, pid, stream, callback)
         try:
             params = (params or self.default_params).validate()
             if params.seed is None:  # fixed here, so a retry in a new child samples the same way
                 params = params.replace(seed=self.config.seed if self.config.seed is not None else random_seed())
         except LlamaBatchError as exc:
-            self._finish(None, handle, _error_result(pid, str(exc), exc.code))
+            with self._lock:  # bad input is a request (it gets its Result), as in Engine
+                self.telemetry.totals.submitted += 1
+            self._finish(None, handle, error_result(pid, str(exc), exc.code))
             return handle
         flight = _Flight(handle, prompt, params, time.perf_counter())
         with self._lock:
             if self._closing or self.fatal_error is not None:
                 raise EngineClosed(self.fatal_error or "the engine is closed")
-            if self.config.max_queue and len(self._flights) >= self.n_slots + self.config.max_queue:
-                self.telemetry.totals.submitted -= 1  # rejected: never entered the engine
-                raise QueueFull(f"queue is full ({self.config.max_queue} requests waiting)")
+            check_room(len(self._flights), self.n_slots, self.config.max_queue)
+            # counted only once accepted: a refused request (QueueFull, EngineClosed) never entered
+            self.telemetry.totals.submitted += 1
             self._flights[pid] = flight
             self._held.append(pid)
             self._dispatch()
         return handle
-
-    def generate(self, prompts: Seq[Prompt], params: SamplingParams | Seq[SamplingParams] | None = None) -> list[Result]:
-        """Run every prompt concurrently; results come back in input order."""
-        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(per) != len(prompts):
-            raise InvalidRequest(f"{len(prompts)} prompts but {len(per)} SamplingParams")
-        handles: list[RequestHandle] = []
-        for prompt, p in zip(prompts, per):
-            while True:
-                try:
-                    handles.append(self.submit(prompt, p, stream=False))
-                    break
-                except QueueFull:
-                    time.sleep(0.01)
-        return [h.result() for h in handles]
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -305,7 +293,7 @@ class SupervisedEngine:
         if starting is not None:  # a (re)start in progress: nothing to wait for
             starting.kill("killed: the engine was closed while it started")
         if not already and child is not None:
-            self._outgoing.put((child, ("close",)))
+            self._outgoing.put((child, wire.Close()))
         if threading.current_thread() is not self._thread:
             self._thread.join(wait)
             if self._thread.is_alive():
@@ -332,12 +320,12 @@ class SupervisedEngine:
                 return
             flight.cancel_requested = True
             if flight.pid in self._in_child:
-                self._outgoing.put((self._child, ("cancel", flight.pid)))
+                self._outgoing.put((self._child, wire.Cancel(flight.pid)))
                 return
             # held here (waiting for a child or for its quarantine group): it ends now
             self._forget(flight)
             self._dispatch()
-        self._finish(flight, handle, _result(flight.pid, "cancelled", flight.params.seed))
+        self._finish(flight, handle, ended_result(flight.pid, "cancelled", seed=flight.params.seed))
 
     def _dispatch(self) -> None:
         """Send what may go to the child now (under _lock). During quarantine only one suspect
@@ -348,7 +336,7 @@ class SupervisedEngine:
             if self._canary == "waiting" and not self._in_child:
                 self._canary = "running"
                 self._watchdog.progress()  # the stall clock starts with the work
-                self._outgoing.put((self._child, ("submit", [(CANARY_PID, CANARY_PROMPT, CANARY_PARAMS)])))
+                self._outgoing.put((self._child, wire.Submit([wire.Request(CANARY_PID, CANARY_PROMPT, CANARY_PARAMS)])))
             return
         if self.rule.quarantining:
             if self._in_child:
@@ -372,8 +360,8 @@ class SupervisedEngine:
                 params = params.replace(timeout=max(left, 1e-3))
             flight.attempt_chars = flight.attempt_tokens = 0
             self._in_child[flight.pid] = flight
-            batch.append((flight.pid, flight.prompt, params))
-        self._outgoing.put((self._child, ("submit", batch)))
+            batch.append(wire.Request(flight.pid, flight.prompt, params))
+        self._outgoing.put((self._child, wire.Submit(batch)))
 
     def _send_loop(self) -> None:
         # The only writer of child stdin: a full pipe never blocks a caller holding _lock.
@@ -394,9 +382,7 @@ class SupervisedEngine:
 
     def _finish(self, flight: _Flight | None, handle: RequestHandle, result: Result) -> None:
         """The one terminal outcome of a request (never under _lock: it calls the caller back)."""
-        kind = "exception" if result.finish_reason == "error" else "done"
-        self.telemetry.record_request(RequestRecord(kind, result.request_id, result.finish_reason, result.usage,
-                                                    result.timings, result.error))
+        record_outcome(self.telemetry, result)
         handle._finish(result)
 
     # -- the supervisor thread ------------------------------------------------------------------
@@ -509,7 +495,7 @@ class SupervisedEngine:
                 self.restarts += 1
                 self._child = child
                 if self._closing:
-                    self._outgoing.put((child, ("close",)))
+                    self._outgoing.put((child, wire.Close()))
                     continue  # read its last frames, then end as at close
                 self._dispatch()
         self._end_all("cancelled", None, None)
@@ -532,7 +518,7 @@ class SupervisedEngine:
         for flight in in_flight:
             if flight.cancel_requested:  # its cancel died with the child: it ends as asked
                 self._forget(flight)
-                ended.append((flight, _result(flight.pid, "cancelled", flight.params.seed)))
+                ended.append((flight, ended_result(flight.pid, "cancelled", seed=flight.params.seed)))
         suspects = [f for f in in_flight if not f.cancel_requested]
         for flight in suspects:
             flight.crashes.append(how)
@@ -544,65 +530,60 @@ class SupervisedEngine:
             self.isolated.append(pid)
             message = (f"the engine process crashed {len(flight.crashes)} times with this request in flight, the last "
                        f"time with no other request in it ({how})")
-            ended.append((flight, _error_result(pid, message, ENGINE_CRASHED, flight.params.seed)))
+            ended.append((flight, error_result(pid, message, ENGINE_CRASHED, seed=flight.params.seed)))
         return ended, None
 
-    def _on_frame(self, message: Any) -> None:
-        if message[0] != "batch":
+    def _on_frame(self, frame: wire.Frame) -> None:
+        if not isinstance(frame, wire.Batch):
             return
-        _, items, slot_counts = message
-        ticks = [item[1].wall_ms / 1000 for item in items if item[0] == "t"]
-        if ticks or any(item[0] in ("d", "r") for item in items):
+        ticks = [item.record.wall_ms / 1000 for item in frame.items if isinstance(item, wire.Tick)]
+        if ticks or any(isinstance(item, (wire.Streamed, wire.Finished)) for item in frame.items):
             # a step finished: progress (a tokenize reply alone is not: the engine may be stuck)
             self._watchdog.progress(ticks)
-        out: list[tuple[Any, Any]] = []  # deliveries, done after _lock is released, in order
+        out: list[Callable[[], None]] = []  # deliveries, made after _lock is released, in order
         with self._lock:
-            self._slot_counts = slot_counts
+            self._slot_counts = dataclasses.astuple(frame.slots)
             if ticks:
                 self._ticked = True
-            for item in items:
-                tag = item[0]
-                if tag in ("r", "s", "d") and item[1] == CANARY_PID:
-                    if tag == "r":  # it ran to the end: the engine works; the quarantine goes on
-                        log.info("the canary request finished (%s): the crash was not the engine's",
-                                 item[2].finish_reason)
-                        self._canary = None
-                    continue
-                if tag == "d":
-                    flight = self._in_child.get(item[1])
-                    delta = flight.new_part(item[2], item[3]) if flight is not None else None
-                    if delta is not None:
-                        out.append((flight, delta))
-                elif tag == "r":
-                    flight = self._in_child.get(item[1])
-                    if flight is not None:
-                        self._forget(flight)
-                        self._fruitless = 0
-                        out.append((flight, dataclasses.replace(item[2], request_id=flight.pid)))
-                elif tag == "n":
-                    if item[1] not in self._notices_said:  # once per engine, not once per child
-                        self._notices_said.add(item[1])
-                        out.append((None, ("notice", item[1])))
-                elif tag in ("t", "s"):
-                    out.append((None, item[1] if tag == "t" else RequestRecord("start", item[1])))
-                elif tag == "k":
-                    call = self._calls.pop(item[1], None)
-                    if call is not None:
-                        call[1], call[2] = item[2], item[3]
-                        call[0].set()
+            for item in frame.items:
+                self._on_item(item, out)
             self._dispatch()
-        for flight, thing in out:
-            if flight is None:
-                if isinstance(thing, tuple):
-                    self.on_notice(thing[1])
-                elif isinstance(thing, TickRecord):
-                    self.telemetry.record_tick(thing)
-                else:
-                    self.telemetry.record_request(thing)
-            elif isinstance(thing, Delta):
-                flight.handle._deliver(thing)
-            else:
-                self._finish(flight, flight.handle, thing)
+        for deliver in out:
+            deliver()
+
+    def _on_item(self, item: wire.Item, out: list[Callable[[], None]]) -> None:
+        """One item of a child's Batch (under _lock): state changes now, deliveries into `out`."""
+        if isinstance(item, (wire.Streamed, wire.Finished, wire.Started)) and item.pid == CANARY_PID:
+            if isinstance(item, wire.Finished):  # it ran to the end: the engine works; the quarantine goes on
+                log.info("the canary request finished (%s): the crash was not the engine's",
+                         item.result.finish_reason)
+                self._canary = None
+            return
+        if isinstance(item, wire.Streamed):
+            flight = self._in_child.get(item.pid)
+            delta = flight.new_part(item.text, item.token_ids) if flight is not None else None
+            if delta is not None:
+                out.append(functools.partial(flight.handle._deliver, delta))
+        elif isinstance(item, wire.Finished):
+            flight = self._in_child.get(item.pid)
+            if flight is not None:
+                self._forget(flight)
+                self._fruitless = 0
+                result = dataclasses.replace(item.result, request_id=flight.pid)
+                out.append(functools.partial(self._finish, flight, flight.handle, result))
+        elif isinstance(item, wire.Notice):
+            if item.line not in self._notices_said:  # once per engine, not once per child
+                self._notices_said.add(item.line)
+                out.append(lambda: self.on_notice(item.line))
+        elif isinstance(item, wire.Tick):
+            out.append(functools.partial(self.telemetry.record_tick, item.record))
+        elif isinstance(item, wire.Started):
+            out.append(functools.partial(self.telemetry.record_request, RequestRecord("start", item.pid)))
+        elif isinstance(item, wire.Tokenized):
+            call = self._calls.pop(item.call_id, None)
+            if call is not None:
+                call[1], call[2] = item.tokens, item.error
+                call[0].set()
 
     def _give_up(self, message: str) -> None:
         log.error("%s", message)
@@ -619,12 +600,5 @@ class SupervisedEngine:
                 call[0].set()
             self._calls.clear()
         for flight in flights:
-            self._finish(flight, flight.handle, _result(flight.pid, reason, flight.params.seed, message, code))
-
-
-def _result(pid: int, reason: str, seed: int | None, error: str | None = None, code: str | None = None) -> Result:
-    return Result(pid, "", [], reason, Usage(), Timings(), seed=seed, error=error, error_code=code)
-
-
-def _error_result(pid: int, message: str, code: str, seed: int | None = None) -> Result:
-    return _result(pid, "error", seed, message, code)
+            self._finish(flight, flight.handle, ended_result(flight.pid, reason, seed=flight.params.seed,
+                                                             error=message, code=code))

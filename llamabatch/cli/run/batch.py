@@ -23,7 +23,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from ...core.engine import Engine, RequestHandle
+from ...api import EngineAPI
+from ...core.handle import RequestHandle
 from ...errors import LlamaBatchError
 from .formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
 from ...results import Result
@@ -39,7 +40,7 @@ CANCEL_GRACE_S = 5.0  # after the second Ctrl-C / SIGTERM, cancelled lines get t
 
 
 class BatchRun:
-    def __init__(self, engine: Engine, parser: LineParser, source: Source, writer: RecordWriter,
+    def __init__(self, engine: EngineAPI, parser: LineParser, source: Source, writer: RecordWriter,
                  window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None,
                  on_result: Callable[[LineRequest, Result], None] | None = None):
         self.engine = engine
@@ -109,15 +110,13 @@ class BatchRun:
         for seq in seqs:
             self.writer.skip(seq)
             self._inflight.release()
-        kill = getattr(self.engine, "kill", None)
-        if kill is not None:
-            kill()
+        self.engine.kill()
         return len(seqs)
 
     @property
     def restarts(self) -> int:
         """Engine processes started after a crash (a supervised engine; 0 in-process)."""
-        return getattr(self.engine, "restarts", 0)
+        return self.engine.restarts
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started
@@ -201,7 +200,7 @@ class BatchRun:
                                             callback=functools.partial(self._on_event, seq, item))
             except LlamaBatchError as exc:  # the engine refuses (closed): this line still gets its record
                 self._inflight.release()
-                if getattr(self.engine, "fatal_error", None) is not None:  # no engine left: --resume runs it
+                if self.engine.fatal_error is not None:  # no engine left: --resume runs it
                     self._stopping = True
                     self.writer.skip(seq)
                     return False

@@ -247,8 +247,8 @@ def _run(engine, job: RunJob) -> int:
     parser, source, sink, reporter, cluster = job.parser, job.source, job.sink, job.reporter, job.cluster
     input_path, output, order, argv = job.options.input_path, job.options.output, job.options.order, job.argv
     inflight, deterministic = job.inflight, job.deterministic
-    why = f" ({engine.slots_reason})" if getattr(engine, "slots_reason", "") else ""
-    kernels = f", {engine.kernels}" if getattr(engine, "kernels", "") else ""
+    why = f" ({engine.slots_reason})" if engine.slots_reason else ""
+    kernels = f", {engine.kernels}" if engine.kernels else ""
     what = cluster.describe() if cluster else (f"{engine.model_name}, {engine.config.n_parallel} slots x "
                                                f"{engine.slot_ctx} tokens{why}{kernels}")
     reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
@@ -284,7 +284,7 @@ def _run(engine, job: RunJob) -> int:
         if resumable:  # every record in it is whole (a torn last one is cut on resume)
             reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
         return EXIT_ERROR
-    fatal = getattr(engine, "fatal_error", None)
+    fatal = engine.fatal_error
     if fatal is not None:  # the engine process died and could not be restarted
         reporter.say(f"llamabatch: error: {fatal}")
         reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
@@ -336,7 +336,7 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
     reporter.note(line)
     if run.restarts:
         isolated = ", ".join(repr(i) for i in run.isolated) or "none"
-        hangs = getattr(run.engine, "hangs", 0)
+        hangs = run.engine.hangs
         hung = f" ({hangs} of them hung: killed by the watchdog)" if hangs else ""
         reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s){hung}; "
                       f"isolated: {isolated}")

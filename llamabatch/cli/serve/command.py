@@ -69,7 +69,7 @@ def serve_stdin(
         raise fail("serve-stdin needs stdin and stdout with file descriptors")
     with protocol_stdout(out_fd) as events_fd:
         engine = open_engine(resolved, env, isolated=isolate, watchdog_s=bounds.watchdog_s)
-        if getattr(engine, "slots_reason", ""):  # for people, on stderr: the ready event has the count
+        if engine.slots_reason:  # for people, on stderr: the ready event has the count
             print(f"llamabatch serve-stdin: {engine.config.n_parallel} slots x {engine.slot_ctx} tokens "
                   f"({engine.slots_reason})", file=env.stderr, flush=True)
         try:

@@ -30,7 +30,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ...core.engine import Engine, RequestHandle
+from ...api import EngineAPI
+from ...core.handle import RequestHandle
 from ...errors import EngineClosed, QueueFull
 from .protocol import (BadLine, Cancel, RequestId, Stats, Submit, cancel_ignored_event, error_event, encode, parse_line, ready_event, stats_event, terminal_event, token_event)
 from ...results import Delta, Result
@@ -120,7 +121,7 @@ class Flight:
 class Server:
     """Turns input lines into engine work and engine events into output lines."""
 
-    def __init__(self, engine: Engine, output: Output, wake: threading.Event,
+    def __init__(self, engine: EngineAPI, output: Output, wake: threading.Event,
                  max_pending: int = MAX_PENDING_EVENTS):
         self.engine = engine
         self.output = output
@@ -229,7 +230,7 @@ class Server:
             "max_decode_tokens_per_tick": self._max_decode_tokens,
             "last_tick": last.to_dict() if last is not None else None,
         }
-        if hasattr(self.engine, "restarts"):  # a supervised engine: crashes survived so far
+        if self.engine.recovers_crashes:  # a supervised engine: crashes survived so far
             telemetry["engine_restarts"] = self.engine.restarts
             telemetry["engine_hangs"] = self.engine.hangs  # of those restarts, hung children the watchdog killed
             telemetry["isolated"] = len(self.engine.isolated)
@@ -303,7 +304,7 @@ def _lines(fd: int, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain",
+def serve(engine: EngineAPI, in_fd: int, out_fd: int, on_eof: str = "drain",
           max_pending: int = MAX_PENDING_EVENTS, drain_timeout: float | None = None) -> int:
     """Serve until EOF (drain or cancel what is in flight), a signal, or a broken stdout.
 
@@ -332,7 +333,7 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain",
         while True:
             if signals or output.broken or _reader_gone(out_fd):
                 break
-            if getattr(engine, "fatal_error", None) is not None:  # its process died and could not restart
+            if engine.fatal_error is not None:  # its process died and could not restart
                 break
             if server.eof and (on_eof == "cancel" or server.in_flight == 0):
                 break
@@ -340,7 +341,7 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain",
             woken.clear()
         server.stop_reading()
         server.close()
-        if signals and drain_timeout is not None and hasattr(engine, "kill"):  # a supervised engine
+        if signals and drain_timeout is not None:  # an engine in another process is killed after that
             engine.close(timeout=drain_timeout)
         else:
             engine.close()  # cancels what is left; each gets its terminal event through the callback
@@ -350,7 +351,7 @@ def serve(engine: Engine, in_fd: int, out_fd: int, on_eof: str = "drain",
             signal.signal(sig, handler)
     if signals:
         return 128 + signals[0]
-    fatal = getattr(engine, "fatal_error", None)
+    fatal = engine.fatal_error
     if fatal is not None:
         log.error("%s", fatal)
         print(f"llamabatch: error: {fatal}", file=sys.stderr, flush=True)

@@ -1,0 +1,89 @@
+"""What the three engines (Engine, SupervisedEngine, the Ray pool) do the same way, written once:
+the bounded submit loop of `generate`, max_queue admission, the terminal-result telemetry and
+the Results of requests that end without running (see llamabatch/api.py for the interface).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from ..errors import InvalidRequest, QueueFull
+from ..params import SamplingParams
+from ..results import Result, Timings, Usage
+from .inputs import Prompt
+from .telemetry import RequestRecord, Telemetry
+
+QUEUE_FULL_WAIT_S = 1.0  # generate(): how long it waits on its oldest pending request before trying again
+QUEUE_FULL_NAP_S = 0.01  # ... and when none of its own is pending (someone else's requests fill the queue)
+
+
+class SharedEngine:
+    """The part of the engine API every engine has the same way. The defaults say "an engine
+    in this process": no restarts, nothing isolated, never failed as a whole."""
+
+    kernels: str = ""
+    slots_reason: str = ""
+    fatal_error: str | None = None
+    restarts: int = 0
+    hangs: int = 0
+    isolated: Sequence[int] = ()
+    recovers_crashes: bool = False
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def generate(self, prompts: Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Result]:
+        """Run every prompt concurrently; results come back in input order. With a bounded queue
+        (max_queue) a refused submit waits for this call's oldest pending request, then tries again."""
+        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(per) != len(prompts):
+            raise InvalidRequest(f"{len(prompts)} prompts but {len(per)} SamplingParams")
+        handles: list[Any] = []
+        for prompt, p in zip(prompts, per):
+            while True:
+                try:
+                    handles.append(self.submit(prompt, p, stream=False))
+                    break
+                except QueueFull:
+                    pending = [h for h in handles if not h.done]
+                    if pending:
+                        try:
+                            pending[0].result(timeout=QUEUE_FULL_WAIT_S)
+                        except TimeoutError:
+                            pass
+                    else:
+                        time.sleep(QUEUE_FULL_NAP_S)
+        return [h.result() for h in handles]
+
+
+def check_room(in_flight: int, n_slots: int, max_queue: int) -> None:
+    """max_queue admission: raise QueueFull when `in_flight` requests (every one without an
+    outcome, running or waiting) already fill the slots plus `max_queue`; 0 = no bound.
+
+    Counting every request in flight, not the ones the engine has not taken yet, keeps the
+    answer independent of thread timing (a request an idle slot is about to take still counts)."""
+    if max_queue and in_flight >= n_slots + max_queue:
+        raise QueueFull(f"queue is full ({max_queue} requests waiting)")
+
+
+def ended_result(request_id: int, reason: str, *, seed: int | None = None, error: str | None = None,
+                 code: str | None = None, deterministic: bool = False) -> Result:
+    """The Result of a request that ends without output: cancelled before it ran, refused, lost."""
+    return Result(request_id, "", [], reason, Usage(), Timings(), seed=seed, error=error, error_code=code,
+                  deterministic=deterministic)
+
+
+def error_result(request_id: int, message: str, code: str, *, seed: int | None = None,
+                 deterministic: bool = False) -> Result:
+    return ended_result(request_id, "error", seed=seed, error=message, code=code, deterministic=deterministic)
+
+
+def record_outcome(telemetry: Telemetry, result: Result) -> None:
+    """The telemetry of a request's one terminal Result ("exception" for errors, else "done")."""
+    kind = "exception" if result.finish_reason == "error" else "done"
+    telemetry.record_request(RequestRecord(kind, result.request_id, result.finish_reason, result.usage,
+                                           result.timings, result.error))
