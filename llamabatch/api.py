@@ -13,10 +13,12 @@ whole says `fatal_error is None`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence, runtime_checkable
 
+from .config import EngineConfig
+from .core.handle import EventCallback
 from .core.inputs import Prompt
-from .core.telemetry import EngineStats
+from .core.telemetry import EngineStats, Telemetry
 from .params import SamplingParams
 from .results import Delta, Result
 
@@ -40,9 +42,6 @@ class Handle(Protocol):
         """Ask the engine to stop the request; its Result then says 'cancelled'."""
 
 
-EventCallback = Callable[[Any, Union[Delta, Result]], None]
-
-
 @runtime_checkable
 class EngineAPI(Protocol):
     """A continuous-batching engine, used as a context manager.
@@ -51,6 +50,9 @@ class EngineAPI(Protocol):
     error or timeout), also at close(). `submit` raises QueueFull when `max_queue` requests
     already wait beyond the slots (nothing is counted then), EngineClosed after close()."""
 
+    config: EngineConfig  # as the engine was opened with
+    default_params: SamplingParams  # what a request without its own SamplingParams gets
+    telemetry: Telemetry  # the running totals behind stats()
     model_name: str  # what records call the model
     slot_ctx: int  # tokens one slot holds
     kernels: str  # which CPU kernels llama.cpp runs, and why ("" where unknown)
@@ -89,3 +91,16 @@ class EngineAPI(Protocol):
 
     def kill(self) -> None:
         """Stop now, without waiting for work in progress: what has no outcome ends 'cancelled'."""
+
+
+@runtime_checkable
+class ChatEngine(EngineAPI, Protocol):
+    """An engine that knows its model's chat template (Engine, SupervisedEngine: the chat and
+    serve-stdin commands use these; the Ray pool's model lives on its workers only)."""
+
+    on_notice: Callable[[str], None]  # one line for people (a chat-template fallback)
+
+    @property
+    def chat_template(self) -> Any: ...
+
+    def render_chat(self, messages: Sequence[dict]) -> str: ...

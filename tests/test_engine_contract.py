@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from llamabatch import Delta, EngineConfig, EngineStats, RequestRecord, Result, SamplingParams
-from llamabatch.api import EngineAPI, Handle
+from llamabatch.api import ChatEngine, EngineAPI, Handle
 from llamabatch.errors import EngineClosed, QueueFull
 from llamabatch.core.engine import Engine
 from llamabatch.supervised import SupervisedEngine
@@ -113,8 +113,10 @@ class Events:
             return [x for x in self.seen.get(request_id, []) if isinstance(x, Result)]
 
 
-def test_it_is_an_engine_and_healthy(shared):
+def test_it_is_an_engine_and_healthy(shared, kind):
     assert isinstance(shared, EngineAPI)
+    assert isinstance(shared, ChatEngine) == (kind != "ray")  # the pool's model lives on its workers only
+    assert shared.config.n_parallel == 2 and shared.default_params == SHORT
     assert shared.fatal_error is None
     assert (shared.restarts, shared.hangs, list(shared.isolated)) == (0, 0, [])
     assert isinstance(shared.recovers_crashes, bool)

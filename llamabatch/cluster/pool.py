@@ -164,11 +164,15 @@ class RayPool(SharedEngine):
     recovers_crashes = True
 
     def __init__(self, workers: list[WorkerState], model_name: str, slot_ctx: int, owns_ray: bool, address: str,
-                 watchdog_s: float = DEFAULT_FLOOR_S, max_queue: int = 0):
+                 watchdog_s: float = DEFAULT_FLOOR_S, config: EngineConfig | None = None,
+                 default_params: SamplingParams | None = None):
         self.model_name = model_name
         self.slot_ctx = slot_ctx
         self.address = address  # "local" or what --ray was given
-        self.max_queue = max_queue  # bounded here, for the whole pool (the workers' engines are not)
+        # As start() was given them (n_parallel may be "auto": each worker chose its own).
+        # max_queue is bounded here, for the whole pool: the workers' engines are not bounded.
+        self.config = config or EngineConfig()
+        self.default_params = default_params or SamplingParams()
         self._owns_ray = owns_ray
         self._ends_ray_session = True  # False when the caller had connected to Ray before start()
         self._workers = workers
@@ -205,11 +209,9 @@ class RayPool(SharedEngine):
         if not log_to_driver:  # Ray's own warnings (token auth, ...) are not ours to show; --debug shows them
             logging.getLogger("ray").setLevel(logging.ERROR)
         try:
-            if joined:
-                pass
-            elif owns:
+            if not joined and owns:
                 ray.init(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
-            else:
+            elif not joined:
                 ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError ... by case
             hint = ""
@@ -246,7 +248,7 @@ class RayPool(SharedEngine):
         cap = inflight or 2 * most
         if config.model is not None:  # the same absolute path on every node, not the driver's cwd
             config = config.replace(model=os.path.abspath(os.path.expanduser(config.model)))
-        max_queue = config.max_queue
+        pool_config = config
         config = config.replace(max_queue=0)  # the pool bounds the queue, for all workers at once
         states = []
         for i, p in enumerate(placements, start=1):
@@ -281,7 +283,7 @@ class RayPool(SharedEngine):
                  f"threads" + (f", {p.gpus:g} GPU(s)" if p.gpus else "") + f", {slots_note(w)}")
         # slot_ctx: the smallest, for stats (with auto and a total n_ctx, workers differ)
         return cls(states, infos[0]["model_name"], min(w.slot_ctx for w in states), owns, address, watchdog_s,
-                   max_queue)
+                   pool_config, default_params)
 
     # -- the engine API (generate and the context manager: core/shared.py) ------------------------
 
@@ -315,7 +317,7 @@ class RayPool(SharedEngine):
         with self._lock:
             if self._closing:
                 raise EngineClosed("the engine is closed")
-            check_room(len(self._open), sum(w.n_parallel for w in self._workers), self.max_queue)
+            check_room(len(self._open), sum(w.n_parallel for w in self._workers), self.config.max_queue)
             key = self._next_key
             self._next_key += 1
             self.telemetry.totals.submitted += 1

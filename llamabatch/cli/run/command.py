@@ -269,7 +269,7 @@ def _run(engine, job: RunJob) -> int:
         reporter.close()
         writer.close()
         sink.close()
-    _summary(reporter, run, writer)
+    _summary(reporter, run, writer, restarts_told=cluster is not None)  # the pool tells its workers' restarts
     if cluster is not None:
         for line in cluster.summary_lines():
             reporter.note(line)
@@ -324,7 +324,7 @@ def _verified(engine, reservoir: Reservoir, reporter: Reporter, deterministic: b
     return False
 
 
-def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
+def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter, restarts_told: bool = False) -> None:
     s = writer.stats
     wall = run.elapsed()
     line = f"llamabatch run: {s.written} line(s) in {clock_duration(wall)}: {s.ok} ok, {s.failed} failed"
@@ -334,7 +334,7 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter) -> None:
         stuck = f"; {run.abandoned} of them still running when the drain time ran out" if run.abandoned else ""
         line += f"; {writer.skipped} cancelled (not written{stuck})"
     reporter.note(line)
-    if run.restarts:
+    if run.restarts and not restarts_told:
         isolated = ", ".join(repr(i) for i in run.isolated) or "none"
         hangs = run.engine.hangs
         hung = f" ({hangs} of them hung: killed by the watchdog)" if hangs else ""
