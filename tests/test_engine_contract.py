@@ -223,3 +223,11 @@ def test_close_ends_every_pending_request_once_and_refuses_new_ones(fresh):
         engine.submit("after close", SHORT)
     engine.close()  # a second close is harmless
     assert all(len(events.results(h.request_id)) == 1 for h in handles)
+
+
+def test_a_chat_engine_renders_chat_messages_with_its_models_template(shared):
+    if isinstance(shared, ChatEngine):
+        text = shared.render_chat([{"role": "user", "content": "hello there"}])
+        assert "hello there" in text and shared.chat_template is not None
+    else:  # the Ray pool: the template lives with the model, on the workers
+        assert not hasattr(shared, "render_chat")

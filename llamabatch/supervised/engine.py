@@ -196,7 +196,7 @@ class SupervisedEngine(SharedEngine):
 
             info = self._child.info if self._child is not None else None
             meta = info.metadata if info is not None else {}
-            self._chat_template = from_gguf(meta.get("tokenizer.chat_template"), meta.get("general.architecture"),
+            self._chat_template = from_gguf(meta.get("tokenizer.chat_template"), meta,
                                             bos_token=info.bos_text if info is not None else "",
                                             eos_token=info.eos_text if info is not None else "",
                                             choice=self.config.chat_template)
