@@ -30,6 +30,9 @@ import supervised_child_runner
 from child_tools import RUNNERS, child_env, fake_gguf
 from fake_runner import N_VOCAB
 
+# One xdist worker runs the whole module: its engines (and Ray) start once, not once per worker.
+pytestmark = pytest.mark.xdist_group("engine_contract")
+
 KINDS = ["engine", "supervised"] + (["ray"] if importlib.util.find_spec("ray") is not None else [])
 SHORT = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)  # ~2 s at 5 ms a step
