@@ -179,7 +179,7 @@ class SupervisedEngine(SharedEngine):
         self.slot_ctx = info.slot_ctx
         self.n_slots = info.n_slots
         self.kernels = info.kernels  # which CPU kernels the child's llama.cpp runs, and why
-        self.slots_reason = info.slots_reason
+        self.slots_reason = self.slots_reason or info.slots_reason  # the child's, when it chose "auto" itself
         self._slot_counts = (self.n_slots, 0, 0, 0)
         self._watchdog.start()
 
