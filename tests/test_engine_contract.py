@@ -56,7 +56,14 @@ def ray_session():
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
         mp.setenv(RUNNER_ENV, f"{RUNNERS}:fake")
         mp.delenv("LLAMABATCH_MODEL", raising=False)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        for attempt in (1, 2):
+            try:
+                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                break
+            except Exception:  # "The current node timed out during startup" (Ray's fixed 30 s): a loaded machine
+                ray.shutdown()
+                if attempt == 2:
+                    raise
     yield
     ray.shutdown()
 
