@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Sequence as Seq
 
 from .apart import GRACE, ApartSampling, Flight, wants_apart
 from ..config import EngineConfig
-from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError
+from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
 from .inputs import InputPreparer, Prompt
 from ..models.resolve import model_display_name
@@ -166,7 +166,7 @@ class Engine(SharedEngine):
                 raise EngineClosed("the engine is closed")
             try:
                 check_room(len(self._handles), len(self.scheduler.slots), self.config.max_queue)
-            except LlamaBatchError:
+            except QueueFull:
                 self._free_samplers(seq)
                 raise
             # counted only once accepted: a refused request (QueueFull, EngineClosed) never entered
