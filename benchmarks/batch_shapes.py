@@ -24,7 +24,7 @@ import time
 
 from llamabatch import EngineConfig, SamplingParams
 from llamabatch.models.resolve import resolve_model
-from llamabatch.core.plan import Chunk, StepPlan
+from llamabatch.core.plan import Chunk, StepPlan, Trim
 from llamabatch.llama.runner import LlamaRunner
 
 SLOTS = 8
@@ -34,7 +34,8 @@ SLOT_CTX = 1024
 class Bench:
     def __init__(self, model: str, threads: int):
         self.runner = LlamaRunner(EngineConfig(model=model, n_parallel=SLOTS, n_ctx=SLOTS * SLOT_CTX, threads=threads,
-                                               n_batch=1024, cache_prompt=False), model)
+                                               n_batch=1024, cache_prompt=True), model)  # full-size SWA cache:
+        # the scratch rows are trimmed off again (a Trim keeping part of a slot needs it, plan.Trim)
         self.samplers = [self.runner.build_sampler(SamplingParams(temperature=0, ignore_eos=True), 0)
                          for _ in range(SLOTS)]
         self.words = self.runner.tokenize(" ".join(f"line {i} of the ledger shows {i * 13 % 97} crates" for i in range(400)),
@@ -44,8 +45,8 @@ class Bench:
 
     def reset(self, active: int, prompt_len: int = 16) -> None:
         """Every slot emptied; slots 0..active-1 get a short distinct prompt and a first token."""
+        self.runner.execute(StepPlan(trims=[Trim(s, 0) for s in range(SLOTS)]))
         for s in range(SLOTS):
-            self.runner.keep_prefix(s, 0)
             self.pos[s] = 0
         chunks = []
         for s in range(active):
@@ -73,8 +74,8 @@ class Bench:
         for s in range(active):
             self.last[s] = result.sampled[s]
             self.pos[s] += 1
-        for s in scratch:  # the scratch token is thrown away again
-            self.runner.keep_prefix(s, self.pos[s])
+        # the scratch token is thrown away again
+        self.runner.execute(StepPlan(trims=[Trim(s, self.pos[s]) for s in scratch]))
         return dt * 1000
 
     def close(self) -> None:
@@ -123,7 +124,7 @@ def main() -> int:
         print("| n | ms per tick | ms per token |\n|---|---|---|")
         for n in (64, 65, 66, 67, 68, 252, 253, 254, 255, 256):
             def prefill(n=n) -> float:
-                bench.runner.keep_prefix(0, 0)
+                bench.runner.execute(StepPlan(trims=[Trim(0, 0)]))
                 t0 = time.perf_counter()
                 bench.run(StepPlan([Chunk(0, 0, bench.words[:n], 0, True, False, sampler=bench.samplers[0])]))
                 return (time.perf_counter() - t0) * 1000

@@ -62,7 +62,7 @@ def main() -> None:
     check_gguf(model)
     prompts = make_prompts(args.prompts)
     from llamabatch.llama.machine_verdicts import cpu_name
-    from llamabatch.llama.runner import kernel_path
+    from llamabatch.llama.cpu_kernels import kernel_path
 
     path = kernel_path(EngineConfig(model=model, cpu_buffers=args.cpu_buffers), model)
     print(f"{args.prompts} prompts x {args.tokens} tokens, greedy, {args.threads} threads, {SLOT_CTX} ctx per slot; "

@@ -41,7 +41,7 @@ def run_sequential(model: str, prompts: list[str], max_tokens: int, threads: int
     """(completion tokens, seconds, completions that had to be continued past an early EOG)."""
     import llama_cpp  # benchmarks may import llama_cpp; the library keeps it in runner.py
 
-    from llamabatch.llama.runner import llama_uses_model_params  # what the engine loads with (see there)
+    from llamabatch.llama.cpu_kernels import llama_uses_model_params  # what the engine loads with (see there)
 
     with llama_uses_model_params(None, model):
         llm = llama_cpp.Llama(model_path=model, n_ctx=SEQ_CTX, n_threads=threads, n_threads_batch=threads,

@@ -42,10 +42,10 @@ def time_pass(engine: Engine, top: int, repeats: int = 50) -> float:
     """ms per call of the runner's logprob pass over the last logits row the engine produced
     (row -1: llama.cpp's "last row with logits"). The engine is idle between rounds."""
     runner = engine.runner
-    runner._logprobs(-1, 0, top)  # warm: scratch buffer, token text cache
+    runner.logprobs.from_row(runner.ctx, -1, 0, top)  # warm: scratch buffer, token text cache
     t0 = time.perf_counter()
     for _ in range(repeats):
-        runner._logprobs(-1, 0, top)
+        runner.logprobs.from_row(runner.ctx, -1, 0, top)
     return (time.perf_counter() - t0) * 1000 / repeats
 
 

@@ -61,7 +61,7 @@ def run_sequential(prompts: list[str], tokens: int, threads: int, model_path: st
     """Completion tokens, wall seconds with the model load, and the load alone."""
     from llama_cpp import Llama
 
-    from llamabatch.llama.runner import llama_uses_model_params  # what the engine loads with (see there)
+    from llamabatch.llama.cpu_kernels import llama_uses_model_params  # what the engine loads with (see there)
 
     start = time.perf_counter()
     with llama_uses_model_params(None, model_path):

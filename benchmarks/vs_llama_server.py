@@ -47,7 +47,7 @@ from pathlib import Path
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models.resolve import resolve_model
 from llamabatch.llama.machine_verdicts import cpu_name
-from llamabatch.llama.runner import cpu_extra_buffer_types, kernel_path
+from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types, kernel_path
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
 SLOT_CTX = 2048  # per slot, both sides: the longest mixed prompt (1,500) plus its answer fits

@@ -23,7 +23,7 @@ MAX_BREAKERS = 64
 class SamplingParams:
     """How one request samples and when it stops.
 
-    Every field maps onto a llama.cpp sampler (the chain is built in C, in `runner.py`)
+    Every field maps onto a llama.cpp sampler (the chain is built in C, in `llama/samplers.py`)
     or onto a stop rule handled by the engine. `temperature=0` means greedy.
     """
 

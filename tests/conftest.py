@@ -60,7 +60,7 @@ settings.register_profile("long", max_examples=2000, deadline=None)
 @functools.lru_cache(maxsize=1)
 def _cpu_paths() -> tuple[list[str], str]:
     from llamabatch.llama import cpu_buffers
-    from llamabatch.llama.runner import cpu_extra_buffer_types
+    from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
     extras = list(cpu_extra_buffer_types())
     paths = cpu_buffers.test_paths(extras, lambda: cpu_buffers.amx_verdict(resolve_model(None)))

@@ -4,9 +4,12 @@ Vocabulary: one token per character, token id = the character's code point. Two 
 tokens (EOG, FILL) and 256 raw-byte tokens (BYTE_BASE + b) for UTF-8 split tests.
 
 The fake keeps its own copy of every slot's "KV cache" (the tokens at positions 0..n-1)
-and checks each plan against it, so tests can assert that the engine never evaluates a
-token at the wrong position, never overfills a slot and never exceeds n_batch. Every
-executed plan is recorded (deep-copied) with the status it got.
+and checks each plan against it (its trims, then its forks, then its chunks, in the order
+the real runner applies them), so tests can assert that the engine never evaluates a
+token at the wrong position, never overfills a slot, never exceeds n_batch, never trims
+to more than a slot holds, and never evaluates or copies a slot whose cache a failed
+decode left unknown before a trim empties it. Every executed plan is recorded
+(deep-copied) with the status it got.
 
 Replies are scripted per prompt: `reply(prompt_text) -> str | list[int]` gives the tokens
 a request samples, one per wanted row; after the reply comes EOG (or FILL tokens when the
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
-from llamabatch.core.plan import SampleStopped, StepPlan, StepResult
+from llamabatch.core.plan import Runner, SampleStopped, StepPlan, StepResult
 
 EOG = 1  # end of generation
 FILL = ord("~")  # sampled where EOG is blocked (ignore_eos, min_tokens)
@@ -60,6 +63,20 @@ def fake_logprobs(tok: int, top_n: int) -> dict[str, Any]:
     return {**entry(tok, -0.5), "top_logprobs": [entry(t, -0.5 - i) for i, t in enumerate(alts[:top_n])]}
 
 
+def missing_runner_members(runner: Any) -> list[str]:
+    """The members of the Runner protocol (core/plan.py) that `runner` lacks: its annotated
+    attributes, properties and methods (a method must be callable)."""
+    missing = [name for name in Runner.__annotations__ if not hasattr(runner, name)]
+    for name, member in vars(Runner).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(member, property) and not hasattr(runner, name):
+            missing.append(name)
+        elif callable(member) and not callable(getattr(runner, name, None)):
+            missing.append(name)
+    return missing
+
+
 @dataclass(eq=False)
 class FakeSampler:
     params: Any
@@ -84,8 +101,8 @@ class FakeRunner:
 
     reply:        prompt text -> reply (str or token list); default echoes "<prompt>!".
     status:       {call_no: status} or a callable (call_no, plan) -> status; 0 when absent.
-    partial_trim: False makes keep_prefix(slot, n>0) reset the slot and return 0, like a
-                  recurrent model that cannot trim part of a sequence.
+    partial_trim: False makes `can_trim` False, like a recurrent model that cannot keep part
+                  of a sequence: a planned Trim with n_keep > 0 is then a violation.
     hook:         called as hook(call_no, plan) at the start of every execute(), on the
                   engine thread; tests use it to block a tick or to submit mid-tick.
     step_delay:   seconds each execute() sleeps (for cancel/timeout tests).
@@ -104,8 +121,10 @@ class FakeRunner:
                  step_delay: float = 0.0, metadata: dict[str, str] | None = None, can_fork: bool = True,
                  sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True):
         self.can_fork = can_fork
+        self.can_trim = partial_trim
         self.can_sample_apart = can_sample_apart
         self.kernel_text = ""  # no llama.cpp kernels: the header line names none
+        self.bos_text = self.eos_text = ""  # the fake vocabulary has no BOS/EOS text
         self.sample_delay = sample_delay
         self.jobs: list[FakeJob] = []  # every FakeJob handed out, in order
         self.flying: dict[int, FakeJob] = {}  # request id -> its job while run() has not returned
@@ -119,12 +138,12 @@ class FakeRunner:
         # a reply taking (prompt, seed) scripts seeded sampling: the n samples of one prompt differ
         self.reply_takes_seed = reply is not None and reply.__code__.co_argcount == 2
         self.status = status or {}
-        self.partial_trim = partial_trim
         self.hook = hook
         self.step_delay = step_delay
         self.kv: list[list[int]] = [[] for _ in range(n_slots)]
         self.plans: list[ExecutedPlan] = []
-        self.keep_prefix_calls: list[tuple[int, int, int]] = []  # (slot, asked, kept)
+        self.trims: list[tuple[int, int]] = []  # (slot, n_keep) applied, in order
+        self.stale: set[int] = set()  # slots a failed decode left unknown, until a trim empties them
         self.samplers: list[FakeSampler] = []
         self.violations: list[str] = []
         self.forks: list[tuple[int, int, int]] = []  # (src, dst, n_tokens) applied, in order
@@ -133,6 +152,14 @@ class FakeRunner:
         self._lock = threading.Lock()
 
     # -- model facts -------------------------------------------------------------------
+
+    @property
+    def chat_formats(self) -> Any:
+        """llama.cpp's built-in chat formats, as the real runner has them (they need no model);
+        imported on first use so that a test that renders no chat does not load llama_cpp."""
+        from llamabatch.llama.chat_formats import LlamaChatFormats
+
+        return LlamaChatFormats()
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         return text_tokens(text)
@@ -160,20 +187,6 @@ class FakeRunner:
                     self.violations.append("a sampler was freed while a sampling thread used it")
             sampler.freed += 1
 
-    # -- KV cache ----------------------------------------------------------------------
-
-    def keep_prefix(self, slot: int, n_keep: int) -> int:
-        kv = self.kv[slot]
-        if n_keep > len(kv):
-            self.violations.append(f"keep_prefix({slot}, {n_keep}) but the slot holds {len(kv)} tokens")
-        if n_keep > 0 and self.partial_trim:
-            kept = min(n_keep, len(kv))
-        else:
-            kept = 0
-        del kv[kept:]
-        self.keep_prefix_calls.append((slot, n_keep, kept))
-        return kept
-
     # -- one tick ----------------------------------------------------------------------
 
     def _status_for(self, call: int, plan: StepPlan) -> int:
@@ -188,6 +201,7 @@ class FakeRunner:
             self.hook(call, plan)
         if self.step_delay:
             time.sleep(self.step_delay)
+        self._apply_trims(plan)  # first, as the real runner: a trimmed slot may be a fork's destination
         self._apply_forks(plan)  # before the decode, and kept even when the decode fails
         self._check(plan)
         status = self._status_for(call, plan)
@@ -196,11 +210,15 @@ class FakeRunner:
         self.plans.append(record)
         result = StepResult(status=status, eval_ms=0.5)
         if status != 0:
-            return result  # llama_decode failed: nothing entered the cache
+            # "no KV room" (1): llama.cpp rolled the batch back, so a smaller retry may follow.
+            # Any other failure may leave part of the batch in the cache: unknown until trimmed.
+            if status != 1:
+                self.stale.update(chunk.slot for chunk in plan.chunks)
+            return result
         for chunk in plan.chunks:
             self.kv[chunk.slot].extend(chunk.tokens)
         for chunk in plan.chunks:
-            if chunk.wants_logits and getattr(chunk, "sample_apart", False) and self.can_sample_apart:
+            if chunk.wants_logits and chunk.sample_apart and self.can_sample_apart:
                 job = FakeJob(self, chunk, detokenize(self.kv[chunk.slot]))
                 with self._lock:
                     self.jobs.append(job)
@@ -219,6 +237,20 @@ class FakeRunner:
         result.sample_ms = 0.1
         return result
 
+    def _apply_trims(self, plan: StepPlan) -> None:
+        for t in plan.trims:
+            kv = self.kv[t.slot]
+            if not 0 <= t.n_keep <= len(kv):
+                self.violations.append(f"trim {t} but the slot holds {len(kv)} tokens")
+            if t.n_keep > 0 and not self.can_trim:
+                self.violations.append(f"trim {t} keeps part of a slot on a runner that cannot (can_trim False)")
+            if t.n_keep > 0 and t.slot in self.stale:
+                self.violations.append(f"trim {t} keeps part of a slot a failed decode left unknown")
+            if t.n_keep == 0:
+                self.stale.discard(t.slot)
+            del kv[max(t.n_keep, 0):]
+            self.trims.append((t.slot, t.n_keep))
+
     def _apply_forks(self, plan: StepPlan) -> None:
         sources = {f.src_slot for f in plan.forks}
         targets: set[int] = set()
@@ -229,7 +261,10 @@ class FakeRunner:
                 self.violations.append(f"fork {f}: a slot is copied onto itself, twice, or is also a source")
             if not 0 < f.n_tokens <= len(self.kv[f.src_slot]):
                 self.violations.append(f"fork {f} but the source holds {len(self.kv[f.src_slot])} tokens")
+            if f.src_slot in self.stale:
+                self.violations.append(f"fork {f} copies a slot a failed decode left unknown")
             targets.add(f.dst_slot)
+            self.stale.discard(f.dst_slot)
             self.kv[f.dst_slot] = list(self.kv[f.src_slot][:f.n_tokens])
             self.forks.append((f.src_slot, f.dst_slot, f.n_tokens))
 
@@ -246,6 +281,9 @@ class FakeRunner:
             seen.add(chunk.slot)
             if not chunk.tokens:
                 self.violations.append(f"empty chunk for slot {chunk.slot}")
+            if chunk.slot in self.stale:
+                self.violations.append(f"slot {chunk.slot}: chunk evaluated after a failed decode, "
+                                       "before a trim emptied the slot")
             if chunk.start_pos != len(self.kv[chunk.slot]):
                 self.violations.append(f"slot {chunk.slot}: chunk starts at {chunk.start_pos} but the cache "
                                        f"holds {len(self.kv[chunk.slot])} tokens")

@@ -8,7 +8,7 @@ import pytest
 from llamabatch.models import chat_template
 from llamabatch.models.chat_template import (builtin_names, builtin_template, choose_format, from_gguf, jinja_template, recognised_format, validate_messages)
 from llamabatch.errors import InvalidRequest
-from llamabatch.llama.runner import LlamaChatFormats
+from llamabatch.llama.chat_formats import LlamaChatFormats
 
 FORMATS = LlamaChatFormats()
 

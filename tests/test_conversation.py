@@ -10,7 +10,7 @@ from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models.chat_template import ChatTemplate, builtin_template
 from llamabatch.cli.chat.conversation import Conversation, PromptBuilder
 from llamabatch.errors import InvalidRequest
-from llamabatch.llama.runner import LlamaChatFormats
+from llamabatch.llama.chat_formats import LlamaChatFormats
 
 
 def gemma_template() -> ChatTemplate:

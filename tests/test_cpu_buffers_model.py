@@ -29,7 +29,8 @@ def greedy_tokens(runner, text: str, n: int) -> list[int]:
 
 
 def test_repack_pinned_by_name_is_the_layout_llama_cpp_chooses_itself(model_path):
-    from llamabatch.llama.runner import LlamaRunner, cpu_extra_buffer_types
+    from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
+    from llamabatch.llama.runner import LlamaRunner
 
     config = EngineConfig(model=model_path, n_parallel=1, n_ctx=256, threads=2)
     pinned = LlamaRunner(config.replace(cpu_buffers="repack"), model_path)
@@ -52,7 +53,7 @@ def test_repack_pinned_by_name_is_the_layout_llama_cpp_chooses_itself(model_path
 
 
 def test_the_amx_probe_subprocess_runs_the_model(model_path):
-    from llamabatch.llama.runner import cpu_extra_buffer_types
+    from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
     ok, why = probe_amx(model_path)
     if "AMX" not in cpu_extra_buffer_types():

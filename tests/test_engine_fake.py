@@ -321,10 +321,11 @@ def test_decode_failure_fails_only_that_batch_and_the_engine_keeps_serving():
         else:
             assert r.text == "abcdef"
     assert rd.text == "abcdef"
-    # the failed slots' caches were wiped, so nothing stale is reused
-    wiped = {s for s, asked, _ in runner.keep_prefix_calls[-len(batch) - 2:] if asked == 0}
-    assert {ch.slot for ch in failed_plan.plan.chunks} <= {s for s, asked, _ in runner.keep_prefix_calls if asked == 0}
-    assert wiped
+    # the failed slots' caches were emptied by trims the next plan carried, before its chunks,
+    # so nothing stale is reused (the fake flags a chunk on a slot a failed decode left unknown)
+    next_plan = runner.plans[status.failed].plan
+    assert {ch.slot for ch in failed_plan.plan.chunks} <= {t.slot for t in next_plan.trims if t.n_keep == 0}
+    assert not runner.stale
     assert stats.failed == 2 and stats.finished == 2
     assert_clean(runner)
 

@@ -107,3 +107,23 @@ def test_nothing_outside_cli_imports_the_cli():
     for name, deps in graph.items():
         if not name.startswith("llamabatch.cli") and name != "llamabatch.__main__":  # __main__ runs the CLI
             assert not any(d.startswith("llamabatch.cli") for d in deps), (name, deps)
+
+
+def external_imports(path: Path) -> set[str]:
+    """The top-level names of every module `path` imports, lazy imports included."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_only_the_llama_folder_imports_llama_cpp():
+    # the llama.cpp boundary is a folder (runner, load, vocab, samplers, kv, ...), not one file
+    importers = {name for name, path in all_modules().items() if "llama_cpp" in external_imports(path)}
+    assert importers, "the scan found no importer of llama_cpp at all"
+    assert all(name.startswith("llamabatch.llama.") for name in importers), sorted(importers)
+    assert "llamabatch.llama.runner" in importers

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.core.plan import Chunk, Fork, StepPlan
+from llamabatch.core.plan import Chunk, Fork, StepPlan, Trim
 
 pytestmark = pytest.mark.model
 
@@ -24,15 +24,16 @@ def long_prompt(n_facts: int = 43) -> str:
     return " ".join(f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(n_facts))
 
 
-def evaluate(runner, sampler, slot: int, tokens: list[int], start: int, chunk: int = 256, forks=()) -> int:
+def evaluate(runner, sampler, slot: int, tokens: list[int], start: int, chunk: int = 256, forks=(), trims=()) -> int:
     """Evaluate `tokens` in `slot` from position `start`, `chunk` tokens per tick; returns the
-    token sampled after the last one. `forks` ride on the first tick."""
+    token sampled after the last one. `trims` and `forks` ride on the first tick (the runner
+    applies them before that tick's chunk)."""
     sampled = None
     for i in range(0, len(tokens), chunk):
         part = tokens[i:i + chunk]
         last = i + chunk >= len(tokens)
         result = runner.execute(StepPlan([Chunk(slot, slot, part, start + i, last, False, sampler=sampler if last else None)],
-                                         list(forks) if i == 0 else []))
+                                         list(forks) if i == 0 else [], list(trims) if i == 0 else []))
         assert result.status == 0
         sampled = result.sampled.get(slot)
     return sampled
@@ -64,19 +65,19 @@ def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(mo
         suffix = runner.tokenize(" Fact 55: the number 55 is", special=False)[1:]
         assert len(base) > 512
         # reference: slot 1 evaluates the owner's prompt itself, keeps the base, adds the suffix
+        # (the Trim to the base rides on the suffix's first chunk: applied before it is evaluated)
         evaluate(runner, sampler, 1, owner, 0)
-        assert runner.keep_prefix(1, len(base)) == len(base)
-        ref = greedy(runner, sampler, 1, evaluate(runner, sampler, 1, suffix, len(base)), len(base) + len(suffix), 8)
+        ref = greedy(runner, sampler, 1, evaluate(runner, sampler, 1, suffix, len(base), trims=[Trim(1, len(base))]),
+                     len(base) + len(suffix), 8)
         # fork: slot 0 evaluates the owner's prompt (same chunks), slot 1 gets its base by a fork
-        runner.keep_prefix(1, 0)
-        evaluate(runner, sampler, 0, owner, 0)
+        evaluate(runner, sampler, 0, owner, 0, trims=[Trim(1, 0)])
+        assert runner.kv.next_pos(1) == 0
         forked = greedy(runner, sampler, 1, evaluate(runner, sampler, 1, suffix, len(base), forks=[Fork(0, 1, len(base))]),
                         len(base) + len(suffix), 8)
         assert forked == ref
         # not vacuous: without the prefix the suffix continues otherwise, so the fork carried it
-        runner.keep_prefix(0, 0)
-        runner.keep_prefix(1, 0)
-        bare = greedy(runner, sampler, 1, evaluate(runner, sampler, 1, suffix, 0), len(suffix), 8)
+        bare = greedy(runner, sampler, 1, evaluate(runner, sampler, 1, suffix, 0, trims=[Trim(0, 0), Trim(1, 0)]),
+                      len(suffix), 8)
         assert bare != ref
     finally:
         runner.free_sampler(sampler)

@@ -1,7 +1,7 @@
 """`run --ray`: one Engine per Ray actor, and a driver-side pool with the engine API
 (llamabatch.api.EngineAPI): run's batch loop uses it exactly as it uses an Engine.
 
-This is the only module that imports ray, as runner.py is for llama_cpp. Import it lazily:
+This is the only module that imports ray, as llama/ is for llama_cpp. Import it lazily:
 without Ray installed the import fails and the CLI prints how to install the extra.
 What runs where is decided in dispatch.py (pure); this module is the Ray side: starting
 or joining Ray, placing and starting the actors, the calls, and watching them finish.

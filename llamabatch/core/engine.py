@@ -59,7 +59,7 @@ class Engine(SharedEngine):
             self.config = self.config.replace(n_parallel=runner.n_slots).validate()
         params = (default_params or SamplingParams()).validate()
         self.slots_reason = slots_reason  # why this many slots, when n_parallel="auto" chose them
-        self.model_path = getattr(runner, "model_path", "fake")
+        self.model_path = runner.model_path
         self._model_name = self.config.model_name or model_display_name(self.model_path)
         self.runner = runner
         self.kernels = runner.kernel_text  # for the header line: which CPU kernels run, and why
@@ -68,7 +68,7 @@ class Engine(SharedEngine):
                                     chat_template=self.config.chat_template,
                                     on_notice=on_notice or (lambda line: log.warning("%s", line)))
         # Prefix sharing across slots forks KV between slots: only where the runner can.
-        share_min = self.config.share_prefix_min if self.config.cache_prompt and getattr(runner, "can_fork", False) else 0
+        share_min = self.config.share_prefix_min if self.config.cache_prompt and runner.can_fork else 0
         if self.config.deterministic:
             # Cross-slot prefix sharing is off in deterministic mode: the invariance tests do not
             # cover it, so it is not promised. An n-request's forks stay (the runner applies them
@@ -82,9 +82,11 @@ class Engine(SharedEngine):
         # Where llama_decode's threads take every core, the sampling threads pause while it runs.
         self.apart = (ApartSampling(self._cond, runner.n_slots,
                                     yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
-                      if getattr(runner, "can_sample_apart", False) and not self.config.deterministic else None)
+                      if runner.can_sample_apart and not self.config.deterministic else None)
+        # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
-                                   self.config.policy, self.config.cache_prompt, runner.token_bytes, runner.is_eog,
+                                   self.config.policy, self.config.cache_prompt and runner.can_trim,
+                                   runner.token_bytes, runner.is_eog,
                                    share_min=share_min, cache_generated=not self.config.deterministic,
                                    sample_apart=(lambda seq: wants_apart(seq.params)) if self.apart else None)
         self._inbox: list[Sequence] = []
@@ -310,10 +312,9 @@ class Engine(SharedEngine):
             self._deliver(event)
 
     def _admit(self) -> None:
-        for seq, slot, reuse, fork in self.scheduler.admit():
-            # a fork in this tick's plan fills the slot; otherwise trim its own cache
-            kept = reuse if fork is not None else self.runner.keep_prefix(slot, reuse)
-            self.scheduler.start(seq, slot, kept)
+        for seq, slot, reuse, _fork in self.scheduler.admit():
+            # the slot's KV change (a Trim to `reuse`, or a Fork) rides on this tick's plan
+            self.scheduler.start(seq, slot, reuse)
             if seq.index == 0:  # samples 1..n-1 ride along with sample 0 (the one queued and counted)
                 with self._cond:
                     self._waiting_count -= 1
@@ -332,11 +333,11 @@ class Engine(SharedEngine):
             plan = smaller
 
     def _fail_batch(self, plan: StepPlan, status: int) -> None:
-        """End every request in a plan llama_decode refused; wipe their slots' KV."""
+        """End every request in a plan llama_decode refused; their slots' KV is emptied by
+        Trims that the next plan carries (Scheduler.forget_slot)."""
         why = "no room left in the KV cache" if status == 1 else f"llama_decode returned {status}"
         for chunk in plan.chunks:
             seq = self.scheduler.slots[chunk.slot].seq
-            self.runner.keep_prefix(chunk.slot, 0)
             self.scheduler.forget_slot(chunk.slot)
             if seq is not None and not seq.finished:
                 self._end(seq, "error", str(DecodeError(why)), DecodeError.code)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence as Seq, Union
 from ..errors import ContextOverflow, InvalidRequest
 from ..json_line import find_surrogate, surrogate_at
 from ..params import SamplingParams, random_seed
+from .plan import Runner
 from .sequence import Sequence
 
 Prompt = Union[str, Seq[int], Seq[dict]]
@@ -31,7 +32,7 @@ class InputPreparer:
     (a built-in name or a Jinja file; None = the GGUF's own or a fallback).
     """
 
-    def __init__(self, runner: Any, slot_ctx: int, default_params: SamplingParams, *,
+    def __init__(self, runner: Runner, slot_ctx: int, default_params: SamplingParams, *,
                  default_seed: int | None = None, chat_template: str | None = None,
                  on_notice: Callable[[str], None] | None = None):
         self.runner = runner
@@ -60,16 +61,10 @@ class InputPreparer:
     def _choose_template(self):
         from ..models.chat_template import from_gguf
 
-        formats = getattr(self.runner, "chat_formats", None)
-        if formats is None:
-            from ..llama.runner import LlamaChatFormats  # llama.cpp's formats need no model
-
-            formats = LlamaChatFormats()
-        meta = getattr(self.runner, "metadata", {})
+        meta = self.runner.metadata
         return from_gguf(meta.get("tokenizer.chat_template"), meta,
-                         bos_token=getattr(self.runner, "bos_text", ""),
-                         eos_token=getattr(self.runner, "eos_text", ""),
-                         choice=self._template_choice, formats=formats, has_token=self._is_one_token)
+                         bos_token=self.runner.bos_text, eos_token=self.runner.eos_text,
+                         choice=self._template_choice, formats=self.runner.chat_formats, has_token=self._is_one_token)
 
     def _is_one_token(self, text: str) -> bool:
         """Whether `text` is one (special) token of the vocabulary, as chat markers are."""
@@ -100,9 +95,9 @@ class InputPreparer:
         elif isinstance(prompt, (list, tuple)):
             if not prompt:
                 raise InvalidRequest("prompt is empty")
-            n_vocab = getattr(self.runner, "n_vocab", None)
+            n_vocab = self.runner.n_vocab
             for t in prompt:
-                if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (n_vocab and t >= n_vocab):
+                if isinstance(t, bool) or not isinstance(t, int) or t < 0 or t >= n_vocab:
                     raise InvalidRequest(f"prompt token {t!r} is not a token id of this model")
             tokens = list(prompt)
         else:
@@ -135,7 +130,7 @@ class InputPreparer:
                                  "the samples of one prompt generate side by side, one slot each")
         if params.n == 1:
             return Sequence(request_id, tokens, params, seed, self.runner.build_sampler(params, seed))
-        if not getattr(self.runner, "can_fork", False):
+        if not self.runner.can_fork:
             # the samples get the prompt by a KV fork (plan.Fork), which needs the full-size SWA
             # cache (kept only while cache_prompt is on) and a model whose memory can be trimmed
             raise InvalidRequest(f"n={params.n} needs a KV fork of the prompt, which this engine cannot do "

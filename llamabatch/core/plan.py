@@ -1,16 +1,22 @@
 """The data that crosses between scheduler and runner each tick, and the Runner protocol.
 
-The scheduler produces a StepPlan; the runner turns it into one llama_decode and samples
-the rows that asked for logits; the scheduler consumes the StepResult. The plan is the
-whole contract: each chunk that wants logits carries the sampler chain to sample its row
-with and how many logprobs to report, so `runner.execute(plan)` needs nothing else (no
-per-slot sampler state on the side, no reaching back into the scheduler's sequences).
+The scheduler produces a StepPlan; the runner applies its KV trims and forks, turns its
+chunks into one llama_decode and samples the rows that asked for logits; the scheduler
+consumes the StepResult. The plan is the whole contract for a tick, as vLLM's
+SchedulerOutput is: every change to a slot's KV cache rides on it (Trim, Fork, Chunk), and
+each chunk that wants logits carries the sampler chain to sample its row with and how many
+logprobs to report, so `runner.execute(plan)` needs nothing else (no per-slot sampler state
+on the side, no KV call around the plan, no reaching back into the scheduler's sequences).
+The Runner protocol below is the rest: the model's facts and the sampler chains' lifetime.
 Plain dataclasses keep the scheduler testable with a scripted fake runner.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    from ..models.chat_template import ChatFormats
 
 
 @dataclass
@@ -37,6 +43,34 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class Trim:
+    """Make `slot`'s KV cache hold only its first `n_keep` tokens (positions >= n_keep go).
+
+    Semantics, as the runner applies it:
+    - trims run in list order at the start of `runner.execute(plan)`, before the plan's
+      forks and its llama_decode; like forks they take effect even when that decode then
+      fails, so a retry plan (Scheduler.shrink) does not carry them again;
+    - `0 <= n_keep <= len(what the slot holds)`; `n_keep == 0` empties the slot and every
+      runner can do it; `n_keep > 0` keeps part of a sequence, which only a runner whose
+      `can_trim` is True can (recurrent/hybrid memories cannot; a sliding-window cache
+      only keeps the early cells at full size): the scheduler plans none elsewhere, and a
+      runner refuses one it cannot keep exactly (RuntimeError) rather than let a chunk be
+      evaluated after a prefix that is gone;
+    - the slot's chunk in the same plan (if any) starts at `n_keep`, unless a fork in the
+      plan fills the slot afterwards (trims run first, so the fork wins).
+
+    The scheduler decides trims and updates its own bookkeeping of the slot at once:
+    admission keeps the part of a slot's own cache that the new prompt reuses, and a failed
+    llama_decode empties its slots (decided after that tick's plan ran, so the next plan
+    carries it; nothing reads the stale cells meanwhile: the slot is idle, and a fork
+    source is always a busy slot).
+    """
+
+    slot: int
+    n_keep: int
+
+
+@dataclass(frozen=True)
 class Fork:
     """Make `dst_slot`'s KV cache hold exactly `src_slot`'s first `n_tokens` tokens.
 
@@ -46,8 +80,8 @@ class Fork:
     copy of the first one's prefill).
 
     Semantics, as the runner applies it (llama.cpp, one KV stream per slot):
-    - forks run in list order at the start of `runner.execute(plan)`, before the tick's
-      llama_decode, and they take effect even when that decode then fails (llama.cpp
+    - forks run in list order in `runner.execute(plan)`, after the plan's trims and before
+      the tick's llama_decode, and they take effect even when that decode then fails (llama.cpp
       performs pending stream copies first): a retry plan must not carry them again;
     - the source is read as it is *before* this tick's chunks are evaluated, so a slot may
       be a fork source and evaluate its own chunk in the same tick;
@@ -80,6 +114,7 @@ class Fork:
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     forks: list[Fork] = field(default_factory=list)  # applied before the chunks are evaluated
+    trims: list[Trim] = field(default_factory=list)  # applied first: before the forks and the chunks
 
     @property
     def n_tokens(self) -> int:
@@ -94,7 +129,7 @@ class StepPlan:
         return sum(len(c.tokens) for c in self.chunks if not c.is_decode)
 
     def __bool__(self) -> bool:
-        return bool(self.chunks or self.forks)
+        return bool(self.chunks or self.forks or self.trims)
 
 
 @dataclass
@@ -128,11 +163,27 @@ class SampleStopped(Exception):
 
 
 class Runner(Protocol):
-    """Everything that touches llama.cpp. `runner.LlamaRunner` is the real one."""
+    """Everything that touches llama.cpp: the runner contract with `StepPlan`. The real one is
+    `llama.runner.LlamaRunner`; tests/fake_runner.py implements all of it with a script."""
 
-    n_slots: int
-    slot_ctx: int
+    # -- the model's facts ----------------------------------------------------------------
+    model_path: str  # the GGUF file
+    n_slots: int  # sequences the context holds side by side (n_parallel)
+    slot_ctx: int  # tokens one slot holds
+    n_vocab: int  # token ids are 0..n_vocab-1
+    metadata: dict[str, str]  # the GGUF's key/values (tokenizer.chat_template when it has one)
+    bos_text: str  # the text of the BOS / EOS tokens ("" when none), for chat templates
+    eos_text: str
+    chat_formats: "ChatFormats"  # llama.cpp's built-in chat formats (they need no model)
+
+    @property
+    def kernel_text(self) -> str:
+        """Which CPU kernels run, and why, for the header line ("" when none apply)."""
+
+    # -- what plans may ask of it -----------------------------------------------------------
     can_fork: bool  # whether plans may carry Forks (False for recurrent/hybrid models)
+    can_trim: bool  # whether a Trim may keep part of a slot (n_keep > 0); emptying one always works
+    can_sample_apart: bool  # whether sample_apart chunks come back as SampleJobs (else sampled inline)
 
     def tokenize(self, text: str, *, special: bool) -> list[int]: ...
 
@@ -145,13 +196,10 @@ class Runner(Protocol):
 
     def free_sampler(self, sampler: Any) -> None: ...
 
-    def keep_prefix(self, slot: int, n_keep: int) -> int:
-        """Drop the slot's KV cells at positions >= n_keep; return how many are really kept."""
-
     def execute(self, plan: StepPlan) -> StepResult:
-        """Apply plan.forks, then one llama_decode of the plan's chunks; sample each
-        wants_logits row with its chunk's sampler, or, for a sample_apart chunk on a runner
-        whose `can_sample_apart` is True, return a SampleJob for it in StepResult.apart."""
+        """Apply plan.trims, then plan.forks, then one llama_decode of the plan's chunks;
+        sample each wants_logits row with its chunk's sampler, or, for a sample_apart chunk
+        on a runner whose `can_sample_apart` is True, return a SampleJob for it in
+        StepResult.apart."""
 
     def close(self) -> None: ...
-

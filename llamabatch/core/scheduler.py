@@ -3,8 +3,9 @@
 The scheduler owns what runs next: who gets a slot, who gets how many tokens this tick,
 which requests are past their deadline, and the smaller plan to try when llama_decode
 finds no KV room. It is also the one owner of "what is in each slot's KV cache"
-(`Slot.cached`); the runner applies the trims and forks (KV copies between slots) it decides. Token bytes and end-of-generation checks come
-in as callables so tests can drive it with a scripted fake vocabulary.
+(`Slot.cached`): every change to a slot's KV it decides (plan.Trim, plan.Fork) rides on the
+next StepPlan, and the runner applies them there. Token bytes and end-of-generation checks
+come in as callables so tests can drive it with a scripted fake vocabulary.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from .detok import IncrementalDetokenizer
-from .plan import Chunk, Fork, StepPlan, StepResult
+from .plan import Chunk, Fork, StepPlan, StepResult, Trim
 from .policies import POLICIES
 from .prefix import SlotView, choose_slot, longest_shared
 from .sequence import Sequence, Status
@@ -46,8 +47,8 @@ class SeqEvent:
 
 class Admission(NamedTuple):
     """A waiting request given a slot. `reuse` prompt tokens are already there: from the
-    slot's own cache (the caller trims it with runner.keep_prefix), or, when `fork` is set,
-    copied from another slot by that Fork in this tick's plan (nothing to trim)."""
+    slot's own cache (a Trim in the next plan drops the rest), or, when `fork` is set,
+    copied from another slot by that Fork in the next plan (nothing to trim)."""
 
     seq: Sequence
     slot: int
@@ -79,6 +80,7 @@ class Scheduler:
         # another slot holds (or is evaluating) gets them by a KV fork. 0 = off.
         self.share_min = share_min
         self._forks: list[Fork] = []  # decided, not yet handed to the runner in a plan
+        self._trims: list[Trim] = []  # likewise; a plan applies its trims before its forks
         # Which requests' rows are sampled apart from the tick (apart.py); None: all inline.
         self.sample_apart = sample_apart
 
@@ -120,8 +122,9 @@ class Scheduler:
         return bool(self.waiting) and idle >= len(self.waiting[0].members)
 
     def admit(self) -> list[Admission]:
-        """Give idle slots to waiting requests, FIFO. For each Admission the caller trims the
-        KV (runner.keep_prefix, unless it is a fork) and then calls `start`.
+        """Give idle slots to waiting requests, FIFO. Each admission's KV change (a Trim of the
+        slot's own cache to what the prompt reuses, or a Fork) rides on the next plan; the
+        caller then calls `start` for each Admission.
 
         With prefix sharing on, a request whose prompt shares a prefix with what another
         busy slot holds gets it by a fork when that saves at least `share_min` tokens over
@@ -155,6 +158,8 @@ class Scheduler:
             idle.remove(slot)
             fresh.add(slot_id)
             slot.seq = seq  # reserved now so the same slot is not handed out twice
+            if fork is None:
+                self.trim(slot_id, reuse)
             out.append(Admission(seq, slot_id, reuse, fork))
             for sample in seq.members[1:]:
                 # Its KV will be a fork of sample 0's prompt: the least recently used slot loses least.
@@ -162,6 +167,7 @@ class Scheduler:
                 idle.remove(slot)
                 fresh.add(slot.slot_id)
                 slot.seq = sample
+                self.trim(slot.slot_id, 0)
                 out.append(Admission(sample, slot.slot_id, 0))
         self.waiting.extendleft(reversed(held))
         return out
@@ -183,6 +189,18 @@ class Scheduler:
         dst.cached = src.cached[:n_tokens]
         self._forks.append(fork)
         return fork
+
+    def trim(self, slot_id: int, n_keep: int) -> Trim:
+        """Decide a KV trim (see plan.Trim): the slot will hold only its first `n_keep` tokens.
+        The bookkeeping changes now; the trim rides on the next plan, where the runner applies
+        it first, before that plan's forks and its decode."""
+        slot = self.slots[slot_id]
+        if not 0 <= n_keep <= len(slot.cached):
+            raise ValueError(f"cannot keep {n_keep} tokens of slot {slot_id} (holds {len(slot.cached)})")
+        trim = Trim(slot_id, n_keep)
+        slot.cached = slot.cached[:n_keep]
+        self._trims.append(trim)
+        return trim
 
     def start(self, seq: Sequence, slot_id: int, kept: int) -> None:
         """The slot's KV now holds exactly `kept` tokens of seq's prompt prefix."""
@@ -220,14 +238,15 @@ class Scheduler:
                                 sample_apart=wants_logits and self.sample_apart is not None
                                 and self.sample_apart(seq)))
         forks, self._forks = self._forks, []
-        return StepPlan(chunks, forks)
+        trims, self._trims = self._trims, []
+        return StepPlan(chunks, forks, trims)
 
     @staticmethod
     def shrink(plan: StepPlan) -> StepPlan | None:
         """The plan to try after `plan` found no room in the KV cache (llama_decode status 1):
         first the decode tokens alone (prefill waits for a later tick), then half the chunks.
         None when there is nothing smaller to try (a single chunk): that chunk fails. The
-        smaller plan carries no forks: the runner applied them before the failed decode."""
+        smaller plan carries no trims or forks: the runner applied them before the failed decode."""
         if len(plan.chunks) <= 1:
             return None
         decodes = [c for c in plan.chunks if c.is_decode]
@@ -329,5 +348,7 @@ class Scheduler:
         return tail
 
     def forget_slot(self, slot_id: int) -> None:
-        """The slot's KV was wiped (decode failure): nothing in it can be reused."""
-        self.slots[slot_id].cached = []
+        """After a failed decode the slot's KV is not known: empty it, by a Trim that the next
+        plan carries (the failed plan has run; until then the slot is idle and, not being
+        busy, never a fork source, so nothing reads the stale cells)."""
+        self.trim(slot_id, 0)

@@ -195,8 +195,8 @@ def calibrate(config: EngineConfig, model_path: str, levels: list[int], ticks: i
     short distinct prompt, then one untimed and `ticks` timed decode ticks of one token per
     slot. One context sized for the largest level serves every level."""
     from ..params import SamplingParams
-    from ..core.plan import Chunk, StepPlan
-    from .runner import LlamaRunner  # runner.py stays the only importer of llama_cpp
+    from ..core.plan import Chunk, StepPlan, Trim
+    from .runner import LlamaRunner  # only llama/ imports llama_cpp
 
     top = max(levels)
     runner = LlamaRunner(config.replace(n_parallel=top, n_ctx=top * CALIBRATION_CTX, n_batch=max(512, top * 8),
@@ -208,10 +208,9 @@ def calibrate(config: EngineConfig, model_path: str, levels: list[int], ticks: i
             samplers.append(runner.build_sampler(SamplingParams(temperature=0, ignore_eos=True), 0))
         out: dict[int, float] = {}
         for b in sorted(levels):
-            for slot in range(top):
-                runner.keep_prefix(slot, 0)
             prompts = [words[:1] + words[1 + 3 * s:1 + 3 * s + 7] for s in range(b)]
-            plan = StepPlan([Chunk(s, s, p, 0, True, False, sampler=samplers[s]) for s, p in enumerate(prompts)])
+            plan = StepPlan([Chunk(s, s, p, 0, True, False, sampler=samplers[s]) for s, p in enumerate(prompts)],
+                            trims=[Trim(slot, 0) for slot in range(top)])  # the last level's KV goes first
             result = runner.execute(plan)
             pos = [len(p) for p in prompts]
             elapsed = 0.0

@@ -18,7 +18,7 @@ from typing import Any
 from . import machine_verdicts
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
-from ..core.plan import Chunk, StepPlan
+from ..core.plan import Chunk, StepPlan, Trim
 
 PROBE_TEXT = "The lighthouse keeper wrote in his log that the sea"
 FILLER_TEXTS = ["One two three four five six seven eight nine ten eleven twelve",
@@ -81,8 +81,7 @@ def generate(runner: Any, *, with_fillers: bool, n_tokens: int = PROBE_TOKENS) -
             out.append(sampled[0])
         return out
     finally:
-        for s in seqs:
-            runner.keep_prefix(s, 0)
+        runner.execute(StepPlan(trims=[Trim(s, 0) for s in seqs]))  # the probe leaves the slots empty
         for sampler in samplers:
             runner.free_sampler(sampler)
 

@@ -7,7 +7,7 @@ ends in std::bad_alloc inside the thread pool. Both are settings, not request da
 they are refused before anything is allocated, with one line naming the setting and the
 figure (ResourceLimit, an InvalidRequest: exit 2 in the CLI).
 
-What is counted, mirroring runner.py's choices:
+What is counted, mirroring the runner's choices (load.py's context parameters):
 - KV cache: every layer's keys and values in f16 for every cell. Cells: n_ctx (padded as
   llama.cpp pads it); in deterministic mode slot_ctx x the sequence ids it uses, spares
   included (batch_invariance.n_sequence_ids, counted with the widest row rule since the
@@ -103,7 +103,7 @@ def needs(config: EngineConfig, metadata: Mapping[str, Any], weights: int, shape
 
     slots = int(config.n_parallel)
     sequences, cells = slots, _pad(config.total_ctx)
-    if config.deterministic:  # runner.py: slot_ctx cells for each sequence id, spares included
+    if config.deterministic:  # load.py: slot_ctx cells for each sequence id, spares included
         shapes = shapes or invariance.Shapes(invariance.REPACK_GEMM_TILE, invariance.TILED_MIN_BATCH)
         sequences = invariance.n_sequence_ids(slots, shapes)
         cells = _pad(config.slot_ctx * sequences)
@@ -117,7 +117,7 @@ def needs(config: EngineConfig, metadata: Mapping[str, Any], weights: int, shape
         window = int(metadata.get(f"{arch}.attention.sliding_window") or 0)
     except (TypeError, ValueError):
         window = 0
-    swa_full = bool(config.cache_prompt) or config.deterministic  # as runner.py sets it
+    swa_full = bool(config.cache_prompt) or config.deterministic  # as load.context_params sets it
     if window > 0 and not swa_full and arch in SWA_PATTERNS:
         pattern = SWA_PATTERNS[arch]
         swa_layers = sum(1 for i in range(layers) if (i + 1) % pattern != 0)

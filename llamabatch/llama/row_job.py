@@ -50,15 +50,16 @@ class RowJob:
             view["id"] = np.arange(n, dtype=np.int32)
             view["logit"] = self.logits
             view["p"] = 0.0
-            if self.suppress_eog and sampler.no_eog_chain:  # as LlamaRunner._sample: the twin picks,
+            if self.suppress_eog and sampler.no_eog_chain:  # as samplers.sample_row: the twin picks,
                 tok = _sample(sampler.no_eog_chain, data, n, stop)  # the main chain is told
                 C.llama_sampler_accept(sampler.chain, tok)
             else:
                 tok = _sample(sampler.chain, data, n, stop)
             sampled[slot] = tok
             if self.top_n is not None:
-                logprobs[slot] = self.runner.logprobs_from(self.logits, tok, self.top_n, np.empty_like(self.logits),
-                                                           ctypes.create_string_buffer(256))
+                logprobs[slot] = self.runner.logprobs.from_logits(self.logits, tok, self.top_n,
+                                                                  np.empty_like(self.logits),
+                                                                  ctypes.create_string_buffer(256))
         return sampled, logprobs
 
 

@@ -88,8 +88,8 @@ class ChatTemplate:
 
 # --- built-ins ------------------------------------------------------------------------
 # llama.cpp's own formats (about 50: llama2, mistral-v7, phi3, deepseek3, chatml, gemma, ...)
-# are rendered by llama.cpp itself through a ChatFormats object (runner.LlamaChatFormats,
-# since runner.py is the one module that imports llama_cpp). Ours is only `plain`, a
+# are rendered by llama.cpp itself through a ChatFormats object (llama.chat_formats.LlamaChatFormats,
+# since only llama/ imports llama_cpp). Ours is only `plain`, a
 # transcript for base models that have no chat markup at all.
 
 PLAIN = "plain"

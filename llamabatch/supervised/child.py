@@ -256,8 +256,7 @@ def main() -> int:
     wire.send(out_fd, wire.Ready(
         model_path=engine.model_path, slot_ctx=engine.slot_ctx, n_slots=runner.n_slots, pid=os.getpid(),
         kernels=engine.kernels, slots_reason=engine.slots_reason,
-        n_vocab=getattr(runner, "n_vocab", None), metadata=getattr(runner, "metadata", {}),
-        bos_text=getattr(runner, "bos_text", ""), eos_text=getattr(runner, "eos_text", "")))
+        n_vocab=runner.n_vocab, metadata=runner.metadata, bos_text=runner.bos_text, eos_text=runner.eos_text))
     Link(engine, out_fd).serve(0)
     return 0
 

@@ -2,8 +2,8 @@
 
 llama-cpp-python's high-level `Llama.create_completion`, one request at a time: what a
 Python user has without llamabatch. It is bench code, not engine code, so it lives apart
-from the runner; it imports llama_cpp because llama-cpp-python is what it measures (the
-engine's only importer of llama_cpp is still runner.py).
+from the runner; the high-level `Llama` it measures comes from llama/cpu_kernels.py (only
+llama/ imports llama_cpp), loaded on the engine's weight layout.
 """
 from __future__ import annotations
 
@@ -54,16 +54,13 @@ def run_in_own_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
 def _sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
                          n_batch: int, n_gpu_layers: int, params: SamplingParams,
                          on_request: Any = None, cpu_buffers: str | None = None) -> list[dict[str, Any]]:
-    import llama_cpp
+    from ...llama.cpu_kernels import high_level_llama
 
-    from ...llama.runner import init_backend, llama_uses_model_params
-
-    init_backend()  # keeps llama.cpp's log lines off stderr, as for the engine
     seed = params.seed if params.seed is not None else random_seed()
-    with llama_uses_model_params(cpu_buffers, model_path):  # the engine's weight layout, so its kernels
-        llm = llama_cpp.Llama(model_path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
-                              n_threads_batch=threads, n_gpu_layers=-1 if n_gpu_layers == -1 else n_gpu_layers,
-                              seed=seed, verbose=False)
+    # loaded on the engine's weight layout, so the baseline runs the engine's kernels
+    llm = high_level_llama(model_path, cpu_buffers, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+                           n_threads_batch=threads, n_gpu_layers=-1 if n_gpu_layers == -1 else n_gpu_layers,
+                           seed=seed, verbose=False)
     records = []
     try:
         # Untimed warm-up, as the engine gets one: the first decode pages in the weights. Its

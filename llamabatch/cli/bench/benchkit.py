@@ -434,7 +434,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def model_info(engine: Any) -> dict[str, Any]:
-    meta = getattr(engine.runner, "metadata", {}) or {}
+    meta = engine.runner.metadata
     path = str(engine.model_path)
     try:
         size = os.path.getsize(path)
@@ -444,5 +444,5 @@ def model_info(engine: Any) -> dict[str, Any]:
         "name": engine.model_name, "path": path, "file_size": size,
         "architecture": meta.get("general.architecture"), "general_name": meta.get("general.name"),
         "size_label": meta.get("general.size_label"), "file_type": meta.get("general.file_type"),
-        "n_vocab": getattr(engine.runner, "n_vocab", None), "slot_ctx": engine.slot_ctx,
+        "n_vocab": engine.runner.n_vocab, "slot_ctx": engine.slot_ctx,
     }

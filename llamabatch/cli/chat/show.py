@@ -34,7 +34,7 @@ def usage() -> str:
 def _info(session: ChatSession) -> list[str]:
     """Like `ollama show`'s Model block: what the GGUF says about itself, and this chat's context."""
     engine = session.engine
-    meta: dict[str, Any] = getattr(engine.runner, "metadata", None) or {}
+    meta: dict[str, Any] = engine.runner.metadata
     arch = meta.get("general.architecture") or "unknown"
     trained = meta.get(f"{arch}.context_length")
     rows = [

@@ -1,0 +1,68 @@
+"""A context's KV memory, changed only as plans say: Trim and Fork (their docstrings in
+core/plan.py are the contract), plus the position queries and rollbacks the execute
+paths need."""
+from __future__ import annotations
+
+from typing import Any
+
+from llama_cpp import llama_cpp as C
+
+from ..core.plan import Fork, Trim
+
+
+class KvCache:
+    def __init__(self, ctx: Any, model: Any, *, swa_full: bool, kv_unified: bool):
+        self.mem = C.llama_get_memory(ctx)
+        self.kv_unified = kv_unified
+        # Keeping part of a sequence (a Trim with n_keep > 0, the trimmed copy of a Fork):
+        # recurrent and hybrid memories cannot remove part of a sequence, and without the
+        # full-size SWA cache the early cells may already be gone (Gemma 3: a 512-token window).
+        self.can_cut = bool((swa_full or C.llama_model_n_swa(model) == 0)
+                            and not C.llama_model_is_recurrent(model) and not C.llama_model_is_hybrid(model))
+
+    def next_pos(self, seq: int) -> int:
+        """How many positions sequence `seq` holds (its last position + 1; 0 when empty)."""
+        return C.llama_memory_seq_pos_max(self.mem, seq) + 1
+
+    def drop_from(self, seq: int, pos: int) -> None:
+        """Remove sequence `seq`'s cells at positions >= pos (-1: all of them)."""
+        C.llama_memory_seq_rm(self.mem, seq, pos, -1)
+
+    def trim(self, trim: Trim) -> None:
+        """Apply one plan.Trim."""
+        slot, n_keep = trim.slot, trim.n_keep
+        if n_keep <= 0:
+            C.llama_memory_seq_rm(self.mem, slot, -1, -1)
+            return
+        if not self.can_cut:
+            raise RuntimeError(f"bad trim {trim}: this model's memory cannot keep part of a slot "
+                               "(recurrent/hybrid or no full SWA cache)")
+        held = self.next_pos(slot)
+        if n_keep > held:
+            raise RuntimeError(f"bad trim {trim}: the slot holds {held} tokens")
+        # Trust, but verify: a sliding-window cache can report success after the cells the
+        # continuation needs have already been evicted.
+        if C.llama_memory_seq_rm(self.mem, slot, n_keep, -1) and C.llama_memory_seq_pos_min(self.mem, slot) <= 0:
+            return
+        C.llama_memory_seq_rm(self.mem, slot, -1, -1)
+        raise RuntimeError(f"could not keep the first {n_keep} tokens of slot {slot}: the slot is emptied")
+
+    def fork(self, fork: Fork) -> None:
+        """Apply one plan.Fork. Between per-slot streams: copy the source's whole stream, then
+        trim the copy (llama.cpp queues the copy and does it at the start of the next
+        llama_decode, before that decode's tokens are placed). In a unified cache: share the
+        source's cells [0, n_tokens)."""
+        if not self.can_cut:
+            raise RuntimeError("this model's memory cannot fork a slot (recurrent/hybrid or no full SWA cache)")
+        src, dst, n = fork.src_slot, fork.dst_slot, fork.n_tokens
+        held = self.next_pos(src)
+        if src == dst or n <= 0 or n > held:
+            raise RuntimeError(f"bad fork {fork}: the source slot holds {held} tokens")
+        if self.kv_unified:
+            C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            C.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+            return
+        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)  # never a range between streams: see plan.Fork
+        if not C.llama_memory_seq_rm(self.mem, dst, n, -1):
+            C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            raise RuntimeError(f"could not trim the copy of slot {src} in slot {dst} to {n} tokens")

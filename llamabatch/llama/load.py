@@ -1,0 +1,88 @@
+"""Loading: the model file with a chosen weight layout, the context's parameters, the
+context itself, and the GGUF metadata. Each failure is one ModelLoadError line naming
+the first problem llama.cpp logged."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from llama_cpp import llama_cpp as C
+
+from . import batch_invariance as invariance
+from .backend import first_error, weight_buffers
+from .cpu_kernels import model_params
+from ..config import EngineConfig
+from ..errors import ModelLoadError
+
+
+def load_model(config: EngineConfig, model_path: str, kernels: Any, mark: int) -> tuple[Any, dict[str, float]]:
+    """The loaded model (llama_model*) and the MiB of weights per buffer type it took
+    (which layouts the weights really took, by use), from llama.cpp's log after `mark`."""
+    mparams = model_params(kernels, model_path)
+    mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
+    model = C.llama_model_load_from_file(model_path.encode(), mparams)
+    if not model:
+        raise ModelLoadError(f"{model_path}: llama.cpp could not load the model ({first_error(mark)})")
+    return model, weight_buffers(mark)
+
+
+def context_params(config: EngineConfig, shapes: invariance.Shapes | None, n_seq_ids: int) -> Any:
+    """llama.cpp's context parameters for `config`; `shapes`: deterministic mode's row rule
+    (None otherwise), with `n_seq_ids` sequence ids (the slots and the spare ones)."""
+    cparams = C.llama_context_default_params()
+    cparams.n_ctx = config.total_ctx
+    cparams.n_batch = config.n_batch
+    cparams.n_ubatch = config.n_batch
+    cparams.n_seq_max = config.n_parallel
+    if shapes is not None:
+        # The row rule for the kernels these weights really took (the CPU_REPACK buffer
+        # holds weights or not), then spare sequence ids to pad decode passes (each id is
+        # a KV stream of slot_ctx cells), room for the padding rows in every pass, and the
+        # attention path known to be batch-invariant: flash attention off, one stream per
+        # sequence (below).
+        cparams.n_seq_max = n_seq_ids
+        cparams.n_ctx = config.slot_ctx * n_seq_ids
+        rows = max(shapes.min_rows, shapes.tile)
+        cparams.n_batch = cparams.n_ubatch = config.n_batch + rows * n_seq_ids
+        cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cparams.n_threads = config.n_threads
+    cparams.n_threads_batch = config.n_threads
+    # Prefix reuse trims a slot's KV back to the shared prefix. With a sliding-window
+    # cache (Gemma 3: 512 tokens) cells before the window are gone even though seq_rm
+    # reports success, so keep the full-size SWA cache whenever caching is on.
+    cparams.swa_full = bool(config.cache_prompt) or shapes is not None  # padding rows are trimmed too
+    # One KV stream per slot (default): each slot gets n_ctx / n_parallel cells and attends
+    # only to its own cells. llama.cpp then splits a batch into ubatches of consecutive
+    # slots with equal token counts, so a mixed prefill+decode tick is several graph runs.
+    # A unified cache takes a whole tick in one graph run and shares forked cells instead
+    # of copying them (see plan.Fork); config.kv_unified chooses (never with deterministic:
+    # config.validate refuses it; the invariance rests on one stream per sequence).
+    cparams.kv_unified = bool(config.kv_unified)
+    cparams.no_perf = True
+    return cparams
+
+
+def new_context(model: Any, cparams: Any, config: EngineConfig, model_path: str, mark: int) -> Any:
+    """The llama_context; on failure the model is freed and one ModelLoadError raised."""
+    ctx = C.llama_init_from_model(model, cparams)
+    if not ctx:
+        C.llama_model_free(model)
+        raise ModelLoadError(f"{model_path}: llama.cpp could not create a context of {config.total_ctx} tokens "
+                             f"({first_error(mark)})")
+    return ctx
+
+
+def read_metadata(model: Any) -> dict[str, str]:
+    """The GGUF's key/values, and its chat template under tokenizer.chat_template."""
+    out = {}
+    buf = ctypes.create_string_buffer(4096)
+    for i in range(C.llama_model_meta_count(model)):
+        n = C.llama_model_meta_key_by_index(model, i, buf, len(buf))
+        key = buf.value.decode("utf-8", "replace") if n >= 0 else ""
+        n = C.llama_model_meta_val_str_by_index(model, i, buf, len(buf))
+        if key and n >= 0:
+            out[key] = buf.value.decode("utf-8", "replace")
+    template = C.llama_model_chat_template(model, None)
+    if template:
+        out["tokenizer.chat_template"] = template.decode("utf-8", "replace")
+    return out

@@ -1,0 +1,150 @@
+"""Sampler chains: a request's SamplingParams as a llama.cpp sampler chain, and sampling a
+logits row of the context with one."""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+from typing import Any
+
+import llama_cpp
+from llama_cpp import llama_cpp as C
+
+from ..errors import InvalidRequest
+from ..params import SamplingParams
+from .backend import first_error, log_mark
+from .stderr_capture import grammar_complaint, stderr_captured
+from .vocab import Vocabulary
+
+# The bias a -inf logit_bias becomes under a grammar: far below any real logit (they span tens),
+# finite, and small enough that dividing by a tiny temperature stays finite in float32 for long.
+GRAMMAR_BAN = -1e4
+
+
+class Sampler:
+    """A request's sampler chain (and, for min_tokens, a twin that cannot pick end-of-generation)."""
+
+    def __init__(self, chain: Any, no_eog_chain: Any, seed: int):
+        self.chain = chain
+        self.no_eog_chain = no_eog_chain
+        self.seed = seed
+
+
+class SamplerFactory:
+    """Builds and frees chains for one model's vocabulary and slot size (penalty windows
+    longer than a slot are clamped to it)."""
+
+    def __init__(self, vocab: Vocabulary, slot_ctx: int):
+        self.vocab = vocab
+        self.n_vocab = vocab.n_tokens
+        self.slot_ctx = slot_ctx
+
+    def build(self, params: SamplingParams, seed: int) -> Sampler:
+        # A grammar decides where output ends: once it is complete it allows only EOG, and
+        # banning EOG there (ignore_eos, min_tokens) leaves no valid token at all, which makes
+        # llama.cpp's grammar throw and abort the whole process. So constrained requests
+        # never ban EOG; an EOG they sample ends them with "stop".
+        constrained = bool(params.grammar) or params.json_schema is not None
+        chain = self._chain(params, seed, block_eog=params.ignore_eos and not constrained)
+        no_eog = (self._chain(params, seed, block_eog=True)
+                  if params.min_tokens > 0 and not params.ignore_eos and not constrained else None)
+        return Sampler(chain, no_eog, seed)
+
+    def _chain(self, p: SamplingParams, seed: int, block_eog: bool) -> Any:
+        sparams = C.llama_sampler_chain_default_params()
+        sparams.no_perf = True
+        chain = C.llama_sampler_chain_init(sparams)
+        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        try:
+            grammar = p.grammar
+            if p.json_schema is not None:
+                schema = p.json_schema if isinstance(p.json_schema, str) else json.dumps(p.json_schema)
+                try:
+                    grammar = llama_cpp.llama_grammar.json_schema_to_gbnf(schema)
+                except Exception as exc:  # the converter raises many kinds for bad schemas
+                    raise InvalidRequest(f"json_schema cannot be turned into a grammar: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            if grammar:
+                mark = log_mark()
+                with stderr_captured() as said:  # the parser prints its complaint with fprintf(stderr)
+                    g = C.llama_sampler_init_grammar(self.vocab.ptr, grammar.encode(), b"root")
+                if not g:
+                    raise InvalidRequest(f"grammar does not parse ({grammar_complaint(said) or first_error(mark)})")
+                add(g)
+            bias = dict(p.logit_bias)
+            if p.grammar or p.json_schema is not None:
+                # Under a grammar, a -inf bias on every token the grammar allows (EOG once it is
+                # complete, or the one character it wants) leaves no token at all, and llama.cpp's
+                # grammar then throws and aborts the process (found by benchmarks/fuzz_sampling.py).
+                # So there a ban is a very strong dislike: picked only when nothing else is allowed.
+                bias = {t: max(b, GRAMMAR_BAN) for t, b in bias.items()}
+            if block_eog:
+                bias.update({t: -math.inf for t in self.vocab.eog_ids})
+            if bias:
+                bad = [t for t in bias if t >= self.n_vocab]
+                if bad:
+                    raise InvalidRequest(f"logit_bias token id {bad[0]} is outside the vocabulary (0..{self.n_vocab - 1})")
+                arr = (C.llama_logit_bias * len(bias))(*[C.llama_logit_bias(t, b) for t, b in bias.items()])
+                add(C.llama_sampler_init_logit_bias(self.n_vocab, len(bias), arr))
+            if p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+                # this llama.cpp takes n_vocab first; -1 means the whole slot (llama.cpp itself
+                # would read -1 as 0, i.e. penalties off). A window longer than the slot can't hold
+                # more tokens than the slot does, and llama.cpp allocates the whole window up front.
+                last_n = self._window(p.penalty_last_n)
+                add(C.llama_sampler_init_penalties(self.n_vocab, last_n, p.repeat_penalty, p.frequency_penalty,
+                                                   p.presence_penalty))
+            if p.dry_multiplier > 0:
+                breakers = [b.encode() for b in p.dry_sequence_breakers]
+                arr = (ctypes.c_char_p * len(breakers))(*breakers)
+                # -1 is "the whole slot" (llama.cpp's own init reads -1 as 0: DRY silently off), and a
+                # longer window is clamped to the slot as for the penalties above.
+                add(C.llama_sampler_init_dry(self.vocab.ptr, p.dry_multiplier, p.dry_base,
+                                             min(p.dry_allowed_length, self.slot_ctx),
+                                             self._window(p.dry_penalty_last_n), arr, len(breakers)))
+            if p.greedy:
+                add(C.llama_sampler_init_greedy())
+            elif p.mirostat == 2:
+                add(C.llama_sampler_init_temp(p.temperature))
+                add(C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+            else:
+                if p.top_n_sigma > 0:
+                    add(C.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+                if p.top_k > 0:
+                    add(C.llama_sampler_init_top_k(min(p.top_k, self.n_vocab)))  # int32 in C
+                if p.typical_p < 1.0:
+                    add(C.llama_sampler_init_typical(p.typical_p, 1))
+                if p.top_p < 1.0:
+                    add(C.llama_sampler_init_top_p(p.top_p, 1))
+                if p.min_p > 0:
+                    add(C.llama_sampler_init_min_p(p.min_p, 1))
+                if p.xtc_probability > 0:
+                    add(C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, seed))
+                add(C.llama_sampler_init_temp(p.temperature))
+                add(C.llama_sampler_init_dist(seed))
+        except BaseException:
+            C.llama_sampler_free(chain)
+            raise
+        return chain
+
+    def _window(self, last_n: int) -> int:
+        """A penalty window in tokens: -1 and anything longer than a slot mean the whole slot."""
+        return self.slot_ctx if last_n < 0 else min(last_n, self.slot_ctx)
+
+    @staticmethod
+    def free(sampler: Sampler | None) -> None:
+        if sampler is None:
+            return
+        C.llama_sampler_free(sampler.chain)
+        if sampler.no_eog_chain:
+            C.llama_sampler_free(sampler.no_eog_chain)
+
+
+def sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool) -> int:
+    """Sample the context's logits row `row` with the request's chain."""
+    if suppress_eog and sampler.no_eog_chain:
+        # min_tokens not reached: the twin that cannot pick EOG samples every token of
+        # this phase (so its own history is whole), and the main chain is told each
+        # token so its penalties and mirostat state stay in step for later.
+        tok = C.llama_sampler_sample(sampler.no_eog_chain, ctx, row)
+        C.llama_sampler_accept(sampler.chain, tok)
+        return tok
+    return C.llama_sampler_sample(sampler.chain, ctx, row)
