@@ -10,6 +10,7 @@ fork that lost the window's early cells would change the answer.
 from __future__ import annotations
 
 import pytest
+from fake_runner import missing_runner_members
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.plan import Chunk, Fork, StepPlan, Trim
@@ -58,7 +59,8 @@ def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(mo
     runner = LlamaRunner(config, model_path)
     sampler = runner.build_sampler(SamplingParams(temperature=0), 0)
     try:
-        assert runner.can_fork
+        assert runner.can_fork and runner.can_trim
+        assert missing_runner_members(runner) == []  # LlamaRunner is the Runner protocol, all of it
         # greedy: stateless, one chain serves both slots
         base = runner.tokenize(long_prompt(), special=False)
         owner = base + runner.tokenize(" Fact 98: the number 98 is", special=False)[1:]
@@ -79,6 +81,11 @@ def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(mo
         bare = greedy(runner, sampler, 1, evaluate(runner, sampler, 1, suffix, 0, trims=[Trim(0, 0), Trim(1, 0)]),
                       len(suffix), 8)
         assert bare != ref
+        # a trim to more than the slot holds is refused in one line, before anything changes
+        held = runner.kv.next_pos(1)
+        with pytest.raises(RuntimeError, match=f"holds {held} tokens"):
+            runner.execute(StepPlan(trims=[Trim(1, held + 1)]))
+        assert runner.kv.next_pos(1) == held
     finally:
         runner.free_sampler(sampler)
         runner.close()
