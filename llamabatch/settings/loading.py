@@ -50,7 +50,7 @@ def prepare(resolved: Resolved, max_slots: int | None = None, chooser: SlotChoos
 
 def load_runner(config: EngineConfig) -> Any:
     """The model `config` names (a resolved file), loaded: the real runner."""
-    from ..llama.runner import LlamaRunner  # the only import of llama_cpp, kept lazy
+    from ..llama.runner import LlamaRunner  # llama/ alone imports llama_cpp; kept lazy
 
     return LlamaRunner(config, config.model)
 
