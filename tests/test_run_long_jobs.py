@@ -402,3 +402,14 @@ def test_read_manifest_refuses_what_is_not_one(tmp_path):
     path.write_text("[]")
     with pytest.raises(ManifestProblem, match="not a llamabatch run manifest"):
         read_manifest(str(path))
+
+
+def test_resume_of_an_output_with_no_record_yet_needs_no_manifest(tmp_path):
+    # a run killed while the model loaded leaves an empty OUTPUT and no manifest: nothing to mix
+    inp = write_lines(tmp_path / "in.jsonl", LINES)
+    out = tmp_path / "out.jsonl"
+    out.write_text("")
+    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert len(read_records(out)) == 3
+    assert read_manifest(manifest_path(str(out)))["history"][0]["event"] == "resume"

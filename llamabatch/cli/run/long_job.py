@@ -20,7 +20,7 @@ from .ids import Answered
 from .manifest import ManifestProblem, manifest_path, read_manifest, write_manifest
 from .model_hash import model_sha256
 from .output_lock import OutputLock, OutputLocked
-from .retry import RetryAnswered, journal_path, merge_journal, retryable_ids
+from .retry import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
 from . import run_record
 
 OVERRIDE_FLAG = "--allow-changed-settings"
@@ -66,8 +66,10 @@ class LongJob:
             self.lock.acquire()
         except OutputLocked as exc:
             raise fail(str(exc), EXIT_ERROR) from None
-        except OSError as exc:
-            raise fail(f"cannot lock OUTPUT {self.output}: {exc.strerror or exc}", EXIT_ERROR) from None
+        except OSError:
+            # no folder, or one we may not write: opening OUTPUT says so in its own words next
+            self.lock = None
+            return
         if not self.resume:
             return
         try:
@@ -84,6 +86,8 @@ class LongJob:
         return fingerprint(self.resolved, model_sha256(self.resolved.engine.model or ""), self.system)
 
     def _check_fingerprint(self) -> None:
+        if not any(_has_records(p) for p in (self.output, self.error_file)):
+            return  # nothing written yet (killed while the model loaded): nothing to mix, a new manifest
         path = manifest_path(self.output)
         now = self._fingerprint()
         try:
@@ -203,3 +207,7 @@ class LongJob:
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+
+def _has_records(path: str | None) -> bool:
+    return bool(path) and next(whole_records(path), None) is not None
