@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cli_harness import invoke, runner_for
-from test_run_cli import FAST, llamabatch_run, read_records, the_id, write_lines
+from test_run_cli import FAST, llamabatch_run, read_records, real_run, slow_lines, the_id, wait_for_lines, write_lines
 
 from llamabatch.cli.run import model_hash
 from llamabatch.cli.run.fingerprint import changes
@@ -25,7 +25,9 @@ from llamabatch.cli.run.retry import RETRYABLE, journal_path, merge_journal
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
+def private_cache(tmp_path, monkeypatch, request):
+    if request.node.get_closest_marker("model"):
+        return  # the real model, its real cache
     # the calibration and model-hash caches of these tests are their own
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path / "cache"))
     # the fake runner stands in for a model file of its own: the bundled one would be assembled
@@ -114,11 +116,16 @@ def test_allow_changed_settings_resumes_and_records_the_change(tmp_path):
     assert m["counts"]["records"] == 4
 
 
-def test_a_timeout_change_is_not_a_settings_change(tmp_path, monkeypatch):
+def test_a_timeout_change_is_not_a_settings_change(tmp_path):
     inp, out = first_run(tmp_path)
-    monkeypatch.setenv("LLAMABATCH_TIMEOUT", "30")
-    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume")
-    assert proc.returncode == 0, proc.stderr
+    config = tmp_path / "t.toml"
+    config.write_text("[sampling]\ntimeout = 30\n")
+    proc = invoke(["--config", str(config), "run", str(inp), "-o", str(out), *FAST, "--resume"], runner=runner_for())
+    assert proc.exit_code == 0, proc.stderr
+    assert read_manifest(manifest_path(str(out)))["sampling"]["timeout"] == 30  # this invocation's settings
+    proc = invoke(["--config", str(config), "run", str(inp), "-o", str(out), *FAST, "--resume", "--top-k", "3"],
+                  runner=runner_for())
+    assert proc.exit_code == 2 and "sampling.top_k: 40 → 3" in proc.stderr and "sampling.timeout" not in proc.stderr
 
 
 @pytest.mark.parametrize("damage, said", [
@@ -413,3 +420,46 @@ def test_resume_of_an_output_with_no_record_yet_needs_no_manifest(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert len(read_records(out)) == 3
     assert read_manifest(manifest_path(str(out)))["history"][0]["event"] == "resume"
+
+
+# -- the bundled model, end to end ------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_kill_9_during_retry_failed_loses_nothing_and_never_doubles_an_id(tmp_path, model_path, monkeypatch):
+    monkeypatch.delenv("LLAMABATCH_MODEL", raising=False)
+    lines = slow_lines(8, max_tokens=8)
+    inp = write_lines(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    args = [str(inp), "-o", str(out), *FAST, "--order", "completion", "-q"]
+    # the first run: a default timeout no line can meet, so every line gets a retryable error
+    config = tmp_path / "timeout.toml"
+    config.write_text("[sampling]\ntimeout = 0.001\n")
+    first = subprocess.run([sys.executable, "-m", "llamabatch", "--config", str(config), "run", *args],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert {r["error"]["code"] for r in read_records(out)} == {"timeout"} and len(read_records(out)) == 8
+    before = out.read_bytes()
+    # the retry, killed once its journal holds an answer
+    journal = Path(journal_path(str(out)))
+    proc = subprocess.Popen([sys.executable, "-m", "llamabatch", "run", *args, "--resume", "--retry-failed"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        got = wait_for_lines(journal, 1, proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    assert got < 8, "the retry finished before it could be killed"
+    assert out.read_bytes() == before  # OUTPUT untouched: every id still has its one record
+    assert journal.exists()
+    # the next retry merges what the killed one answered, then retries the rest
+    final = real_run(*args, "--resume", "--retry-failed")
+    assert final.returncode == 0, final.stderr
+    assert "finished an interrupted --retry-failed" in final.stderr
+    records = read_records(out)
+    assert sorted(r["id"] for r in records) == sorted(line["id"] for line in lines) and len(records) == 8
+    assert all(r["error"] is None and r["usage"]["completion_tokens"] == 8 for r in records)
+    assert not journal.exists()
+    m = read_manifest(manifest_path(str(out)))
+    assert [h["event"] for h in m["history"]] == ["start", "retry-failed", "retry-failed"]
+    assert m["status"] == "finished" and m["counts"]["error_code"] == {}

@@ -160,8 +160,18 @@ class LongJob:
                                                                      model_sha256(model_path or "")),
                 input_path=self.input_path, output=self.output, error_file=self.error_file,
                 fingerprint=self._fingerprint(), system=self.system)
-        elif self.changed or self.overridden:
-            self.manifest["fingerprint"] = self._fingerprint()  # what the file holds from now on
+        else:
+            # the settings of this invocation from now on (a timeout may change freely; a change in the
+            # fingerprint got here only with --allow-changed-settings, and the history says so)
+            fresh = run_record.new_manifest(
+                resolved=self.resolved, model=self.manifest.get("model") or {}, input_path=self.input_path,
+                output=self.output, error_file=self.error_file, fingerprint=self._fingerprint(), system=self.system)
+            for key in run_record.SETTINGS_KEYS:
+                self.manifest[key] = fresh[key]
+            if self.changed or self.overridden:
+                model_path = self.resolved.engine.model
+                self.manifest["model"] = run_record.model_facts(model_path, model_name,
+                                                                model_sha256(model_path or ""))
         event = "retry-failed" if self.retry_failed else "resume" if self.resume else "start"
         self.entry = run_record.start_event(self.manifest, event, self.argv, self.changed, self.overridden)
         self._write()

@@ -25,6 +25,9 @@ from .model_hash import sha256_file
 from .retry import whole_records
 
 FIRST_MB = 1 << 20
+# what a resume sets anew: the settings of its own invocation (the history keeps what changed)
+SETTINGS_KEYS = ("llamabatch", "llama_cpp_python", "llama_cpp", "engine", "sampling", "setting_sources",
+                 "chat_template", "system", "deterministic", "fingerprint", "input", "output")
 
 
 def input_facts(path: str) -> dict[str, Any]:
