@@ -463,3 +463,17 @@ def test_kill_9_during_retry_failed_loses_nothing_and_never_doubles_an_id(tmp_pa
     m = read_manifest(manifest_path(str(out)))
     assert [h["event"] for h in m["history"]] == ["start", "retry-failed", "retry-failed"]
     assert m["status"] == "finished" and m["counts"]["error_code"] == {}
+
+
+def test_json_without_dry_run_is_a_usage_error(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", LINES)
+    proc = llamabatch_run(str(inp), *FAST, "--json")
+    assert proc.returncode == 2 and "--json goes with --dry-run" in proc.stderr
+
+
+def test_dry_run_resume_refuses_a_fifo_without_opening_it(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", LINES)
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    proc = llamabatch_run(str(inp), "-o", str(fifo), *FAST, "--dry-run", "--resume")
+    assert proc.returncode == 2 and "FIFO" in proc.stderr

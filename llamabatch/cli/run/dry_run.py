@@ -20,10 +20,10 @@ from typing import Any
 
 from ...errors import LlamaBatchError
 from .. import env as cli_env
-from ..common import EXIT_ERROR, EXIT_OK, fail, open_engine, out
+from ..common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail, open_engine, out
 from ..options import Resolved
 from .estimate import LengthStats, PrefixReuse, RECENT, eta, planned_slots, slot_ctx
-from .files import RunFileError, _count_nonblank, open_input
+from .files import RunFileError, _count_nonblank, open_input, stream_kind
 from .formats import LineError, LineParser, duplicate_id_error, record_id
 from .ids import Answered, IdSet, id_key
 from .retry import is_retryable, journal_path, whole_records
@@ -77,7 +77,10 @@ def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, out
                     resume: bool, retry_failed: bool, error_file: str | None, as_json: bool) -> int:
     env = cli_env.current()
     if resume and output in (None, "-"):
-        raise fail("--dry-run --resume reads OUTPUT back: give it with -o FILE", 2)
+        raise fail("--dry-run --resume reads OUTPUT back: give it with -o FILE", EXIT_USAGE)
+    for path in (output, error_file) if resume else ():
+        if path not in (None, "-") and stream_kind(path) is not None:  # reading a FIFO would wait for a writer
+            raise fail(f"cannot resume: {path} is {stream_kind(path)}, not a regular file", EXIT_USAGE)
     try:
         source = open_input(input_path, env.stdin)
     except RunFileError as exc:
