@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from ...errors import LlamaBatchError
-from .. import env as cli_env
-from ..common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail, open_engine, out
+from ..common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
 from ..options import Resolved
 from .estimate import LengthStats, PrefixReuse, RECENT, eta, planned_slots, slot_ctx
 from .files import RunFileError, _count_nonblank, open_input, stream_kind
@@ -74,15 +73,16 @@ class _OutputSide:
 
 
 def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, output: str | None, *,
-                    resume: bool, retry_failed: bool, error_file: str | None, as_json: bool) -> int:
-    env = cli_env.current()
+                    resume: bool, retry_failed: bool, error_file: str | None, as_json: bool, stdin: Any,
+                    write: Callable[[str], None], open_tokenizer: Callable[[Resolved], Any]) -> int:
+    """`write` prints a line on stdout; `open_tokenizer(resolved)` builds an in-process engine."""
     if resume and output in (None, "-"):
         raise fail("--dry-run --resume reads OUTPUT back: give it with -o FILE", EXIT_USAGE)
     for path in (output, error_file) if resume else ():
         if path not in (None, "-") and stream_kind(path) is not None:  # reading a FIFO would wait for a writer
             raise fail(f"cannot resume: {path} is {stream_kind(path)}, not a regular file", EXIT_USAGE)
     try:
-        source = open_input(input_path, env.stdin)
+        source = open_input(input_path, stdin)
     except RunFileError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
     side = _OutputSide([p for p in (output, error_file) if p]) if resume else None
@@ -91,7 +91,7 @@ def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, out
     slots, measured, at = planned_slots(config, config.model or "", lines)
     ctx = slot_ctx(config, slots)
     tokenizer = resolved.engine.replace(n_parallel=1, n_ctx=TOKENIZER_CTX)
-    engine = open_engine(Resolved(tokenizer, resolved.sampling, resolved.sources), isolated=False)
+    engine = open_tokenizer(Resolved(tokenizer, resolved.sampling, resolved.sources))
     try:
         report = _scan(engine, parser, source, side, retry_failed, ctx, slots,
                        config.cache_prompt and not config.deterministic)
@@ -107,10 +107,10 @@ def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, out
         journal = journal_path(output)
         report["resume"]["pending_retry_merge"] = os.path.exists(journal)
     if as_json:
-        out(json.dumps(report, ensure_ascii=False))
+        write(json.dumps(report, ensure_ascii=False))
     else:
         for line in _human(report):
-            out(line)
+            write(line)
     return EXIT_OK
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from .. import env as cli_env
-from ..common import EXIT_ERROR, fail, out
+from ..common import EXIT_ERROR, fail
 from .manifest import ManifestProblem, manifest_path, read_manifest, SUFFIX
 
 
@@ -18,13 +18,17 @@ def report_command(
     as_json: bool = typer.Option(False, "--json", help="The manifest as JSON on stdout."),
 ) -> None:
     """Show what produced OUTPUT: model, settings, versions, counts, speed (its run manifest)."""
+    show_report(output, as_json, cli_env.current().stdout)
+
+
+def show_report(output: str, as_json: bool, stdout: Any) -> None:
     path = output if output.endswith(SUFFIX) else manifest_path(output)
     try:
         manifest = read_manifest(path)
     except ManifestProblem as exc:
         raise fail(str(exc), EXIT_ERROR) from None
     if as_json:
-        out(json.dumps(manifest, ensure_ascii=False, indent=2))
+        print(json.dumps(manifest, ensure_ascii=False, indent=2), file=stdout, flush=True)
         return
     from rich.console import Console
     from rich.table import Table
@@ -34,7 +38,7 @@ def report_command(
     table.add_column("value", overflow="fold")
     for key, value in rows(manifest):
         table.add_row(key, value)
-    Console(file=cli_env.current().stdout, highlight=False, width=120).print(table)
+    Console(file=stdout, highlight=False, width=120).print(table)
 
 
 def _fmt(value: Any) -> str:
