@@ -477,3 +477,15 @@ def test_dry_run_resume_refuses_a_fifo_without_opening_it(tmp_path):
     os.mkfifo(fifo)
     proc = llamabatch_run(str(inp), "-o", str(fifo), *FAST, "--dry-run", "--resume")
     assert proc.returncode == 2 and "FIFO" in proc.stderr
+
+
+def test_a_resume_reports_records_that_answer_no_input_line(tmp_path):
+    inp, out = first_run(tmp_path)
+    with out.open("a") as f:
+        f.write(json.dumps({"id": "stray", "text": "x", "finish_reason": "stop", "usage": None, "timings": None,
+                            "seed": 1, "error": None}) + "\n")
+    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert '1 record(s) in ' in proc.stderr and 'answer no INPUT line (ids "stray")' in proc.stderr
+    assert read_manifest(manifest_path(str(out)))["not_in_input"] == 1
+    assert len(read_records(out)) == 4  # reported, not removed: the file is the user's

@@ -26,6 +26,7 @@ from .files import RunFileError, _count_nonblank, open_input, stream_kind
 from .formats import LineError, LineParser, duplicate_id_error, record_id
 from .ids import Answered, IdSet, id_key
 from .retry import is_retryable, journal_path, whole_records
+from .run_record import not_in_input
 
 SHOWN_ERRORS = 5
 SHOWN_FOREIGN = 5
@@ -58,19 +59,6 @@ class _OutputSide:
                                   if isinstance(record.get("error"), dict) else None)
                 if is_retryable(record):
                     self.retryable.add(line_id)
-
-    def foreign(self, input_ids: IdSet) -> tuple[int, list]:
-        """OUTPUT ids no INPUT line has (a second pass over OUTPUT, constant memory)."""
-        count, shown = 0, []
-        for path in self.paths:
-            for _raw, record in whole_records(path):
-                line_id = record_id(record)
-                if line_id is not None and line_id not in input_ids:
-                    count += 1
-                    if len(shown) < SHOWN_FOREIGN:
-                        shown.append(line_id)
-        return count, shown
-
 
 def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, output: str | None, *,
                     resume: bool, retry_failed: bool, error_file: str | None, as_json: bool, stdin: Any,
@@ -168,7 +156,7 @@ def _scan(engine: Any, parser: LineParser, source, side: _OutputSide | None, ret
         "max_output_tokens": output_tokens,
     }
     if side is not None:
-        foreign, shown = side.foreign(seen)
+        foreign, shown = not_in_input(seen, *side.paths, shown=SHOWN_FOREIGN)
         report["resume"] = {"already_answered": answered, "retried": retried, "records": side.answered.records,
                             "not_in_input": foreign, "not_in_input_ids": shown}
     return report

@@ -8,6 +8,7 @@ then `end` (always, once the loop is over).
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -22,6 +23,7 @@ from .model_hash import model_sha256
 from .output_lock import OutputLock, OutputLocked
 from .retry import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
 from . import run_record
+from .run_record import not_in_input
 
 OVERRIDE_FLAG = "--allow-changed-settings"
 
@@ -183,8 +185,10 @@ class LongJob:
 
     # -- the loop is over --------------------------------------------------------------
 
-    def end(self, *, complete: bool, wall_s: float, written: int, generated: int, ray: str | None) -> None:
-        """Close the extra files, merge the retry journal, write the manifest's end."""
+    def end(self, *, complete: bool, wall_s: float, written: int, generated: int, ray: str | None,
+            input_ids=None) -> None:
+        """Close the extra files, merge the retry journal, write the manifest's end. `input_ids`:
+        every INPUT line's id (INPUT read to the end), to report records that answer none."""
         for s in (self.errors, self.journal):
             if s is not None:
                 s.close()
@@ -198,7 +202,15 @@ class LongJob:
             if merged is not None:
                 n = self.retry_count
                 self.say(f"llamabatch run: retried {n} line(s); {merged.replaced} record(s) replaced in place")
+        foreign = None
+        if self.on_file and complete and input_ids is not None:
+            foreign, shown = not_in_input(input_ids, self.output, self.error_file)
+            if foreign:
+                self.say(f"llamabatch run: {foreign} record(s) in {self.output} answer no INPUT line (ids "
+                         + ", ".join(json.dumps(i) for i in shown) + (", ..." if foreign > len(shown) else "")
+                         + "): kept as they are; a different INPUT?")
         if self.manifest is not None and self.entry is not None:
+            self.manifest["not_in_input"] = foreign
             run_record.finish(self.manifest, self.entry, status="finished" if complete else "stopped",
                               wall_s=wall_s, generated=generated, written=written, output=self.output,
                               error_file=self.error_file, input_path=self.input_path, ray=ray)

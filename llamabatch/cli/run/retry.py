@@ -21,9 +21,8 @@ like OUTPUT. When the run ends (finished or stopped) the journal is merged:
   successes the journal holds that OUTPUT lacks are appended to OUTPUT; then the journal
   is removed.
 The merge is idempotent: a journal record replaces only a record that is still a
-retryable error, and is appended only where its id has no record. Every run on OUTPUT
-(with --resume, or --dry-run --resume to look) first finishes a merge a kill left
-undone, so a kill -9 at any point loses no answer (it is in OUTPUT, the error file or the
+retryable error, and is appended only where its id has no record. Every --resume on OUTPUT
+first finishes a merge a kill left undone (--dry-run --resume only reports it), so a kill -9 at any point loses no answer (it is in OUTPUT, the error file or the
 journal) and no id ever has two records in OUTPUT and the error file together (between
 the error-file rename and the append a success is only in the journal).
 """

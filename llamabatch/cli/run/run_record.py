@@ -19,7 +19,7 @@ from ...llama.machine_verdicts import llama_cpp_version
 from ..options import Resolved
 from .files import _count_nonblank
 from .fingerprint import json_safe, template_identity
-from .formats import record_error_code
+from .formats import record_error_code, record_id
 from .manifest import FORMAT, VERSION, now_iso
 from .model_hash import sha256_file
 from .retry import whole_records
@@ -140,6 +140,20 @@ def _reason_and_usage(record: dict[str, Any]) -> tuple[str | None, Any]:
             return choices[0].get("finish_reason"), body.get("usage")
         return None, None
     return record.get("finish_reason"), record.get("usage")
+
+
+def not_in_input(input_ids: Any, *paths: str | None, shown: int = 5) -> tuple[int, list]:
+    """How many records in `paths` answer an id no INPUT line has, and the first few ids."""
+    count, first = 0, []
+    for path in paths:
+        if path:
+            for _raw, record in whole_records(path):
+                line_id = record_id(record)
+                if line_id is not None and line_id not in input_ids:
+                    count += 1
+                    if len(first) < shown:
+                        first.append(line_id)
+    return count, first
 
 
 def finish(manifest: dict[str, Any], entry: dict[str, Any], *, status: str, wall_s: float, generated: int,
