@@ -13,6 +13,7 @@ are reported (a resume never silently keeps them).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -79,7 +80,7 @@ def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, out
     slots, measured, at = planned_slots(config, config.model or "", lines)
     ctx = slot_ctx(config, slots)
     tokenizer = resolved.engine.replace(n_parallel=1, n_ctx=TOKENIZER_CTX)
-    engine = open_tokenizer(Resolved(tokenizer, resolved.sampling, resolved.sources))
+    engine = open_tokenizer(dataclasses.replace(resolved, engine=tokenizer))
     try:
         report = _scan(engine, parser, source, side, retry_failed, ctx, slots,
                        config.cache_prompt and not config.deterministic)
