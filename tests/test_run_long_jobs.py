@@ -489,3 +489,19 @@ def test_a_resume_reports_records_that_answer_no_input_line(tmp_path):
     assert '1 record(s) in ' in proc.stderr and 'answer no INPUT line (ids "stray")' in proc.stderr
     assert read_manifest(manifest_path(str(out)))["not_in_input"] == 1
     assert len(read_records(out)) == 4  # reported, not removed: the file is the user's
+
+
+def test_no_record_is_written_when_the_manifest_cannot_be(tmp_path, monkeypatch):
+    from llamabatch.cli.run import long_job
+
+    def full(path, manifest):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(long_job, "write_manifest", full)
+    inp = write_lines(tmp_path / "in.jsonl", LINES)
+    out = tmp_path / "out.jsonl"
+    proc = llamabatch_run(str(inp), "-o", str(out), *FAST)
+    assert proc.returncode == 1
+    assert "cannot write the manifest" in proc.stderr and "No space left on device; nothing was run" in proc.stderr
+    assert out.read_text() == ""
+    assert not (tmp_path / "out.jsonl.lock").exists()

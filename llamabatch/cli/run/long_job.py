@@ -153,6 +153,7 @@ class LongJob:
     # -- the model loaded ---------------------------------------------------------------
 
     def begin(self, model_name: str) -> None:
+        """Write the manifest's start (before any record). Raises CliError when it cannot be written."""
         if not self.on_file:
             return
         if self.manifest is None:
@@ -176,7 +177,12 @@ class LongJob:
                                                                 model_sha256(model_path or ""))
         event = "retry-failed" if self.retry_failed else "resume" if self.resume else "start"
         self.entry = run_record.start_event(self.manifest, event, self.argv, self.changed, self.overridden)
-        self._write()
+        try:
+            write_manifest(manifest_path(self.output), self.manifest)
+        except OSError as exc:
+            # no record is written without a manifest: a resume could not check what wrote them
+            raise fail(f"cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}; "
+                       "nothing was run", EXIT_ERROR) from None
 
     def routes(self, sink: Sink) -> Routes | None:
         if self.errors is None and self.journal is None:
