@@ -7,18 +7,19 @@ from typing import Any
 
 import typer
 
-from .. import env as cli_env
+from ..options import environment_of
 from ..common import EXIT_ERROR, fail
 from .manifest import ManifestProblem, manifest_path, read_manifest, SUFFIX
 
 
 def report_command(
+    ctx: typer.Context,
     output: str = typer.Argument(..., metavar="OUTPUT", show_default=False,
                                  help="A results file of `llamabatch run` (or its .manifest.json)."),
     as_json: bool = typer.Option(False, "--json", help="The manifest as JSON on stdout."),
 ) -> None:
     """Show what produced OUTPUT: model, settings, versions, counts, speed (its run manifest)."""
-    show_report(output, as_json, cli_env.current().stdout)
+    show_report(output, as_json, environment_of(ctx).stdout)
 
 
 def show_report(output: str, as_json: bool, stdout: Any) -> None:
