@@ -25,7 +25,7 @@ from ..options import Resolved
 from .estimate import LengthStats, PrefixReuse, RECENT, eta, planned_slots, slot_ctx
 from .files import RunFileError, _count_nonblank, open_input, stream_kind
 from .formats import LineError, LineParser, duplicate_id_error, record_id
-from .ids import Answered, IdSet, id_key
+from .ids import Answered, IdSet
 from .retry import is_retryable, journal_path, whole_records
 from .run_record import not_in_input
 

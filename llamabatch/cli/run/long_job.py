@@ -17,7 +17,6 @@ from ..options import Resolved
 from .error_file import Routes, open_error_file
 from .files import RunFileError, Sink, open_output, read_back, stream_kind
 from .fingerprint import changes, fingerprint
-from .ids import Answered
 from .manifest import ManifestProblem, manifest_path, read_manifest, write_manifest
 from .model_hash import model_sha256
 from .output_lock import OutputLock, OutputLocked
