@@ -134,7 +134,7 @@ def _scan(engine: Any, parser: LineParser, source, side: _OutputSide | None, ret
                     item = LineError(line_no, item.id, "context_overflow",
                                      f"line {line_no}: prompt has {len(tokens)} tokens but a slot holds {ctx}")
             except LlamaBatchError as exc:
-                item = LineError(line_no, item.id, getattr(exc, "code", "invalid_request"), f"line {line_no}: {exc}")
+                item = LineError(line_no, item.id, exc.code, f"line {line_no}: {exc}")
             except Exception as exc:  # a template that fails on this line's messages: this line's error
                 item = LineError(line_no, item.id, "invalid_request", f"line {line_no}: {type(exc).__name__}: {exc}")
         if isinstance(item, LineError):
