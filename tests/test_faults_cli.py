@@ -82,18 +82,20 @@ def test_kill_9_at_random_moments_then_resume_loses_and_repeats_nothing(tmp_path
 
 def test_file_size_limit_mid_run_names_output_and_resume_finishes(tmp_path):
     inp = tmp_path / "in.jsonl"
-    lines = write_input(inp, 12)
+    lines = write_input(inp, 12, pad=500)
     out = tmp_path / "out.jsonl"
-    args = [str(inp), "-o", str(out), *DETERMINISTIC, "-q"]
+    args = [str(inp), "-o", str(out), *DETERMINISTIC, "-q", "--echo"]
 
-    def limit_file_size() -> None:  # what a full disk or a quota does to write(2), after ~5 records
-        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+    # what a full disk or a quota does to write(2), after ~8 records (of ~750 bytes with --echo);
+    # the run manifest (~5 KB, written before any record) still fits
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
 
     proc = subprocess.run(command(*args), capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
     assert proc.returncode == 1
     assert f"llamabatch: error: cannot write OUTPUT {out}: File too large" in proc.stderr
     assert "Traceback" not in proc.stderr and "Resume with:" in proc.stderr
-    assert 0 < out.stat().st_size <= 2000
+    assert 0 < out.stat().st_size <= 6000
     resumed = subprocess.run(command(*args, "--resume"), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     ids = [r["id"] for r in records_of(out)]

@@ -303,7 +303,8 @@ def test_resume_cuts_a_torn_last_line_and_respects_duplicates(tmp_path):
     b = {"id": "b", "text": " hand-written", "finish_reason": "stop", "usage": None, "timings": None, "seed": 1,
          "error": None}
     out.write_text(json.dumps(dup) + "\n" + json.dumps(b) + "\n" + '{"id": "c", "text": " torn re')
-    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume")
+    # written by hand: no manifest to check the settings against (test_run_long_jobs.py checks that)
+    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume", "--allow-changed-settings")
     assert proc.returncode == 0, proc.stderr
     assert "cut off a torn last line" in proc.stderr
     records = read_records(out)
@@ -316,8 +317,8 @@ def test_resume_refuses_an_output_with_a_broken_middle_line(tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", ["hi"])
     out = tmp_path / "out.jsonl"
     out.write_text('{"id": 1, "text": "ok"}\nnot json\n{"id": 2}\n')
-    proc = llamabatch_run(str(inp), "-o", str(out), "--resume", "--model", str(tmp_path / "nope.gguf"),
-                          real_engine=True)
+    proc = llamabatch_run(str(inp), "-o", str(out), "--resume", "--allow-changed-settings",
+                          "--model", str(tmp_path / "nope.gguf"), real_engine=True)
     assert proc.returncode == 1
     assert "line 2 is not valid JSON" in proc.stderr
     assert out.read_text() == '{"id": 1, "text": "ok"}\nnot json\n{"id": 2}\n'  # untouched

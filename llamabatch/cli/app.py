@@ -21,6 +21,7 @@ from .config.command import config_app
 from .env import Environment
 from .models.command import models_command
 from .run.command import run_command
+from .run.report import report_command
 from .run.on_ray import with_bare_ray_flag
 from .serve.command import serve_stdin
 
@@ -59,6 +60,7 @@ def root(
 
 
 app.command("run")(run_command)
+app.command("report")(report_command)
 app.command("serve-stdin")(serve_stdin)
 app.command("chat")(chat_command)
 app.command("bench")(bench_command)

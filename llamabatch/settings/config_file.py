@@ -74,6 +74,7 @@ COMMAND_RULES: dict[str, dict[str, Rule]] = {
         "max_inflight": _integer(1, "an integer >= 1"),
         "watchdog": _seconds("a number of seconds >= 0 (0 = off)"),
         "drain_timeout": _seconds(),
+        "error_file": _text("a path: failed lines' records go there instead of OUTPUT"),
     },
     "serve-stdin": {
         "max_queue": ENGINE_KEY_RULES["max_queue"],

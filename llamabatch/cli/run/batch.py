@@ -77,6 +77,11 @@ class BatchRun:
         return self._stopping
 
     @property
+    def seen_ids(self) -> IdSet:
+        """The ids of every INPUT line read (after a full read: INPUT's ids)."""
+        return self._seen
+
+    @property
     def finished(self) -> bool:
         # Once stopping, `admitted` can't grow (checked under the lock), so this is final
         # even while the reader still blocks on a slow stdin.

@@ -22,10 +22,11 @@ from ..env import Environment
 from ..options import SharedOptions, with_shared_options
 from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
-from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, read_back, refuse_resume_to_stream, stream_kind)
+from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, refuse_resume_to_stream, stream_kind)
 from .on_ray import import_ray_pool, open_pool
 from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
 from .writer import RecordWriter
+from .long_job import LongJob
 
 # Finished lines that may wait behind a slow one in --order input, per --max-inflight.
 REORDER_WINDOW_FACTOR = 8
@@ -65,6 +66,11 @@ class RunOptions:
     ray_cpus_per_worker: int | None = None
     ray_gpus_per_worker: float | None = None
     verify: int | None = None
+    dry_run: bool = False  # long jobs (docs/long-jobs.md)
+    as_json: bool = False
+    error_file: str | None = None
+    retry_failed: bool = False
+    allow_changed_settings: bool = False
 
 
 @dataclass
@@ -83,6 +89,8 @@ class RunJob:
     cluster: Any = None  # with --ray: the RayPool (also the engine)
     deterministic: bool = False
     drain_timeout: float | None = None
+    route: Any = None  # which file each record goes to (--error-file, --retry-failed: error_file.Routes)
+    on_end: Any = None  # called with (BatchRun, RecordWriter) once the files are closed (long_job.py)
 
 
 @with_shared_options
@@ -139,6 +147,25 @@ def run_command(
                                          help="After the run, re-run N randomly sampled lines one at a time and "
                                               "compare tokens (e.g. --verify 8); exit 1 if any differ. Meant for "
                                               "--deterministic."),
+    dry_run: bool = typer.Option(False, "--dry-run", rich_help_panel="Long jobs",
+                                 help="Read, check and tokenize every line and print what the run would "
+                                      "cost (tokens, an ETA from the auto calibration); generate nothing, "
+                                      "write no OUTPUT. With --resume: what is left to run."),
+    as_json: bool = typer.Option(False, "--json", rich_help_panel="Long jobs",
+                                 help="With --dry-run: the estimate as one JSON object on stdout."),
+    error_file: Optional[str] = typer.Option(None, "--error-file", metavar="PATH", show_default=False,
+                                             rich_help_panel="Long jobs",
+                                             help="Failed lines' records go to PATH instead of OUTPUT (the same "
+                                                  "shape; OpenAI's error file for OpenAI Batch lines)."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", rich_help_panel="Long jobs",
+                                      help="With --resume: run again the lines whose record is a retryable error "
+                                           "(timeout, engine_crashed, engine_unavailable, engine_error, "
+                                           "decode_error, queue_full, engine_closed); the new record replaces "
+                                           "the old one."),
+    allow_changed_settings: bool = typer.Option(False, "--allow-changed-settings", rich_help_panel="Long jobs",
+                                                help="Resume although the settings that change answers differ "
+                                                     "from the manifest's (or it is missing); the change is "
+                                                     "recorded in the manifest's history."),
     *,
     opts: SharedOptions,
     env: Environment,
@@ -162,7 +189,8 @@ def run_command(
                    fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
                    quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
                    ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
-                   verify=verify),
+                   verify=verify, dry_run=dry_run, as_json=as_json, error_file=error_file,
+                   retry_failed=retry_failed, allow_changed_settings=allow_changed_settings),
         opts, env)
 
 
@@ -182,19 +210,50 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
     if fmt == "auto":
         fmt = format_for_path(o.input_path)
     parser = LineParser(resolved.sampling, input_format=fmt, system=o.system, echo=o.echo)
+    error_file = o.error_file
+    if error_file is None:
+        from ...settings.file_layer import command_setting
 
+        error_file = command_setting("run", "error_file", None, env.config_path)
+    if o.as_json and not o.dry_run:
+        raise fail("--json goes with --dry-run (the records are JSON already; `llamabatch report OUTPUT --json` "
+                   "prints the manifest)", EXIT_USAGE)
+    if o.dry_run:
+        from .dry_run import dry_run_command
+
+        raise typer.Exit(dry_run_command(resolved, parser, o.input_path, o.output, resume=o.resume,
+                                         retry_failed=o.retry_failed, error_file=error_file, as_json=o.as_json,
+                                         stdin=env.stdin, write=env.out,
+                                         open_tokenizer=lambda r: open_engine(r, env, isolated=False)))
+    job = LongJob(resolved, o.input_path, o.output, error_file=error_file, resume=o.resume,
+                  retry_failed=o.retry_failed, allow_changed=o.allow_changed_settings, system=o.system,
+                  argv=env.argv, say=env.say)
+    try:
+        job.prepare()
+        _run_job(job, o, resolved, parser, bounds, ray_pool, env)
+    finally:
+        job.release()
+
+
+def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, ray_pool, env: Environment) -> None:
     # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
     try:
         source = open_input(o.input_path, env.stdin)
         sink = open_output(o.output, o.input_path, env.stdout)
     except RunFileError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
+    try:
+        job.open_files()
+    except BaseException:
+        sink.discard()
+        raise
     answered = None
     if o.resume:
         try:
-            answered, torn = read_back(sink)
+            answered, torn = job.read_back(sink)
         except RunFileError as exc:
             sink.discard()
+            job.discard()
             raise fail(str(exc), EXIT_ERROR) from None
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
         # auto never opens more slots than lines (locally, and on each Ray worker)
@@ -208,6 +267,7 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
                                          max_slots=lines, watchdog_s=bounds.watchdog_s, debug=env.debug)
     except BaseException:
         sink.discard()
+        job.discard()
         raise
     # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
     inflight = o.max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
@@ -220,12 +280,26 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
         if not o.resume:
             try:
                 sink.start_fresh()
+                job.start_fresh()
             except RunFileError as exc:
                 raise fail(str(exc), EXIT_ERROR) from None
+        try:
+            job.begin(engine.model_name)
+        except BaseException:
+            sink.close()
+            job.discard()
+            raise
+
+        def ended(run: BatchRun, writer: RecordWriter) -> None:
+            complete = not run.stopping and run.read_error is None and writer.error is None
+            job.end(complete=complete, wall_s=run.elapsed(), written=writer.stats.written,
+                    generated=writer.stats.completion_tokens, ray=cluster.describe() if cluster else None,
+                    input_ids=run.seen_ids if complete else None)
+
         code = _run(engine, RunJob(parser=parser, source=source, sink=sink, reporter=reporter, options=o,
                                    inflight=inflight, argv=env.argv, answered=answered, cluster=cluster,
                                    deterministic=resolved.engine.deterministic,
-                                   drain_timeout=bounds.drain_timeout_s))
+                                   drain_timeout=bounds.drain_timeout_s, route=job.routes(sink), on_end=ended))
     finally:
         engine.close()
         source.close()
@@ -254,7 +328,7 @@ def _run(engine, job: RunJob) -> int:
     reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
     resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
     window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
-    writer = RecordWriter(sink, engine.model_name, order, window, deterministic=deterministic)
+    writer = RecordWriter(sink, engine.model_name, order, window, deterministic=deterministic, route=job.route)
     reservoir = Reservoir(job.options.verify) if job.options.verify else None
     run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=job.answered,
                    on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))
@@ -269,6 +343,8 @@ def _run(engine, job: RunJob) -> int:
         reporter.close()
         writer.close()
         sink.close()
+        if job.on_end is not None:  # the manifest's end, the --retry-failed merge (long_job.py)
+            job.on_end(run, writer)
     _summary(reporter, run, writer, restarts_told=cluster is not None)  # the pool tells its workers' restarts
     if cluster is not None:
         for line in cluster.summary_lines():

@@ -252,10 +252,11 @@ def _stdout_sink() -> Sink:
     return sink
 
 
-def read_back(sink: Sink) -> tuple[Answered, int]:
+def read_back(sink: Sink, answered: Answered | None = None) -> tuple[Answered, int]:
     """Read OUTPUT for --resume: the ids it answers, and how many bytes of a torn last line
-    (a write cut short by a kill) were cut off so the next record starts on a fresh line."""
-    answered = Answered()
+    (a write cut short by a kill) were cut off so the next record starts on a fresh line.
+    `answered`: add to these (OUTPUT's, when reading the --error-file back)."""
+    answered = answered if answered is not None else Answered()
     f = sink.stream
     try:
         regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .formats import LineError, LineRequest, build_record, failed
 from ...results import Result
@@ -46,10 +46,14 @@ class RecordWriter:
     """
 
     def __init__(self, sink: Sink, model: str, order: str, window: threading.Semaphore, sync_every: float = 2.0,
-                 deterministic: bool = False):
+                 deterministic: bool = False,
+                 route: Callable[[LineRequest | LineError, Result], Sink] | None = None):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.sink = sink
+        # where each record goes when not all go to `sink` (--error-file, --retry-failed: records.py)
+        self.route = route
+        self._sinks = {sink}  # every sink written to, for fsync
         self.model = model
         self.deterministic = deterministic  # every record says so, bad lines included
         self.in_order = order == "input"
@@ -133,13 +137,15 @@ class RecordWriter:
             item = LineError(item.line_no, item.id, "internal_error", message, item.shape, item.url)  # no echo
             result = item.result()
             data = _encode(self._record(item, result))
+        sink = self.route(item, result) if self.route is not None else self.sink
+        self._sinks.add(sink)
         try:
-            self.sink.write_line(data + b"\n")
+            sink.write_line(data + b"\n")
         except OSError as exc:
-            self.error = f"cannot write {self.sink.label}: {exc.strerror or exc}"
+            self.error = f"cannot write {sink.label}: {exc.strerror or exc}"
             return
         except ValueError as exc:  # closed stream
-            self.error = f"cannot write {self.sink.label}: {exc}"
+            self.error = f"cannot write {sink.label}: {exc}"
             return
         self._dirty = True
         s = self.stats
@@ -158,7 +164,8 @@ class RecordWriter:
 
     def _sync(self) -> None:
         if self._dirty:
-            self.sink.sync()
+            for sink in self._sinks:
+                sink.sync()
             self._dirty = False
         self._last_sync = time.monotonic()
 

@@ -1,0 +1,240 @@
+"""The long-job parts of one `llamabatch run` invocation, around the batch loop: the lock on
+OUTPUT, finishing a retry merge a kill left undone, the fingerprint check on --resume, the
+error file and the retry journal, and the manifest (docs/long-jobs.md).
+
+command.py calls these in order: `prepare` (before INPUT is read and the model loads),
+`read_back` (with --resume), `begin` (the model loaded), `routes`/`answered` for the loop,
+then `end` (always, once the loop is over).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..common import EXIT_ERROR, EXIT_USAGE, fail
+from ..options import Resolved
+from .error_file import Routes, open_error_file
+from .files import RunFileError, Sink, open_output, read_back, stream_kind
+from .fingerprint import changes, fingerprint
+from .manifest import ManifestProblem, manifest_path, read_manifest, write_manifest
+from .model_hash import model_sha256
+from .output_lock import OutputLock, OutputLocked
+from .retry import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
+from . import run_record
+from .run_record import not_in_input
+
+OVERRIDE_FLAG = "--allow-changed-settings"
+
+
+class LongJob:
+    def __init__(self, resolved: Resolved, input_path: str, output: str | None, *, error_file: str | None,
+                 resume: bool, retry_failed: bool, allow_changed: bool, system: str | None,
+                 argv: tuple[str, ...], say):
+        self.resolved = resolved
+        self.input_path = input_path
+        self.output = output
+        self.error_file = error_file
+        self.resume = resume
+        self.retry_failed = retry_failed
+        self.allow_changed = allow_changed
+        self.system = system
+        self.argv = argv
+        self.say = say
+        # a manifest, lock and journal only beside a regular OUTPUT file (not stdout, not a pipe)
+        self.on_file = output not in (None, "-") and stream_kind(output) is None
+        self.lock = OutputLock(output) if self.on_file else None
+        self.errors: Sink | None = None
+        self.journal: Sink | None = None
+        self.retry = None
+        self.retry_answered: RetryAnswered | None = None
+        self.manifest: dict[str, Any] | None = None
+        self.entry: dict[str, Any] | None = None
+        self.changed: list[str] | None = None
+        self.overridden: str | None = None
+
+    # -- before the model loads ----------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Lock OUTPUT, finish an interrupted merge, check the fingerprint. Raises CliError."""
+        if self.retry_failed and not self.resume:
+            raise fail("--retry-failed reruns failed lines of an earlier run: use it with --resume", EXIT_USAGE)
+        if self.error_file is not None and not self.on_file:
+            raise fail("--error-file needs OUTPUT to be a regular file (-o FILE)", EXIT_USAGE)
+        if self.lock is None:
+            return
+        try:
+            self.lock.acquire()
+        except OutputLocked as exc:
+            raise fail(str(exc), EXIT_ERROR) from None
+        except OSError:
+            # no folder, or one we may not write: opening OUTPUT says so in its own words next
+            self.lock = None
+            return
+        if not self.resume:
+            return
+        try:
+            merged = merge_journal(self.output, self.error_file)
+        except OSError as exc:
+            raise fail(f"cannot finish the interrupted retry merge of {journal_path(self.output)}: "
+                       f"{exc.strerror or exc}", EXIT_ERROR) from None
+        if merged is not None:
+            self.say(f"llamabatch run: finished an interrupted --retry-failed: {merged.replaced} record(s) "
+                     f"replaced, {merged.appended} added")
+        self._check_fingerprint()
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return fingerprint(self.resolved, model_sha256(self.resolved.engine.model or ""), self.system)
+
+    def _check_fingerprint(self) -> None:
+        if not any(_has_records(p) for p in (self.output, self.error_file)):
+            return  # nothing written yet (killed while the model loaded): nothing to mix, a new manifest
+        path = manifest_path(self.output)
+        now = self._fingerprint()
+        try:
+            self.manifest = read_manifest(path)
+        except ManifestProblem as exc:
+            if not self.allow_changed:
+                raise fail(f"cannot check the settings of this resume: {exc}; {OVERRIDE_FLAG} resumes "
+                           "anyway (and records that in a new manifest)", EXIT_USAGE) from None
+            self.overridden = str(exc)
+            self.manifest = None
+            return
+        changed = changes(self.manifest.get("fingerprint") or {}, now)
+        if changed and not self.allow_changed:
+            raise fail(f"cannot resume: the settings differ from the run that wrote {self.output}: "
+                       + "; ".join(changed) + f" ({OVERRIDE_FLAG} resumes anyway and records the change)",
+                       EXIT_USAGE)
+        if changed:
+            self.changed = changed
+
+    def open_files(self) -> None:
+        """The error file (checked before the model loads). Raises CliError."""
+        if self.error_file is None:
+            return
+        try:
+            self.errors = open_error_file(self.error_file, self.output, self.input_path)
+        except RunFileError as exc:
+            raise fail(str(exc), EXIT_ERROR) from None
+
+    def read_back(self, sink: Sink) -> tuple[Any, int]:
+        """--resume: what OUTPUT and the error file answer; with --retry-failed less the
+        retryable errors, and the journal opened for their new records."""
+        answered, torn = read_back(sink)
+        if self.errors is not None:
+            answered, torn_e = read_back(self.errors, answered)
+            torn += torn_e
+        if self.retry_failed:
+            self.retry = retryable_ids(self.output, self.error_file)
+            self.journal = open_output(journal_path(self.output), self.input_path)
+            self.journal.start_fresh()
+            self.retry_answered = RetryAnswered(answered, self.retry)
+            return self.retry_answered, torn
+        return answered, torn
+
+    def start_fresh(self) -> None:
+        """A run without --resume replaces OUTPUT: the error file and a stale journal go too."""
+        if self.errors is not None:
+            self.errors.start_fresh()
+        if self.on_file:
+            try:
+                os.remove(journal_path(self.output))
+            except FileNotFoundError:
+                pass
+
+    def discard(self) -> None:
+        """The run never started (the model failed to load)."""
+        for s in (self.errors, self.journal):
+            if s is not None:
+                s.discard()
+        self.release()
+
+    # -- the model loaded ---------------------------------------------------------------
+
+    def begin(self, model_name: str) -> None:
+        """Write the manifest's start (before any record). Raises CliError when it cannot be written."""
+        if not self.on_file:
+            return
+        if self.manifest is None:
+            model_path = self.resolved.engine.model
+            self.manifest = run_record.new_manifest(
+                resolved=self.resolved, model=run_record.model_facts(model_path, model_name,
+                                                                     model_sha256(model_path or "")),
+                input_path=self.input_path, output=self.output, error_file=self.error_file,
+                fingerprint=self._fingerprint(), system=self.system)
+        else:
+            # the settings of this invocation from now on (a timeout may change freely; a change in the
+            # fingerprint got here only with --allow-changed-settings, and the history says so)
+            fresh = run_record.new_manifest(
+                resolved=self.resolved, model=self.manifest.get("model") or {}, input_path=self.input_path,
+                output=self.output, error_file=self.error_file, fingerprint=self._fingerprint(), system=self.system)
+            for key in run_record.SETTINGS_KEYS:
+                self.manifest[key] = fresh[key]
+            if self.changed or self.overridden:
+                model_path = self.resolved.engine.model
+                self.manifest["model"] = run_record.model_facts(model_path, model_name,
+                                                                model_sha256(model_path or ""))
+        event = "retry-failed" if self.retry_failed else "resume" if self.resume else "start"
+        self.entry = run_record.start_event(self.manifest, event, self.argv, self.changed, self.overridden)
+        try:
+            write_manifest(manifest_path(self.output), self.manifest)
+        except OSError as exc:
+            # no record is written without a manifest: a resume could not check what wrote them
+            raise fail(f"cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}; "
+                       "nothing was run", EXIT_ERROR) from None
+
+    def routes(self, sink: Sink) -> Routes | None:
+        if self.errors is None and self.journal is None:
+            return None
+        return Routes(sink, self.errors, self.journal, self.retry)
+
+    # -- the loop is over --------------------------------------------------------------
+
+    def end(self, *, complete: bool, wall_s: float, written: int, generated: int, ray: str | None,
+            input_ids=None) -> None:
+        """Close the extra files, merge the retry journal, write the manifest's end. `input_ids`:
+        every INPUT line's id (INPUT read to the end), to report records that answer none."""
+        for s in (self.errors, self.journal):
+            if s is not None:
+                s.close()
+        if self.journal is not None:
+            try:
+                merged = merge_journal(self.output, self.error_file)
+            except OSError as exc:
+                self.say(f"llamabatch run: error: cannot merge the retried records: {exc.strerror or exc}; "
+                         "they are kept in " + journal_path(self.output) + " and merged by the next --resume")
+                merged = None
+            if merged is not None:
+                n = self.retry_count
+                self.say(f"llamabatch run: retried {n} line(s); {merged.replaced} record(s) replaced in place")
+        foreign = None
+        if self.on_file and complete and input_ids is not None:
+            foreign, shown = not_in_input(input_ids, self.output, self.error_file)
+            if foreign:
+                self.say(f"llamabatch run: {foreign} record(s) in {self.output} answer no INPUT line (ids "
+                         + ", ".join(json.dumps(i) for i in shown) + (", ..." if foreign > len(shown) else "")
+                         + "): kept as they are; a different INPUT?")
+        if self.manifest is not None and self.entry is not None:
+            self.manifest["not_in_input"] = foreign
+            run_record.finish(self.manifest, self.entry, status="finished" if complete else "stopped",
+                              wall_s=wall_s, generated=generated, written=written, output=self.output,
+                              error_file=self.error_file, input_path=self.input_path, ray=ray)
+            self._write()
+
+    @property
+    def retry_count(self) -> int:
+        return self.retry_answered.retried if self.retry_answered is not None else 0
+
+    def _write(self) -> None:
+        try:
+            write_manifest(manifest_path(self.output), self.manifest)
+        except OSError as exc:
+            self.say(f"llamabatch run: cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}")
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _has_records(path: str | None) -> bool:
+    return bool(path) and next(whole_records(path), None) is not None

@@ -1,0 +1,83 @@
+"""The sha256 of a model file, hashed once per file: a manifest names the model by content.
+
+A 5 GB GGUF takes seconds to hash, so the digest is kept in the cache folder keyed by the
+file's real path, size and mtime (ns): a file replaced or touched is hashed again, an
+unchanged one never is. The cache is best effort: when it cannot be read or written the
+file is simply hashed (the digest is never guessed).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+CACHE_FILE = "model_sha256.json"
+CHUNK = 4 << 20
+
+
+def _cache_path() -> Path:
+    from ...models.resolve import cache_dir
+
+    return cache_dir() / CACHE_FILE
+
+
+def file_key(path: str) -> str | None:
+    """realpath|size|mtime_ns: what must stay the same for a cached digest to hold."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return f"{real}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def sha256_file(path: str, *, limit: int | None = None) -> str:
+    """The hex sha256 of the file (of its first `limit` bytes when given). Raises OSError."""
+    digest = hashlib.sha256()
+    left = limit
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            block = f.read(CHUNK if left is None else min(CHUNK, left))
+            if not block:
+                break
+            digest.update(block)
+            if left is not None:
+                left -= len(block)
+    return digest.hexdigest()
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(_cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def model_sha256(path: str) -> str | None:
+    """The file's sha256, from the cache when its path, size and mtime still match; None when
+    the file cannot be read (a fake or missing model: the manifest then says null)."""
+    key = file_key(path)
+    if key is None:
+        return None
+    cached = _read_cache().get(key)
+    if isinstance(cached, str) and len(cached) == 64:
+        return cached
+    try:
+        digest = sha256_file(path)
+    except OSError:
+        return None
+    if file_key(path) != key:  # changed while hashed: do not cache a digest of a moving file
+        return digest
+    cache = _cache_path()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_cache()
+        data[key] = digest
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")  # several runs may write at once
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(cache)
+    except OSError:
+        pass
+    return digest
