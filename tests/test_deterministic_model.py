@@ -5,8 +5,7 @@ mid-run, and with another chunk size. `run --deterministic --verify` passes end 
 least 8 rows with logits, so running 8 requests alone costs as much as 8 slots' worth.)
 
 Each comparison runs once per CPU weight layout this machine can run (`cpu_path`: plain and
-CPU_REPACK on x86, AMX too where it runs), since the row rule is derived per kernel family, and
-on both model families (`family`: Gemma 3's Q4_K and SmolLM2's Q4_1 kernels, other shapes).
+CPU_REPACK on x86, AMX too where it runs), since the row rule is derived per kernel family.
 (Without the flag the same comparison is allowed to differ; nothing here asserts that it does.)
 """
 from __future__ import annotations
@@ -54,8 +53,8 @@ def together(e: Engine) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def alone(family, cpu_path) -> list[list[int]]:
-    with engine(family.path, cpu_path, 8) as e:
+def alone(model_path, cpu_path) -> list[list[int]]:
+    with engine(model_path, cpu_path, 8) as e:
         out = [e.generate([p], q)[0].token_ids for p, q in targets()]
     # the comparisons compare something: every target generates tokens (seeds 2000.. are
     # chosen so that none samples end-of-generation first; seed 1003 would, on prompt 3)
@@ -64,24 +63,24 @@ def alone(family, cpu_path) -> list[list[int]]:
 
 
 
-def test_eight_slots_same_tokens_as_alone(family, cpu_path, alone):
-    with engine(family.path, cpu_path, 8) as e:
+def test_eight_slots_same_tokens_as_alone(model_path, cpu_path, alone):
+    with engine(model_path, cpu_path, 8) as e:
         assert together(e) == alone
 
 
-def test_three_slots_same_tokens_as_alone(family, cpu_path, alone):
-    with engine(family.path, cpu_path, 3) as e:
+def test_three_slots_same_tokens_as_alone(model_path, cpu_path, alone):
+    with engine(model_path, cpu_path, 3) as e:
         assert together(e) == alone
 
 
-def test_other_chunk_size_same_tokens_as_alone(family, cpu_path, alone):
+def test_other_chunk_size_same_tokens_as_alone(model_path, cpu_path, alone):
     # chunks of 5 prompt tokens: every prompt is split differently from the 256-token chunks
-    with engine(family.path, cpu_path, 8, chunk_size=5) as e:
+    with engine(model_path, cpu_path, 8, chunk_size=5) as e:
         assert together(e) == alone
 
 
-def test_twenty_others_arriving_mid_run_change_nothing(family, cpu_path, alone):
-    with engine(family.path, cpu_path, 8) as e:
+def test_twenty_others_arriving_mid_run_change_nothing(model_path, cpu_path, alone):
+    with engine(model_path, cpu_path, 8) as e:
         started = threading.Event()
         handles = [e.submit(p, q, stream=False, callback=lambda h, ev: started.set()) for p, q in targets()]
         assert started.wait(120)  # a target has produced a token: the others arrive mid-run

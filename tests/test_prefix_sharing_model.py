@@ -60,10 +60,12 @@ def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(fa
     try:
         assert runner.can_fork
         # greedy: stateless, one chain serves both slots
-        base = runner.tokenize(long_prompt(), special=False)
+        # Gemma: past its window. SmolLM2 has none, and its Q4_1 prefill is slow here (no repacked
+        # or tinyBLAS kernel): a shorter shared part, still several prefill ticks
+        base = runner.tokenize(long_prompt(43 if family.sliding_window else 12), special=False)
         owner = base + runner.tokenize(" Fact 98: the number 98 is", special=False)[1:]
         suffix = runner.tokenize(" Fact 55: the number 55 is", special=False)[1:]
-        assert len(base) > 512  # past Gemma's window; SmolLM2 attends to all of it in every layer
+        assert len(base) > (family.sliding_window or 100)
         # reference: slot 1 evaluates the owner's prompt itself, keeps the base, adds the suffix
         evaluate(runner, sampler, 1, owner, 0)
         assert runner.keep_prefix(1, len(base)) == len(base)
@@ -86,7 +88,8 @@ def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(fa
 
 def test_engine_shares_a_prefix_across_slots_and_counts_it_as_cached(family):
     base = "You are a careful assistant. Answer with one word, yes or no. " * 6
-    params = SamplingParams(temperature=0, max_tokens=4)
+    # ignore_eos: SmolLM2, an instruct model, may end a raw (non-chat) prompt at once with <|im_end|>
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     with Engine(EngineConfig(model=family.path, n_parallel=3, n_ctx=3 * 256, threads=2)) as eng:
         n_base = len(eng.tokenize(base))
         with eng.hold():  # all start in the same tick: two wait for the first one's prefill
