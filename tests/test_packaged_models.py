@@ -148,10 +148,12 @@ def test_chat_takes_the_chat_tuned_default_only_when_no_layer_names_a_model(monk
     import llamabatch.models.stores as stores
 
     # the fake runner stands in for the model: only which file chat asked for matters here
-    monkeypatch.setattr(stores, "packaged_model_path", lambda name: f"/models/{name}.gguf")
+    packaged_file = tmp_path / "smollm2.gguf"
+    packaged_file.write_bytes(GGUF)
+    monkeypatch.setattr(stores, "packaged_model_path", lambda name: str(tmp_path / f"{name}.gguf"))
     out = chat([])
     assert out.exit_code == 0, out.stderr
-    assert out.engines[0].config.model == "/models/smollm2.gguf" and "llamabatch[instruct]" not in out.stderr
+    assert out.engines[0].config.model == str(packaged_file) and "llamabatch[instruct]" not in out.stderr
     mine = tmp_path / "mine.gguf"
     mine.write_bytes(GGUF)
     for args, env in (([], {"LLAMABATCH_MODEL": str(mine)}), (["-m", str(mine)], None)):

@@ -264,8 +264,11 @@ def resolve_chat_options(opts: SharedOptions, env: Environment):
         default = chat_default_model(lambda line: env.say(f"llamabatch: {line}"))
     if default is None:
         return resolve_options(opts, env)
-    # as if named by a flag, so that every layer below and the model's resolution stay settings'
-    return resolve_settings({**opts.values, "model": default}, opts.command, env.config_path)
+    # passed as the flag would be, so that the other layers and the model's resolution stay settings';
+    # the source then says where it really came from
+    resolved = resolve_settings({**opts.values, "model": default}, opts.command, env.config_path)
+    resolved.sources["model"] = "default (chat)"
+    return resolved
 
 
 def open_store() -> tuple[Store | None, str | None]:
