@@ -26,7 +26,7 @@ the same workload through `llamabatch bench`'s code (benchkit), at each B of --b
 It measures and prints; it never asserts on time. Usage:
 
   python benchmarks/vs_llama_server.py [--slots 8] [--threads 2] [--workloads a,b,c]
-      [--repeat 2] [--batched 1,4,8,16] [--bin DIR] [--model PATH] [--no-defaults] [--defaults-for a,b,c]
+      [--repeat 2] [--batched 1,4,8,16] [--bin DIR] [-m/--model PATH|smollm2] [--no-defaults] [--defaults-for a,b,c]
 """
 from __future__ import annotations
 
@@ -285,7 +285,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--batched", default="1,4,8,16", help="B levels for the S_TG comparison ('' = skip)")
     ap.add_argument("--bin", help="folder with llama-server and llama-batched-bench [default: build them]")
-    ap.add_argument("--model", help="GGUF model [default: the bundled Gemma 3 270M]")
+    ap.add_argument("-m", "--model", help="GGUF model or a -m name such as smollm2 [default: the bundled Gemma 3 270M]")
     ap.add_argument("--no-defaults", action="store_true", help="skip llama-server on its defaults and engine auto")
     ap.add_argument("--defaults-for", default="a,b,c",
                     help="workloads that also run llama-server on its defaults and engine auto [default: all]")

@@ -1,4 +1,5 @@
-"""Shared fixtures. Integration tests run the bundled Gemma 3 270M for real.
+"""Shared fixtures. Integration tests run the bundled Gemma 3 270M for real, and the tests of
+architecture-dependent engine paths also SmolLM2-135M-Instruct (`family`, below).
 
 Every test that needs the bundled model is marked `model`, so `python -m pytest -q -m "not
 model"` runs the fast suite (the scripted fake runner, no model). A test that uses one of
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import settings
@@ -30,9 +32,48 @@ def model_path() -> str:
     return resolve_model(None)
 
 
-# Fixtures that bring the bundled model: `model_path`, and test_models.py's `shared_cache`,
-# which assembles the 250 MB model into a fresh cache folder.
-MODEL_FIXTURES = {"model_path", "shared_cache"}
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct from the `instruct` extra (the README's test command installs it)."""
+    from llamabatch.models.resolve import resolve_model_ref
+
+    return resolve_model_ref("smollm2").path
+
+
+# -- two model families -----------------------------------------------------------------------
+# The tests of engine paths that depend on the architecture (sliding window or not, KV fork,
+# prefix reuse, vocabulary size for logprobs and grammars, kernel shapes of deterministic mode,
+# chat templates, auto slots) take `family` and run once on each: Gemma 3 270M base (gemma3,
+# Q4_K_M, 262k vocabulary, 512-token sliding window) and SmolLM2-135M-Instruct (llama, Q4_1,
+# 49k vocabulary, full attention, ChatML template in the GGUF). Module-scoped, so a module's
+# engine fixtures built on it load each model once.
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the test id
+    path: str
+    sliding_window: int | None  # tokens; None: full attention in every layer
+
+
+FAMILIES = {"gemma3": ("model_path", 512), "smollm2": ("smollm2_path", None)}
+
+
+@pytest.fixture(scope="module")
+def family(request) -> Family:
+    fixture, window = FAMILIES[request.param]
+    return Family(request.param, request.getfixturevalue(fixture), window)
+
+
+def _family_paths(paths: list[str]) -> list[tuple[str, str]]:
+    """(family, cpu_path) pairs. SmolLM2 skips "repack": llama.cpp has no repacked layout for
+    Q4_1 (nor for its tied Q8_0 embedding), so the loader leaves every tensor in the plain CPU
+    buffer and the repack path would run the very same kernels again."""
+    return [("gemma3", p) for p in paths] + [("smollm2", p) for p in paths if p != "repack"]
+
+
+# Fixtures that bring a model: `model_path`, `smollm2_path`, `family`, and test_models.py's
+# `shared_cache`, which assembles the 250 MB model into a fresh cache folder.
+MODEL_FIXTURES = {"model_path", "smollm2_path", "family", "shared_cache"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -73,7 +114,13 @@ def pytest_report_header(config):
 
 
 def pytest_generate_tests(metafunc):
-    if "cpu_path" in metafunc.fixturenames:
+    names = metafunc.fixturenames
+    if "family" in names and "cpu_path" in names:
+        metafunc.parametrize(("family", "cpu_path"), _family_paths(_cpu_paths()[0]), indirect=["family"],
+                             scope="module", ids=lambda value: value)
+    elif "family" in names:
+        metafunc.parametrize("family", list(FAMILIES), indirect=True, scope="module")
+    elif "cpu_path" in names:
         metafunc.parametrize("cpu_path", _cpu_paths()[0], scope="module")
 
 

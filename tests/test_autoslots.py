@@ -123,15 +123,19 @@ def test_bad_slot_counts_are_usage_errors(bad):
         merge({"n_parallel": bad}, "run")
 
 
-# -- on the bundled model ---------------------------------------------------------------------
+# -- on the bundled model (and SmolLM2: `family`) -----------------------------------------------
 
 @pytest.mark.model
-def test_real_calibration_picks_a_measured_count_and_caches_it(model_path):
-    config = EngineConfig(model=model_path, n_parallel="auto", threads=2)
-    choice = choose(config, model_path, max_slots=8)  # measures 4 and 8: about a second
+def test_real_calibration_picks_a_measured_count_and_caches_it(family):
+    config = EngineConfig(model=family.path, n_parallel="auto", threads=2)
+    choice = choose(config, family.path, max_slots=8)  # measures 4 and 8: about a second
     assert choice.n_parallel in (4, 8) and set(choice.measured) == {4, 8}
     assert all(v > 0 for v in choice.measured.values())
-    assert choose(config, model_path, max_slots=8).from_cache
+    assert choose(config, family.path, max_slots=8).from_cache
+    (entry,) = json.loads(cache_path().read_text()).values()
+    # gemma3: 18 layers x 1 KV head x (256 + 256) x 2 bytes; llama (SmolLM2) says no key_length:
+    # 30 layers x 3 KV heads x (576 / 9 heads = 64, twice) x 2 bytes
+    assert entry["kv_bytes_per_token"] == {"gemma3": 18 * 1024, "smollm2": 30 * 3 * (64 + 64) * 2}[family.name]
 
 
 @pytest.mark.model

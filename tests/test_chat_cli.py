@@ -96,9 +96,13 @@ def fake_chat(args: list[str], stdin: str, tmp_path) -> subprocess.CompletedProc
     return subprocess.CompletedProcess(["llamabatch", "chat", *args], result.exit_code, result.stdout, result.stderr)
 
 
-@pytest.mark.parametrize("chat", [fake_chat, pytest.param(run_chat, marks=pytest.mark.model)], ids=["fake", "model"])
-def test_piped_three_turn_chat_reuses_the_previous_conversation_from_the_cache(tmp_path, chat):
-    proc = chat(["--verbose", "--max-tokens", "16", "--temperature", "0"],
+@pytest.mark.parametrize("which", ["fake", pytest.param("gemma3", marks=pytest.mark.model),
+                                   pytest.param("smollm2", marks=pytest.mark.model)])
+def test_piped_three_turn_chat_reuses_the_previous_conversation_from_the_cache(tmp_path, request, which):
+    # on both model families: Gemma's built-in format (no template in its GGUF) and SmolLM2's ChatML
+    chat, model = (fake_chat, []) if which == "fake" else (
+        run_chat, ["-m", request.getfixturevalue("model_path" if which == "gemma3" else "smollm2_path")])
+    proc = chat(["--verbose", "--max-tokens", "16", "--temperature", "0", *model],
                 "Hi, who are you?\nWhat is the capital of France?\nAnd of Germany?\n", tmp_path)
     assert proc.returncode == 0, proc.stderr
     blocks = parse_stats(proc.stderr)

@@ -1,6 +1,6 @@
-"""Saved chats on the bundled model, in real processes: continue with the cache, a one-shot in
-a pipeline, --list, Ollama's /set parameter and /show info, /undo, two chats writing at once,
-and a damaged database."""
+"""Saved chats on chat's default model (SmolLM2-135M-Instruct, from the instruct extra the test
+command installs), in real processes: continue with the cache, a one-shot in a pipeline, --list,
+Ollama's /set parameter and /show info, /undo, two chats writing at once, and a damaged database."""
 from __future__ import annotations
 
 import os
@@ -53,7 +53,7 @@ def test_continue_reuses_the_cache_one_shot_reads_the_pipe_and_list_shows_both(t
     rows = listing.stdout.splitlines()[1:]
     assert [r.split()[0] for r in rows] == ["2", "1"]
     assert rows[0].endswith("The meeting moved to Tuesday.") and rows[1].endswith("Hi, who are you?")
-    assert all("gemma-3-270m" in r for r in rows)
+    assert all(" smollm2 " in r for r in rows)  # chat's default with the instruct extra installed
 
 
 def test_set_parameter_show_info_and_undo(tmp_path):
@@ -64,8 +64,8 @@ def test_set_parameter_show_info_and_undo(tmp_path):
     hello, story, after = parse_stats(proc.stderr)
     assert tokens(story["eval count"]) == 5
     info = proc.stderr.splitlines()
-    assert "  model           gemma-3-270m-q4_k_m" in info and "  architecture    gemma3" in info
-    assert "  quantization    Q4_K_M" in info
+    assert "  model           smollm2" in info and "  architecture    llama" in info
+    assert "  quantization    Q4_1" in info
     # after /undo the first exchange is still in the slot: only the new message is evaluated
     assert tokens(after["cached tokens"]) >= whole(hello), (hello, after)
     with sqlite3.connect(tmp_path / "state" / "llamabatch" / "conversations.db") as db:

@@ -284,6 +284,17 @@ def test_gguf_bos_kept_when_tokenizer_does_not_add_one():
     assert template.render([user("hi")]) == "<bos>hi"
 
 
+@pytest.mark.parametrize("said", [False, "false", "False"])  # the header's bool, llama.cpp's metadata string
+def test_gguf_bos_kept_when_its_metadata_says_the_tokenizer_adds_none(said):
+    # SmolLM2: BOS is <|im_start|> and add_bos_token is false, so the first marker is the template's own
+    metadata = {"general.architecture": "llama", "tokenizer.ggml.add_bos_token": said}
+    template = from_gguf("{{ bos_token }}{{ messages[0].content }}", metadata, "<|im_start|>", "<|im_end|>",
+                         formats=FORMATS)
+    assert template.render([user("hi")]) == "<|im_start|>hi"
+    said_true = {**metadata, "tokenizer.ggml.add_bos_token": "true"}
+    assert from_gguf("{{ bos_token }}x", said_true, "<s>", "</s>", formats=FORMATS).render([user("hi")]) == "x"
+
+
 def test_jinja_gets_trim_blocks_strftime_and_plain_tojson():
     text = ("{% for m in messages %}\n"
             "    {% if m.content %}{{ m.content | tojson }}{% endif %}\n"

@@ -1,5 +1,6 @@
 """Logprobs on the bundled Gemma 3 270M, for real: records that are log probabilities of the
-tokens generated, and `run` writing them in OpenAI's chat and completions shapes. One thread
+tokens generated (on Gemma 3's 262k and SmolLM2's 49k vocabularies), and `run` writing them in
+OpenAI's chat and completions shapes. One thread
 and a few tokens, to stay cheap on a shared two-core machine.
 """
 from __future__ import annotations
@@ -16,10 +17,10 @@ from llamabatch import Engine, EngineConfig, SamplingParams
 pytestmark = pytest.mark.model
 
 
-def test_logprobs_are_log_probabilities_of_the_tokens_generated(model_path, cpu_path):
+def test_logprobs_are_log_probabilities_of_the_tokens_generated(family, cpu_path):
     # no prompt cache: both requests run alone in the same shapes, so "asking changes nothing
     # else" means the same tokens on every kernel path
-    with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=512, threads=1, cache_prompt=False,
+    with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=512, threads=1, cache_prompt=False,
                              cpu_buffers=cpu_path)) as engine:
         params = SamplingParams(temperature=0, max_tokens=5, logprobs=5)
         r = engine.submit("The capital of France is", params).result(120)

@@ -7,6 +7,7 @@ a row decoded alone: the same tokens only where a row's numbers do not depend on
 batch-mates, which llama.cpp's CPU kernels promise only in deterministic mode (4-row gemm
 tiles vs 1-row gemv on repacked weights: ../shared/probes/README.md). So those comparisons
 run on a deterministic engine, on each CPU weight layout this machine has (`cpu_path`).
+The one-prefill and deterministic tests run on Gemma 3 and SmolLM2 (`family`).
 """
 from __future__ import annotations
 
@@ -31,13 +32,24 @@ def engine(model_path):
 
 
 @pytest.fixture(scope="module")
-def det_engine(model_path, cpu_path):
-    with Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=4 * 256, threads=1, deterministic=True,
+def family_engine(request, family):
+    """`engine` on each model family (the Gemma one is `engine` itself)."""
+    if family.name == "gemma3":
+        yield request.getfixturevalue("engine")
+        return
+    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 256, threads=1)) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def det_engine(family, cpu_path):
+    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 256, threads=1, deterministic=True,
                              cpu_buffers=cpu_path)) as eng:
         yield eng
 
 
-def test_n_greedy_samples_are_identical_and_the_prompt_is_evaluated_once(engine):
+def test_n_greedy_samples_are_identical_and_the_prompt_is_evaluated_once(family_engine):
+    engine = family_engine
     params = SamplingParams(temperature=0, max_tokens=8, n=4)
     prompt = "Name three rivers of Europe and one of Africa, in a list:"  # in no slot's cache yet
     ticks: list[TickRecord] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
-from typing import Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import InvalidRequest
 
@@ -311,6 +311,15 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
     return ChatTemplate(name, text, render)
 
 
+def adds_bos(metadata: Any) -> bool:
+    """False where the GGUF says its tokenizer adds no BOS (tokenizer.ggml.add_bos_token, a bool in
+    the header, "false" in llama.cpp's metadata strings), as llama.cpp then adds none. A template's
+    leading BOS text is then the prompt's own first marker and must stay: SmolLM2's BOS is
+    <|im_start|>, and stripping it would start the prompt with a bare "system". Unsaid: True."""
+    value = metadata.get("tokenizer.ggml.add_bos_token") if isinstance(metadata, Mapping) else None
+    return str(value).lower() != "false"
+
+
 def from_gguf(template_text: str | None, metadata: dict, bos_token: str, eos_token: str,
               choice: str | None = None, tokenizer_adds_bos: bool = True, formats: ChatFormats | None = None,
               has_token: Callable[[str], bool] | None = None) -> ChatTemplate:
@@ -323,6 +332,8 @@ def from_gguf(template_text: str | None, metadata: dict, bos_token: str, eos_tok
     else the one the metadata points to (`choose_format`). The result's
     `fallback_reason` then says so in one line, for the CLI to print once.
     """
+    if not adds_bos(metadata):
+        tokenizer_adds_bos = False
     if choice:
         return _chosen_template(choice, bos_token, eos_token, tokenizer_adds_bos, formats)
     available = builtin_names(formats)

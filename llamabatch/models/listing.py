@@ -42,11 +42,13 @@ def describe(source: str, name: str, path: str | Path, shards: Iterable[str] = (
 
 
 def list_models(aliases: Mapping[str, str] | None = None, config_path: str | None = None) -> list[dict[str, Any]]:
-    """Every model found: the bundled one (when assembled), the stores, then config aliases."""
+    """Every model found: the bundled one (when assembled), the installed built-in names
+    (smollm2), the stores, then config aliases."""
     rows = []
     bundled = _bundled_if_assembled()
     if bundled:
         rows.append(describe("bundled", bundled, bundled))
+    rows.extend(_packaged_rows())
     rows.extend(describe(f.source, f.name, f.path, f.shards) for f in discover())
     for alias, target in (aliases or {}).items():
         from .resolve import resolve_model_ref
@@ -75,3 +77,20 @@ def _bundled_if_assembled() -> str | None:
     path = cache_dir() / "models" / MODEL_NAME
     return str(path) if path.is_file() else None
 
+
+
+def _packaged_rows() -> list[dict[str, Any]]:
+    """A row per built-in name whose distribution is installed, under the name -m takes. Only
+    the size is checked here (a listing reads headers, it does not hash 98 MB)."""
+    from .packaged import PACKAGED, installed_file
+
+    rows = []
+    for model in PACKAGED.values():
+        path = installed_file(model)
+        if path is None:
+            continue
+        row = describe("package", model.name, path)
+        if row["error"] is None and row["size"] != model.size:
+            row["error"] = f"{path}: damaged or truncated GGUF ({row['size']:,} bytes, expected {model.size:,})"
+        rows.append(row)
+    return rows

