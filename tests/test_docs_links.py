@@ -65,3 +65,71 @@ def test_link_resolves(where, source, target):
     assert dest.exists(), f"{where}: {target}: no such file"
     if anchor and dest.suffix == ".md":
         assert anchor in anchors(dest), f"{where}: {target}: no heading with that anchor in {dest.name}"
+
+
+# Paths and modules the docs name: `llamabatch/core/poison.py`, `benchmarks/soak.py`,
+# `python -m llamabatch.supervised.child`. Files move (the package was split into subpackages);
+# a doc that names the old place would send a reader nowhere.
+REPO_PATH = re.compile(r"(?<![\w/.~$-])((?:llamabatch|benchmarks|tests|examples|completions)/[\w./*-]*[\w*])")
+MODULE = re.compile(r"(?<![\w/.~$-])(llamabatch(?:\.[a-z_][a-z0-9_]*)+)(?:\.[A-Z]\w*)?")
+
+
+def named(pattern: re.Pattern) -> list[tuple[str, str]]:
+    found = []
+    for path in DOCS:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for name in pattern.findall(line):
+                found.append((f"{path.relative_to(ROOT)}:{number}", name))
+    return found
+
+
+PATHS = [(w, p) for w, p in named(REPO_PATH) if not re.search(r"[A-Z]{3,}", p)]  # benchmarks/NAME.py is a pattern
+MODULES = [(w, m) for w, m in named(MODULE) if not m.endswith((".toml", ".bash", ".fish"))]
+
+
+@pytest.mark.parametrize("where,name", PATHS, ids=[f"{w} {p}" for w, p in PATHS])
+def test_named_path_exists(where, name):
+    assert list(ROOT.glob(name)), f"{where}: {name}: no such file in the repository"
+
+
+@pytest.mark.parametrize("where,name", MODULES, ids=[f"{w} {m}" for w, m in MODULES])
+def test_named_module_exists(where, name):
+    import importlib
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            assert hasattr(obj, attr), f"{where}: {name}: {'.'.join(parts[:cut])} has no {attr}"
+            obj = getattr(obj, attr)
+        return
+    pytest.fail(f"{where}: {name}: no such module")
+
+
+def test_paths_and_modules_are_found():
+    assert len(PATHS) >= 20 and len(MODULES) >= 4
+
+
+def test_every_flag_is_documented():
+    # The reference promises every flag: a new option needs a line in docs/reference.md (or
+    # the page its feature lives on) before this passes.
+    import typer
+
+    from llamabatch.cli.app import app
+
+    text = "".join(path.read_text(encoding="utf-8") for path in DOCS)
+    missing = []
+
+    def walk(command, path):
+        for param in command.params:
+            for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+                if opt.startswith("--") and not re.search(re.escape(opt) + r"(?![\w-])", text):
+                    missing.append(f"{' '.join(path)} {opt}")
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), ["llamabatch"])
+    assert not missing, "flags no page of README.md or docs/ mentions: " + ", ".join(missing)
