@@ -58,13 +58,16 @@ def test_slugs_follow_github():
     assert len(LINKS) >= 20
 
 
-@pytest.mark.parametrize("where,source,target", LINKS, ids=[f"{w} {t}" for w, _, t in LINKS])
-def test_link_resolves(where, source, target):
-    file_part, _, anchor = target.partition("#")
-    dest = (source.parent / file_part).resolve() if file_part else source
-    assert dest.exists(), f"{where}: {target}: no such file"
-    if anchor and dest.suffix == ".md":
-        assert anchor in anchors(dest), f"{where}: {target}: no heading with that anchor in {dest.name}"
+def test_every_link_resolves():
+    failures = []
+    for where, source, target in LINKS:
+        file_part, _, anchor = target.partition("#")
+        dest = (source.parent / file_part).resolve() if file_part else source
+        if not dest.exists():
+            failures.append(f"{where}: {target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            failures.append(f"{where}: {target}: no heading with that anchor in {dest.name}")
+    assert not failures, "\n".join(failures)
 
 
 # Paths and modules the docs name: `llamabatch/core/poison.py`, `benchmarks/soak.py`,
@@ -87,26 +90,31 @@ PATHS = [(w, p) for w, p in named(REPO_PATH) if not re.search(r"[A-Z]{3,}", p)] 
 MODULES = [(w, m) for w, m in named(MODULE) if not m.endswith((".toml", ".bash", ".fish"))]
 
 
-@pytest.mark.parametrize("where,name", PATHS, ids=[f"{w} {p}" for w, p in PATHS])
-def test_named_path_exists(where, name):
-    assert list(ROOT.glob(name)), f"{where}: {name}: no such file in the repository"
+def test_every_named_path_exists():
+    missing = [f"{where}: {name}: no such file in the repository" for where, name in PATHS if not list(ROOT.glob(name))]
+    assert not missing, "\n".join(missing)
 
 
-@pytest.mark.parametrize("where,name", MODULES, ids=[f"{w} {m}" for w, m in MODULES])
-def test_named_module_exists(where, name):
+def test_every_named_module_exists():
     import importlib
 
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            assert hasattr(obj, attr), f"{where}: {name}: {'.'.join(parts[:cut])} has no {attr}"
-            obj = getattr(obj, attr)
-        return
-    pytest.fail(f"{where}: {name}: no such module")
+    failures = []
+    for where, name in MODULES:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attr in parts[cut:]:
+                if not hasattr(obj, attr):
+                    failures.append(f"{where}: {name}: {'.'.join(parts[:cut])} has no {attr}")
+                    break
+                obj = getattr(obj, attr)
+            break
+        else:
+            failures.append(f"{where}: {name}: no such module")
+    assert not failures, "\n".join(failures)
 
 
 def test_paths_and_modules_are_found():
