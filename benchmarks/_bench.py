@@ -43,7 +43,8 @@ def workload_args(ap: argparse.ArgumentParser, *, prompts: int = _UNSET, tokens:
     if rounds is not _UNSET:
         ap.add_argument("--rounds", type=int, default=rounds, help=f"A B pairs (default {rounds})")
     if model:
-        ap.add_argument("--model", default=None, help="GGUF model (default: the bundled Gemma 3 270M)")
+        ap.add_argument("-m", "--model", default=None,
+                        help="GGUF model: a path or any name `llamabatch -m` takes (default: the bundled Gemma 3 270M)")
     if cpu_buffers:
         ap.add_argument("--cpu-buffers", choices=["auto", "plain", "repack"], default=None,
                         help="CPU weight layout [default: auto, what this machine would choose]")
