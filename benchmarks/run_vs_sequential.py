@@ -1,6 +1,6 @@
 """`llamabatch run` end to end vs a sequential llama-cpp-python loop, on the same prompts.
 
-    python benchmarks/run_vs_sequential.py [--prompts 32] [--tokens 64] [--threads 2] [--slots 8 16]
+    python benchmarks/run_vs_sequential.py [--prompts 32] [--tokens 64] [--threads 2] [--slots 8 16] [-m MODEL]
 
 Runs `llamabatch run` as a subprocess (process start, model load, every line, exit) once per
 slot count, and `Llama.create_completion` over the same prompts one at a time, in one
@@ -26,11 +26,12 @@ from _bench import (completion_tokens, essay_prompts, llamabatch_command, machin
                     sequential, workload_args, write_prompt_lines)
 
 
-def run_llamabatch(prompts: list[str], tokens: int, slots: int, threads: int, workdir: Path) -> tuple[int, float]:
+def run_llamabatch(model: str, prompts: list[str], tokens: int, slots: int, threads: int,
+                   workdir: Path) -> tuple[int, float]:
     """Completion tokens and end-to-end wall seconds of one `llamabatch run` process."""
     inp = write_prompt_lines(workdir / f"in-{slots}.jsonl", prompts, tokens)
     out = workdir / f"out-{slots}.jsonl"
-    cmd = llamabatch_command("run", str(inp), "-o", str(out), "--n-parallel", str(slots),
+    cmd = llamabatch_command("run", str(inp), "-o", str(out), "-m", model, "--n-parallel", str(slots),
                              "--n-ctx", str(512 * slots), "--threads", str(threads), "-q")
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
@@ -40,11 +41,11 @@ def run_llamabatch(prompts: list[str], tokens: int, slots: int, threads: int, wo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    workload_args(ap, prompts=32, tokens=64, threads=2)
+    workload_args(ap, prompts=32, tokens=64, threads=2, model=True)
     ap.add_argument("--slots", type=int, nargs="+", default=[8, 16], help="slot counts, one run each (default 8 16)")
     args = ap.parse_args()
 
-    model = model_path(None)
+    model = model_path(args.model)
     prompts = essay_prompts(args.prompts)
     print(f"{args.prompts} prompts x {args.tokens} tokens, greedy, {args.threads} threads, "
           f"{os.path.basename(model)}; {machine_line(model)}")
@@ -57,7 +58,7 @@ def main() -> None:
           f"(model load {seq.load_seconds:.2f} s included) = {seq_tps:7.1f} tok/s")
     with tempfile.TemporaryDirectory() as tmp:
         for slots in args.slots:
-            tok, wall = run_llamabatch(prompts, args.tokens, slots, args.threads, Path(tmp))
+            tok, wall = run_llamabatch(model, prompts, args.tokens, slots, args.threads, Path(tmp))
             tps = tok / wall
             print(f"llamabatch run --n-parallel {slots:<3d}    : {tok:5d} tokens in {wall:6.2f} s "
                   f"(end to end, one process) = {tps:7.1f} tok/s  -> {tps / seq_tps:.2f}x sequential")
