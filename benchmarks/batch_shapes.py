@@ -22,8 +22,9 @@ import statistics
 import sys
 import time
 
+from _bench import machine_line, model_path, workload_args
+
 from llamabatch import EngineConfig, SamplingParams
-from llamabatch.models.resolve import resolve_model
 from llamabatch.core.plan import Chunk, StepPlan, Trim
 from llamabatch.llama.runner import LlamaRunner
 
@@ -90,12 +91,12 @@ def median_ms(fn, n: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
+    workload_args(ap, threads=2, model=True)
     ap.add_argument("--reps", type=int, default=7, help="A B pairs per comparison")
-    ap.add_argument("--model")
     args = ap.parse_args()
-    bench = Bench(resolve_model(args.model), args.threads)
-    print(f"# batch shapes, {args.threads} threads (shared machine: medians of {args.reps} alternating runs)\n")
+    model = model_path(args.model)
+    bench = Bench(model, args.threads)
+    print(f"# batch shapes, {args.threads} threads (medians of {args.reps} alternating runs); {machine_line(model)}\n")
     try:
         bench.reset(SLOTS)
         for _ in range(3):

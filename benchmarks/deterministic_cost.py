@@ -15,18 +15,12 @@ on time. Usage:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+
+from _bench import Pairs, int_list, machine_line, model_path, run_pairs, sky_prompts, timed_generate, workload_args
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.models.resolve import check_gguf, resolve_model
 
 SLOT_CTX = 1024
-
-
-def make_prompts(n: int) -> list[str]:
-    return [f"Question {i}: explain in a few sentences why the sky looks blue at noon and red at dusk."
-            for i in range(n)]
 
 
 def one_run(model: str, slots: int, deterministic: bool, prompts: list[str], tokens: int, threads: int,
@@ -37,46 +31,36 @@ def one_run(model: str, slots: int, deterministic: bool, prompts: list[str], tok
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     with Engine(config) as engine:
         engine.generate(["warm up"], SamplingParams(max_tokens=2, temperature=0.0))
-        t0 = time.perf_counter()
-        results = engine.generate(prompts, params)
-        seconds = time.perf_counter() - t0
-    generated = sum(len(r.token_ids) for r in results)
-    bad = [r.error for r in results if r.finish_reason not in ("stop", "length")]
+        run = timed_generate(engine, prompts, params)
+    generated = sum(len(r.token_ids) for r in run.results)
+    bad = [r.error for r in run.results if r.finish_reason not in ("stop", "length")]
     if bad:
         raise SystemExit(f"{len(bad)} request(s) failed, first: {bad[0]}")
-    return generated / seconds
+    return generated / run.seconds
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--slots", default="8,1,3,5", help="slot counts, comma-separated")
-    ap.add_argument("--rounds", type=int, default=2, help="A B pairs per slot count")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--cpu-buffers", choices=["auto", "plain", "repack"], default=None,
-                    help="CPU weight layout for both modes [default: auto, what this machine would choose]")
+    workload_args(ap, prompts=32, tokens=64, slots="8,1,3,5", rounds=2, threads=2, model=True, cpu_buffers=True)
     args = ap.parse_args()
-    model = resolve_model(args.model)
-    check_gguf(model)
-    prompts = make_prompts(args.prompts)
-    from llamabatch.llama.machine_verdicts import cpu_name
-    from llamabatch.llama.cpu_kernels import kernel_path
-
-    path = kernel_path(EngineConfig(model=model, cpu_buffers=args.cpu_buffers), model)
+    slot_counts = int_list(ap, args.slots)
+    model = model_path(args.model)
+    prompts = sky_prompts(args.prompts)
     print(f"{args.prompts} prompts x {args.tokens} tokens, greedy, {args.threads} threads, {SLOT_CTX} ctx per slot; "
-          f"{cpu_name()}, {path.name} kernels ({path.why})")
+          f"{machine_line(model, args.cpu_buffers)}")
     summary = []
-    for slots in [int(s) for s in args.slots.split(",")]:
-        ratios = []
-        for r in range(args.rounds):
-            a = one_run(model, slots, False, prompts, args.tokens, args.threads, args.cpu_buffers)
-            b = one_run(model, slots, True, prompts, args.tokens, args.threads, args.cpu_buffers)
-            ratios.append(b / a)
-            print(f"slots {slots} round {r + 1}: default {a:7.1f} tok/s   deterministic {b:7.1f} tok/s   "
-                  f"ratio {b / a:.2f}", flush=True)
-        summary.append((slots, statistics.median(ratios)))
+    for slots in slot_counts:
+        pairs = Pairs()
+
+        def run(deterministic: bool, slots: int = slots) -> float:
+            return one_run(model, slots, deterministic, prompts, args.tokens, args.threads, args.cpu_buffers)
+
+        def report(r: int, a: float, b: float, slots: int = slots, pairs: Pairs = pairs) -> None:
+            print(f"slots {slots} round {r}: default {a:7.1f} tok/s   deterministic {b:7.1f} tok/s   "
+                  f"ratio {pairs.add(a, b):.2f}", flush=True)
+
+        run_pairs(args.rounds, lambda: run(False), lambda: run(True), report)
+        summary.append((slots, pairs.median()))
     print("median deterministic/default throughput: "
           + ", ".join(f"{s} slot{'s' if s != 1 else ''} {m:.2f}" for s, m in summary))
 

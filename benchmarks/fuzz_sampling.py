@@ -18,13 +18,14 @@ import argparse
 import collections
 import json
 import math
-import os
 import random
 import subprocess
 import sys
 import threading
 import time
 from typing import Any
+
+from _bench import llamabatch_command, machine_line, workload_args
 
 PROMPTS = ["The capital of France is", "Write a haiku about rain.", "1, 2, 3,", "{", "Q: yes or no?\nA:",
            [{"role": "user", "content": "Say hello in JSON."}],
@@ -94,7 +95,7 @@ class Child:
     """A serve-stdin child; collects terminal events per id on a thread."""
 
     def __init__(self, args: list[str]):
-        self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch", "serve-stdin", *args],
+        self.proc = subprocess.Popen(llamabatch_command("serve-stdin", *args),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.done: dict[str, dict] = {}
         self.ready = threading.Event()
@@ -175,9 +176,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--inflight", type=int, default=6)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take before it counts as hung")
-    ap.add_argument("--threads", type=int, default=2)
+    workload_args(ap, threads=2)
     ap.add_argument("--out", default="fuzz-findings.jsonl")
     args = ap.parse_args()
+    print(f"fuzz: {args.requests} requests, seed {args.seed}; {machine_line()}", flush=True)
     child_args = ["--n-parallel", "4", "--n-ctx", "2048", "--threads", str(args.threads), "--temperature", "0.8"]
     rng = random.Random(args.seed)
     n_vocab = 262144  # Gemma 3's; ids past it must be refused, not used

@@ -20,22 +20,17 @@ import argparse
 import statistics
 import time
 
-from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
-from llamabatch.models.resolve import resolve_model
+from _bench import machine_line, model_path, run_pairs, sky_prompts, timed_generate, workload_args
+
+from llamabatch import Engine, EngineConfig, SamplingParams
 
 
 def one_round(engine: Engine, prompts: list[str], params: SamplingParams) -> dict:
-    ticks: list[TickRecord] = []
-    unsubscribe = engine.subscribe(lambda r: ticks.append(r) if isinstance(r, TickRecord) else None)
-    t0 = time.perf_counter()
-    results = engine.generate(prompts, params)
-    seconds = time.perf_counter() - t0
-    unsubscribe()
-    tokens = sum(r.usage.completion_tokens for r in results)
+    run = timed_generate(engine, prompts, params)
     if params.logprobs is not None:
-        assert all(len(r.logprobs) == r.usage.completion_tokens for r in results)
-    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds,
-            "sample_ms_per_token": sum(t.sample_ms for t in ticks) / tokens}
+        assert all(len(r.logprobs) == r.usage.completion_tokens for r in run.results)
+    return {"seconds": run.seconds, "tokens": run.generated, "tok_s": run.tok_s,
+            "sample_ms_per_token": sum(t.sample_ms for t in run.ticks) / run.generated}
 
 
 def time_pass(engine: Engine, top: int, repeats: int = 50) -> float:
@@ -51,33 +46,28 @@ def time_pass(engine: Engine, top: int, repeats: int = 50) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--top", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--model", default=None)
+    workload_args(ap, prompts=8, tokens=32, rounds=2, slots=8, threads=2, model=True)
+    ap.add_argument("--top", type=int, default=5, help="alternatives per token in B (default 5)")
     args = ap.parse_args()
-    model = resolve_model(args.model)
-    prompts = [f"Question {i}: explain in a few sentences why the sky looks blue at noon." for i in range(args.prompts)]
+    model = model_path(args.model)
+    prompts = sky_prompts(args.prompts, short=True)
     base = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     config = EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots, threads=args.threads,
                           cache_prompt=False)
     print(f"{args.prompts} prompts x {args.tokens} tokens, {args.slots} slots, {args.threads} threads, "
-          f"logprobs with {args.top} alternatives vs none; rounds alternate A B")
+          f"logprobs with {args.top} alternatives vs none; rounds alternate A B; {machine_line(model)}")
     with Engine(config) as engine:
         engine.generate(["warm up"], base.replace(max_tokens=4, logprobs=args.top))  # untimed
-        pairs = []
-        for r in range(args.rounds):
-            a = one_round(engine, prompts, base)
-            b = one_round(engine, prompts, base.replace(logprobs=args.top))
-            pairs.append((a, b))
+
+        def report(r: int, a: dict, b: dict) -> None:
             for name, x in (("A none", a), (f"B top {args.top}", b)):
-                print(f"round {r + 1} {name:9s} {x['seconds']:6.2f} s  {x['tok_s']:7.1f} tok/s  "
+                print(f"round {r} {name:9s} {x['seconds']:6.2f} s  {x['tok_s']:7.1f} tok/s  "
                       f"sampling {x['sample_ms_per_token']:.3f} ms/token")
-            print(f"round {r + 1} B/A: wall x{b['seconds'] / a['seconds']:.3f}, sampling +"
+            print(f"round {r} B/A: wall x{b['seconds'] / a['seconds']:.3f}, sampling +"
                   f"{b['sample_ms_per_token'] - a['sample_ms_per_token']:.3f} ms/token")
+
+        pairs = run_pairs(args.rounds, lambda: one_round(engine, prompts, base),
+                          lambda: one_round(engine, prompts, base.replace(logprobs=args.top)), report)
         extra = statistics.median(b["sample_ms_per_token"] - a["sample_ms_per_token"] for a, b in pairs)
         wall = statistics.median(b["seconds"] / a["seconds"] for a, b in pairs)
         print(f"median over {args.rounds} pairs: logprobs add {extra:.3f} ms of sampling per token, wall x{wall:.3f}")

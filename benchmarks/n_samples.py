@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
-from llamabatch.models.resolve import resolve_model
+from _bench import machine_line, model_path, run_pairs, timed_generate, workload_args
+
+from llamabatch import Engine, EngineConfig, SamplingParams
 
 FACTS = ["the tide rises twice a day", "the lamp is lit at dusk", "the keeper writes in a log",
          "gulls nest on the rocks", "ships pass to the north", "the fog comes in autumn",
@@ -40,37 +40,26 @@ def make_prompt(i: int, engine: Engine, target: int = 300) -> str:
 
 
 def one_round(engine: Engine, prompts: list[str], params: SamplingParams, n: int, forked: bool) -> dict:
-    ticks: list[TickRecord] = []
-    unsubscribe = engine.subscribe(lambda r: ticks.append(r) if isinstance(r, TickRecord) else None)
-    t0 = time.perf_counter()
     if forked:
-        results = engine.generate(prompts, params.replace(n=n))
-        texts = [s.text for r in results for s in r.samples]
-        generated = sum(r.usage.completion_tokens for r in results)
+        run = timed_generate(engine, prompts, params.replace(n=n))
+        texts = [s.text for r in run.results for s in r.samples]
     else:
         per = [params.replace(seed=params.seed + i) for _ in prompts for i in range(n)]
-        results = engine.generate([p for p in prompts for _ in range(n)], per)
-        texts = [r.text for r in results]
-        generated = sum(r.usage.completion_tokens for r in results)
-    seconds = time.perf_counter() - t0
-    unsubscribe()
-    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
-    return {"seconds": seconds, "prefill_tokens": sum(t.prefill_tokens for t in ticks),
-            "prefill_eval_ms": sum(t.eval_ms for t in ticks if t.prefill_tokens),
-            "tok_s": generated / seconds, "texts": texts}
+        run = timed_generate(engine, [p for p in prompts for _ in range(n)], per)
+        texts = [r.text for r in run.results]
+    assert not run.failed, [r.error for r in run.failed]
+    return {"seconds": run.seconds, "prefill_tokens": sum(t.prefill_tokens for t in run.ticks),
+            "prefill_eval_ms": sum(t.eval_ms for t in run.ticks if t.prefill_tokens),
+            "tok_s": run.tok_s, "texts": texts}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--n", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--model", default=None)
+    workload_args(ap, prompts=8, tokens=32, rounds=2, slots=8, threads=2, model=True)
+    ap.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
     args = ap.parse_args()
-    config = EngineConfig(model=resolve_model(args.model), n_parallel=args.slots, n_ctx=512 * args.slots,
+    model = model_path(args.model)
+    config = EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots,
                           threads=args.threads, share_prefix_min=0)
     params = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True, seed=42)
     with Engine(config) as engine:
@@ -78,21 +67,21 @@ def main() -> None:
         sizes = [len(engine.tokenize(p)) for p in prompts]
         print(f"{args.prompts} prompts of {min(sizes)}-{max(sizes)} tokens, n={args.n}, {args.tokens} tokens each, "
               f"{args.slots} slots, {args.threads} threads, prefix sharing off; rounds alternate A (n={args.n}) "
-              f"and B ({args.prompts * args.n} separate requests)")
+              f"and B ({args.prompts * args.n} separate requests); {machine_line(model)}")
         engine.generate(["warm up"], params.replace(max_tokens=4))  # untimed
-        pairs = []
-        for r in range(args.rounds):
-            a = one_round(engine, prompts, params, args.n, forked=True)
-            b = one_round(engine, prompts, params, args.n, forked=False)
-            pairs.append((a, b))
+
+        def report(r: int, a: dict, b: dict) -> None:
             for name, x in (("A forked  ", a), ("B separate", b)):
-                print(f"round {r + 1} {name} {x['seconds']:6.2f} s wall  prompt tokens evaluated {x['prefill_tokens']:5d}"
+                print(f"round {r} {name} {x['seconds']:6.2f} s wall  prompt tokens evaluated {x['prefill_tokens']:5d}"
                       f"  prompt-tick decode {x['prefill_eval_ms'] / 1000:6.2f} s  {x['tok_s']:6.1f} generated tok/s")
             same = sum(x == y for x, y in zip(a["texts"], b["texts"]))
-            print(f"round {r + 1} A/B: wall x{a['seconds'] / b['seconds']:.3f}, prompt tokens "
+            print(f"round {r} A/B: wall x{a['seconds'] / b['seconds']:.3f}, prompt tokens "
                   f"x{a['prefill_tokens'] / b['prefill_tokens']:.3f}, prompt-tick time "
                   f"x{a['prefill_eval_ms'] / b['prefill_eval_ms']:.3f}; {same}/{len(a['texts'])} samples equal "
                   "their separate request")
+
+        pairs = run_pairs(args.rounds, lambda: one_round(engine, prompts, params, args.n, forked=True),
+                          lambda: one_round(engine, prompts, params, args.n, forked=False), report)
         print(f"median over {args.rounds} pairs: wall x{statistics.median(a['seconds'] / b['seconds'] for a, b in pairs):.3f}, "
               f"prompt tokens x{statistics.median(a['prefill_tokens'] / b['prefill_tokens'] for a, b in pairs):.3f}")
 

@@ -13,7 +13,6 @@ Measures only; never asserts on time. The machine may be shared: read the per-pa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -25,35 +24,32 @@ import tempfile
 import time
 from pathlib import Path
 
+from _bench import (completion_tokens, llamabatch_command, machine_line, read_records, workload_args,
+                    write_prompt_lines)
+
+# Its own workload (shorter than _bench.essay_prompts'), so its figures stay comparable with earlier runs.
 TOPICS = ["a lighthouse keeper", "the history of bread", "a robot learning to paint", "volcanoes", "a chess match",
           "the moon landing", "a lost cat", "honeybees", "a train journey", "quantum computers", "an old library",
           "tides", "a jazz musician", "glaciers", "a small bakery", "desert plants"]
 
 
 def write_input(path: Path, n: int, tokens: int) -> None:
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"id": i, "prompt": f"Here is a long essay about {TOPICS[i % len(TOPICS)]} "
-                                f"(part {i // len(TOPICS) + 1}):\n\n", "max_tokens": tokens,
-                                "temperature": 0, "ignore_eos": True}) + "\n")
+    write_prompt_lines(path, [f"Here is a long essay about {TOPICS[i % len(TOPICS)]} (part {i // len(TOPICS) + 1}):\n\n"
+                              for i in range(n)], tokens)
 
 
-def timed_run(args: list[str], env: dict, out: Path) -> tuple[int, float, float]:
+def timed_run(args: list[str], env: dict, out: Path, lines: int) -> tuple[int, float, float]:
     """Completion tokens, wall seconds, and the driver process's own CPU seconds."""
     if out.exists():
         out.unlink()
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "llamabatch", "run", *args, "-o", str(out), "-q"], env=env)
+    proc = subprocess.Popen(llamabatch_command("run", *args, "-o", str(out), "-q"), env=env)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"llamabatch run {' '.join(args)} exited {proc.returncode}")
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    bad = [r for r in records if r["error"] is not None]
-    if bad:
-        raise SystemExit(f"{len(bad)} failed lines: {bad[0]}")
-    return sum(r["usage"]["completion_tokens"] for r in records), wall, usage.ru_utime + usage.ru_stime
+    return completion_tokens(read_records(out, lines)), wall, usage.ru_utime + usage.ru_stime
 
 
 def free_port() -> int:
@@ -81,10 +77,8 @@ def start_head(env: dict, tmp: Path, cpus: int) -> tuple[subprocess.Popen, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lines", type=int, default=48)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--slots", type=int, default=8, help="slots per engine (both sides)")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--lines", type=int, default=48, help="input lines (default 48)")
+    workload_args(ap, tokens=48, slots=8, rounds=2)  # --slots: per engine, both sides
     a = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="lbbench"))
@@ -100,16 +94,16 @@ def main() -> None:
     head, address = start_head(env, tmp, 2)
     ray = ["--ray", address, "--ray-workers", "2", "--ray-cpus-per-worker", "1", *engine]
     print(f"{a.lines} lines x {a.tokens} tokens, {a.slots} slots per engine; local: 1 engine x 2 threads; "
-          f"Ray: 2 workers x 1 thread on a 2-CPU head; {os.cpu_count()} cores here (shared)")
+          f"Ray: 2 workers x 1 thread on a 2-CPU head; {machine_line()}")
     try:
         pairs = []
         for r in range(a.rounds):
-            lt, lw, _ = timed_run(local, env, tmp / "local.jsonl")
-            rt, rw, rcpu = timed_run([str(inp), *ray], env, tmp / "ray.jsonl")
+            lt, lw, _ = timed_run(local, env, tmp / "local.jsonl", a.lines)
+            rt, rw, rcpu = timed_run([str(inp), *ray], env, tmp / "ray.jsonl", a.lines)
             pairs.append((lt / lw, rt / rw, rcpu))
             print(f"round {r + 1}: local {lt / lw:6.1f} tok/s ({lw:5.1f}s)   ray {rt / rw:6.1f} tok/s ({rw:5.1f}s)   "
                   f"ray/local {rt / rw / (lt / lw):.2f}")
-        _, one_wall, one_cpu = timed_run([str(one), *ray], env, tmp / "one.jsonl")
+        _, one_wall, one_cpu = timed_run([str(one), *ray], env, tmp / "one.jsonl", 1)
         per_line = [(cpu - one_cpu) / (a.lines - 1) * 1000 for _, _, cpu in pairs]
         local_mean = sum(p[0] for p in pairs) / len(pairs)
         ray_mean = sum(p[1] for p in pairs) / len(pairs)

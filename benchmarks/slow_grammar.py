@@ -22,6 +22,8 @@ import os
 import statistics
 import time
 
+from _bench import Pairs, machine_line, workload_args
+
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.apart import THREAD_NAME
 
@@ -69,19 +71,17 @@ def plain_run(engine: Engine, args: argparse.Namespace, with_enum: bool) -> dict
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plain", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=8)
-    ap.add_argument("--enum", type=int, default=10000)
-    ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plain", type=int, default=4, help="plain requests (default 4)")
+    workload_args(ap, tokens=8, threads=2)
+    ap.add_argument("--enum", type=int, default=10000, help="strings in the enum (default 10000)")
+    ap.add_argument("--pairs", type=int, default=2, help="A B pairs (default 2)")
     ap.add_argument("--inline", action="store_true", help="sample the enum in the tick, as before apart.py")
     args = ap.parse_args()
     print(f"{args.plain} plain requests x {args.tokens} tokens (greedy) beside one json_schema enum of "
-          f"{args.enum} strings; {args.threads} threads, {args.plain + 1} slots; load average "
-          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; enum sampled "
+          f"{args.enum} strings; {args.threads} threads, {args.plain + 1} slots; {machine_line()}; enum sampled "
           f"{'inline' if args.inline else 'apart (default)'}")
     config = EngineConfig(n_parallel=args.plain + 1, n_ctx=(args.plain + 1) * 256, threads=args.threads)
-    ratios = []
+    pairs = Pairs()
     with Engine(config) as engine:
         if args.inline:
             engine.scheduler.sample_apart = None
@@ -89,15 +89,15 @@ def main() -> None:
         for pair in range(1, args.pairs + 1):
             a = plain_run(engine, args, False)
             b = plain_run(engine, args, True)
-            ratios.append(b["mean"] / a["mean"])
+            pairs.add(a["mean"], b["mean"])
             print(f"pair {pair}: A alone  decode mean {a['mean']:6.2f} s, worst {a['worst']:6.2f} s, "
                   f"all done {a['last']:6.2f} s | B beside enum  decode mean {b['mean']:6.2f} s, "
                   f"worst {b['worst']:6.2f} s, all done {b['last']:6.2f} s | "
                   f"B/A decode {b['mean'] / a['mean']:.2f}, all done {b['last'] / a['last']:.2f} "
                   f"(enum tokens by then: {b['enum_tokens']}) | process CPU A {a['cpu']:.1f} s, B {b['cpu']:.1f} s, "
                   f"of which B's sampling thread {b['sampling_cpu']:.1f} s")
-    print(f"plain decode time beside the enum / alone: median ratio {statistics.median(ratios):.2f} "
-          f"over {len(ratios)} pairs (target <= 2)")
+    print(f"plain decode time beside the enum / alone: median ratio {pairs.median():.2f} "
+          f"over {len(pairs.ratios)} pairs (target <= 2)")
 
 
 if __name__ == "__main__":

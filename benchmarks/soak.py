@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _bench import llamabatch_command, machine_line, workload_args
+
 WORDS = ("river stone market lantern winter orchard signal harbor copper meadow engine violet "
          "thunder basket compass ribbon glacier pepper candle falcon").split()
 
@@ -114,7 +116,7 @@ def rss_kib(pid: int) -> int:
 
 class Child:
     def __init__(self, args: list[str]):
-        self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch", "serve-stdin", *args],
+        self.proc = subprocess.Popen(llamabatch_command("serve-stdin", *args),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.cond = threading.Condition()
         self.answers: collections.Counter = collections.Counter()  # id -> answer events (terminal or duplicate)
@@ -215,7 +217,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--inflight", type=int, default=32)
     ap.add_argument("--n-parallel", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
+    workload_args(ap, threads=2)
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--stall-seconds", type=float, default=300,
                     help="stop and name the unanswered lines after this long without any answer")
@@ -225,6 +227,8 @@ def main() -> int:
     ap.add_argument("--watchdog", type=float, default=None,
                     help="serve-stdin's --watchdog [default: its own; 10 with --mix hostile]")
     args = ap.parse_args()
+    print(f"soak: {args.requests} requests, {args.n_parallel} slots, {args.threads} threads, mix {args.mix}; "
+          f"{machine_line()}", flush=True)
     rng = random.Random(args.seed)
     watchdog = args.watchdog if args.watchdog is not None else (10.0 if args.mix == "hostile" else None)
     template_args = []

@@ -26,7 +26,7 @@ the same workload through `llamabatch bench`'s code (benchkit), at each B of --b
 It measures and prints; it never asserts on time. Usage:
 
   python benchmarks/vs_llama_server.py [--slots 8] [--threads 2] [--workloads a,b,c]
-      [--repeat 2] [--batched 1,4,8,16] [--bin DIR] [-m/--model PATH|smollm2] [--no-defaults] [--defaults-for a,b,c]
+      [--repeat 2] [--batched 1,4,8,16] [--bin DIR] [--model PATH] [--no-defaults] [--defaults-for a,b,c]
 """
 from __future__ import annotations
 
@@ -44,10 +44,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _bench import kernels, machine_line, model_path, sky_prompts, timed_generate, workload_args
+
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.models.resolve import resolve_model
-from llamabatch.llama.machine_verdicts import cpu_name
-from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types, kernel_path
+from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
 SLOT_CTX = 2048  # per slot, both sides: the longest mixed prompt (1,500) plus its answer fits
@@ -57,7 +57,7 @@ CPU_BUFFERS: str | None = None  # --cpu-buffers: the weight layout both sides ru
 
 
 def engine_kernels(model: str):
-    return kernel_path(EngineConfig(model=model, cpu_buffers=CPU_BUFFERS), model)
+    return kernels(model, CPU_BUFFERS)
 
 
 def same_kernels(model: str) -> list[str]:
@@ -123,8 +123,7 @@ ITEMS = ["Fast delivery, but the box was crushed.", "I love it and bought a seco
 def workloads(tokenize, which: str) -> list[Workload]:
     out = []
     if "a" in which:
-        prompts = [tokenize(f"Question {i}: explain in a few sentences why the sky looks blue at noon and red at dusk.")
-                   for i in range(32)]
+        prompts = [tokenize(text) for text in sky_prompts(32)]
         out.append(Workload("a", "uniform, 32 prompts x 64 tokens", prompts, 64))
     if "b" in which:
         instruction = labelling_instruction()
@@ -223,15 +222,12 @@ def run_engine(model: str, threads: int, slots, w: Workload) -> tuple[float, str
     params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=True)
     with Engine(config) as engine:
         engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], params.replace(max_tokens=2))  # untimed warm-up
-        t0 = time.perf_counter()
-        results = engine.generate(w.prompts, params)
-        seconds = time.perf_counter() - t0
-        cached = sum(r.usage.cached_tokens for r in results)
+        run = timed_generate(engine, w.prompts, params)
+        cached = sum(r.usage.cached_tokens for r in run.results)
         note = f"{engine.config.n_parallel} slots, {cached} prompt tokens copied or cached"
-    bad = [r for r in results if not r.ok]
-    if bad:
-        raise RuntimeError(f"engine: {len(bad)} requests failed, first: {bad[0].error}")
-    return sum(r.usage.completion_tokens for r in results) / seconds, note
+    if run.failed:
+        raise RuntimeError(f"engine: {len(run.failed)} requests failed, first: {run.failed[0].error}")
+    return run.tok_s, note
 
 
 # -- llama-batched-bench ----------------------------------------------------------------------
@@ -279,23 +275,19 @@ def ratios(a: Row, b: Row) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--slots", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
+    workload_args(ap, slots=8, threads=2, model=True, cpu_buffers=True)
     ap.add_argument("--workloads", default="a,b,c")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--batched", default="1,4,8,16", help="B levels for the S_TG comparison ('' = skip)")
     ap.add_argument("--bin", help="folder with llama-server and llama-batched-bench [default: build them]")
-    ap.add_argument("-m", "--model", help="GGUF model or a -m name such as smollm2 [default: the bundled Gemma 3 270M]")
     ap.add_argument("--no-defaults", action="store_true", help="skip llama-server on its defaults and engine auto")
     ap.add_argument("--defaults-for", default="a,b,c",
                     help="workloads that also run llama-server on its defaults and engine auto [default: all]")
-    ap.add_argument("--cpu-buffers", choices=["auto", "plain", "repack"], default=None,
-                    help="CPU weight layout for both sides [default: auto, what this machine would choose]")
     args = ap.parse_args()
     global CPU_BUFFERS
     CPU_BUFFERS = args.cpu_buffers
 
-    model = resolve_model(args.model)
+    model = model_path(args.model)
     bin_dir = args.bin or subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
                                          check=True).stdout.strip().splitlines()[-1]
     server_bin = str(Path(bin_dir) / "llama-server")
@@ -312,10 +304,9 @@ def main() -> int:
         systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, [], w)))
         systems.append(("engine auto", lambda w: run_engine(model, args.threads, "auto", w)))
 
-    path = engine_kernels(model)
     print(f"# llamabatch vs llama-server: {Path(model).name}, {args.threads} threads, greedy, ignore_eos, "
-          f"{os.cpu_count()} CPUs, {cpu_name()}, {path.name} kernels ({path.why}; server flags: "
-          f"{' '.join(same_kernels(model)) or 'none'}) (figures are noisy: compare ratios per pair)\n")
+          f"{machine_line(model, CPU_BUFFERS)}; server flags: {' '.join(same_kernels(model)) or 'none'} "
+          f"(figures are noisy: compare ratios per pair)\n")
     for w in loads:
         say(f"== ({w.key}) {w.title} {w.notes}")
         these = systems if w.key in args.defaults_for else systems[:2]

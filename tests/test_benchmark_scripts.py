@@ -1,0 +1,107 @@
+"""The benchmark scripts stay runnable, and their shared helper (benchmarks/_bench.py) does
+what they used to do each on their own. Only `--help` and the pure helpers run here: the
+benchmarks themselves load the model and take minutes, so they are run by hand."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import _bench
+
+        yield _bench
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_every_script_answers_help(script, bench):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as ended, \
+            _argv([str(script), "--help"]):
+        runpy.run_path(str(script), run_name="__main__")
+    assert ended.value.code == 0
+    assert out.getvalue().startswith(f"usage: {script.name}")
+
+
+@contextlib.contextmanager
+def _argv(argv: list[str]):
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def test_there_are_scripts_to_check():
+    assert len(SCRIPTS) >= 11
+
+
+def test_prompts_are_the_workloads_the_published_figures_used(bench):
+    # docs/performance.md's figures were taken with these exact texts; a changed prompt is a new workload.
+    assert bench.sky_prompts(2) == [
+        "Question 0: explain in a few sentences why the sky looks blue at noon and red at dusk.",
+        "Question 1: explain in a few sentences why the sky looks blue at noon and red at dusk."]
+    assert bench.sky_prompts(1, short=True) == ["Question 0: explain in a few sentences why the sky looks blue at noon."]
+    essays = bench.essay_prompts(37)
+    assert essays[0] == "Here is a long, detailed essay about a lighthouse keeper (part 1):\n\n"
+    assert essays[36] == "Here is a long, detailed essay about a lighthouse keeper (part 2):\n\n"
+    assert len(set(essays)) == 37
+
+
+def test_arguments_are_added_only_where_a_script_asks(bench):
+    ap = bench.workload_args(argparse.ArgumentParser(), tokens=8, slots="8,16", model=True)
+    args = ap.parse_args([])
+    assert (args.tokens, args.slots, args.model) == (8, "8,16", None)
+    assert not hasattr(args, "prompts") and not hasattr(args, "threads")
+    assert bench.int_list(ap, "8, 16") == [8, 16]
+    for bad in ("eight", "0", ""):
+        with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            bench.int_list(ap, bad)
+
+
+def test_pairs_keep_each_ratio_and_their_median(bench):
+    pairs = bench.Pairs()
+    assert pairs.add(100.0, 97.0) == pytest.approx(0.97)
+    pairs.add(80.0, 90.0)
+    pairs.add(50.0, 50.0)
+    assert pairs.ratios == pytest.approx([0.97, 1.125, 1.0])
+    assert pairs.median() == pytest.approx(1.0)
+    seen = []
+    runs = iter([1, 2, 3, 4])
+    result = bench.run_pairs(2, lambda: next(runs), lambda: next(runs), lambda r, a, b: seen.append((r, a, b)))
+    assert result == [(1, 2), (3, 4)] and seen == [(1, 1, 2), (2, 3, 4)]  # A B A B, reported as measured
+
+
+def test_run_input_lines_and_records(bench, tmp_path):
+    path = bench.write_prompt_lines(tmp_path / "in.jsonl", ["a", "b"], 5)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines == [{"id": 0, "prompt": "a", "max_tokens": 5, "temperature": 0, "ignore_eos": True},
+                     {"id": 1, "prompt": "b", "max_tokens": 5, "temperature": 0, "ignore_eos": True}]
+    out = tmp_path / "out.jsonl"
+    out.write_text("".join(json.dumps({"id": i, "error": None, "usage": {"completion_tokens": 5}}) + "\n"
+                           for i in range(2)))
+    assert bench.completion_tokens(bench.read_records(out, 2)) == 10
+    with pytest.raises(SystemExit, match="1 of 3 records|2 of 3 records"):
+        bench.read_records(out, 3)
+    assert bench.llamabatch_command("run", "x")[-3:] == ["llamabatch", "run", "x"]
+
+
+def test_machine_line_names_the_cpu_cores_and_load(bench):
+    line = bench.machine_line()
+    assert " cores, load average " in line
