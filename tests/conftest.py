@@ -71,6 +71,20 @@ def _family_paths(paths: list[str]) -> list[tuple[str, str]]:
     return [("gemma3", p) for p in paths] + [("smollm2", p) for p in paths if p != "repack"]
 
 
+@pytest.fixture
+def settings_sandbox(tmp_path, monkeypatch):
+    """For tests of settings layers: no LLAMABATCH_* from the outside, an empty per-user config
+    dir, cwd in a fresh folder (where a local llamabatch.toml would be found); that folder."""
+    for name in list(os.environ):
+        if name.startswith("LLAMABATCH_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
 # Fixtures that bring a model: `model_path`, `smollm2_path`, `family`, and test_models.py's
 # `shared_cache`, which assembles the 250 MB model into a fresh cache folder.
 MODEL_FIXTURES = {"model_path", "smollm2_path", "family", "shared_cache"}

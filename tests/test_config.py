@@ -22,16 +22,8 @@ from cli_harness import invoke
 
 
 @pytest.fixture(autouse=True)
-def clean_env(tmp_path, monkeypatch):
-    """No LLAMABATCH_* from the outside, an empty per-user config dir, cwd in a temp dir."""
-    for name in list(os.environ):
-        if name.startswith("LLAMABATCH_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
+def clean_env(settings_sandbox):
+    return settings_sandbox  # conftest.py: no outside LLAMABATCH_*, an empty config dir, cwd in tmp
 
 
 def write(path: Path, text: str) -> Path:

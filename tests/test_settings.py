@@ -5,7 +5,6 @@ supervised with the fake runner in its child. No model is loaded."""
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -27,16 +26,8 @@ from fake_runner import FakeRunner
 
 
 @pytest.fixture(autouse=True)
-def clean_env(tmp_path, monkeypatch):
-    """No LLAMABATCH_* from the outside, an empty per-user config dir, cwd in a temp dir."""
-    for name in list(os.environ):
-        if name.startswith("LLAMABATCH_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
+def clean_env(settings_sandbox):
+    return settings_sandbox  # conftest.py: no outside LLAMABATCH_*, an empty config dir, cwd in tmp
 
 
 @pytest.fixture

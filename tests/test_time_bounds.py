@@ -1,7 +1,6 @@
 """--watchdog and --drain-timeout: flag > the command's config table > the default (llamabatch/cli/time_bounds.py)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -12,13 +11,8 @@ from cli_harness import invoke
 
 
 @pytest.fixture(autouse=True)
-def clean_env(tmp_path, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("LLAMABATCH_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+def clean_env(settings_sandbox):
+    return settings_sandbox  # conftest.py: no outside LLAMABATCH_*, an empty config dir, cwd in tmp
 
 
 def test_defaults_then_the_commands_table_then_the_flag(clean_env):
