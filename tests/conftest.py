@@ -90,6 +90,9 @@ def settings_sandbox(tmp_path, monkeypatch):
 MODEL_FIXTURES = {"model_path", "smollm2_path", "family", "shared_cache"}
 
 
+# tryfirst: xdist's own hook reads the xdist_group marks to name each test's group; ours must
+# have added them by then (without it the model tests ran on every worker at once).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
