@@ -14,6 +14,9 @@ import pytest
 
 from llamabatch import Delta, Engine, EngineConfig, ModelLoadError, QueueFull, SamplingParams
 
+from family_engines import family_engine_of
+from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
+
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 WAIT = 180  # seconds before a test calls the engine hung (SmolLM2's Q4_1 prefill is slow here, and a loaded machine multiplies it)
 
@@ -34,11 +37,7 @@ def engine(model_path):
 def family_engine(request, family):
     """`engine` on each model family (the Gemma one is `engine` itself): for the tests of paths
     that depend on the architecture, the vocabulary or the tokenizer."""
-    if family.name == "gemma3":
-        yield request.getfixturevalue("engine")
-        return
-    with Engine(EngineConfig(model=family.path, n_parallel=8, n_ctx=8 * 1024, threads=2)) as eng:
-        yield eng
+    yield from family_engine_of(request, family, n_parallel=8, n_ctx=8 * 1024, threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -292,8 +291,12 @@ def test_missing_or_non_gguf_model_is_a_one_line_model_load_error(tmp_path):
     junk.write_bytes(b"this is not a model\n" * 10)
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then nothing usable
-    for path, words in ((missing, "no such"), (junk, "not a GGUF"), (broken, "")):
-        with pytest.raises(ModelLoadError) as info:
-            Engine(EngineConfig(model=str(path), n_parallel=1, threads=2))
-        msg = str(info.value)
-        assert str(path) in msg and "\n" not in msg and words in msg
+    # Each weight layout loads differently: "repack" reads the tensor table itself before
+    # llama.cpp does (what auto picks where AMX is built in but cannot run), and must fail the same way.
+    layouts = ["auto", "plain"] + (["repack"] if "CPU_REPACK" in cpu_extra_buffer_types() else [])
+    for layout in layouts:
+        for path, words in ((missing, "no such"), (junk, "not a GGUF"), (broken, "")):
+            with pytest.raises(ModelLoadError) as info:
+                Engine(EngineConfig(model=str(path), n_parallel=1, threads=2, cpu_buffers=layout))
+            msg = str(info.value)
+            assert str(path) in msg and "\n" not in msg and words in msg, (layout, msg)

@@ -13,12 +13,20 @@ from .backend import first_error, weight_buffers
 from .cpu_kernels import model_params
 from ..config import EngineConfig
 from ..errors import ModelLoadError
+from ..models.gguf_header import GGUFError
 
 
 def load_model(config: EngineConfig, model_path: str, kernels: Any, mark: int) -> tuple[Any, dict[str, float]]:
     """The loaded model (llama_model*) and the MiB of weights per buffer type it took
     (which layouts the weights really took, by use), from llama.cpp's log after `mark`."""
-    mparams = model_params(kernels, model_path)
+    try:
+        mparams = model_params(kernels, model_path)
+    except GGUFError as exc:
+        # Pinning the repack layout reads the tensor table first (AMX built in but not usable):
+        # a broken file fails here, before llama.cpp sees it, and must say so the same way.
+        raise ModelLoadError(str(exc)) from None
+    except OSError as exc:
+        raise ModelLoadError(f"{model_path}: cannot read model file ({exc.strerror or exc})") from None
     mparams.n_gpu_layers = 999 if config.n_gpu_layers == -1 else config.n_gpu_layers
     model = C.llama_model_load_from_file(model_path.encode(), mparams)
     if not model:
