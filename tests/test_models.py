@@ -97,7 +97,7 @@ def test_second_start_trusts_the_stamp_without_hashing(cache, monkeypatch):
     def no_assembling(*args, **kwargs):
         raise AssertionError("re-assembled a verified model")
 
-    monkeypatch.setattr(models, "_sha256_of_file", no_hashing)
+    monkeypatch.setattr(models, "sha256_file", no_hashing)
     monkeypatch.setattr(bundled, "assemble", no_assembling)
     assert models.resolve_model(None) == first
 

@@ -19,6 +19,8 @@ import pytest
 
 from llamabatch import Delta, Engine, EngineConfig, SamplingParams, TickRecord
 
+from family_engines import family_engine_of
+
 pytestmark = pytest.mark.model
 
 WAIT = 120
@@ -34,11 +36,7 @@ def engine(model_path):
 @pytest.fixture(scope="module")
 def family_engine(request, family):
     """`engine` on each model family (the Gemma one is `engine` itself)."""
-    if family.name == "gemma3":
-        yield request.getfixturevalue("engine")
-        return
-    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 256, threads=1)) as eng:
-        yield eng
+    yield from family_engine_of(request, family, n_parallel=4, n_ctx=4 * 256, threads=1)
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,7 @@ def test_the_built_in_name_finds_the_file_through_the_distribution_and_hashes_it
     ref = resolve_model_ref("tiny")
     assert (ref.path, ref.name, ref.source) == (str(path), "tiny", "package")
     # the stamp (path, size, mtime) spares the next start the hash
-    monkeypatch.setattr(packaged, "sha256_of_file", lambda p: pytest.fail("hashed again"))
+    monkeypatch.setattr(packaged, "sha256_file", lambda p: pytest.fail("hashed again"))
     assert resolve_model_ref("tiny").path == str(path)
 
 

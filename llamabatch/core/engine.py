@@ -241,19 +241,27 @@ class Engine(SharedEngine):
                         self._cond.wait(None if deadline is None else deadline - time.perf_counter())
                     if self._closing:
                         break
-                    new, self._inbox = self._inbox, []
-                    rejected, self._rejected = self._rejected, []
+                    arrived = self._take_arrivals()
                     cancels, self._cancels = self._cancels, []
-                for handle, exc in rejected:
-                    self._reject(handle, exc)
-                for seq in new:
-                    self.scheduler.add(seq)
+                self._accept(*arrived)
                 self._tick(cancels)
         except BaseException as exc:  # never leave a caller waiting on a dead thread
             log.exception("engine thread failed")
             self._fail_everything(f"engine failed: {exc}")
         finally:
             self._shutdown()
+
+    def _take_arrivals(self) -> tuple[list[Sequence], list]:
+        """What submit() left since the last tick (the caller holds the lock)."""
+        new, self._inbox = self._inbox, []
+        rejected, self._rejected = self._rejected, []
+        return new, rejected
+
+    def _accept(self, new: list[Sequence], rejected: list) -> None:
+        for handle, exc in rejected:
+            self._reject(handle, exc)
+        for seq in new:
+            self.scheduler.add(seq)
 
     def _tick(self, cancels: list[Sequence]) -> None:
         t_start = time.perf_counter()
@@ -412,12 +420,8 @@ class Engine(SharedEngine):
     def _shutdown(self) -> None:
         with self._cond:
             self._closing = True
-            new, self._inbox = self._inbox, []
-            rejected, self._rejected = self._rejected, []
-        for handle, exc in rejected:
-            self._reject(handle, exc)
-        for seq in new:
-            self.scheduler.add(seq)
+            arrived = self._take_arrivals()
+        self._accept(*arrived)
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             if not seq.finished:
                 self._end(seq, "cancelled")

@@ -13,7 +13,6 @@ is hashed again.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -21,9 +20,9 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import InvalidRequest, ModelLoadError
+from .file_hash import sha256_file
 from .cache_folder import cache_dir
 
-_HASH_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -115,21 +114,13 @@ def verify(model: PackagedModel, path: Path) -> None:
     except (OSError, ValueError):
         pass  # no stamp yet, or an unreadable one: hash
     try:
-        digest = sha256_of_file(path)
+        digest = sha256_file(path)
     except OSError as exc:
         raise ModelLoadError(f"{path}: cannot read model file ({exc.strerror or exc})") from None
     if digest != model.sha256:
         raise ModelLoadError(f"{path}: damaged GGUF (sha256 {digest[:12]}..., expected {model.sha256[:12]}...); "
                              f"{reinstall}")
     _write_stamp(stamp, identity)
-
-
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _write_stamp(stamp: Path, identity: dict) -> None:

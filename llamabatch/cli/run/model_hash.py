@@ -7,13 +7,13 @@ file is simply hashed (the digest is never guessed).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
+from ...models.file_hash import sha256_file
+
 CACHE_FILE = "model_sha256.json"
-CHUNK = 4 << 20
 
 
 def _cache_path() -> Path:
@@ -30,21 +30,6 @@ def file_key(path: str) -> str | None:
     except OSError:
         return None
     return f"{real}|{st.st_size}|{st.st_mtime_ns}"
-
-
-def sha256_file(path: str, *, limit: int | None = None) -> str:
-    """The hex sha256 of the file (of its first `limit` bytes when given). Raises OSError."""
-    digest = hashlib.sha256()
-    left = limit
-    with open(path, "rb") as f:
-        while left is None or left > 0:
-            block = f.read(CHUNK if left is None else min(CHUNK, left))
-            if not block:
-                break
-            digest.update(block)
-            if left is not None:
-                left -= len(block)
-    return digest.hexdigest()
 
 
 def _read_cache() -> dict:
