@@ -307,3 +307,36 @@ def test_two_chat_processes_writing_at_once_keep_all_their_turns(tmp_path):
     switches = sum(a != b for a, b in zip(order, order[1:]))
     print(f"the writers took turns {switches} times in {len(order)} rows")
     assert switches >= 2
+
+
+def _open_and_write(path: str, barrier, results) -> None:
+    barrier.wait()  # both open the not-yet-existing database at the same instant
+    try:
+        store = Store(path)
+        cid = store.new_conversation(model="m", template="t", settings={}, system=None)
+        store.change(cid, add=[{"role": "user", "content": "hello"}])
+        store.close()
+        results.put("ok")
+    except StoreError as exc:
+        results.put(str(exc))
+
+
+def test_two_chats_creating_the_database_at_the_same_instant_both_open_it(tmp_path):
+    # Switching a new database to WAL answers "database is locked" without waiting when a
+    # second connection opens it at that moment; before the retry 1 start in 4 lost its log.
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    failures = []
+    for round_ in range(40):
+        path = str(tmp_path / f"round-{round_}.db")
+        barrier, results = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_open_and_write, args=(path, barrier, results)) for _ in range(2)]
+        for proc in procs:
+            proc.start()
+        outcomes = [results.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        failures += [o for o in outcomes if o != "ok"]
+        with sqlite3.connect(path) as db:
+            assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == outcomes.count("ok")
+    assert failures == []
