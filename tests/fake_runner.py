@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
 from llamabatch.core.plan import Runner, SampleStopped, StepPlan, StepResult
+from llamabatch.llama.ubatch_split import ubatch_sizes
 
 EOG = 1  # end of generation
 FILL = ord("~")  # sampled where EOG is blocked (ignore_eos, min_tokens)
@@ -208,7 +209,8 @@ class FakeRunner:
         # a copy of the plan as it was, sharing (not copying) the samplers it carries
         record = ExecutedPlan(call, copy.deepcopy(plan, {id(x): x for c in plan.chunks for x in (c.sampler, *(sm for _, sm in c.siblings))}), status)
         self.plans.append(record)
-        result = StepResult(status=status, eval_ms=0.5)
+        result = StepResult(status=status, eval_ms=0.5, ubatches=len(ubatch_sizes(
+            [(c.slot, len(c.tokens)) for c in plan.chunks], self.n_batch or 512, unified=False)))
         if status != 0:
             # "no KV room" (1): llama.cpp rolled the batch back, so a smaller retry may follow.
             # Any other failure may leave part of the batch in the cache: unknown until trimmed.

@@ -275,6 +275,7 @@ class Engine(SharedEngine):
         plan = self.scheduler.schedule()
         if not plan:
             return
+        t_planned = time.perf_counter()
         active = len(self.scheduler.running)
         with self.apart.decoding() if self.apart else contextlib.nullcontext():
             plan, result = self._execute(plan)
@@ -282,7 +283,7 @@ class Engine(SharedEngine):
             self._deliver(event)
         if result.apart:
             self._launch(plan, result)
-        self._record_tick(plan, result, active, t_start)
+        self._record_tick(plan, result, active, t_start, t_planned)
 
     def _launch(self, plan: StepPlan, result: StepResult) -> None:
         """Start the tick's SampleJobs, then wait a little: a cheap grammar's token still makes
@@ -350,14 +351,18 @@ class Engine(SharedEngine):
             if seq is not None and not seq.finished:
                 self._end(seq, "error", str(DecodeError(why)), DecodeError.code)
 
-    def _record_tick(self, plan: StepPlan, result: StepResult, active: int, t_start: float) -> None:
+    def _record_tick(self, plan: StepPlan, result: StepResult, active: int, t_start: float,
+                     t_planned: float) -> None:
         wall = (time.perf_counter() - t_start) * 1000
+        plan_ms = (t_planned - t_start) * 1000
+        overhead = max(0.0, wall - result.eval_ms - result.sample_ms)
         self._tick_no += 1
         self.telemetry.record_tick(TickRecord(
             tick=self._tick_no, batch_size=plan.n_tokens, decode_tokens=plan.decode_tokens,
             prefill_tokens=plan.prefill_tokens, active_slots=active,
             queue_depth=len(self.scheduler.waiting), eval_ms=result.eval_ms, sample_ms=result.sample_ms,
-            overhead_ms=max(0.0, wall - result.eval_ms - result.sample_ms), wall_ms=wall))
+            overhead_ms=overhead, wall_ms=wall, plan_ms=plan_ms, fill_ms=result.fill_ms,
+            after_ms=max(0.0, overhead - plan_ms - result.fill_ms), ubatches=result.ubatches))
 
     def _deliver(self, event: SeqEvent) -> None:
         seq = event.seq

@@ -141,6 +141,8 @@ class StepResult:
     logprobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> logprob record
     eval_ms: float = 0.0
     sample_ms: float = 0.0
+    fill_ms: float = 0.0  # writing the plan into the llama_batch, before llama_decode
+    ubatches: int = 0  # graph runs llama_decode made of the batch (llama/ubatch_split.py)
     # slot -> a SampleJob for each sample_apart chunk: run on a sampling thread, it gives that
     # chunk's tokens (its own and its siblings') later; the slot's request waits for them.
     apart: dict[int, "SampleJob"] = field(default_factory=dict)

@@ -237,6 +237,10 @@ class Scheduler:
                                 logprobs=seq.params.logprobs if wants_logits else None, siblings=siblings,
                                 sample_apart=wants_logits and self.sample_apart is not None
                                 and self.sample_apart(seq)))
+        # In slot order: with a KV stream per slot, llama.cpp puts rows of consecutive slot ids
+        # in one ubatch (llama/ubatch_split.py); in admission order a mixed tick made ~1 more
+        # graph run per out-of-order slot. The unified cache does not care.
+        chunks.sort(key=lambda c: c.slot)
         forks, self._forks = self._forks, []
         trims, self._trims = self._trims, []
         return StepPlan(chunks, forks, trims)

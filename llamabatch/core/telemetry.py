@@ -27,6 +27,13 @@ class TickRecord:
     sample_ms: float  # llama_sampler_sample for every row, in C
     overhead_ms: float  # everything else: scheduling, batch filling, detokenizing, delivery
     wall_ms: float
+    # overhead_ms by where it goes (bench --verbose's trace): before the plan exists (cancels,
+    # timeouts, admission, scheduling), writing the llama_batch, after the decode (stops,
+    # detokenizing, delivery, telemetry)
+    plan_ms: float = 0.0
+    fill_ms: float = 0.0
+    after_ms: float = 0.0
+    ubatches: int = 0  # graph runs llama_decode made of the tick's batch
     at: float = field(default_factory=time.perf_counter)
 
     kind = "tick"

@@ -28,6 +28,7 @@ from .cpu_kernels import derive_shapes_for, kernel_path
 from .kv import KvCache
 from .logprobs import LogprobReporter
 from .row_job import RowJob
+from .ubatch_split import ubatch_sizes
 from .samplers import Sampler, SamplerFactory, sample_row
 from .vocab import Vocabulary
 from ..config import EngineConfig
@@ -88,6 +89,7 @@ class LlamaRunner:
         if self.deterministic:
             self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
         self.n_batch = cparams.n_batch
+        self.n_ubatch = cparams.n_ubatch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         # Rows may be sampled on sampling threads (apart.py); deterministic mode samples inline.
         self.can_sample_apart = not self.deterministic
@@ -141,6 +143,7 @@ class LlamaRunner:
             self.kv.fork(fork)
         if self.deterministic:
             return self._execute_invariant(plan)  # trims and forks applied above: the first llama_decode copies
+        t_fill = time.perf_counter()
         batch = self.batch
         token, pos, n_seq, seq_ids, want = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
         rows: list[tuple[Any, int]] = []  # (chunk, row)
@@ -164,7 +167,9 @@ class LlamaRunner:
         status = C.llama_decode(self.ctx, batch)
         C.llama_synchronize(self.ctx)
         t1 = time.perf_counter()
-        result = StepResult(status=status, eval_ms=(t1 - t0) * 1000)
+        result = StepResult(status=status, eval_ms=(t1 - t0) * 1000, fill_ms=(t0 - t_fill) * 1000,
+                            ubatches=len(ubatch_sizes([(c.slot, len(c.tokens)) for c in plan.chunks],
+                                                      self.n_ubatch, self.kv_unified)))
         if status != 0:
             return result
         for chunk, row in rows:
@@ -230,6 +235,7 @@ class LlamaRunner:
             self.kv.drop_from(seq, pos)
         result.eval_ms += (t1 - t0) * 1000
         result.sample_ms += (time.perf_counter() - t1) * 1000
+        result.ubatches += 1  # a pass is shaped to fit one ubatch (batch_invariance)
         return status
 
     def close(self) -> None:
