@@ -20,6 +20,12 @@ server start-up are not timed; each run has one untimed warm-up request. Figures
 generated tokens per second of wall clock; ratios are per pair (run i of one system over
 run i of the other), since others may share the CPU.
 
+--kv-layouts streams,unified runs the engine once per KV layout (a stream per slot, the
+default; or one cache for every slot), each its own row; --trace prints, per workload, the
+engine's ticks by kind (bench --verbose's trace: graph runs per tick, where the time went)
+beside the tuned server's own counters from /metrics (llama_decode calls, prompt and
+generation seconds).
+
 Last, decode speed: llama-batched-bench S_TG (pp 32, tg 64) against the engine's S_TG from
 the same workload through `llamabatch bench`'s code (benchkit), at each B of --batched.
 
@@ -27,6 +33,7 @@ It measures and prints; it never asserts on time. Usage:
 
   python benchmarks/vs_llama_server.py [--slots 8] [--threads 2] [--workloads a,b,c]
       [--repeat 2] [--batched 1,4,8,16] [--bin DIR] [--model PATH] [--no-defaults] [--defaults-for a,b,c]
+      [--kv-layouts streams,unified] [--trace]
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ from pathlib import Path
 from _bench import kernels, machine_line, model_path, sky_prompts, timed_generate, workload_args
 
 from llamabatch import Engine, EngineConfig, SamplingParams
+from llamabatch.cli.bench.trace import trace_figures
 from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
@@ -194,6 +202,20 @@ class Server:
         with urllib.request.urlopen(req, timeout=3600) as r:
             return json.load(r)["tokens_predicted"]
 
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus counters (started with --metrics), by name without prefix."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except Exception:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            m = re.fullmatch(r"llamacpp:(\w+) ([-+\d.eE]+)", line.strip())
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
     def props(self) -> dict:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/props", timeout=5) as r:
@@ -202,29 +224,37 @@ class Server:
             return {}
 
 
-def run_server(binary: str, model: str, threads: int, extra: list[str], w: Workload) -> tuple[float, str]:
-    with Server(binary, model, threads, extra) as server:
+def run_server(binary: str, model: str, threads: int, extra: list[str], w: Workload,
+               trace: list | None = None) -> tuple[float, str]:
+    with Server(binary, model, threads, [*extra, "--metrics"]) as server:
         server.complete(w.prompts[0][:1] + [w.prompts[0][-1]], 2)  # untimed warm-up
         slots = server.props().get("total_slots", "?")
+        before = server.metrics()
         t0 = time.perf_counter()
         with cf.ThreadPoolExecutor(len(w.prompts)) as pool:
             generated = sum(pool.map(lambda p: server.complete(p, w.max_tokens), w.prompts))
         seconds = time.perf_counter() - t0
+        after = server.metrics()
+    if trace is not None:
+        trace.append({k: after.get(k, 0.0) - before.get(k, 0.0) for k in after} | {"wall_s": seconds})
     return generated / seconds, f"{slots} slots"
 
 
 # -- the engine -----------------------------------------------------------------------------
 
-def run_engine(model: str, threads: int, slots, w: Workload) -> tuple[float, str]:
+def run_engine(model: str, threads: int, slots, w: Workload, unified: bool = False,
+               trace: list | None = None) -> tuple[float, str]:
     n = slots if isinstance(slots, int) else None
     config = EngineConfig(model=model, n_parallel=slots, n_ctx=SLOT_CTX * n if n else None, threads=threads,
-                          cpu_buffers=CPU_BUFFERS)
+                          cpu_buffers=CPU_BUFFERS, kv_unified=unified)
     params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=True)
     with Engine(config) as engine:
         engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], params.replace(max_tokens=2))  # untimed warm-up
         run = timed_generate(engine, w.prompts, params)
         cached = sum(r.usage.cached_tokens for r in run.results)
         note = f"{engine.config.n_parallel} slots, {cached} prompt tokens copied or cached"
+    if trace is not None:
+        trace.append(trace_figures([t.to_dict() for t in run.ticks]) | {"wall_s": run.seconds})
     if run.failed:
         raise RuntimeError(f"engine: {len(run.failed)} requests failed, first: {run.failed[0].error}")
     return run.tok_s, note
@@ -246,13 +276,14 @@ def batched_bench(binary: str, model: str, threads: int, levels: list[int]) -> d
     return s_tg
 
 
-def engine_s_tg(model: str, threads: int, b: int) -> float:
+def engine_s_tg(model: str, threads: int, b: int, unified: bool = False) -> float:
     from llamabatch.cli.bench import benchkit
 
-    config = EngineConfig(model=model, n_parallel=b, n_ctx=128 * b, threads=threads, cpu_buffers=CPU_BUFFERS)
-    engine = Engine(config)
-    prompts = benchkit.synthetic_prompts(engine.tokenize, b, 32)
-    run = benchkit.run_level(engine, prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
+    config = EngineConfig(model=model, n_parallel=b, n_ctx=128 * b, threads=threads, cpu_buffers=CPU_BUFFERS,
+                          kv_unified=unified)
+    with Engine(config) as engine:
+        prompts = benchkit.synthetic_prompts(engine.tokenize, b, 32)
+        run = benchkit.run_level(engine, prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
     return benchkit.batched_figures(run, 32, 64)["speed_tg"]
 
 
@@ -273,6 +304,42 @@ def ratios(a: Row, b: Row) -> str:
     return ", ".join(f"{x / y:.2f}" for x, y in zip(a.runs, b.runs) if y > 0)
 
 
+def print_trace(w: Workload, traces: dict[str, list]) -> None:
+    """The engine's ticks by kind (means over the workload's runs) and the server's counters."""
+    print(f"### ({w.key}) trace: the engine's ticks by kind, mean per tick over {w.key}'s runs\n")
+    print("| engine | ticks | count | wall share | tokens | decode | prefill | graph runs | eval ms | "
+          "eval ms/token | sample ms | Python before + fill + after ms | wall ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for system, runs in traces.items():
+        if not system.startswith("engine") or not runs:
+            continue
+        for kind in ("decode", "mixed", "prefill", "all"):
+            rows = [r[kind] for r in runs if kind in r]
+            if not rows:
+                continue
+            mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+            print(f"| {system} | {kind} | {mean['ticks']:.0f} | {mean['share_of_wall']:.0%} | "
+                  f"{mean['mean_tokens']:.1f} | {mean['mean_decode_tokens']:.1f} | {mean['mean_prefill_tokens']:.1f} | "
+                  f"{mean['mean_ubatches']:.2f} | {mean['mean_eval_ms']:.1f} | {mean['eval_ms_per_token']:.3f} | "
+                  f"{mean['mean_sample_ms']:.2f} | "
+                  f"{mean['mean_plan_ms'] + mean['mean_fill_ms'] + mean['mean_after_ms']:.2f} | "
+                  f"{mean['mean_wall_ms']:.1f} |")
+    server = traces.get("server-tuned") or []
+    if server:
+        mean = {k: sum(r.get(k, 0.0) for r in server) / len(server) for k in server[0]}
+        calls = mean.get("n_decode_total", 0.0)
+        print(f"\nserver-tuned, mean per run: {calls:.0f} llama_decode calls; prompt "
+              f"{mean.get('prompt_tokens_total', 0):.0f} tokens in {mean.get('prompt_seconds_total', 0):.1f} s, "
+              f"generation {mean.get('tokens_predicted_total', 0):.0f} tokens in "
+              f"{mean.get('tokens_predicted_seconds_total', 0):.1f} s, wall {mean['wall_s']:.1f} s")
+        for system, runs in traces.items():
+            if system.startswith("engine") and runs:
+                ticks = sum(r["all"]["ticks"] for r in runs if "all" in r) / len(runs)
+                print(f"{system}, mean per run: {ticks:.0f} llama_decode calls, wall "
+                      f"{sum(r['wall_s'] for r in runs) / len(runs):.1f} s")
+    print(flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_args(ap, slots=8, threads=2, model=True, cpu_buffers=True)
@@ -283,7 +350,14 @@ def main() -> int:
     ap.add_argument("--no-defaults", action="store_true", help="skip llama-server on its defaults and engine auto")
     ap.add_argument("--defaults-for", default="a,b,c",
                     help="workloads that also run llama-server on its defaults and engine auto [default: all]")
+    ap.add_argument("--kv-layouts", default="streams",
+                    help="engine KV layouts to run, comma-separated: streams (a stream per slot), unified")
+    ap.add_argument("--trace", action="store_true",
+                    help="per workload, the engine's ticks by kind beside the tuned server's /metrics counters")
     args = ap.parse_args()
+    layouts = [x.strip() for x in args.kv_layouts.split(",") if x.strip()]
+    if not layouts or set(layouts) - {"streams", "unified"}:
+        ap.error("--kv-layouts takes streams and/or unified")
     global CPU_BUFFERS
     CPU_BUFFERS = args.cpu_buffers
 
@@ -297,9 +371,15 @@ def main() -> int:
     order = [k.strip() for k in args.workloads.split(",")]
     loads.sort(key=lambda w: order.index(w.key))  # in the order asked: the most wanted first
     n = args.slots
+    traces: dict[str, list] = {}  # system -> one trace per run of the current workload
     systems = [("server-tuned", lambda w: run_server(server_bin, model, args.threads,
-                                                     ["-np", str(n), "-c", str(SLOT_CTX * n), "--swa-full"], w)),
-               (f"engine {n} slots", lambda w: run_engine(model, args.threads, n, w))]
+                                                     ["-np", str(n), "-c", str(SLOT_CTX * n), "--swa-full"], w,
+                                                     traces.setdefault("server-tuned", [])))]
+    for layout in layouts:
+        name = f"engine {n} slots" + (f" {layout}" if len(layouts) > 1 else "")
+        systems.append((name, lambda w, name=name, unified=layout == "unified": run_engine(
+            model, args.threads, n, w, unified, traces.setdefault(name, []))))
+    n_engines = len(layouts)
     if not args.no_defaults:
         systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, [], w)))
         systems.append(("engine auto", lambda w: run_engine(model, args.threads, "auto", w)))
@@ -309,8 +389,9 @@ def main() -> int:
           f"(figures are noisy: compare ratios per pair)\n")
     for w in loads:
         say(f"== ({w.key}) {w.title} {w.notes}")
-        these = systems if w.key in args.defaults_for else systems[:2]
+        these = systems if w.key in args.defaults_for else systems[:1 + n_engines]
         rows = [Row(name) for name, _ in these]
+        traces.clear()
         for rep in range(args.repeat):
             for row, (name, fn) in zip(rows, these):
                 tok_s, note = fn(w)
@@ -322,28 +403,34 @@ def main() -> int:
         for row in rows:
             print(f"| {row.system} | {fmt(row.runs)} | {row.notes[0]} |")
         print()
-        print(f"- engine {n} slots / server-tuned, per pair: {ratios(rows[1], rows[0])}")
-        if len(rows) >= 3:
-            print(f"- engine {n} slots / server-default, per pair: {ratios(rows[1], rows[2])}")
-        if len(rows) >= 4:
-            print(f"- engine auto / server-default, per pair: {ratios(rows[3], rows[2])}")
+        for engine_row in rows[1:1 + n_engines]:
+            print(f"- {engine_row.system} / server-tuned, per pair: {ratios(engine_row, rows[0])}")
+        if len(rows) > 1 + n_engines:
+            default, auto = rows[1 + n_engines], rows[2 + n_engines]
+            print(f"- {rows[1].system} / server-default, per pair: {ratios(rows[1], default)}")
+            print(f"- engine auto / server-default, per pair: {ratios(auto, default)}")
         print(flush=True)
+        if args.trace:
+            print_trace(w, traces)
 
     levels = [int(x) for x in args.batched.split(",") if x.strip()]
     if levels:
         say("== decode speed: llama-batched-bench vs the engine (pp 32, tg 64)")
         print("## decode speed, S_TG t/s (pp 32, tg 64)\n")
-        print("| B | llama-batched-bench | engine | engine / batched-bench |\n|---|---|---|---|")
-        ref_runs, eng_runs = [], []
+        print("| B | KV layout | llama-batched-bench | engine | engine / batched-bench |\n|---|---|---|---|---|")
+        ref_runs: list[dict[int, float]] = []
+        eng_runs: dict[str, list[dict[int, float]]] = {layout: [] for layout in layouts}
         for rep in range(args.repeat):
             ref_runs.append(batched_bench(str(Path(bin_dir) / "llama-batched-bench"), model, args.threads, levels))
-            eng_runs.append({b: engine_s_tg(model, args.threads, b) for b in levels})
-            say(f"   run {rep + 1}: batched-bench {ref_runs[-1]}, engine {eng_runs[-1]}")
+            for layout in layouts:
+                eng_runs[layout].append({b: engine_s_tg(model, args.threads, b, layout == "unified") for b in levels})
+            say(f"   run {rep + 1}: batched-bench {ref_runs[-1]}, engine {[e[-1] for e in eng_runs.values()]}")
         for b in levels:
             refs = [r.get(b, 0.0) for r in ref_runs]
-            engs = [e[b] for e in eng_runs]
-            print(f"| {b} | {fmt(refs)} | {fmt(engs)} | "
-                  f"{', '.join(f'{e / r:.2f}' for e, r in zip(engs, refs) if r)} |")
+            for layout in layouts:
+                engs = [e[b] for e in eng_runs[layout]]
+                print(f"| {b} | {layout} | {fmt(refs)} | {fmt(engs)} | "
+                      f"{', '.join(f'{e / r:.2f}' for e, r in zip(engs, refs) if r)} |")
         print()
     return 0
 

@@ -34,3 +34,26 @@ def test_chunks_go_in_slot_order_and_ticks_count_their_graph_runs():
                  for p in plans]
     assert sum(admission) > sum(t.ubatches for t in ticks), (admission, [t.ubatches for t in ticks])
     assert all(t.plan_ms >= 0 and t.after_ms >= 0 and t.fill_ms == 0 for t in ticks)
+
+
+def test_kv_unified_flag_env_and_file_reach_engine_config(monkeypatch):
+    from llamabatch.settings.layers import merge
+
+    monkeypatch.delenv("LLAMABATCH_KV_UNIFIED", raising=False)
+    assert merge({}, "run").engine.kv_unified is False
+    assert merge({"kv_unified": True}, "run").engine.kv_unified is True
+    assert merge({}, "run", {"kv_unified": (True, "llamabatch.toml:3")}).engine.kv_unified is True
+    monkeypatch.setenv("LLAMABATCH_KV_UNIFIED", "on")
+    assert merge({}, "run").engine.kv_unified is True
+    assert merge({"kv_unified": False}, "run").engine.kv_unified is False  # the flag wins
+
+
+def test_kv_unified_with_deterministic_is_one_line_exit_2(tmp_path):
+    from cli_harness import invoke, runner_for
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n', encoding="utf-8")
+    result = invoke(["run", str(prompts), "--kv-unified", "--deterministic"], runner=runner_for())
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "kv_unified" in lines[0], result.stderr

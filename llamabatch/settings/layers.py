@@ -23,7 +23,7 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat
                  "grammar_file", "json_schema")
 # Every key a flag sets (cli/options.py declares one flag per key, in this order).
 SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
-               "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "max_memory") + SAMPLING_KEYS
+               "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "kv_unified", "max_memory") + SAMPLING_KEYS
 
 # Built-in defaults that differ for one command, below every other layer. One conversation
 # needs one slot, which then gets all of --n-ctx.
@@ -77,7 +77,7 @@ def _kind(key: str) -> Any:
         return "slots"
     if key == "max_memory":  # "16GiB", "80%", "off" or bytes: the setting's rule reads the text
         return str
-    if key in ("cache_prompt", "deterministic"):
+    if key in ("cache_prompt", "deterministic", "kv_unified"):
         return bool
     defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}
     t = str(defaults.get(key, "str"))

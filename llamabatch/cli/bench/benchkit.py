@@ -42,6 +42,7 @@ from ...errors import InvalidRequest
 from ...params import SamplingParams
 from ...results import Delta, Result
 from ...core.telemetry import TickRecord
+from .trace import trace_figures
 
 # Ordinary prose, long enough (a few hundred tokens) that prompts built from different
 # offsets into it differ from their second token on: the prefix cache cannot make a
@@ -338,12 +339,14 @@ def tick_summary(ticks: Sequence[TickRecord], n_parallel: int, n_batch: int) -> 
 
 def level_figures(run: LevelRun, pp: float, tg: int) -> dict[str, Any]:
     """Everything one level measured, as plain JSON-ready data."""
+    ticks = [t.to_dict() for t in run.ticks]
     return {
         "n_parallel": run.n_parallel,
         "batched": batched_figures(run, pp, tg),
         "latency": latency_figures(run.traces),
         "tick_summary": tick_summary(run.ticks, run.n_parallel, run.n_batch),
-        "ticks": [t.to_dict() for t in run.ticks],
+        "ticks": ticks,
+        "trace": trace_figures(ticks),
         "requests": [_request_row(t) for t in run.traces],
         "errors": [f"request {t.index}: {t.result.error if t.result else 'no result'}"
                    for t in run.traces if not t.ok],

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ... import __version__
 from . import benchkit
 from ...errors import InvalidRequest
-from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table)
+from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table, trace_table)
 from ..env import Environment
 from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options
 from ..options import SharedOptions, with_shared_options
@@ -35,6 +35,7 @@ def bench_command(
     json_file: Annotated[Optional[str], typer.Option("--json", metavar="FILE", show_default=False,
                                                      help="Write every figure (levels, latency, ticks, baseline, machine, model, versions) as JSON.")] = None,
     ticks: Annotated[int, typer.Option("--ticks", metavar="N", help="Show only the last N ticks of each level (0 = all).")] = 0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each level's trace: its ticks by kind (decode, mixed, prefill) with graph runs per tick and where the tick's time went (llama_decode, sampling, Python before, batch filling, Python after).")] = False,
     opts: SharedOptions = None,  # type: ignore[assignment]
     env: Environment = None,  # type: ignore[assignment]
 ) -> None:
@@ -47,6 +48,8 @@ def bench_command(
     2. vLLM's latency names, mean, median and p99 in ms: TTFT, TPOT, ITL (gaps between tokens as they reached the caller), E2EL; then request, output and total token throughput.
 
     3. Every tick of each level (or the last --ticks N) with its means: batch fill, the share of ticks mixing prefill with decode, and the Python overhead share of tick time.
+
+    4. With --verbose, each level's trace: ticks grouped by kind (decode only, mixed, prefill only), with mean tokens, graph runs (ubatches) per tick, and the mean milliseconds in llama_decode, the C samplers, Python before the plan, filling the llama_batch, and Python after the decode.
 
     --deterministic runs every level twice, default engine first, and adds a table of what the mode costs: output tokens per second of each and their ratio (the other tables show the deterministic runs).
 
@@ -106,7 +109,7 @@ def bench_command(
             for level in figures:
                 level.update(benchkit.speedup(level, base))
 
-    _print_tables(env, figures, base, ticks, configs[0].n_batch, default_figures if deterministic else None)
+    _print_tables(env, figures, base, ticks, configs[0].n_batch, default_figures if deterministic else None, verbose)
     failed = [e for level in figures for e in level["errors"]]
     for level in figures:
         if level["errors"]:
@@ -168,7 +171,7 @@ def _progress(env: Environment) -> Progress:
 
 
 def _print_tables(env: Environment, figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int,
-                  default_figures: list[dict[str, Any]] | None = None) -> None:
+                  default_figures: list[dict[str, Any]] | None = None, verbose: bool = False) -> None:
     out = (Console(file=env.stdout, force_terminal=True) if env.stdout_isatty
            else Console(file=env.stdout, width=200))  # a pipe must not fold columns
     out.print(batched_table(figures, with_speedup=base is not None))
@@ -177,6 +180,8 @@ def _print_tables(env: Environment, figures: list[dict[str, Any]], base: dict[st
     for level in figures:
         out.print(ticks_table(level, last_ticks))
         out.print(tick_summary_line(level, n_batch), soft_wrap=True, highlight=False)
+        if verbose:
+            out.print(trace_table(level))
     if default_figures is not None:  # --deterministic: what the mode costs, level by level
         out.print(deterministic_table(default_figures, figures))
     if base is not None:
