@@ -146,7 +146,12 @@ class BatchRun:
         return Snapshot(done=done, total=total, failed=self.writer.stats.failed,
                         tok_s=tok_s,
                         active=stats.slots_prefilling + stats.slots_generating,
-                        n_parallel=stats.n_parallel, eta_s=eta)
+                        n_parallel=stats.n_parallel, eta_s=eta, unit=f"{self.unit}s")
+
+    @property
+    def unit(self) -> str:
+        """What one INPUT entry is called in messages: "line", or "row" for a table (table_input.py)."""
+        return getattr(self.source, "unit", "line")
 
     # -- the reader thread -------------------------------------------------------------------
 
@@ -328,7 +333,7 @@ def _failure_notes(run: BatchRun, reporter: Reporter, notes: int) -> int:
         line_no, line_id, code, message = run.writer.failures.popleft()
         notes += 1
         if notes <= MAX_FAILURE_NOTES:
-            reporter.note(f"llamabatch run: line {line_no} (id {line_id!r}) failed: {code}: {message}")
+            reporter.note(f"llamabatch run: {run.unit} {line_no} (id {line_id!r}) failed: {code}: {message}")
         else:
-            reporter.note("llamabatch run: more lines failed; their records in OUTPUT say why")
+            reporter.note(f"llamabatch run: more {run.unit}s failed; their records in OUTPUT say why")
     return notes

@@ -6,6 +6,7 @@ progress in progress.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import threading
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from .on_ray import import_ray_pool, open_pool
 from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
 from .writer import RecordWriter
 from .long_job import LongJob
+from .table_plan import TablePlan, plan_tables
+from .table_input import TableOptions
 
 # Finished lines that may wait behind a slow one in --order input, per --max-inflight.
 REORDER_WINDOW_FACTOR = 8
@@ -71,6 +74,8 @@ class RunOptions:
     error_file: str | None = None
     retry_failed: bool = False
     allow_changed_settings: bool = False
+    tables: TableOptions = TableOptions()  # docs/tables.md
+    logprobs: int | None = None
 
 
 @dataclass
@@ -91,6 +96,7 @@ class RunJob:
     drain_timeout: float | None = None
     route: Any = None  # which file each record goes to (--error-file, --retry-failed: error_file.Routes)
     on_end: Any = None  # called with (BatchRun, RecordWriter) once the files are closed (long_job.py)
+    counter: Any = None  # the progress total of a table INPUT (table_input.TableCounter)
 
 
 @with_shared_options
@@ -166,6 +172,38 @@ def run_command(
                                                 help="Resume although the settings that change answers differ "
                                                      "from the manifest's (or it is missing); the change is "
                                                      "recorded in the manifest's history."),
+    template: Optional[str] = typer.Option(None, "--template", metavar="TEXT", show_default=False,
+                                           rich_help_panel="Tables",
+                                           help="Table INPUT: the prompt of each row, a Python str.format template "
+                                                "whose fields are column names, e.g. 'Classify the sentiment: "
+                                                "{review}' \\[default: the prompt column, if there is one]."),
+    template_file: Optional[str] = typer.Option(None, "--template-file", metavar="PATH", show_default=False,
+                                                rich_help_panel="Tables",
+                                                help="Table INPUT: read the --template from PATH (one final "
+                                                     "newline dropped)."),
+    messages_template: Optional[str] = typer.Option(None, "--messages-template", metavar="PATH",
+                                                    show_default=False, rich_help_panel="Tables",
+                                                    help="Table INPUT: a JSON list of chat messages whose "
+                                                         "contents are templates, e.g. [{\"role\": \"user\", "
+                                                         "\"content\": \"Translate: {text}\"}]."),
+    id_column: Optional[str] = typer.Option(None, "--id-column", metavar="COLUMN", show_default=False,
+                                            rich_help_panel="Tables",
+                                            help="Table INPUT: the column holding each row's id \\[default: the "
+                                                 "row number, 1 for the first data row]."),
+    keep_columns: Optional[str] = typer.Option(None, "--keep-columns", metavar="A,B|all", show_default=False,
+                                               rich_help_panel="Tables",
+                                               help="Table INPUT: input columns copied into each result (a table "
+                                                    "OUTPUT's columns; a JSONL record's \"input\")."),
+    delimiter: Optional[str] = typer.Option(None, "--delimiter", metavar="CHAR", show_default=False,
+                                            rich_help_panel="Tables",
+                                            help="Read INPUT as delimited text with this one-character "
+                                                 "delimiter (\\t for tab) \\[default: , for .csv, tab for .tsv]."),
+    logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, metavar="K", show_default=False,
+                                           rich_help_panel="Tables",
+                                           help="Log probabilities of each generated token with its top K "
+                                                "alternatives (0: the chosen token's only), for lines that do "
+                                                "not ask themselves; a table OUTPUT gets a logprobs column "
+                                                "(JSON text)."),
     *,
     opts: SharedOptions,
     env: Environment,
@@ -183,6 +221,10 @@ def run_command(
 
     Crash-safe: each record is flushed when written. After an interruption or a crash, run
     the same command with --resume to finish the rest.
+
+    Tables: INPUT may be .csv, .tsv, .parquet, .arrow, .feather, a folder of Parquet shards
+    or hf:datasets/OWNER/NAME[/CONFIG][:SPLIT] (rows through --template); -o *.csv, *.tsv,
+    *.parquet, *.sqlite or *.db writes a table (docs/tables.md).
     """
     run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
                    order=order.value, max_inflight=max_inflight, resume=resume, echo=echo,
@@ -190,7 +232,11 @@ def run_command(
                    quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
                    ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
                    verify=verify, dry_run=dry_run, as_json=as_json, error_file=error_file,
-                   retry_failed=retry_failed, allow_changed_settings=allow_changed_settings),
+                   retry_failed=retry_failed, allow_changed_settings=allow_changed_settings,
+                   tables=TableOptions(template=template, template_file=template_file,
+                                       messages_template=messages_template, id_column=id_column,
+                                       keep_columns=keep_columns, delimiter=delimiter),
+                   logprobs=logprobs),
         opts, env)
 
 
@@ -206,10 +252,22 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
             refuse_resume_to_stream(o.output)
         except RunFileError as exc:
             raise fail(str(exc), EXIT_USAGE) from None
+    if o.logprobs is not None:
+        resolved.sampling = dataclasses.replace(resolved.sampling, logprobs=o.logprobs)
+    # INPUT a table, or OUTPUT one: checked and opened before the model loads (table_plan.py)
+    tables = plan_tables(o, resolved.sampling)
     fmt = o.input_format
     if fmt == "auto":
         fmt = format_for_path(o.input_path)
-    parser = LineParser(resolved.sampling, input_format=fmt, system=o.system, echo=o.echo)
+    parser = tables.parser if tables.reads_table else LineParser(resolved.sampling, input_format=fmt,
+                                                                 system=o.system, echo=o.echo)
+    try:
+        _prepared(o, resolved, parser, tables, bounds, ray_pool, env)
+    finally:
+        tables.close()
+
+
+def _prepared(o: RunOptions, resolved, parser, tables: TablePlan, bounds, ray_pool, env: Environment) -> None:
     error_file = o.error_file
     if error_file is None:
         from ...settings.file_layer import command_setting
@@ -221,25 +279,30 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
     if o.dry_run:
         from .dry_run import dry_run_command
 
+        if tables.reads_table or tables.kind is not None:
+            raise fail("--dry-run reads prompts files (JSONL, text) and writes no table; table INPUT and "
+                       "OUTPUT are not supported by it yet", EXIT_USAGE)
+
         raise typer.Exit(dry_run_command(resolved, parser, o.input_path, o.output, resume=o.resume,
                                          retry_failed=o.retry_failed, error_file=error_file, as_json=o.as_json,
                                          stdin=env.stdin, write=env.out,
                                          open_tokenizer=lambda r: open_engine(r, env, isolated=False)))
-    job = LongJob(resolved, o.input_path, o.output, error_file=error_file, resume=o.resume,
+    job = LongJob(resolved, o.input_path, tables.records_output, error_file=error_file, resume=o.resume,
                   retry_failed=o.retry_failed, allow_changed=o.allow_changed_settings, system=o.system,
                   argv=env.argv, say=env.say)
     try:
         job.prepare()
-        _run_job(job, o, resolved, parser, bounds, ray_pool, env)
+        _run_job(job, o, resolved, parser, bounds, ray_pool, env, tables)
     finally:
         job.release()
 
 
-def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, ray_pool, env: Environment) -> None:
+def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, ray_pool, env: Environment,
+             tables: TablePlan) -> None:
     # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
     try:
-        source = open_input(o.input_path, env.stdin)
-        sink = open_output(o.output, o.input_path, env.stdout)
+        source = tables.source if tables.reads_table else open_input(o.input_path, env.stdin)
+        sink = open_output(tables.records_output, o.input_path, env.stdout)
     except RunFileError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
     try:
@@ -257,7 +320,8 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
             raise fail(str(exc), EXIT_ERROR) from None
     try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
         # auto never opens more slots than lines (locally, and on each Ray worker)
-        lines = count_lines(source, max(autoslots.CANDIDATES) + 1) if source.is_file else None
+        cap = max(autoslots.CANDIDATES) + 1
+        lines = count_lines(source, cap) if source.is_file else tables.rows_up_to(cap)
         if ray_pool is None:
             engine = open_engine(resolved, env, max_slots=lines, isolated=o.isolate, watchdog_s=bounds.watchdog_s)
             cluster = None
@@ -273,9 +337,12 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
     inflight = o.max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
     reporter = make_reporter(o.quiet, o.progress_every, env.stderr, live_ok=not sink.is_terminal,
                              stream_isatty=env.stderr_isatty)
+    if tables.empty_note:
+        reporter.note(tables.empty_note)
     if o.resume:
-        reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {o.output}"
+        reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {tables.records_output}"
                       + (f"; cut off a torn last line ({torn} bytes)" if torn else ""))
+    finished: list[bool] = []  # whether every INPUT entry got its record (set when the loop ends)
     try:
         if not o.resume:
             try:
@@ -292,6 +359,7 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
 
         def ended(run: BatchRun, writer: RecordWriter) -> None:
             complete = not run.stopping and run.read_error is None and writer.error is None
+            finished.append(complete)
             job.end(complete=complete, wall_s=run.elapsed(), written=writer.stats.written,
                     generated=writer.stats.completion_tokens, ray=cluster.describe() if cluster else None,
                     input_ids=run.seen_ids if complete else None)
@@ -299,10 +367,14 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
         code = _run(engine, RunJob(parser=parser, source=source, sink=sink, reporter=reporter, options=o,
                                    inflight=inflight, argv=env.argv, answered=answered, cluster=cluster,
                                    deterministic=resolved.engine.deterministic,
-                                   drain_timeout=bounds.drain_timeout_s, route=job.routes(sink), on_end=ended))
+                                   drain_timeout=bounds.drain_timeout_s, route=job.routes(sink), on_end=ended,
+                                   counter=tables.counter()))
     finally:
         engine.close()
         source.close()
+    if tables.kind is not None:  # the table from the records file, finished or not (table_output.py)
+        code = tables.finalize(code, o.order, complete=bool(finished and finished[0]), quiet=o.quiet,
+                               say=env.say)
     raise typer.Exit(code)
 
 
@@ -333,7 +405,7 @@ def _run(engine, job: RunJob) -> int:
     run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=job.answered,
                    on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))
                    if reservoir else None)
-    counter = LineCounter(source.name) if source.is_file else None
+    counter = LineCounter(source.name) if source.is_file else job.counter
     interrupts = Interrupts()
     try:
         with interrupts.installed():
@@ -403,7 +475,7 @@ def _verified(engine, reservoir: Reservoir, reporter: Reporter, deterministic: b
 def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter, restarts_told: bool = False) -> None:
     s = writer.stats
     wall = run.elapsed()
-    line = f"llamabatch run: {s.written} line(s) in {clock_duration(wall)}: {s.ok} ok, {s.failed} failed"
+    line = f"llamabatch run: {s.written} {run.unit}(s) in {clock_duration(wall)}: {s.ok} ok, {s.failed} failed"
     if run.skipped:
         line += f"; {run.skipped} already in OUTPUT"
     if writer.skipped:

@@ -58,6 +58,7 @@ class LineRequest:
     shape: str = PLAIN  # the output shape its record takes
     url: str | None = None  # the OpenAI endpoint, which picks the response object
     echo: dict | None = None  # with --echo: copied into the plain record under "input"
+    row: int | None = None  # table inputs: the data row number, written as the record's "row"
 
 
 @dataclass
@@ -70,6 +71,8 @@ class LineError:
     message: str
     shape: str = PLAIN
     url: str | None = None
+    echo: dict | None = None  # table inputs: the kept columns, so a failed row can be joined back too
+    row: int | None = None  # table inputs: the data row number
 
     def result(self) -> Result:
         return error_result(self.code, self.message)
@@ -351,12 +354,11 @@ def build_record(item: LineRequest | LineError, result: Result, model: str) -> d
     """The output record for one line, in the shape its input asked for."""
     if item.shape == OPENAI:
         return openai_record(item.id, item.url, result, model)
-    echo = item.echo if isinstance(item, LineRequest) else None
-    return plain_record(item.id, result, echo)
+    return plain_record(item.id, result, item.echo, item.row)
 
 
-def plain_record(line_id: LineId, result: Result, echo: dict | None = None) -> dict[str, Any]:
-    record = {"id": line_id, **result.to_dict()}
+def plain_record(line_id: LineId, result: Result, echo: dict | None = None, row: int | None = None) -> dict[str, Any]:
+    record = {"id": line_id, **({"row": row} if row is not None else {}), **result.to_dict()}
     if result.finish_reason == "timeout" and record["error"] is None:
         record["error"] = {"code": "timeout", "message": "the request's timeout passed before it finished"}
     if result.logprobs is not None:
@@ -420,4 +422,5 @@ def duplicate_id_error(item: LineRequest | LineError) -> LineError:
     """The error for a line whose id an earlier line already used (resume matches lines by id)."""
     return LineError(item.line_no, item.id, "duplicate_id",
                      f"line {item.line_no}: id {json.dumps(item.id)} was already used by an earlier line "
-                     "(ids must be unique so --resume can match answers to lines)", item.shape, item.url)
+                     "(ids must be unique so --resume can match answers to lines)", item.shape, item.url,
+                     item.echo, item.row)

@@ -26,6 +26,7 @@ class Snapshot:
     n_parallel: int
     eta_s: float | None
     extra: str = ""  # run --ray: per-worker lines/s and tok/s
+    unit: str = "lines"  # what INPUT is counted in: "rows" for a table
 
 
 def clock_duration(seconds: float | None) -> str:
@@ -77,7 +78,7 @@ class PlainReporter(Reporter):
             return
         self._last = now
         total = "?" if snap.total is None else str(snap.total)
-        self.say(f"llamabatch run: {snap.done}/{total} lines, {_details(snap)}")
+        self.say(f"llamabatch run: {snap.done}/{total} {snap.unit}, {_details(snap)}")
 
     def note(self, message: str) -> None:
         self.say(message)
@@ -92,14 +93,14 @@ class RichReporter(Reporter):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
         self.console = Console(file=self.stream, highlight=False)
-        self.progress = Progress(SpinnerColumn(), TextColumn("lines"), BarColumn(), MofNCompleteColumn(),
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.fields[unit]}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[details]}"), console=self.console,
                                  refresh_per_second=4)
-        self.task = self.progress.add_task("lines", total=None, details="")
+        self.task = self.progress.add_task("lines", total=None, details="", unit="lines")
         self.progress.start()
 
     def update(self, snap: Snapshot) -> None:
-        self.progress.update(self.task, completed=snap.done, total=snap.total, details=_details(snap))
+        self.progress.update(self.task, completed=snap.done, total=snap.total, details=_details(snap), unit=snap.unit)
 
     def note(self, message: str) -> None:
         self.say(message)

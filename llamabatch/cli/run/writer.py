@@ -134,7 +134,8 @@ class RecordWriter:
         except Exception as exc:  # a record that can't be built is still this line's answer, not the run's end
             log.exception("building the record of line %d failed", item.line_no)
             message = f"the record could not be built: {type(exc).__name__}: {exc}"
-            item = LineError(item.line_no, item.id, "internal_error", message, item.shape, item.url)  # no echo
+            item = LineError(item.line_no, item.id, "internal_error", message, item.shape, item.url,
+                             row=item.row)  # no echo: it may be what could not be encoded
             result = item.result()
             data = _encode(self._record(item, result))
         sink = self.route(item, result) if self.route is not None else self.sink

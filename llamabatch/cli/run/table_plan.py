@@ -1,0 +1,123 @@
+"""What a `run` invocation does with tables, decided once before the model loads: whether
+INPUT is a table (its reader, parser and row counter: table_input.py), whether OUTPUT is one
+(its records file and columns: table_output.py), and making the table when the run ends.
+
+With neither, `records_output` is OUTPUT itself and `run` is the prompts-file command it
+always was.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from ...params import SamplingParams
+from ...tables import TableError
+from ...tables.arrow_import import pyarrow_modules
+from ...tables.csv_table import CsvTable
+from ..common import EXIT_ERROR, EXIT_USAGE, fail
+from .table_input import (TableCounter, TableParser, TableSource, open_table_input, output_inside_input,
+                          reads_table)
+from .table_layout import Layout
+from .table_output import finalize, records_path, table_kind
+
+SMALL_CSV_BYTES = 4 << 20  # a CSV this small is counted up front (for the slot count); larger ones in the background
+
+
+class TablePlan:
+    def __init__(self, *, output: str | None, kind: str | None, source: TableSource | None = None,
+                 parser: TableParser | None = None, layout: Layout | None = None, delimiter: str | None = None,
+                 input_path: str = ""):
+        self.output = output
+        self.kind = kind  # csv, tsv, parquet, sqlite: OUTPUT is a table; None: JSONL
+        self.source = source  # INPUT's rows when it is a table
+        self.parser = parser
+        self.layout = layout
+        self.delimiter = delimiter
+        self.input_path = input_path
+        self.empty_note: str | None = None
+        if source is not None and source.empty:
+            self.empty_note = f"llamabatch run: INPUT {source.name} has no data rows: nothing to run"
+
+    @property
+    def reads_table(self) -> bool:
+        return self.source is not None
+
+    @property
+    def records_output(self) -> str | None:
+        """Where the JSONL records go: OUTPUT, or a table OUTPUT's records file."""
+        return records_path(self.output) if self.kind is not None else self.output
+
+    def rows_up_to(self, cap: int) -> int | None:
+        """The row count when it is cheap to know (it bounds the slot count), capped at `cap`."""
+        if self.source is None:
+            return None
+        table = self.source.reader.table
+        if isinstance(table, CsvTable):
+            try:
+                if os.path.getsize(table.name) > SMALL_CSV_BYTES:
+                    return None
+            except OSError:
+                return None
+        n = table.count()
+        return None if n is None else min(n, cap)
+
+    def counter(self) -> TableCounter | None:
+        return TableCounter(self.input_path, self.delimiter) if self.source is not None else None
+
+    def finalize(self, code: int, order: str, *, complete: bool, quiet: bool, say: Callable[[str], None]) -> int:
+        """Write the table from the records file (finished or stopped); a failure is exit 1 with
+        the records kept for the next --resume."""
+        records = self.records_output
+        if not os.path.exists(records):
+            return code
+        try:
+            n = finalize(records, self.output, self.kind, self.layout, in_input_order=order == "input")
+        except Exception as exc:
+            say(f"llamabatch: error: cannot write the table {self.output}: {getattr(exc, 'strerror', None) or exc}; "
+                f"the answers are kept in {records}, and --resume writes the table again")
+            return EXIT_ERROR
+        if not quiet:
+            what = "complete" if complete else "the rows answered so far; --resume completes it"
+            say(f"llamabatch run: wrote {n} row(s) to {self.output} ({what}; from {records})")
+        return code
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+
+
+def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
+    """Check and open what the table flags ask for. Raises CliError (one line) before anything loads."""
+    t = o.tables
+    kind = table_kind(o.output)
+    is_table = o.input_format == "auto" and reads_table(o.input_path, t)
+    if not is_table and t.given:
+        raise fail(f"{', '.join(t.given)} read a table INPUT (.csv, .tsv, .parquet, .arrow, .feather, a folder of "
+                   f"Parquet shards, hf:datasets/...); {o.input_path} is read as a prompts file", EXIT_USAGE)
+    if is_table and o.input_path != "-" and output_inside_input(o.output, o.input_path):
+        raise fail(f"OUTPUT {o.output} is the INPUT {'file' if not os.path.isdir(o.input_path) else 'folder'} "
+                   "or inside it; write the results somewhere else", EXIT_ERROR)
+    if kind is not None and o.output is not None and os.path.isdir(o.output):
+        raise fail(f"cannot write OUTPUT {o.output}: is a directory", EXIT_ERROR)
+    if kind == "parquet":
+        try:
+            pyarrow_modules(f"writing Parquet ({o.output})")
+        except TableError as exc:
+            raise fail(str(exc), EXIT_ERROR) from None
+    logprobs = sampling.logprobs is not None
+    if not is_table:
+        layout = Layout((), logprobs, rows=False) if kind is not None else None
+        return TablePlan(output=o.output, kind=kind, layout=layout)
+    try:
+        reader = open_table_input(o.input_path, t, o.system, keep_for_output=o.echo)
+    except TableError as exc:
+        raise fail(str(exc), EXIT_ERROR) from None
+    try:
+        source = TableSource(reader)
+    except BaseException:
+        reader.close()
+        raise
+    parser = TableParser(sampling, echo=bool(reader.keep))
+    return TablePlan(output=o.output, kind=kind, source=source, parser=parser,
+                     layout=Layout(tuple(reader.keep), logprobs, rows=True), delimiter=t.delimiter,
+                     input_path=o.input_path)
