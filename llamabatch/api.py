@@ -20,7 +20,7 @@ from .core.handle import EventCallback
 from .core.inputs import Prompt
 from .core.telemetry import EngineStats, Telemetry
 from .params import SamplingParams
-from .results import Delta, Result
+from .results import Delta, Embedding, Result
 
 
 @runtime_checkable
@@ -74,6 +74,17 @@ class EngineAPI(Protocol):
     def generate(self, prompts: Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Result]:
         """Run every prompt concurrently (waiting for room when the queue is bounded); results in input order."""
+
+    def submit_embedding(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
+                         truncate: bool = False, timeout: float | None = None,
+                         callback: EventCallback | None = None) -> Handle:
+        """Queue one embeddings request (a string, strings, token ids, or lists of them); its
+        result() is an EmbeddingResult with the same outcomes as generation's, exactly once.
+        The Ray pool serves none: its handle ends at once with error code "unsupported"."""
+
+    def embed(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
+              truncate: bool = False) -> list[Embedding]:
+        """One vector per input, in order; raises EmbeddingFailed when the request has none."""
 
     def hold(self) -> ContextManager[None]:
         """Requests submitted inside the block start together (only submit inside)."""

@@ -63,6 +63,9 @@ class EngineConfig:
     # (resources.py): bytes, a size ("16GiB"), a share of the memory available ("80%") or "off".
     # None = "90%".
     max_memory: int | str | None = None
+    # How embeddings pool token vectors into one: mean, cls or last. None = the GGUF's own
+    # pooling type when it has one, else mean (llamabatch/llama/embedder.py).
+    pooling: str | None = None
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -147,6 +150,7 @@ KEY_RULES: dict[str, Rule] = {
     "deterministic": boolean,
     "cpu_buffers": optional(choice(*CPU_BUFFERS)),
     "max_memory": optional(max_memory_rule),
+    "pooling": optional(choice("mean", "cls", "last")),
 }
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
 

@@ -88,3 +88,58 @@ class Result:
         if self.deterministic:
             out["deterministic"] = True
         return out
+
+
+@dataclass
+class Embedding:
+    """One input's vector: `index` is its place in the request's inputs."""
+
+    index: int
+    vector: list[float]
+    n_tokens: int  # tokens evaluated for it (after truncation)
+
+
+@dataclass
+class EmbeddingResult:
+    """The one terminal outcome of an embeddings request: every input's vector, in input
+    order (finish_reason "stop"), or none of them (error, cancelled, timeout)."""
+
+    request_id: int
+    embeddings: list[Embedding]
+    finish_reason: str
+    usage: Usage
+    timings: Timings
+    pooling: str = ""  # how the token vectors were pooled (mean, cls, last)
+    error: str | None = None
+    error_code: str | None = None
+    deterministic: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.finish_reason == "stop"
+
+    @property
+    def vectors(self) -> list[list[float]]:
+        return [e.vector for e in self.embeddings]
+
+    @classmethod
+    def ended(cls, result: "Result | EmbeddingResult") -> "EmbeddingResult":
+        """An ending without vectors (a generation-shaped Result from code that ends any
+        request the same way: cancelled before it ran, refused, lost in a crash) as this type."""
+        if isinstance(result, EmbeddingResult):
+            return result
+        return cls(result.request_id, [], result.finish_reason, result.usage, result.timings,
+                   error=result.error, error_code=result.error_code, deterministic=result.deterministic)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "embeddings": self.vectors,
+            "finish_reason": self.finish_reason,
+            "pooling": self.pooling,
+            "usage": self.usage.to_dict(),
+            "timings": self.timings.to_dict(),
+            "error": None if self.error is None else {"code": self.error_code, "message": self.error},
+        }
+        if self.deterministic:
+            out["deterministic"] = True
+        return out

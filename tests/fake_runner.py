@@ -18,13 +18,14 @@ request ignores EOG; FILL also replaces EOG while min_tokens suppresses it).
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
-from llamabatch.core.plan import Runner, SampleStopped, StepPlan, StepResult
+from llamabatch.core.plan import EmbedBatch, EmbedStepResult, Runner, SampleStopped, StepPlan, StepResult
 from llamabatch.llama.ubatch_split import ubatch_sizes
 
 EOG = 1  # end of generation
@@ -62,6 +63,24 @@ def fake_logprobs(tok: int, top_n: int) -> dict[str, Any]:
 
     alts = [tok] + [t for t in range(ord("a"), ord("a") + top_n + 1) if t != tok]
     return {**entry(tok, -0.5), "top_logprobs": [entry(t, -0.5 - i) for i, t in enumerate(alts[:top_n])]}
+
+
+FAKE_N_EMBD = 8
+
+
+def fake_token_vector(tok: int) -> list[float]:
+    """The fake model's vector of one token: fixed, different for every token id."""
+    return [math.sin(tok * (j + 1) * 0.001) + 0.01 * (j + 1) for j in range(FAKE_N_EMBD)]
+
+
+def fake_embedding(tokens: list[int], pooling: str) -> list[float]:
+    """The fake runner's pooled (unnormalized) vector: the mean, first or last token vector."""
+    if pooling == "cls":
+        return fake_token_vector(tokens[0])
+    if pooling == "last":
+        return fake_token_vector(tokens[-1])
+    rows = [fake_token_vector(t) for t in tokens]
+    return [sum(col) / len(rows) for col in zip(*rows)]
 
 
 def missing_runner_members(runner: Any) -> list[str]:
@@ -120,7 +139,10 @@ class FakeRunner:
                  status: dict[int, int] | Callable[[int, StepPlan], int] | None = None,
                  partial_trim: bool = True, hook: Callable[[int, StepPlan], None] | None = None,
                  step_delay: float = 0.0, metadata: dict[str, str] | None = None, can_fork: bool = True,
-                 sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True):
+                 sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True,
+                 embed_status: dict[int, int] | None = None, embed_delay: float = 0.0,
+                 embed_max_tokens: int = 64, embed_max_seqs: int = 8, default_pooling: str = "mean",
+                 embed_refusal: str = ""):
         self.can_fork = can_fork
         self.can_trim = partial_trim
         self.can_sample_apart = can_sample_apart
@@ -151,6 +173,16 @@ class FakeRunner:
         self.close_calls = 0
         self.calls = 0
         self._lock = threading.Lock()
+        # embeddings: fixed fake vectors (fake_embedding); embed_status scripts llama_decode's
+        # status by embed() call number; every batch is recorded with its status
+        self.n_embd = FAKE_N_EMBD
+        self.embed_max_tokens = embed_max_tokens
+        self.embed_max_seqs = embed_max_seqs
+        self.default_pooling = default_pooling
+        self.embed_refusal = embed_refusal
+        self.embed_status = embed_status or {}
+        self.embed_delay = embed_delay
+        self.embed_batches: list[tuple[EmbedBatch, int]] = []
 
     # -- model facts -------------------------------------------------------------------
 
@@ -315,6 +347,21 @@ class FakeRunner:
             tok = FILL
         sampler.emitted += 1
         return tok
+
+    def embed(self, batch: EmbedBatch) -> EmbedStepResult:
+        if self.embed_delay:
+            time.sleep(self.embed_delay)
+        status = self.embed_status.get(len(self.embed_batches) + 1, 0)
+        self.embed_batches.append((copy.deepcopy(batch), status))
+        if batch.n_tokens > self.embed_max_tokens or len(batch.inputs) > self.embed_max_seqs or not batch.inputs:
+            self.violations.append(f"embed batch of {len(batch.inputs)} inputs, {batch.n_tokens} tokens "
+                                   f"(bounds {self.embed_max_seqs}, {self.embed_max_tokens})")
+        for tokens in batch.inputs:
+            if not tokens or any(not 0 <= t < self.n_vocab for t in tokens):
+                self.violations.append(f"embed input {tokens!r} is empty or outside the vocabulary")
+        if status != 0:
+            return EmbedStepResult(status=status)
+        return EmbedStepResult(vectors=[fake_embedding(t, batch.pooling) for t in batch.inputs], eval_ms=0.1)
 
     def close(self) -> None:
         self.close_calls += 1

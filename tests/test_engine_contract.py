@@ -241,3 +241,24 @@ def test_a_chat_engine_renders_chat_messages_with_its_models_template(shared):
         assert "hello there" in text and shared.chat_template is not None
     else:  # the Ray pool: the template lives with the model, on the workers
         assert not hasattr(shared, "render_chat")
+
+
+def test_embeddings_are_served_or_refused_in_one_line(shared, kind):
+    from fake_runner import fake_embedding, text_tokens
+    from llamabatch.core.shared import EmbeddingFailed
+    from llamabatch.results import EmbeddingResult
+
+    events = Events()
+    handle = shared.submit_embedding(["ab", "cde"], normalize=False, callback=events)
+    result = handle.result(WAIT)
+    assert isinstance(result, EmbeddingResult)
+    if kind == "ray":  # documented: the pool serves no embeddings, each request says so
+        assert result.finish_reason == "error" and result.error_code == "unsupported" and "\n" not in result.error
+        with pytest.raises(EmbeddingFailed, match="not served by RayPool"):
+            shared.embed("x")
+        return
+    assert result.ok and result.vectors == [fake_embedding(text_tokens(t), "mean") for t in ("ab", "cde")]
+    assert shared.submit_embedding("").result(WAIT).finish_reason == "error"
+    assert [e.index for e in shared.embed(["a", "b", "c"])] == [0, 1, 2]
+    seen = events.seen[handle.request_id]
+    assert len(seen) == 1 and seen[0].finish_reason == "stop"  # one terminal event, no deltas

@@ -19,14 +19,15 @@ import time
 from typing import Any, Callable, Iterator, Sequence as Seq
 
 from .apart import GRACE, ApartSampling, Flight, wants_apart
+from .embedding import EmbedJob, EmbedQueue, EmbedRequest, prepare_job, unit
 from ..config import EngineConfig
 from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
 from .inputs import InputPreparer, Prompt
 from ..models.resolve import model_display_name
 from ..params import SamplingParams
-from .plan import StepPlan, StepResult
-from ..results import Delta
+from .plan import EmbedBatch, StepPlan, StepResult
+from ..results import Delta, EmbeddingResult
 from .scheduler import Scheduler, SeqEvent
 from .sequence import Sequence, Status
 from .shared import SharedEngine, check_room, error_result, record_outcome
@@ -89,7 +90,8 @@ class Engine(SharedEngine):
                                    runner.token_bytes, runner.is_eog,
                                    share_min=share_min, cache_generated=not self.config.deterministic,
                                    sample_apart=(lambda seq: wants_apart(seq.params)) if self.apart else None)
-        self._inbox: list[Sequence] = []
+        self._inbox: list[Sequence | EmbedJob] = []
+        self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread
         self._cancels: list[Sequence] = []
         self._handles: dict[int, RequestHandle] = {}
@@ -179,6 +181,40 @@ class Engine(SharedEngine):
             self._cond.notify()
         return handle
 
+    def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
+        """Queue one embeddings request (shared.py's submit_embedding); bad input ends the
+        handle with 'error', on the engine thread, as submit does."""
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("the engine is closed")
+            request_id = self._next_id
+            self._next_id += 1
+        handle = RequestHandle(self._cancel, request_id, False, callback)
+        handle.kind = "embed"
+        try:
+            job = prepare_job(self.runner, request_id, request)
+        except Exception as exc:
+            if not isinstance(exc, LlamaBatchError):
+                log.exception("embeddings request %s could not be prepared", request_id)
+                exc = InternalError(f"{type(exc).__name__}: {exc}")
+            with self._cond:
+                if self._closing:
+                    raise EngineClosed("the engine is closed") from None
+                self.telemetry.totals.submitted += 1
+                self._rejected.append((handle, exc))
+                self._cond.notify()
+            return handle
+        handle._job = job
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("the engine is closed")
+            check_room(len(self._handles), len(self.scheduler.slots), self.config.max_queue)
+            self.telemetry.totals.submitted += 1
+            self._handles[request_id] = handle
+            self._inbox.append(job)
+            self._cond.notify()
+        return handle
+
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         """Keep the engine thread from picking up new requests until the block ends, so every
@@ -220,8 +256,9 @@ class Engine(SharedEngine):
 
     def _cancel(self, handle: RequestHandle) -> None:
         with self._cond:
-            if handle._seq is not None:
-                self._cancels.append(handle._seq)  # _end ends every sample of an n-request
+            target = handle._seq if handle._seq is not None else handle._job
+            if target is not None:
+                self._cancels.append(target)  # _end ends every sample of an n-request
                 self._cond.notify()
 
     # -- the engine thread -----------------------------------------------------------------
@@ -231,11 +268,13 @@ class Engine(SharedEngine):
             while True:
                 with self._cond:
                     while not (self._inbox or self._rejected or self._cancels or self._closing
-                               or self.scheduler.has_work() or (self.apart and self.apart.has_landed)):
+                               or self.scheduler.has_work() or self.embeds.has_work()
+                               or (self.apart and self.apart.has_landed)):
                         # Nothing to run: sleep until something arrives, a token sampled apart
                         # lands (it notifies), or the next deadline passes (a request whose
                         # token is in flight must still time out).
-                        deadline = self.scheduler.next_deadline()
+                        deadline = min((d for d in (self.scheduler.next_deadline(), self.embeds.next_deadline())
+                                        if d is not None), default=None)
                         if deadline is not None and deadline <= time.perf_counter():
                             break
                         self._cond.wait(None if deadline is None else deadline - time.perf_counter())
@@ -257,25 +296,39 @@ class Engine(SharedEngine):
         rejected, self._rejected = self._rejected, []
         return new, rejected
 
-    def _accept(self, new: list[Sequence], rejected: list) -> None:
+    def _accept(self, new: list[Sequence | EmbedJob], rejected: list) -> None:
         for handle, exc in rejected:
             self._reject(handle, exc)
-        for seq in new:
-            self.scheduler.add(seq)
+        for item in new:
+            if isinstance(item, EmbedJob):
+                self.embeds.add(item)
+            else:
+                self.scheduler.add(item)
 
-    def _tick(self, cancels: list[Sequence]) -> None:
+    def _tick(self, cancels: list[Sequence | EmbedJob]) -> None:
         t_start = time.perf_counter()
         for seq in cancels:
-            if not seq.finished:
+            if isinstance(seq, EmbedJob):
+                if not seq.finished:
+                    self._end_embed(seq, "cancelled")
+            elif not seq.finished:
                 self._end(seq, "cancelled")
         for seq in self.scheduler.expired(t_start):
             self._end(seq, "timeout")
+        for job in self.embeds.expired(t_start):
+            self._end_embed(job, "timeout")
         self._land()
         self._admit()
         plan = self.scheduler.schedule()
-        if not plan:
-            return
         t_planned = time.perf_counter()
+        if plan:
+            self._generate(plan, t_start, t_planned)
+        # Embeddings take their own llama_decode after generation's, every tick they have
+        # work: each kind of work moves every tick (llama/embedder.py says why apart).
+        if self.embeds.has_work():
+            self._embed_step()
+
+    def _generate(self, plan: StepPlan, t_start: float, t_planned: float) -> None:
         active = len(self.scheduler.running)
         with self.apart.decoding() if self.apart else contextlib.nullcontext():
             plan, result = self._execute(plan)
@@ -284,6 +337,48 @@ class Engine(SharedEngine):
         if result.apart:
             self._launch(plan, result)
         self._record_tick(plan, result, active, t_start, t_planned)
+
+    def _embed_step(self) -> None:
+        t_start = time.perf_counter()
+        pooling, items = self.embeds.take(self.runner.embed_max_tokens, self.runner.embed_max_seqs)
+        jobs = list(dict.fromkeys(item.job for item in items))  # in order, once each
+        for item in items:
+            if item.index == 0:  # the request's first batch: it has started
+                self.telemetry.record_request(RequestRecord("start", item.job.request_id))
+        batch = EmbedBatch(pooling, [item.job.tokens[item.index] for item in items])
+        result = self.runner.embed(batch)
+        if result.status != 0:
+            why = result.error or ("no room in the embedding context" if result.status == 1
+                                   else f"llama_decode returned {result.status}")
+            for job in jobs:
+                if not job.finished:
+                    self._end_embed(job, "error", str(DecodeError(why)), DecodeError.code)
+        else:
+            for item, vector in zip(items, result.vectors):
+                item.job.vectors[item.index] = unit(vector) if item.job.normalize else list(vector)
+            for job in jobs:
+                if job.complete and not job.finished:
+                    self._end_embed(job, "stop")
+        wall = (time.perf_counter() - t_start) * 1000
+        self._tick_no += 1
+        self.telemetry.record_tick(TickRecord(
+            tick=self._tick_no, batch_size=batch.n_tokens, decode_tokens=0, prefill_tokens=batch.n_tokens,
+            active_slots=len(items), queue_depth=len(self.embeds.jobs), eval_ms=result.eval_ms, sample_ms=0.0,
+            overhead_ms=max(0.0, wall - result.eval_ms), wall_ms=wall))
+
+    def _end_embed(self, job: EmbedJob, reason: str, error: str | None = None, code: str | None = None) -> None:
+        """The one terminal outcome of an embeddings request: its vectors ("stop") or none."""
+        job.finished = True
+        self.embeds.remove(job)
+        if reason == "stop":
+            result = job.result(self.config.deterministic)
+        else:
+            result = EmbeddingResult.ended(error_result(job.request_id, error or "", code or "", deterministic=self.config.deterministic))
+            result.finish_reason, result.error, result.error_code = reason, error, code
+        handle = self._handles.pop(job.request_id, None)
+        record_outcome(self.telemetry, result)
+        if handle is not None:
+            handle._finish(result)
 
     def _launch(self, plan: StepPlan, result: StepResult) -> None:
         """Start the tick's SampleJobs, then wait a little: a cheap grammar's token still makes
@@ -414,6 +509,8 @@ class Engine(SharedEngine):
     def _reject(self, handle: RequestHandle, exc: LlamaBatchError) -> None:
         """End a request whose input was refused at submit (it never became a Sequence)."""
         result = error_result(handle.request_id, str(exc), exc.code, deterministic=self.config.deterministic)
+        if handle.kind == "embed":
+            result = EmbeddingResult.ended(result)
         record_outcome(self.telemetry, result)
         handle._finish(result)
 
@@ -421,6 +518,8 @@ class Engine(SharedEngine):
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             if not seq.finished:
                 self._end(seq, "error", message, "engine_error")
+        for job in list(self.embeds.jobs):
+            self._end_embed(job, "error", message, "engine_error")
 
     def _shutdown(self) -> None:
         with self._cond:
@@ -430,6 +529,8 @@ class Engine(SharedEngine):
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
             if not seq.finished:
                 self._end(seq, "cancelled")
+        for job in list(self.embeds.jobs):
+            self._end_embed(job, "cancelled")
         if self.apart is not None:  # the sampling threads use chains and the vocabulary: stop them first
             for flight in self.apart.close():
                 for sampler in self.apart.orphans_of(flight):

@@ -35,6 +35,8 @@ class RequestHandle:
         self._cond = threading.Condition()
         self._result: Result | None = None
         self._seq: "Sequence | None" = None  # the in-process engine's own record of the request
+        self._job: Any = None  # ... or of an embeddings request (core/embedding.EmbedJob)
+        self.kind = "generate"  # or "embed": its Result is an EmbeddingResult
 
     def __iter__(self) -> Iterator[Delta]:
         i = 0

@@ -148,6 +148,31 @@ class StepResult:
     apart: dict[int, "SampleJob"] = field(default_factory=dict)
 
 
+@dataclass
+class EmbedBatch:
+    """Inputs to embed in one llama_decode of the runner's embedding context: one sequence
+    each, pooled with `pooling` (mean, cls or last) into one vector each."""
+
+    pooling: str
+    inputs: list[list[int]]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(t) for t in self.inputs)
+
+
+@dataclass
+class EmbedStepResult:
+    """What one embedding llama_decode gave: a pooled, unnormalized vector per input (in
+    order) when status is 0; else status follows llama_decode, or -100 with `error` when the
+    embedding context could not be made."""
+
+    status: int = 0
+    vectors: list[list[float]] = field(default_factory=list)
+    eval_ms: float = 0.0
+    error: str = ""
+
+
 class SampleJob(Protocol):
     """One logits row (copied: the next llama_decode overwrites the context's) and the sampler
     chains to sample it with. `run` may be called on any thread, once; it checks `stop()`
@@ -203,5 +228,15 @@ class Runner(Protocol):
         sample each wants_logits row with its chunk's sampler, or, for a sample_apart chunk
         on a runner whose `can_sample_apart` is True, return a SampleJob for it in
         StepResult.apart."""
+
+    # -- embeddings (a context of their own: llama/embedder.py) ---------------------------
+    n_embd: int  # the length of a pooled vector
+    embed_max_tokens: int  # the most tokens of one EmbedBatch (and so of one input)
+    embed_max_seqs: int  # the most inputs of one EmbedBatch (1 in deterministic mode)
+    default_pooling: str  # the GGUF's own pooling type when it has one, else "mean"
+    embed_refusal: str  # why this model gives no embeddings ("" when it does)
+
+    def embed(self, batch: EmbedBatch) -> EmbedStepResult:
+        """One llama_decode of `batch` in the embedding context, one pooled vector per input."""
 
     def close(self) -> None: ...

@@ -7,9 +7,11 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from ..errors import InvalidRequest, QueueFull
+from ..errors import InvalidRequest, LlamaBatchError, QueueFull
 from ..params import SamplingParams
-from ..results import Result, Timings, Usage
+from ..results import Embedding, EmbeddingResult, Result, Timings, Usage
+from .embedding import EmbedRequest
+from .handle import EventCallback, RequestHandle
 from .inputs import Prompt
 from .telemetry import RequestRecord, Telemetry
 
@@ -58,6 +60,42 @@ class SharedEngine:
                     else:
                         time.sleep(QUEUE_FULL_NAP_S)
         return [h.result() for h in handles]
+
+
+    def submit_embedding(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
+                         truncate: bool = False, timeout: float | None = None,
+                         callback: EventCallback | None = None) -> RequestHandle:
+        """Queue one embeddings request: `inputs` is a string, a list of strings, a list of
+        token ids or a list of those. Its handle's result() is an EmbeddingResult (vectors in
+        input order, finish_reason "stop"; or error, cancelled, timeout), exactly once."""
+        return self._submit_embed(EmbedRequest(inputs, pooling, normalize, truncate, timeout), callback)
+
+    def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
+        # An engine that serves no embeddings (the Ray pool): every request is that one error.
+        handle = RequestHandle(None, -1, False, callback)
+        handle.kind = "embed"
+        handle._finish(EmbeddingResult.ended(error_result(
+            -1, f"embeddings are not served by {type(self).__name__}; use Engine or SupervisedEngine "
+                "(run without --ray)", "unsupported")))
+        return handle
+
+    def embed(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
+              truncate: bool = False) -> list[Embedding]:
+        """The vectors of `inputs` (one Embedding per input, in order). Raises EmbeddingFailed
+        (a LlamaBatchError carrying the request's code) when the request ends without them."""
+        result = self.submit_embedding(inputs, pooling=pooling, normalize=normalize, truncate=truncate).result()
+        if not result.ok:
+            raise EmbeddingFailed(result.error or f"embeddings request ended: {result.finish_reason}",
+                                  result.error_code or result.finish_reason)
+        return result.embeddings
+
+
+class EmbeddingFailed(LlamaBatchError):
+    """engine.embed's request ended without vectors (bad input, cancelled, timeout, a failed decode)."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
 
 
 def check_room(in_flight: int, n_slots: int, max_queue: int) -> None:

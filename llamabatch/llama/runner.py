@@ -25,6 +25,7 @@ from .backend import gpu_offload_supported, init_backend, log_mark
 from .chat_formats import LlamaChatFormats
 from .cpu_buffers import KernelPath
 from .cpu_kernels import derive_shapes_for, kernel_path
+from .embedder import Embedder, default_pooling
 from .kv import KvCache
 from .logprobs import LogprobReporter
 from .row_job import RowJob
@@ -34,7 +35,7 @@ from .vocab import Vocabulary
 from ..config import EngineConfig
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
-from ..core.plan import StepPlan, StepResult
+from ..core.plan import EmbedBatch, EmbedStepResult, StepPlan, StepResult
 
 
 class LlamaRunner:
@@ -95,6 +96,12 @@ class LlamaRunner:
         self.can_sample_apart = not self.deterministic
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx)  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
+        # Embeddings run in a context of their own, made on first use (embedder.py says why).
+        self.embedder = Embedder(self.model, config, self.deterministic)
+        self.n_embd = self.embedder.n_embd
+        self.embed_max_tokens, self.embed_max_seqs = self.embedder.max_tokens, self.embedder.max_seqs
+        self.default_pooling = config.pooling or default_pooling(self.metadata)
+        self.embed_refusal = self.embedder.refusal
         if self.deterministic:
             from .determinism_check import check
 
@@ -238,11 +245,15 @@ class LlamaRunner:
         result.ubatches += 1  # a pass is shaped to fit one ubatch (batch_invariance)
         return status
 
+    def embed(self, batch: EmbedBatch) -> EmbedStepResult:
+        return self.embedder.run(batch)
+
     def close(self) -> None:
         """Free everything exactly once, whatever happens after."""
         if self._closed:
             return
         self._closed = True
+        self.embedder.close()  # its contexts use the model: before it goes
         C.llama_batch_free(self.batch)
         C.llama_free(self.ctx)
         C.llama_model_free(self.model)

@@ -24,6 +24,7 @@ of loading the model (the supervisor's unit tests run the scripted fake runner t
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ import threading
 import time
 from typing import Any
 
+from ..core.embedding import EmbedRequest
 from ..core.engine import Engine
 from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
@@ -97,8 +99,12 @@ class Link:
                 if self._crash_prompt is not None and request.prompt == self._crash_prompt:
                     self._doomed.add(pid)
                 try:
-                    handle = self.engine.submit(request.prompt, request.params, stream=False,
-                                                callback=self._callback(pid))
+                    if isinstance(request.prompt, EmbedRequest):  # its timeout: what the parent left of it
+                        handle = self.engine._submit_embed(
+                            dataclasses.replace(request.prompt, timeout=request.params.timeout), self._callback(pid))
+                    else:
+                        handle = self.engine.submit(request.prompt, request.params, stream=False,
+                                                    callback=self._callback(pid))
                 except Exception as exc:  # in-process this would raise to the caller: here it ends the request
                     code = exc.code if isinstance(exc, LlamaBatchError) else "internal_error"
                     self._append(wire.Finished(pid, error_result(pid, f"{type(exc).__name__}: {exc}", code,

@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
 
 from ..config import EngineConfig
 from ..core.handle import EventCallback, RequestHandle
+from ..core.embedding import EmbedRequest
 from ..core.inputs import Prompt
 from ..errors import EngineClosed, LlamaBatchError, ModelLoadError
 from ..params import SamplingParams, random_seed
 from ..core.poison import MAX_CRASHES, PoisonRule
 from ..core.shared import SharedEngine, check_room, ended_result, error_result, record_outcome
-from ..results import Delta, Result
+from ..results import Delta, EmbeddingResult, Result
 from ..core.telemetry import EngineStats, RequestRecord, Telemetry
 from . import wire
 from .canary import CANARY_PARAMS, CANARY_PID, CANARY_PROMPT, engine_error, settings_hint
@@ -257,6 +258,37 @@ class SupervisedEngine(SharedEngine):
             self._dispatch()
         return handle
 
+    def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
+        """Queue one embeddings request (shared.py's submit_embedding): it travels to the child
+        as the request's prompt and is retried after a crash like any other request; its
+        timeout rides in the params, so a retry gets what is left of it."""
+        if self._closing:
+            raise EngineClosed("the engine is closed")
+        if self.fatal_error is not None:
+            raise EngineClosed(self.fatal_error)
+        with self._lock:
+            pid = self._next_id
+            self._next_id += 1
+        handle = RequestHandle(self._cancel, pid, False, callback)
+        handle.kind = "embed"
+        try:
+            params = self.default_params.replace(timeout=request.timeout, seed=0).validate()
+        except LlamaBatchError as exc:
+            with self._lock:
+                self.telemetry.totals.submitted += 1
+            self._finish(None, handle, error_result(pid, str(exc), exc.code))
+            return handle
+        flight = _Flight(handle, request, params, time.perf_counter())
+        with self._lock:
+            if self._closing or self.fatal_error is not None:
+                raise EngineClosed(self.fatal_error or "the engine is closed")
+            check_room(len(self._flights), self.n_slots, self.config.max_queue)
+            self.telemetry.totals.submitted += 1
+            self._flights[pid] = flight
+            self._held.append(pid)
+            self._dispatch()
+        return handle
+
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
         """Requests submitted inside reach the child in one frame and start in the same tick."""
@@ -382,6 +414,8 @@ class SupervisedEngine(SharedEngine):
 
     def _finish(self, flight: _Flight | None, handle: RequestHandle, result: Result) -> None:
         """The one terminal outcome of a request (never under _lock: it calls the caller back)."""
+        if handle.kind == "embed":  # ended here (cancelled, crashed, unavailable): no vectors
+            result = EmbeddingResult.ended(result)
         record_outcome(self.telemetry, result)
         handle._finish(result)
 

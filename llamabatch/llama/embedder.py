@@ -1,0 +1,129 @@
+"""Embeddings: a second llama_context on the already loaded model, with embeddings on.
+
+Why a context of its own rather than llama_set_embeddings on the generation context (as
+llama-server toggles it per batch), from llama.cpp's sources (src/llama-context.cpp):
+- the pooling type is fixed when a context is created (cparams.pooling_type): the
+  generation context pools nothing (NONE for a causal LM), and pooled vectors
+  (llama_get_embeddings_seq) need MEAN/CLS/LAST there;
+- with embeddings on, every token of the batch is an output (`output_all`): a generation
+  tick riding along would get logits for each prompt token and an output buffer of
+  n_batch x n_vocab floats in the generation context for the rest of its life;
+- every input is a sequence of its own: in the generation context that is a slot (one KV
+  stream of slot_ctx cells each, n_parallel of them), so an embedding batch would hold the
+  slots generation needs; here one unified cache of n_batch cells holds up to 256 short
+  sequences (LLAMA_MAX_SEQ) and is cleared after each batch.
+The price: the context's own buffers (KV for n_batch tokens, and, for a causal LM, the
+output rows: n_batch x n_vocab floats, as llama-server pays), allocated on first use only,
+one context per pooling type asked for.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from llama_cpp import llama_cpp as C
+
+from ..config import EngineConfig
+from ..core.plan import EmbedBatch, EmbedStepResult
+
+LLAMA_MAX_SEQ = 256  # llama-cparams.h: sequence ids of one context
+POOLING_TYPES = {"mean": C.LLAMA_POOLING_TYPE_MEAN, "cls": C.LLAMA_POOLING_TYPE_CLS,
+                 "last": C.LLAMA_POOLING_TYPE_LAST}
+GGUF_POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # "{arch}.pooling_type" in the GGUF
+CONTEXT_FAILED = -100  # EmbedStepResult.status when the embedding context cannot be made
+
+
+def default_pooling(metadata: dict[str, str]) -> str:
+    """The pooling a request that names none gets: the GGUF's own type, else mean ("rank" for a
+    reranker, which gives scores, not vectors: core/embedding.py refuses it by name)."""
+    arch = metadata.get("general.architecture", "")
+    try:
+        kind = GGUF_POOLING.get(int(metadata.get(f"{arch}.pooling_type", "0")), "")
+    except ValueError:
+        kind = ""
+    return kind or "mean"
+
+
+class Embedder:
+    """The embedding contexts (one per pooling type, made on first use) and their batch."""
+
+    def __init__(self, model: Any, config: EngineConfig, deterministic: bool):
+        self.model = model
+        self.config = config
+        self.deterministic = deterministic
+        self.n_embd = C.llama_model_n_embd_out(model)
+        self.max_tokens = config.n_batch
+        # Deterministic mode: one input per llama_decode, so a vector never depends on what else
+        # was submitted (the row shapes of a batch change the CPU kernels' rounding).
+        self.max_seqs = 1 if deterministic else min(LLAMA_MAX_SEQ, config.n_batch)
+        self.contexts: dict[str, Any] = {}
+        self.batch: Any = None
+        self.refusal = ""
+        if C.llama_model_has_encoder(model) and C.llama_model_has_decoder(model):
+            self.refusal = "embeddings from encoder-decoder models are not supported"
+
+    def context(self, pooling: str) -> Any:
+        ctx = self.contexts.get(pooling)
+        if ctx is not None:
+            return ctx
+        p = C.llama_context_default_params()
+        # The cache is emptied after every batch: it holds one batch, all of it (an input is
+        # never split over two llama_decode calls).
+        p.n_ctx = p.n_batch = p.n_ubatch = self.max_tokens
+        p.n_seq_max = self.max_seqs
+        p.kv_unified = True  # the sequences share n_batch cells, however long each one is
+        p.embeddings = True
+        p.pooling_type = POOLING_TYPES[pooling]
+        p.n_threads = p.n_threads_batch = self.config.n_threads
+        if self.deterministic:
+            p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # the attention path checked for invariance
+        p.no_perf = True
+        ctx = C.llama_init_from_model(self.model, p)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create an embedding context of {self.max_tokens} tokens")
+        if self.batch is None:
+            self.batch = C.llama_batch_init(self.max_tokens, 0, 1)
+        self.contexts[pooling] = ctx
+        return ctx
+
+    def run(self, plan: EmbedBatch) -> EmbedStepResult:
+        t0 = time.perf_counter()
+        try:
+            ctx = self.context(plan.pooling)
+        except RuntimeError as exc:
+            return EmbedStepResult(status=CONTEXT_FAILED, error=str(exc))
+        batch = self.batch
+        i = 0
+        for seq, tokens in enumerate(plan.inputs):
+            for pos, tok in enumerate(tokens):
+                batch.token[i] = tok
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = 1  # pooling reads every token's output
+                i += 1
+        batch.n_tokens = i
+        status = C.llama_decode(ctx, batch)
+        C.llama_synchronize(ctx)
+        result = EmbedStepResult(status=status)
+        if status == 0:
+            n = self.n_embd
+            for seq in range(len(plan.inputs)):
+                ptr = C.llama_get_embeddings_seq(ctx, seq)
+                if not ptr:
+                    result = EmbedStepResult(status=CONTEXT_FAILED, error=f"llama.cpp gave no pooled vector for input {seq}")
+                    break
+                result.vectors.append(ptr[:n])
+        memory = C.llama_get_memory(ctx)
+        if memory:  # models without a KV cache (non-causal encoders) have none to clear
+            C.llama_memory_clear(memory, True)
+        result.eval_ms = (time.perf_counter() - t0) * 1000
+        return result
+
+    def close(self) -> None:
+        for ctx in self.contexts.values():
+            C.llama_free(ctx)
+        self.contexts.clear()
+        if self.batch is not None:
+            C.llama_batch_free(self.batch)
+            self.batch = None
