@@ -76,14 +76,14 @@ class EngineAPI(Protocol):
         """Run every prompt concurrently (waiting for room when the queue is bounded); results in input order."""
 
     def submit_embedding(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
-                         truncate: bool = False, timeout: float | None = None,
+                         truncate: bool = False, timeout: float | None = None, dimensions: int | None = None,
                          callback: EventCallback | None = None) -> Handle:
         """Queue one embeddings request (a string, strings, token ids, or lists of them); its
         result() is an EmbeddingResult with the same outcomes as generation's, exactly once.
         The Ray pool serves none: its handle ends at once with error code "unsupported"."""
 
     def embed(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
-              truncate: bool = False) -> list[Embedding]:
+              truncate: bool = False, dimensions: int | None = None) -> list[Embedding]:
         """One vector per input, in order; raises EmbeddingFailed when the request has none."""
 
     def hold(self) -> ContextManager[None]:

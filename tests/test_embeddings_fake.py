@@ -182,3 +182,15 @@ def test_queue_packs_fifo_one_pooling_per_batch():
     pooling, items = q.take(max_tokens=100, max_seqs=10)
     assert pooling == "cls" and [(i.job.request_id, i.index) for i in items] == [(2, 0)]
     assert not q.has_work()
+
+
+def test_dimensions_cut_then_normalize_and_bounds():
+    runner = FakeRunner()
+    with make_engine(runner) as engine:
+        out = engine.embed("abc", dimensions=3)
+        with pytest.raises(EmbeddingFailed, match=r"dimensions must be an integer in \[1, 8\]"):
+            engine.embed("abc", dimensions=FAKE_N_EMBD + 1)
+        with pytest.raises(EmbeddingFailed, match="dimensions must be"):
+            engine.embed("abc", dimensions=0)
+    raw = fake_embedding(text_tokens("abc"), "mean")[:3]
+    assert out[0].vector == pytest.approx([x / norm(raw) for x in raw])

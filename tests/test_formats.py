@@ -183,7 +183,7 @@ def test_system_flag_reaches_openai_chat_but_not_completions():
     (openai(temperature=-0.5), "invalid_request", "temperature must be a number >= 0"),
     (openai(response_format={"type": "xml"}), "invalid_request", "response_format.type"),
     (openai(COMPLETIONS_URL, prompt=["a", "b"]), "invalid_request", "one prompt"),
-    ({**openai(), "url": "/v1/embeddings"}, "invalid_url", "unknown url \"/v1/embeddings\""),
+    ({**openai(), "url": "/v1/moderations"}, "invalid_url", "unknown url \"/v1/moderations\""),
     ({**openai(), "method": "GET"}, "invalid_request", "method must be POST"),
     ({**openai(), "body": "text"}, "invalid_request", "body must be an object"),
     ({"custom_id": "r1", "url": CHAT_URL, "body": {"prompt": "x"}}, "invalid_request", "needs body.messages"),

@@ -115,7 +115,7 @@ def test_every_shape_and_every_bad_line_gets_its_own_record(tmp_path, request, e
         openai_line("comp-1", COMPLETIONS, max_completion_tokens=2),  # 5
         '{"prompt": "unterminated',  # 6 malformed JSON
         {"foo": 1},  # 7 unknown shape
-        {**openai_line("emb-1"), "url": "/v1/embeddings"},  # 8 unknown url
+        {**openai_line("emb-1"), "url": "/v1/moderations"},  # 8 unknown url
         {"prompt": "x", "max_tokens": "ten"},  # 9 wrong type
         {"prompt": "x", "top_p": 7},  # 10 out of range
         {"prompt": ""},  # 11 empty prompt

@@ -192,7 +192,7 @@ def test_error_file_takes_failed_lines_and_resume_reads_both(tmp_path):
 
 def test_error_file_for_openai_lines_is_openai_shaped(tmp_path):
     lines = [{"custom_id": "ok", "method": "POST", "url": "/v1/completions", "body": {"prompt": "1, 2,"}},
-             {"custom_id": "bad", "method": "POST", "url": "/v1/embeddings", "body": {}}]
+             {"custom_id": "bad", "method": "POST", "url": "/v1/moderations", "body": {}}]
     inp = write_lines(tmp_path / "in.jsonl", lines)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
     assert llamabatch_run(str(inp), "-o", str(out), "--error-file", str(err), *FAST).returncode == 0

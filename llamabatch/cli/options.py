@@ -45,6 +45,7 @@ SHARED_OPTIONS: dict[str, Any] = {
     "cpu_buffers": Annotated[Optional[str], _opt("--cpu-buffers", metavar="auto|plain|repack", help="CPU weight layout, and so which llama.cpp kernels run: auto = llama.cpp's default (AMX only where a probe shows it runs), plain = as in the file, repack = CPU_REPACK only [default: auto]", panel=ENGINE)],
     "kv_unified": Annotated[Optional[bool], _opt("--kv-unified/--no-kv-unified", help="One KV cache shared by every slot instead of one stream per slot: llama.cpp then splits a tick's batch into ubatches by size alone (fewer graph runs per tick), at the cost of attention over the whole cache [default: off]", panel=ENGINE)],
     "max_memory": Annotated[Optional[str], _opt("--max-memory", metavar="SIZE|N%|off", help="Most memory the KV cache and weights may take, checked before the model loads: a size (16GiB, 512M), a share of the memory available (80%) or off [default: 90%]", panel=ENGINE)],
+    "pooling": Annotated[Optional[str], _opt("--pooling", metavar="mean|cls|last", help="How embeddings pool token vectors into one [default: the GGUF's own pooling type, else mean]", panel=ENGINE)],
     "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
     "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
     "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],

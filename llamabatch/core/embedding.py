@@ -35,13 +35,15 @@ class EmbedRequest:
     `inputs`: a string, a list of strings, a list of token ids (one input), or a list of such
     lists; `pooling`: mean, cls or last (None: the engine's, which is the GGUF's own or mean);
     `normalize`: scale each vector to unit length (L2); `truncate`: keep the first tokens of
-    an input longer than the embedding context instead of ending the request with an error."""
+    an input longer than the embedding context instead of ending the request with an error;
+    `dimensions`: keep the first this many components of each vector (before normalizing)."""
 
     inputs: Any
     pooling: str | None = None
     normalize: bool = True
     truncate: bool = False
     timeout: float | None = None
+    dimensions: int | None = None  # keep the first this many components (then normalize): OpenAI's `dimensions`
 
 
 def split_inputs(inputs: Any) -> list[EmbedInput]:
@@ -120,11 +122,15 @@ def prepare_job(runner: Any, request_id: int, request: EmbedRequest) -> EmbedJob
     if request.timeout is not None and (isinstance(request.timeout, bool) or not isinstance(request.timeout, (int, float))
                                         or not request.timeout > 0):
         raise InvalidRequest(f"timeout must be a number of seconds > 0, got {request.timeout!r}")
+    dims = request.dimensions
+    if dims is not None and (not _is_token(dims) or not 0 < dims <= runner.n_embd):
+        raise InvalidRequest(f"dimensions must be an integer in [1, {runner.n_embd}] (this model's vectors "
+                             f"have {runner.n_embd}), got {dims!r}")
     items = split_inputs(request.inputs)
     tokens = [input_tokens(runner, item, f"input[{i}]" if len(items) > 1 else "input",
                            runner.embed_max_tokens, bool(request.truncate)) for i, item in enumerate(items)]
     now = time.perf_counter()
-    return EmbedJob(request_id, tokens, pooling, bool(request.normalize), submitted_at=now,
+    return EmbedJob(request_id, tokens, pooling, bool(request.normalize), dimensions=dims, submitted_at=now,
                     deadline=None if request.timeout is None else now + request.timeout)
 
 
@@ -143,6 +149,7 @@ class EmbedJob:
     tokens: list[list[int]]
     pooling: str
     normalize: bool
+    dimensions: int | None = None
     deadline: float | None = None
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
@@ -152,6 +159,11 @@ class EmbedJob:
 
     def __post_init__(self) -> None:
         self.vectors = [None] * len(self.tokens)
+
+    def take_vector(self, index: int, raw: list[float]) -> None:
+        """Input `index`'s pooled vector as the runner gave it: cut to `dimensions`, normalized."""
+        vector = list(raw[:self.dimensions]) if self.dimensions else list(raw)
+        self.vectors[index] = unit(vector) if self.normalize else vector
 
     @property
     def complete(self) -> bool:

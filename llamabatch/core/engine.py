@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence as Seq
 
 from .apart import GRACE, ApartSampling, Flight, wants_apart
-from .embedding import EmbedJob, EmbedQueue, EmbedRequest, prepare_job, unit
+from .embedding import EmbedJob, EmbedQueue, EmbedRequest, prepare_job
 from ..config import EngineConfig
 from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
@@ -355,7 +355,7 @@ class Engine(SharedEngine):
                     self._end_embed(job, "error", str(DecodeError(why)), DecodeError.code)
         else:
             for item, vector in zip(items, result.vectors):
-                item.job.vectors[item.index] = unit(vector) if item.job.normalize else list(vector)
+                item.job.take_vector(item.index, vector)
             for job in jobs:
                 if job.complete and not job.finished:
                     self._end_embed(job, "stop")

@@ -63,12 +63,12 @@ class SharedEngine:
 
 
     def submit_embedding(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
-                         truncate: bool = False, timeout: float | None = None,
+                         truncate: bool = False, timeout: float | None = None, dimensions: int | None = None,
                          callback: EventCallback | None = None) -> RequestHandle:
         """Queue one embeddings request: `inputs` is a string, a list of strings, a list of
         token ids or a list of those. Its handle's result() is an EmbeddingResult (vectors in
         input order, finish_reason "stop"; or error, cancelled, timeout), exactly once."""
-        return self._submit_embed(EmbedRequest(inputs, pooling, normalize, truncate, timeout), callback)
+        return self._submit_embed(EmbedRequest(inputs, pooling, normalize, truncate, timeout, dimensions), callback)
 
     def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
         # An engine that serves no embeddings (the Ray pool): every request is that one error.
@@ -80,10 +80,11 @@ class SharedEngine:
         return handle
 
     def embed(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
-              truncate: bool = False) -> list[Embedding]:
+              truncate: bool = False, dimensions: int | None = None) -> list[Embedding]:
         """The vectors of `inputs` (one Embedding per input, in order). Raises EmbeddingFailed
         (a LlamaBatchError carrying the request's code) when the request ends without them."""
-        result = self.submit_embedding(inputs, pooling=pooling, normalize=normalize, truncate=truncate).result()
+        result = self.submit_embedding(inputs, pooling=pooling, normalize=normalize, truncate=truncate,
+                                       dimensions=dimensions).result()
         if not result.ok:
             raise EmbeddingFailed(result.error or f"embeddings request ended: {result.finish_reason}",
                                   result.error_code or result.finish_reason)

@@ -27,7 +27,7 @@ from ...api import EngineAPI
 from ...core.handle import RequestHandle
 from ...errors import LlamaBatchError
 from .formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
-from ...results import Result
+from ...results import EmbeddingResult, Result
 from ...supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
 from .progress import RATE_WINDOW_S, Reporter, Snapshot
 from .ids import Answered, IdSet
@@ -206,8 +206,12 @@ class BatchRun:
                 self.writer.put(seq, item, item.result())
                 return True
             try:
-                handle = self.engine.submit(item.prompt, item.params, stream=False,
-                                            callback=functools.partial(self._on_event, seq, item))
+                callback = functools.partial(self._on_event, seq, item)
+                if item.embed is not None:
+                    handle = self.engine.submit_embedding(item.embed.inputs, dimensions=item.embed.dimensions,
+                                                          callback=callback)
+                else:
+                    handle = self.engine.submit(item.prompt, item.params, stream=False, callback=callback)
             except LlamaBatchError as exc:  # the engine refuses (closed): this line still gets its record
                 self._inflight.release()
                 if self.engine.fatal_error is not None:  # no engine left: --resume runs it
@@ -228,7 +232,7 @@ class BatchRun:
     # -- the engine thread -------------------------------------------------------------------
 
     def _on_event(self, seq: int, item: LineRequest, handle: RequestHandle, event: Any) -> None:
-        if not isinstance(event, Result):
+        if not isinstance(event, (Result, EmbeddingResult)):
             return  # a Delta: only whole results are written
         with self._lock:
             if seq in self._abandoned:  # already skipped when the drain bound ran out: one outcome per line
@@ -243,7 +247,7 @@ class BatchRun:
         else:
             if event.error_code == ENGINE_CRASHED:
                 self.isolated.append(item.id)
-            if self.on_result is not None:
+            if self.on_result is not None and isinstance(event, Result):  # --verify reruns generation only
                 self.on_result(item, event)
             self.writer.put(seq, item, event)
 

@@ -58,6 +58,7 @@ class RunOptions:
     max_inflight: int | None = None
     resume: bool = False
     echo: bool = False
+    embed: bool = False
     fail_on_error: bool = False
     isolate: bool = True
     watchdog: float | None = None
@@ -123,6 +124,9 @@ def run_command(
                                 help="Keep OUTPUT, skip the ids it already answers, append the rest."),
     echo: bool = typer.Option(False, "--echo", help="Copy each line's prompt and extra fields into its record "
                                                     "under \"input\" (plain shape)."),
+    embed: bool = typer.Option(False, "--embed", help="Text lines and {\"prompt\"} lines are embeddings inputs "
+                                                      "(one vector each) instead of prompts. {\"input\"} lines and "
+                                                      "/v1/embeddings lines are embeddings without it."),
     fail_on_error: bool = typer.Option(False, "--fail-on-error", help="Exit 1 if any line failed."),
     isolate: bool = typer.Option(True, "--isolate/--no-isolate",
                                  help="Run llama.cpp in a supervised child process: a crash costs a restart and "
@@ -210,8 +214,9 @@ def run_command(
 ) -> None:
     """Run every prompt in INPUT concurrently and write one JSON line per input line.
 
-    Lines: a text prompt, {"prompt": ...}, {"messages": [...]}, or an OpenAI Batch request
-    {"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body"}.
+    Lines: a text prompt, {"prompt": ...}, {"messages": [...]}, {"input": ...} (embeddings), or an
+    OpenAI Batch request {"custom_id", "method": "POST", "url": "/v1/chat/completions",
+    "/v1/completions" or "/v1/embeddings", "body"}.
     JSON lines may set "id" and any sampling field (max_tokens, temperature, stop, seed, ...);
     flags set the defaults they override.
 
@@ -228,7 +233,7 @@ def run_command(
     """
     run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
                    order=order.value, max_inflight=max_inflight, resume=resume, echo=echo,
-                   fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
+                   embed=embed, fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
                    quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
                    ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
                    verify=verify, dry_run=dry_run, as_json=as_json, error_file=error_file,
@@ -260,7 +265,8 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
     if fmt == "auto":
         fmt = format_for_path(o.input_path)
     parser = tables.parser if tables.reads_table else LineParser(resolved.sampling, input_format=fmt,
-                                                                 system=o.system, echo=o.echo)
+                                                                 system=o.system, echo=o.echo,
+                                                                 embed=o.embed)
     try:
         _prepared(o, resolved, parser, tables, bounds, ray_pool, env)
     finally:

@@ -4,7 +4,10 @@ Input lines:
   - text: one prompt per line (a `.txt` file, `--input-format text`, or auto-detected input
     whose first line does not start with `{` or `[`),
   - `{"prompt": ..., "id": ..., <sampling fields>}` and `{"messages": [...], "id": ...}`,
-  - OpenAI Batch API lines `{"custom_id", "method": "POST", "url", "body"}`.
+  - OpenAI Batch API lines `{"custom_id", "method": "POST", "url", "body"}` (chat, completions
+    and embeddings, mixed freely),
+  - `{"input": ..., "id": ...}`: an embeddings line (with `--embed`, text lines and `prompt`
+    lines are embeddings too).
 Output records: a plain shape (`id`, `text`, `finish_reason`, `usage`, `timings`, `seed`,
 `error`, optional `input`) and the OpenAI Batch output shape (see shared/formats.md).
 
@@ -23,12 +26,14 @@ from ...errors import InvalidRequest
 from ...json_line import BadJSON, loads, sniff_id
 from ...params import FIELD_TYPES, SamplingParams
 from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
-from ...results import Result, Timings, Usage
+from ...results import EmbeddingResult, Result, Timings, Usage
+from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedding_body, plain_embedding_record)
 from .logprob_shapes import chat_logprobs, completion_logprobs
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-URLS = (CHAT_URL, COMPLETIONS_URL)
+EMBEDDINGS_URL = "/v1/embeddings"
+URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
 INPUT_FORMATS = ("auto", "text", "jsonl")
 PLAIN, OPENAI = "plain", "openai"  # output shapes
 
@@ -59,6 +64,7 @@ class LineRequest:
     url: str | None = None  # the OpenAI endpoint, which picks the response object
     echo: dict | None = None  # with --echo: copied into the plain record under "input"
     row: int | None = None  # table inputs: the data row number, written as the record's "row"
+    embed: EmbedLine | None = None  # an embeddings line: engine.submit_embedding, not submit
 
 
 @dataclass
@@ -89,13 +95,14 @@ class LineParser:
     settings (flags, env, config) that a line's own fields override; `system` is --system."""
 
     def __init__(self, defaults: SamplingParams, *, input_format: str = "auto", system: str | None = None,
-                 echo: bool = False):
+                 echo: bool = False, embed: bool = False):
         if input_format not in INPUT_FORMATS:
             raise InvalidRequest(f"input format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
         self.defaults = defaults
         self.input_format = input_format
         self.system = system
         self.echo = echo
+        self.embed = embed  # --embed: text lines and {"prompt"} lines are embeddings inputs
 
     def parse(self, raw: str | bytes, line_no: int) -> LineRequest | LineError | None:
         """One input line (with or without its line ending) -> request, error, or None when blank.
@@ -138,10 +145,12 @@ class LineParser:
                              f"line {line_no} is {json_kind(data)}, not an object with prompt, messages or custom_id")
         if any(k in data for k in ("custom_id", "url", "body", "method")):
             return self._openai(data, line_no)
+        if "input" in data or (self.embed and "prompt" in data):
+            return self._plain_embed(data, line_no)
         if "prompt" in data or "messages" in data:
             return self._plain(data, line_no)
         return LineError(line_no, _readable_id(data.get("id"), line_no), "unknown_shape",
-                         f"line {line_no} has neither 'prompt', 'messages' nor the OpenAI Batch "
+                         f"line {line_no} has neither 'prompt', 'messages', 'input' nor the OpenAI Batch "
                          "'custom_id', 'url' and 'body'")
 
     # -- shapes ---------------------------------------------------------------------------
@@ -151,8 +160,27 @@ class LineParser:
             return LineError(line_no, line_no, "invalid_request",
                              f"line {line_no} has NUL characters: not a text prompt (a UTF-16 or binary file? "
                              "prompts files are UTF-8)")
+        if self.embed:
+            return LineRequest(line_no, line_no, text, self.defaults, echo={"input": text} if self.echo else None,
+                               embed=EmbedLine(text))
         prompt = _as_chat(text, self.system) if self.system else text
         return LineRequest(line_no, line_no, prompt, self.defaults, echo={"prompt": text} if self.echo else None)
+
+    def _plain_embed(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
+        line_id = _readable_id(data.get("id"), line_no)
+        key = "input" if "input" in data else "prompt"
+        try:
+            if "id" in data:
+                _check_id(data["id"])
+            unknown = [k for k in data if k not in ("id", key, "encoding_format", "dimensions")]
+            if unknown:
+                raise _Bad("invalid_request", f"an embeddings line takes id, {key}, encoding_format and "
+                                              f"dimensions; got {', '.join(map(repr, unknown))}")
+            embed = _embed_line(data[key], data.get("encoding_format"), data.get("dimensions"))
+        except _Bad as bad:
+            return LineError(line_no, line_id, bad.code, bad.message)
+        echo = {k: v for k, v in data.items() if k != "id"} if self.echo else None
+        return LineRequest(line_no, line_id, embed.inputs, self.defaults, echo=echo, embed=embed)
 
     def _plain(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
         line_id = _readable_id(data.get("id"), line_no)
@@ -191,6 +219,9 @@ class LineParser:
             body = data.get("body")
             if not isinstance(body, dict):
                 raise _Bad("invalid_request", f"body must be an object, got {json_kind(body)}")
+            if url == EMBEDDINGS_URL:
+                embed = _embed_body(body)
+                return LineRequest(line_no, line_id, embed.inputs, self.defaults, OPENAI, url, embed=embed)
             prompt, sampling = _map_body(body, url)
             if url == CHAT_URL:
                 prompt = _with_system(prompt, self.system)
@@ -251,6 +282,28 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
             raise _Bad("invalid_request", f"body.prompt must be one prompt, got a list of {len(prompt)}")
         prompt = prompt[0]
     return _check_prompt(prompt), sampling
+
+
+def _embed_body(body: dict[str, Any]) -> EmbedLine:
+    """An OpenAI /v1/embeddings body -> what to embed and how to encode it."""
+    unknown = [k for k in body if k not in EMBED_BODY_FIELDS]
+    if unknown:
+        raise _Bad("invalid_request", f"unsupported body field {unknown[0]!r} for {EMBEDDINGS_URL}")
+    if "input" not in body:
+        raise _Bad("invalid_request", f"{EMBEDDINGS_URL} needs body.input")
+    return _embed_line(body["input"], body.get("encoding_format"), body.get("dimensions"))
+
+
+def _embed_line(inputs: Any, encoding_format: Any, dimensions: Any) -> EmbedLine:
+    """The input is checked by the engine (empty, too many, not strings, out of the vocabulary:
+    each this line's error there); the encoding and `dimensions`' type here."""
+    try:
+        encoding = check_encoding(encoding_format)
+    except InvalidRequest as exc:
+        raise _Bad("invalid_request", str(exc)) from None
+    if dimensions is not None and (not is_int(dimensions) or dimensions <= 0):
+        raise _Bad("invalid_request", f"dimensions must be an integer >= 1, got {json.dumps(dimensions)}")
+    return EmbedLine(inputs, encoding, dimensions)
 
 
 def _logprobs(body: dict[str, Any], url: str) -> int | None:
@@ -350,8 +403,18 @@ def failed(result: Result) -> bool:
     return result.finish_reason not in ("stop", "length")
 
 
-def build_record(item: LineRequest | LineError, result: Result, model: str) -> dict[str, Any]:
+def build_record(item: LineRequest | LineError, result: Result | EmbeddingResult, model: str) -> dict[str, Any]:
     """The output record for one line, in the shape its input asked for."""
+    embed = item.embed if isinstance(item, LineRequest) else None
+    if embed is not None and isinstance(result, EmbeddingResult) and not failed(result):
+        if item.shape == OPENAI:
+            return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": item.id,
+                    "response": {"status_code": 200, "request_id": uuid.uuid4().hex,
+                                 "body": embedding_body(result, embed.encoding_format, model)},
+                    "error": None}
+        return plain_embedding_record(item.id, result, embed.encoding_format, item.echo)
+    if embed is not None and item.shape != OPENAI:  # an embeddings line that failed: no generation fields
+        return plain_embedding_record(item.id, EmbeddingResult.ended(result), "float", item.echo)
     if item.shape == OPENAI:
         return openai_record(item.id, item.url, result, model)
     return plain_record(item.id, result, item.echo, item.row)
