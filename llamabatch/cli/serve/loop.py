@@ -112,6 +112,7 @@ class Flight:
     line: int
     stream: bool  # send token events
     samples: int = 1  # n: token events name their sample when n > 1
+    encoding_format: str = "float"  # an embeddings request's: how its vectors are written
     handle: RequestHandle | None = None
     # line numbers of the cancel lines aimed at this request, in order: each gets one reply
     # when the request ends (see _on_item)
@@ -185,6 +186,8 @@ class Server:
 
     def _submit(self, command: Submit) -> None:
         flight = Flight(command.id, command.line, command.stream, command.params.n)
+        if command.embed is not None:
+            flight.samples, flight.encoding_format = 1, command.embed.encoding_format
         with self._flights_lock:
             earlier = self._flights.get(command.id)
             if earlier is not None:
@@ -196,7 +199,13 @@ class Server:
             # A request the engine rejects at once (prompt too long...) gets its Result through
             # the callback before submit returns: the flight is registered first for that reason.
             # stream=False: Deltas still reach the callback; the handle need not keep them too.
-            flight.handle = self.engine.submit(command.prompt, command.params, stream=False, callback=callback)
+            if command.embed is not None:
+                e = command.embed
+                flight.handle = self.engine.submit_embedding(e.inputs, pooling=e.pooling, normalize=e.normalize,
+                                                             truncate=e.truncate, timeout=e.timeout,
+                                                             dimensions=e.dimensions, callback=callback)
+            else:
+                flight.handle = self.engine.submit(command.prompt, command.params, stream=False, callback=callback)
         except QueueFull as exc:
             self._forget(flight)
             raise BadLine(exc.code, str(exc), command.line, command.id) from None
@@ -250,7 +259,7 @@ class Server:
             return
         # Queue the terminal event before the flight disappears: once in_flight reads 0, every
         # terminal event is ahead of the writer's close marker.
-        self.output.send(terminal_event(flight.id, item, flight.line))
+        self.output.send(terminal_event(flight.id, item, flight.line, flight.encoding_format))
         with self._flights_lock:
             # Every cancel line gets one reply. A `done` with "cancelled" answers the first; a
             # cancel that raced with the request's own end (the token that finished it was

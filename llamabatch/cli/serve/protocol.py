@@ -3,7 +3,8 @@
 Pure functions and plain dataclasses, no I/O and no threads, so every rule is unit-testable.
 The I/O loop that uses them lives in `loop.py` beside it.
 
-Input lines are requests (`{"id", "prompt" | "messages", "stream", <sampling fields>}`) or
+Input lines are requests (`{"id", "prompt" | "messages", "stream", <sampling fields>}`),
+embeddings requests (`{"id", "input", <EMBED_KEYS>}`: one terminal event with the vectors) or
 control ops (`{"op": "cancel", "id"}`, `{"op": "stats"}`). A line that can't be used raises
 BadLine, which carries what the error event needs: the id when one was readable, the line
 number always.
@@ -18,11 +19,14 @@ from ...errors import InvalidRequest
 from ...json_line import BadJSON, loads, sniff_id
 from ...params import SamplingParams
 from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
-from ...results import Result
+from ...results import EmbeddingResult, Result
+from ..embed_vectors import check_encoding, encode as encode_vector
 
 # Keys of a request line that are not sampling parameters.
 REQUEST_KEYS = ("id", "prompt", "messages", "stream")
 OPS = ("cancel", "stats")
+# Keys of an embeddings request line (one with "input"), besides "id".
+EMBED_KEYS = ("input", "encoding_format", "dimensions", "pooling", "normalize", "truncate", "timeout")
 
 RequestId = Union[str, int]
 
@@ -34,6 +38,20 @@ class Submit:
     params: SamplingParams
     stream: bool
     line: int
+    embed: "EmbedSpec | None" = None  # an embeddings request: engine.submit_embedding
+
+
+@dataclass
+class EmbedSpec:
+    """What an embeddings request line asks for (the engine checks the inputs themselves)."""
+
+    inputs: Any
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    pooling: str | None = None
+    normalize: bool = True
+    truncate: bool = False
+    timeout: float | None = None
 
 
 @dataclass
@@ -117,6 +135,8 @@ def _parse_request(data: dict[str, Any], line: int, defaults: SamplingParams) ->
         return BadLine("invalid_request", message, line, request_id)
 
     has_prompt, has_messages = "prompt" in data, "messages" in data
+    if "input" in data:
+        return _parse_embed(data, line, request_id, defaults, bad)
     if has_prompt == has_messages:
         raise bad("a request needs exactly one of 'prompt' or 'messages'" if not has_prompt
                   else "a request takes 'prompt' or 'messages', not both")
@@ -133,6 +153,30 @@ def _parse_request(data: dict[str, Any], line: int, defaults: SamplingParams) ->
     except InvalidRequest as exc:
         raise bad(str(exc)) from None
     return Submit(request_id, prompt, params, stream, line)
+
+
+def _parse_embed(data: dict[str, Any], line: int, request_id: RequestId, defaults: SamplingParams,
+                 bad: Any) -> Submit:
+    extra = sorted(k for k in data if k not in ("id", *EMBED_KEYS))
+    if extra:
+        raise bad(f"an embeddings request (one with 'input') takes {', '.join(EMBED_KEYS)}; "
+                  f"got {', '.join(map(repr, extra))}")
+    try:
+        encoding = check_encoding(data.get("encoding_format"))
+    except InvalidRequest as exc:
+        raise bad(str(exc)) from None
+    for key in ("normalize", "truncate"):
+        if key in data and not isinstance(data[key], bool):
+            raise bad(f"{key} must be true or false, got {json.dumps(data[key])}")
+    dims = data.get("dimensions")
+    if dims is not None and (not is_int(dims) or dims <= 0):
+        raise bad(f"dimensions must be an integer >= 1, got {json.dumps(dims)}")
+    timeout = data.get("timeout", defaults.timeout)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise bad(f"timeout must be a number of seconds > 0, got {json.dumps(timeout)}")
+    spec = EmbedSpec(data["input"], encoding, dims, data.get("pooling"), data.get("normalize", True),
+                     data.get("truncate", False), timeout)
+    return Submit(request_id, data["input"], defaults, False, line, embed=spec)
 
 
 def _check_id(value: Any, line: int, op: str | None = None) -> RequestId:
@@ -186,10 +230,17 @@ def cancel_ignored_event(request_id: RequestId, line: int, reason: str) -> dict[
     return {"id": request_id, "event": "cancel_ignored", "op": "cancel", "reason": reason, "line": line}
 
 
-def terminal_event(request_id: RequestId, result: Result, line: int | None = None) -> dict[str, Any]:
-    """A request's one terminal event: `done` (stop, length, cancelled, timeout) or `error`."""
+def terminal_event(request_id: RequestId, result: Result | EmbeddingResult, line: int | None = None,
+                   encoding_format: str = "float") -> dict[str, Any]:
+    """A request's one terminal event: `done` (stop, length, cancelled, timeout) or `error`.
+    An embeddings request's `done` carries "embeddings" (one per input, in order)."""
     if result.finish_reason == "error":
         return error_event(request_id, result.error_code or "error", result.error or "request failed", line=line)
+    if isinstance(result, EmbeddingResult):
+        fields = result.to_dict()
+        del fields["error"]
+        fields["embeddings"] = [encode_vector(v, encoding_format) for v in result.vectors]
+        return {"id": request_id, "event": "done", **fields}
     fields = result.to_dict()  # n > 1: "texts" and "finish_reasons", one per sample
     del fields["error"]
     event: dict[str, Any] = {"id": request_id, "event": "done", **fields}
