@@ -47,6 +47,31 @@ def test_vectors_have_the_models_width_unit_length_and_input_order(engine):
     assert engine.embed([TEXTS[1]], pooling="last")[0].vector != out[1].vector
 
 
+def test_pooled_here_matches_llama_cpps_own_pooling(engine):
+    """The bundled model is a generative LM: its graph stops before the vocabulary projection
+    and the states are pooled in Python (llama/embedder.py); llama.cpp's own pooling of the
+    full graph gives the same vectors."""
+    from llamabatch.core.plan import EmbedBatch
+    from llamabatch.llama.embedder import Embedder
+
+    runner = engine.runner
+    stops = runner.embedder.stops
+    tokens = [runner.tokenize(t, special=False) for t in TEXTS]
+    ours = runner.embed(EmbedBatch("mean", tokens)).vectors
+    assert runner.embedder.stops > stops  # the graph really stopped early
+    arch = runner.metadata["general.architecture"]
+    for pooling in ("mean", "last"):
+        theirs = Embedder(runner.model, engine.config, False, {"general.architecture": arch,
+                                                               f"{arch}.pooling_type": "1"})
+        try:
+            assert not theirs.pool_here
+            reference = theirs.run(EmbedBatch(pooling, tokens)).vectors
+        finally:
+            theirs.close()
+        ours = runner.embed(EmbedBatch(pooling, tokens)).vectors
+        assert all(cosine(a, b) > 0.99999 for a, b in zip(ours, reference))
+
+
 def test_generation_and_embeddings_share_the_engine(engine):
     from llamabatch import SamplingParams
 

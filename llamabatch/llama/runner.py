@@ -97,7 +97,7 @@ class LlamaRunner:
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx)  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
         # Embeddings run in a context of their own, made on first use (embedder.py says why).
-        self.embedder = Embedder(self.model, config, self.deterministic)
+        self.embedder = Embedder(self.model, config, self.deterministic, self.metadata)
         self.n_embd = self.embedder.n_embd
         self.embed_max_tokens, self.embed_max_seqs = self.embedder.max_tokens, self.embedder.max_seqs
         self.default_pooling = config.pooling or default_pooling(self.metadata)
