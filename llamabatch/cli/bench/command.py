@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ... import __version__
-from . import benchkit
+from . import benchkit, embed as embed_bench
 from ...errors import InvalidRequest
 from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table, trace_table)
 from ..env import Environment
@@ -36,6 +36,8 @@ def bench_command(
                                                      help="Write every figure (levels, latency, ticks, baseline, machine, model, versions) as JSON.")] = None,
     ticks: Annotated[int, typer.Option("--ticks", metavar="N", help="Show only the last N ticks of each level (0 = all).")] = 0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each level's trace: its ticks by kind (decode, mixed, prefill) with graph runs per tick and where the tick's time went (llama_decode, sampling, Python before, batch filling, Python after).")] = False,
+    embed: Annotated[bool, typer.Option("--embed", rich_help_panel="Embeddings", help="Measure embeddings instead of generation: inputs/s and tokens/s at each --embed-batch size, --requests inputs (default 256) of --pp tokens (or the --prompts lines), one request each, all at once.")] = False,
+    embed_batch: Annotated[str, typer.Option("--embed-batch", metavar="LIST", rich_help_panel="Embeddings", help="With --embed: batch sizes (the most tokens per llama_decode, i.e. n_batch), comma-separated; each gets its own engine.")] = embed_bench.DEFAULT_BATCHES,
     opts: SharedOptions = None,  # type: ignore[assignment]
     env: Environment = None,  # type: ignore[assignment]
 ) -> None:
@@ -56,6 +58,9 @@ def bench_command(
     --baseline adds llama-cpp-python's Llama.create_completion over the same prompts, one at a time, and a Speedup column: the level's tokens per second of wall clock over the baseline's. Sampling options apply to both; --parallel and --tg replace --n-parallel and --max-tokens.
     """
     levels, prompt_lines = _check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks)
+    if embed:
+        _bench_embed(embed_batch, pp, requests, prompt_lines, prompts, json_file, opts, env)
+        return
     if opts["n_parallel"] is not None:
         env.say("llamabatch: note: --n-parallel is ignored; bench sets n_parallel per level from --parallel")
     # Settings are checked against the largest level (not the default 8 slots), so e.g. a small
@@ -126,6 +131,64 @@ def bench_command(
         except OSError as exc:
             raise fail(f"--json {json_file}: {exc.strerror or exc}", EXIT_ERROR) from None
     if failed:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _bench_embed(embed_batch: str, pp: int, requests: int | None, prompt_lines: list[tuple[int, str]] | None,
+                 prompts: str | None, json_file: str | None, opts: SharedOptions, env: Environment) -> None:
+    """bench --embed (embed.py): one engine per batch size, the same inputs for each."""
+    try:
+        batches = benchkit.parse_levels(embed_batch)
+    except InvalidRequest:
+        raise fail(f"--embed-batch must be a comma-separated list of integers >= 1, got {embed_batch!r}",
+                   EXIT_USAGE) from None
+    opts.values["n_parallel"] = 1  # no generation runs: one slot, the smallest context
+    opts.values["n_batch"] = max(batches)
+    resolved = resolve_options(opts, env)
+    count = requests or embed_bench.DEFAULT_INPUTS
+    configs = [resolved.engine.replace(n_parallel=1, n_batch=b, n_ctx=max(b, 256), max_queue=0).validate()
+               for b in batches]
+    progress = _progress(env)
+    figures: list[dict[str, Any]] = []
+    model: dict[str, Any] = {}
+    inputs: list[list[int]] = []
+    with progress:
+        task = progress.add_task("embed", total=count * len(batches))
+        for config in configs:
+            progress.update(task, description=f"batch {config.n_batch}")
+            engine = open_engine(dataclasses.replace(resolved, engine=config), env)
+            try:
+                if not inputs:
+                    model = benchkit.model_info(engine)
+                    inputs = (benchkit.synthetic_prompts(engine.tokenize, count, pp) if prompt_lines is None else
+                              benchkit.cycle_prompts([engine.tokenize(t) for _, t in prompt_lines], count))
+                    try:
+                        embed_bench.check_batches(batches, inputs)
+                    except InvalidRequest as exc:
+                        raise fail(str(exc), EXIT_USAGE) from None
+                figures.append(embed_bench.run_level(engine, inputs, on_input=lambda n: progress.advance(task, n)))
+            finally:
+                engine.close()
+    out = (Console(file=env.stdout, force_terminal=True) if env.stdout_isatty
+           else Console(file=env.stdout, width=200))
+    out.print(embed_bench.embed_table(figures, configs[0].n_threads))
+    if json_file:
+        document = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "llamabatch_version": __version__,
+                    "llama_cpp_python_version": benchkit.package_version("llama-cpp-python"),
+                    "machine": benchkit.machine_info(), "model": model, "threads": configs[0].n_threads,
+                    "settings": {"embed_batches": batches, "inputs": count, "pp": pp if prompts is None else None,
+                                 "prompts_file": prompts},
+                    "embed_levels": figures}
+        try:
+            with open(json_file, "w", encoding="utf-8") as f:
+                json.dump(document, f, indent=2)
+                f.write("\n")
+        except OSError as exc:
+            raise fail(f"--json {json_file}: {exc.strerror or exc}", EXIT_ERROR) from None
+    failed = [e for level in figures for e in level["errors"]]
+    if failed:
+        env.say(f"llamabatch: warning: {len(failed)} embeddings request(s) failed, first: {failed[0]}")
         raise typer.Exit(EXIT_ERROR)
 
 
