@@ -107,3 +107,20 @@ def test_plain_input_lines_and_embed_flag():
     assert text.returncode == 0, text.stderr
     recs = records(text.stdout)
     assert recs[2]["embeddings"][0] == pytest.approx(unit(fake_embedding(text_tokens("two words"), "mean")))
+
+
+def test_table_rows_embedded_with_embed_column(tmp_path):
+    import csv
+
+    src = tmp_path / "docs.csv"
+    src.write_text("doc_id,body\nd1,hello\nd2,\nd3,xyz\n", encoding="utf-8")
+    out = tmp_path / "vectors.csv"
+    result = llamabatch_run(str(src), *FAST, "--embed-column", "body", "--id-column", "doc_id", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = {r["id"]: r for r in csv.DictReader(out.open(encoding="utf-8"))}
+    assert json.loads(rows["d1"]["response"]) == pytest.approx(unit(fake_embedding(text_tokens("hello"), "mean")))
+    assert rows["d1"]["prompt_tokens"] == "5"
+    assert rows["d2"]["error_code"] == "invalid_request" and "empty" in rows["d2"]["error"]
+    assert len(json.loads(rows["d3"]["response"])) == FAKE_N_EMBD
+    bad = llamabatch_run(str(src), *FAST, "--embed-column", "nope")
+    assert bad.returncode != 0 and "--embed-column 'nope' is not a column" in bad.stderr

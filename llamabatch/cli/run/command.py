@@ -194,6 +194,11 @@ def run_command(
                                             rich_help_panel="Tables",
                                             help="Table INPUT: the column holding each row's id \\[default: the "
                                                  "row number, 1 for the first data row]."),
+    embed_column: Optional[str] = typer.Option(None, "--embed-column", metavar="COLUMN", show_default=False,
+                                               rich_help_panel="Tables",
+                                               help="Table INPUT: embed this column of every row (one vector "
+                                                    "each, in the response column as JSON) instead of generating; "
+                                                    "--embed with --template embeds the rendered text."),
     keep_columns: Optional[str] = typer.Option(None, "--keep-columns", metavar="A,B|all", show_default=False,
                                                rich_help_panel="Tables",
                                                help="Table INPUT: input columns copied into each result (a table "
@@ -240,7 +245,8 @@ def run_command(
                    retry_failed=retry_failed, allow_changed_settings=allow_changed_settings,
                    tables=TableOptions(template=template, template_file=template_file,
                                        messages_template=messages_template, id_column=id_column,
-                                       keep_columns=keep_columns, delimiter=delimiter),
+                                       keep_columns=keep_columns, delimiter=delimiter,
+                                       embed_column=embed_column),
                    logprobs=logprobs),
         opts, env)
 

@@ -18,6 +18,7 @@ from typing import Iterator
 from ...params import SamplingParams
 from ...tables import (PromptTemplate, Row, RowReader, TableError, is_table_input, load_messages_template,
                        load_template_file, open_table)
+from .embed_records import EmbedLine
 from .formats import LineError, LineRequest
 
 
@@ -31,13 +32,14 @@ class TableOptions:
     id_column: str | None = None
     keep_columns: str | None = None  # "a,b" or "all"
     delimiter: str | None = None
+    embed_column: str | None = None  # embed this column (the same as --embed --template '{COLUMN}')
 
     @property
     def given(self) -> list[str]:
         """The table-only flags that were given (for refusing them on a prompts file)."""
         names = {"template": "--template", "template_file": "--template-file",
                  "messages_template": "--messages-template", "id_column": "--id-column",
-                 "keep_columns": "--keep-columns"}
+                 "keep_columns": "--keep-columns", "embed_column": "--embed-column"}
         return [flag for field, flag in names.items() if getattr(self, field) is not None]
 
 
@@ -57,9 +59,15 @@ def keep_list(value: str | None) -> list[str] | str:
 
 
 def prompt_template(options: TableOptions, system: str | None, columns: list[str], name: str) -> PromptTemplate:
-    given = [f for f in ("template", "template_file", "messages_template") if getattr(options, f) is not None]
+    given = [f for f in ("template", "template_file", "messages_template", "embed_column")
+             if getattr(options, f) is not None]
     if len(given) > 1:
-        raise TableError("give one of --template, --template-file and --messages-template")
+        raise TableError("give one of --template, --template-file, --messages-template and --embed-column")
+    if options.embed_column is not None:
+        if options.embed_column not in columns:
+            raise TableError(f"--embed-column {options.embed_column!r} is not a column of {name}; its columns: "
+                             f"{', '.join(columns) if columns else '(none)'}")
+        return PromptTemplate(text="{" + options.embed_column + "}", system=None)
     if options.messages_template is not None:
         return PromptTemplate(messages=load_messages_template(options.messages_template), system=system)
     if options.template_file is not None:
@@ -123,15 +131,22 @@ class TableSource:
 class TableParser:
     """Row -> LineRequest (or LineError for a row that cannot be run), with the run's defaults."""
 
-    def __init__(self, defaults: SamplingParams, *, echo: bool):
+    def __init__(self, defaults: SamplingParams, *, echo: bool, embed: bool = False):
         self.defaults = defaults
         self.echo = echo  # copy the kept columns into each record's "input"
+        self.embed = embed  # --embed-column, or --embed: each row's text is an embeddings input
 
     def parse(self, row: Row, line_no: int) -> LineRequest | LineError:
         echo = row.columns if self.echo else None
         if row.error is not None:
             code, message = row.error
             return LineError(line_no, row.id, code, message, echo=echo, row=row.row)
+        if self.embed:
+            if not isinstance(row.prompt, str):
+                return LineError(line_no, row.id, "invalid_request", "embeddings take text: --messages-template "
+                                 "makes chat messages; use --template or --embed-column", echo=echo, row=row.row)
+            return LineRequest(line_no, row.id, row.prompt, self.defaults, echo=echo, row=row.row,
+                               embed=EmbedLine(row.prompt))
         return LineRequest(line_no, row.id, row.prompt, self.defaults, echo=echo, row=row.row)
 
 

@@ -40,6 +40,9 @@ def records_path(table: str) -> str:
 
 
 def _response(record: dict) -> str | None:
+    if "embeddings" in record:  # an embeddings line: its vector (one input) as JSON text
+        vectors = record["embeddings"]
+        return json.dumps(vectors[0] if len(vectors) == 1 else vectors)
     if "text" in record:
         return record.get("text")
     body = (record.get("response") or {}).get("body") or {}  # an OpenAI Batch line's record

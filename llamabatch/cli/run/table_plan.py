@@ -117,7 +117,7 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
     except BaseException:
         reader.close()
         raise
-    parser = TableParser(sampling, echo=bool(reader.keep))
+    parser = TableParser(sampling, echo=bool(reader.keep), embed=bool(getattr(o, "embed", False) or t.embed_column))
     return TablePlan(output=o.output, kind=kind, source=source, parser=parser,
                      layout=Layout(tuple(reader.keep), logprobs, rows=True), delimiter=t.delimiter,
                      input_path=o.input_path)
