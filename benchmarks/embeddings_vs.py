@@ -7,10 +7,10 @@ parsing). Systems, every one mean-pooled, each run in turn, A B C A B C ...:
 
   engine       the llamabatch Engine: engine.embed(all inputs) (n_batch = --batch)
   server       llama-server --embeddings --pooling mean -np --server-slots -c (slots x 256)
-               -b/-ub --batch (a user's tuning: every slot's input in one llama_decode), the
+               -b --batch -ub --ubatch (a user's tuning: every slot's input in one llama_decode), the
                inputs sent as /v1/embeddings requests of --chunk inputs from --clients
                concurrent clients
-  llama.embed  Llama(embedding=True, pooling mean, n_batch = n_ubatch = --batch).embed(texts)
+  llama.embed  Llama(embedding=True, pooling mean, n_batch --batch, n_ubatch --ubatch).embed(texts)
 
 Model load and server start are not timed; each system embeds one warm-up input first.
 Figures are inputs/s and tokens/s of wall clock, ratios per pair (run i over run i); the
@@ -18,7 +18,7 @@ engine's vectors are compared with llama-server's (cosine, per input: min and me
 llama-server is built once (cached) by ../shared/tools/build-llama-cpp-tools.sh; --bin DIR
 uses an existing build, --no-server skips it. It measures and prints; it never asserts.
 
-  python benchmarks/embeddings_vs.py [--inputs 2000] [--threads 2] [--repeat 2] [--batch 2048]
+  python benchmarks/embeddings_vs.py [--inputs 2000] [--threads 2] [--repeat 2] [--batch 2048] [--ubatch 512]
       [--server-slots 32] [--clients 8] [--chunk 32] [--bin DIR] [--model PATH] [--no-server]
 """
 from __future__ import annotations
@@ -115,6 +115,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="rounds of A B C (default 2)")
     ap.add_argument("--batch", type=int, default=2048, help="tokens per llama_decode, every system (default 2048)")
+    ap.add_argument("--ubatch", type=int, default=512, help="tokens per graph run, server and Llama.embed (default 512, "
+                                                         "as the engine's embedding context for a generative LM)")
     ap.add_argument("--server-slots", type=int, default=32)
     ap.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients (default 8)")
     ap.add_argument("--chunk", type=int, default=32, help="inputs per /v1/embeddings request (default 32)")
@@ -136,7 +138,7 @@ def main() -> int:
     tokens = sum(map(len, ids))
     say(f"{len(ids)} inputs, {tokens} tokens ({min(map(len, ids))}..{max(map(len, ids))} each)")
     llm = llama_cpp.Llama(model_path=model, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                          n_ctx=args.batch, n_batch=args.batch, n_ubatch=args.batch, n_threads=args.threads,
+                          n_ctx=args.batch, n_batch=args.batch, n_ubatch=min(args.ubatch, args.batch), n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
     server = None
     if not args.no_server:
@@ -144,7 +146,7 @@ def main() -> int:
                                                  text=True).stdout.strip().splitlines()[-1]) / "llama-server"
         server = EmbedServer(str(binary), model, args.threads,
                              ["--embeddings", "--pooling", "mean", "-np", str(args.server_slots),
-                              "-c", str(args.server_slots * 256), "-b", str(args.batch), "-ub", str(args.batch)])
+                              "-c", str(args.server_slots * 256), "-b", str(args.batch), "-ub", str(min(args.ubatch, args.batch))])
         server.__enter__()
     systems = {"engine": lambda: run_engine(engine, ids), "llama.embed": lambda: run_llama_embed(llm, texts)}
     if server is not None:

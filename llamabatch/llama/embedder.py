@@ -47,6 +47,7 @@ POOLING_TYPES = {"mean": C.LLAMA_POOLING_TYPE_MEAN, "cls": C.LLAMA_POOLING_TYPE_
                  "last": C.LLAMA_POOLING_TYPE_LAST}
 GGUF_POOLING = {1: "mean", 2: "cls", 3: "last", 4: "rank"}  # "{arch}.pooling_type" in the GGUF
 CONTEXT_FAILED = -100  # EmbedStepResult.status when the embedding context cannot be made
+UBATCH = 512  # graph-run size of a generative LM's embedding context (llama-server's -ub default)
 STOP_NODE = b"result_embd_pooled"  # with pooling NONE: the final norm's output, per token (llama-graph.cpp)
 
 
@@ -123,6 +124,11 @@ class Embedder:
         # The cache is emptied after every batch: it holds one batch, all of it (an input is
         # never split over two llama_decode calls).
         p.n_ctx = p.n_batch = p.n_ubatch = self.max_tokens
+        if self.pool_here:
+            # A causal LM may evaluate a batch in several graph runs (the cache keeps what came
+            # before): the compute buffer then holds UBATCH rows of n_vocab floats, not n_batch.
+            # (Non-causal embedding models need the whole batch in one ubatch.)
+            p.n_ubatch = min(self.max_tokens, UBATCH)
         p.n_seq_max = self.max_seqs
         p.kv_unified = True  # the sequences share n_batch cells, however long each one is
         p.embeddings = True
