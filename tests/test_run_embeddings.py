@@ -124,3 +124,16 @@ def test_table_rows_embedded_with_embed_column(tmp_path):
     assert len(json.loads(rows["d3"]["response"])) == FAKE_N_EMBD
     bad = llamabatch_run(str(src), *FAST, "--embed-column", "nope")
     assert bad.returncode != 0 and "--embed-column 'nope' is not a column" in bad.stderr
+
+
+def test_dry_run_counts_embedding_inputs_and_no_output_tokens(tmp_path):
+    lines = [json.dumps({"id": "e", "input": ["ab", "cde"]}), emb_line("o", {"input": [[5, 6, 7]]}),
+             json.dumps({"id": "bad", "input": []}), json.dumps({"id": "p", "prompt": "hi", "max_tokens": 3})]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    proc = llamabatch_run(str(src), "-o", str(tmp_path / "out.jsonl"), *FAST, "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["valid"] == 3 and r["invalid_by_code"] == {"invalid_request": 1}
+    assert r["prompt_tokens"]["total"] == 5 + 3 + 2  # fake tokenizer: one token per character
+    assert r["max_output_tokens"] == 3  # the generation line only

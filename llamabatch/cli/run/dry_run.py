@@ -19,7 +19,7 @@ import os
 from collections import Counter
 from typing import Any, Callable
 
-from ...errors import LlamaBatchError
+from ...errors import InvalidRequest, LlamaBatchError
 from ..common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
 from ..options import Resolved
 from .estimate import LengthStats, PrefixReuse, RECENT, eta, planned_slots, slot_ctx
@@ -41,6 +41,19 @@ def _prompt_tokens(engine: Any, prompt: Any) -> list[int]:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         return engine.tokenize(engine.render_chat(prompt), special=True)
     return list(prompt)
+
+
+def _embed_tokens(engine: Any, inputs: Any) -> list[int]:
+    """An embeddings line's tokens, all its inputs together (each is checked as the engine
+    checks it: core/embedding.py; an input too long for n_batch is the engine's to say)."""
+    from ...core.embedding import split_inputs
+
+    tokens: list[int] = []
+    for i, item in enumerate(split_inputs(inputs)):
+        if not item:
+            raise InvalidRequest(f"input[{i}] is empty")
+        tokens += engine.tokenize(item, special=False) if isinstance(item, str) else list(item)
+    return tokens
 
 
 class _OutputSide:
@@ -127,10 +140,11 @@ def _scan(engine: Any, parser: LineParser, source, side: _OutputSide | None, ret
             item = duplicate_id_error(item)
         if not isinstance(item, LineError):
             try:
-                tokens = _prompt_tokens(engine, item.prompt)
+                embed = item.embed is not None
+                tokens = _embed_tokens(engine, item.embed.inputs) if embed else _prompt_tokens(engine, item.prompt)
                 if not tokens:
                     raise LlamaBatchError("prompt is empty")
-                if ctx is not None and len(tokens) >= ctx:
+                if ctx is not None and len(tokens) >= ctx and not embed:
                     item = LineError(line_no, item.id, "context_overflow",
                                      f"line {line_no}: prompt has {len(tokens)} tokens but a slot holds {ctx}")
             except LlamaBatchError as exc:
@@ -145,6 +159,8 @@ def _scan(engine: Any, parser: LineParser, source, side: _OutputSide | None, ret
             continue
         valid += 1
         lengths.add(len(tokens))
+        if item.embed is not None:
+            continue  # embeddings generate nothing and share no prefix cache
         reuse.add(tokens)
         want = item.params.max_tokens * max(1, item.params.n)
         if ctx is not None:
