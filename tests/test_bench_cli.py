@@ -33,10 +33,12 @@ def header_row(stdout: str, first: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory, model_path):
-    out = tmp_path_factory.mktemp("bench") / "bench.json"
-    proc = bench("--pp", "8", "--tg", "4", "--parallel", "1,2", "--json", str(out))
+    folder = tmp_path_factory.mktemp("bench")
+    out = folder / "bench.json"
+    proc = bench("--pp", "8", "--tg", "4", "--parallel", "1,2", "--json", str(out), "--plot", "--html",
+                 str(folder / "report.html"))
     assert proc.returncode == 0, proc.stderr
-    return proc, json.loads(out.read_text())
+    return proc, json.loads(out.read_text()), (folder / "report.html").read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def with_baseline(tmp_path_factory, model_path):
 
 
 def test_prints_all_three_tables_with_every_column(synthetic):
-    proc, _ = synthetic
+    proc, *_ = synthetic
     out = proc.stdout
     for title in ("Throughput (llama-batched-bench columns)", "Request latency (vLLM names)", "Request throughput",
                   "Ticks, B=1 (all", "Ticks, B=2 (all"):
@@ -70,8 +72,22 @@ def test_prints_all_three_tables_with_every_column(synthetic):
     assert "PP" not in proc.stderr and "Throughput" not in proc.stderr
 
 
+def test_the_real_run_draws_its_plots_and_report(synthetic):
+    # every drawn number is checked against the JSON in test_bench_charts.py (fake runner);
+    # here: a real run draws them too, in ASCII through a pipe, and writes a report that parses
+    from test_bench_charts import parse
+
+    proc, doc, html = synthetic
+    plots = proc.stdout[proc.stdout.index("Decode speed S_TG against concurrency B"):]
+    assert plots.isascii() and "Tick timeline, B=2" in plots and "auto: B=" in plots
+    report = parse(html)
+    assert set(report.charts) == {"stg", "ttft", "tpot", "ticks-b1", "ticks-b2"}
+    assert report.charts["stg"]["series"]["S_TG"] == [(float(lv["n_parallel"]), lv["batched"]["speed_tg"])
+                                                      for lv in doc["levels"]]
+
+
 def test_json_has_every_field_with_sane_values(synthetic):
-    _, doc = synthetic
+    _, doc, _ = synthetic
     assert doc["llama_cpp_python_version"] and doc["llamabatch_version"]
     assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["platform"]
     assert doc["model"]["name"] and doc["model"]["architecture"] == "gemma3"

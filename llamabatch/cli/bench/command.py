@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ... import __version__
-from . import benchkit, embed as embed_bench
+from . import benchkit, embed as embed_bench, report
 from ...errors import InvalidRequest
 from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table, trace_table)
 from ..env import Environment
@@ -38,6 +38,11 @@ def bench_command(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also print each level's trace: its ticks by kind (decode, mixed, prefill) with graph runs per tick and where the tick's time went (llama_decode, sampling, Python before, batch filling, Python after).")] = False,
     embed: Annotated[bool, typer.Option("--embed", rich_help_panel="Embeddings", help="Measure embeddings instead of generation: inputs/s and tokens/s at each --embed-batch size, --requests inputs (default 256) of --pp tokens (or the --prompts lines), one request each, all at once.")] = False,
     embed_batch: Annotated[str, typer.Option("--embed-batch", metavar="LIST", rich_help_panel="Embeddings", help="With --embed: batch sizes (the most tokens per llama_decode, i.e. n_batch), comma-separated; each gets its own engine.")] = embed_bench.DEFAULT_BATCHES,
+    plot: Annotated[bool, typer.Option("--plot", help="Also draw the figures in the terminal, after the tables: S_TG against B with the B that n_parallel auto would pick marked, TTFT and TPOT (p50, p99) against B, and each level's tick timeline. Plain ASCII without colour when stdout is not a terminal or NO_COLOR is set.")] = False,
+    html_file: Annotated[Optional[str], typer.Option("--html", metavar="FILE", show_default=False,
+                                                     help="Write one self-contained HTML report (no script, nothing fetched): a machine/model/settings header, the --plot charts as inline SVG, and the tables.")] = None,
+    from_json: Annotated[Optional[str], typer.Option("--from-json", metavar="FILE", show_default=False,
+                                                     help="Run nothing: print the tables of a recorded --json document, and its --plot and --html. No model is loaded.")] = None,
     opts: SharedOptions = None,  # type: ignore[assignment]
     env: Environment = None,  # type: ignore[assignment]
 ) -> None:
@@ -56,8 +61,16 @@ def bench_command(
     --deterministic runs every level twice, default engine first, and adds a table of what the mode costs: output tokens per second of each and their ratio (the other tables show the deterministic runs).
 
     --baseline adds llama-cpp-python's Llama.create_completion over the same prompts, one at a time, and a Speedup column: the level's tokens per second of wall clock over the baseline's. Sampling options apply to both; --parallel and --tg replace --n-parallel and --max-tokens.
+
+    --plot draws the figures in the terminal after the tables, --html FILE writes them with the tables and a machine/model/settings header as one self-contained page, and --from-json FILE does both (and the tables) from a recorded --json document without loading a model.
     """
-    levels, prompt_lines = _check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks)
+    if plot and report.plot_unavailable():
+        raise fail(report.plot_unavailable(), EXIT_USAGE)
+    if embed and (plot or html_file is not None or from_json is not None):
+        raise fail("--plot, --html and --from-json draw generation levels; they do not apply to --embed", EXIT_USAGE)
+    if from_json is not None:
+        return _from_recorded(env, from_json, json_file, html_file, plot, ticks, verbose)
+    levels, prompt_lines = _check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks, html_file)
     if embed:
         _bench_embed(embed_batch, pp, requests, prompt_lines, prompts, json_file, opts, env)
         return
@@ -114,6 +127,9 @@ def bench_command(
             for level in figures:
                 level.update(benchkit.speedup(level, base))
 
+    document = _document(figures, base, model, resolved, configs[0], levels, counts, pp, tg, requests, prompts)
+    if deterministic:
+        document["default_levels"] = default_figures  # "levels" are the deterministic runs
     _print_tables(env, figures, base, ticks, configs[0].n_batch, default_figures if deterministic else None, verbose)
     failed = [e for level in figures for e in level["errors"]]
     for level in figures:
@@ -121,15 +137,13 @@ def bench_command(
             env.say(f"llamabatch: warning: B={level['n_parallel']}: {len(level['errors'])} of "
                 f"{len(level['requests'])} requests failed, first: {level['errors'][0]}")
     if json_file:
-        document = _document(figures, base, model, resolved, configs[0], levels, counts, pp, tg, requests, prompts)
-        if deterministic:
-            document["default_levels"] = default_figures  # "levels" are the deterministic runs
         try:
             with open(json_file, "w", encoding="utf-8") as f:
                 json.dump(document, f, indent=2)
                 f.write("\n")
         except OSError as exc:
             raise fail(f"--json {json_file}: {exc.strerror or exc}", EXIT_ERROR) from None
+    _draw(env, document, plot, html_file, ticks)  # after the JSON is safe: a drawing failure loses no figures
     if failed:
         raise typer.Exit(EXIT_ERROR)
 
@@ -192,8 +206,43 @@ def _bench_embed(embed_batch: str, pp: int, requests: int | None, prompt_lines: 
         raise typer.Exit(EXIT_ERROR)
 
 
+def _from_recorded(env: Environment, path: str, json_file: str | None, html_file: str | None, plot: bool,
+                   ticks: int, verbose: bool) -> None:
+    """bench --from-json: the tables, plots and report of a recorded run, without a model."""
+    if json_file is not None:
+        raise fail("--json and --from-json together: --from-json runs nothing, so there is nothing new to write",
+                   EXIT_USAGE)
+    if ticks < 0:
+        raise fail(f"--ticks must be an integer >= 0, got {ticks}", EXIT_USAGE)
+    if html_file is not None and not report.writable(html_file):
+        raise fail(f"--html {html_file}: cannot write there", EXIT_USAGE)
+    try:
+        document = report.load_document(path)
+    except InvalidRequest as exc:
+        raise fail(str(exc), EXIT_USAGE) from None
+    if verbose and not all(isinstance(level.get("trace"), dict) for level in document["levels"]):
+        raise fail(f"--verbose: --from-json {path} has no trace (recorded before bench traced its ticks)", EXIT_USAGE)
+    settings = document.get("settings") or {}
+    _print_tables(env, document["levels"], document.get("baseline"), ticks, settings.get("n_batch") or 0,
+                  document.get("default_levels"), verbose)
+    _draw(env, document, plot, html_file, ticks)
+
+
+def _draw(env: Environment, document: dict[str, Any], plot: bool, html_file: str | None, ticks: int) -> None:
+    """--plot to stdout after the tables; --html to its file."""
+    if plot:
+        color, width = report.plot_style(env.stdout_isatty)
+        env.out("\n" + report.plots(document, color=color, width=width))
+    if html_file is not None:
+        try:
+            report.write_html(html_file, document, ticks)
+        except OSError as exc:
+            raise fail(f"--html {html_file}: {exc.strerror or exc}", EXIT_ERROR) from None
+
+
 def _check_own_options(parallel: str, pp: int, tg: int, requests: int | None, prompts: str | None,
-                       json_file: str | None, ticks: int) -> tuple[list[int], list[tuple[int, str]] | None]:
+                       json_file: str | None, ticks: int,
+                       html_file: str | None = None) -> tuple[list[int], list[tuple[int, str]] | None]:
     """Every bad value is one line and exit 2, before any model is loaded."""
     try:
         levels = benchkit.parse_levels(parallel)
@@ -208,6 +257,8 @@ def _check_own_options(parallel: str, pp: int, tg: int, requests: int | None, pr
         if os.path.isdir(json_file) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (
                 os.path.exists(json_file) and not os.access(json_file, os.W_OK)):
             raise fail(f"--json {json_file}: cannot write there", EXIT_USAGE)
+    if html_file is not None and not report.writable(html_file):
+        raise fail(f"--html {html_file}: cannot write there", EXIT_USAGE)
     return levels, prompt_lines
 
 
