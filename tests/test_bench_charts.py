@@ -177,6 +177,44 @@ def test_the_auto_mark_follows_n_parallel_autos_rule(recorded, tmp_path):
     assert "auto: B=4" in result.stdout and "auto marks B=4" in result.stdout
 
 
+def test_levels_listed_out_of_order_draw_left_to_right_and_deterministic_runs_beside(recorded, tmp_path):
+    doc = copy.deepcopy(recorded[1])
+    doc["default_levels"] = copy.deepcopy(doc["levels"])  # as bench --deterministic records them
+    for level in doc["default_levels"]:
+        level["batched"]["speed_tg"] *= 2
+    doc["levels"].reverse()  # as --parallel 8,4,2,1 runs them
+    path, html = tmp_path / "doc.json", tmp_path / "r.html"
+    path.write_text(json.dumps(doc))
+    result = invoke(["bench", "--from-json", str(path), "--html", str(html)])
+    assert result.exit_code == 0, result.stderr
+    series = parse(html.read_text(encoding="utf-8")).charts["stg"]["series"]
+    by_b = sorted(doc["levels"], key=lambda lv: lv["n_parallel"])
+    assert series["S_TG deterministic"] == [(float(lv["n_parallel"]), lv["batched"]["speed_tg"]) for lv in by_b]
+    assert series["S_TG default"] == [(float(lv["n_parallel"]), 2 * lv["batched"]["speed_tg"]) for lv in by_b]
+    assert "Cost of --deterministic" in result.stdout
+
+
+def test_a_long_timeline_is_drawn_as_means_of_runs_of_ticks():
+    from llamabatch.cli.bench.chartdata import STACKED, Chart, Series
+    from llamabatch.cli.bench.termplot import bucketed, render_one
+
+    xs = [float(i) for i in range(1, 301)]
+    prefill = [400.0 if i % 100 == 1 else 0.0 for i in range(1, 301)]  # a spike every 100 ticks
+    decode = [0.0 if p else 16.0 for p in prefill]
+    chart = Chart("ticks-b16", "Tick timeline", STACKED, "tick", "tokens per tick",
+                  [Series("prefill", xs, prefill), Series("decode", xs, decode)],
+                  right=Series("eval ms", xs, [40.0] * 300), right_label="eval ms")
+    short = bucketed(chart, columns=80)
+    assert len(short.series[0].xs) == 75 and short.title == "Tick timeline (mean per tick, 4 ticks a bar)"
+    for long, means in zip(chart.series + [chart.right], short.series + [short.right]):
+        assert sum(means.ys) * 4 == pytest.approx(sum(long.ys))  # every tick counted once
+    assert bucketed(chart, columns=300) is chart
+    text = render_one(chart, width=100, color=False)
+    # the decode phase shows: one tick's 16 tokens would round to nothing beside 400-token spikes
+    assert "4 ticks a bar" in text
+    assert any("#" in line for line in text.splitlines() if not any(w in line for w in ("decode", "prefill", "eval")))
+
+
 TITLES = ("Decode speed S_TG against concurrency B", "TTFT (time to first token) against concurrency B",
           "TPOT (time per output token after the first) against concurrency B")
 AXES = ("S_TG tok/s", "B (slots, log2 axis)", "TTFT ms", "TPOT ms", "tokens per tick", "tick", "eval ms")

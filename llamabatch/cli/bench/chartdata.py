@@ -63,11 +63,17 @@ def auto_pick(levels: Sequence[dict[str, Any]]) -> int | None:
     return pick(measured, max(measured))
 
 
-def stg_chart(levels: Sequence[dict[str, Any]]) -> Chart:
+def stg_chart(levels: Sequence[dict[str, Any]], default_levels: Sequence[dict[str, Any]] = ()) -> Chart:
+    """default_levels: bench --deterministic's runs of the default engine, drawn beside."""
     bs = [float(level["n_parallel"]) for level in levels]
     speeds = [float(level["batched"]["speed_tg"]) for level in levels]
+    series = [Series("S_TG", bs, speeds)]
+    if default_levels:
+        series[0].name = "S_TG deterministic"
+        series.append(Series("S_TG default", [float(lv["n_parallel"]) for lv in default_levels],
+                             [float(lv["batched"]["speed_tg"]) for lv in default_levels]))
     chart = Chart("stg", "Decode speed S_TG against concurrency B", LINE, "B (slots, log2 axis)", "S_TG tok/s",
-                  [Series("S_TG", bs, speeds)], x_ticks=bs)
+                  series, x_ticks=sorted(set(bs)))
     chosen = auto_pick(levels)
     if chosen is not None:
         y = speeds[bs.index(float(chosen))]
@@ -85,7 +91,7 @@ def latency_chart(levels: Sequence[dict[str, Any]], metric: str) -> Chart:
               for label, stat in (("p50", "median"), ("p99", "p99"))]
     what = "time to first token" if metric == "ttft" else "time per output token after the first"
     return Chart(metric, f"{name} ({what}) against concurrency B", LINE, "B (slots, log2 axis)", f"{name} ms",
-                 series, x_ticks=bs)
+                 series, x_ticks=sorted(set(bs)))
 
 
 def timeline_chart(level: dict[str, Any]) -> Chart:
@@ -104,9 +110,17 @@ def timeline_chart(level: dict[str, Any]) -> Chart:
 
 def charts(document: dict[str, Any]) -> list[Chart]:
     """Every chart of a bench document, in the order both renderers show them."""
-    levels = document["levels"]
-    out = [stg_chart(levels), latency_chart(levels, "ttft"), latency_chart(levels, "tpot")]
-    out.extend(timeline_chart(level) for level in levels)
+    # B ascending, so lines run left to right whatever order --parallel listed the levels in
+    levels = sorted(document["levels"], key=lambda level: level["n_parallel"])
+    default_levels = sorted(document.get("default_levels") or [], key=lambda level: level["n_parallel"])
+    out = [stg_chart(levels, default_levels), latency_chart(levels, "ttft"), latency_chart(levels, "tpot")]
+    seen: dict[int, int] = {}
+    for level in levels:
+        chart = timeline_chart(level)
+        seen[level["n_parallel"]] = seen.get(level["n_parallel"], 0) + 1
+        if seen[level["n_parallel"]] > 1:  # --parallel 4,4: each run keeps a chart of its own
+            chart.id += f"-{seen[level['n_parallel']]}"
+        out.append(chart)
     return out
 
 

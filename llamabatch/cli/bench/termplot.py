@@ -12,7 +12,7 @@ from typing import Sequence
 
 import plotext as plt
 
-from .chartdata import LINE, Chart, log2
+from .chartdata import LINE, Chart, Series, log2
 
 # plotext's frame and tick characters -> ASCII
 _BOX_TO_ASCII = str.maketrans({"┌": "+", "┐": "+", "└": "+", "┘": "+", "─": "-", "│": "|", "┤": "+",
@@ -36,6 +36,7 @@ def render_one(chart: Chart, *, width: int, color: bool) -> str:
     if chart.kind == LINE:
         _line(chart, color)
     else:
+        chart = bucketed(chart, columns=width - 20)
         _stacked(chart, color)
     plt.title(chart.title)
     plt.xlabel(chart.x_label)
@@ -100,6 +101,25 @@ def _integer_ticks(xs: Sequence[float], most: int = 8) -> tuple[list[float], lis
     step = max(1, math.ceil((hi - lo) / (most - 1))) if hi > lo else 1
     ticks = list(range(lo, hi + 1, step))
     return [float(t) for t in ticks], [str(t) for t in ticks]
+
+
+def bucketed(chart: Chart, columns: int) -> Chart:
+    """A tick timeline with more ticks than the plot has columns, as the mean per tick of
+    runs of consecutive ticks: drawn one bar per tick, bars would overlap and a long decode
+    phase (a few tokens a tick) would round to nothing beside a prefill spike."""
+    n = len(chart.series[0].xs)
+    if n <= max(1, columns):
+        return chart
+    size = math.ceil(n / max(1, columns))
+
+    def mean_of(s: Series) -> Series:
+        runs = [range(i, min(i + size, n)) for i in range(0, n, size)]
+        return Series(s.name, [s.xs[r[0]] for r in runs], [sum(s.ys[j] for j in r) / len(r) for r in runs])
+
+    return Chart(chart.id, f"{chart.title} (mean per tick, {size} ticks a bar)", chart.kind, chart.x_label,
+                 chart.y_label, [mean_of(s) for s in chart.series],
+                 right=mean_of(chart.right) if chart.right else None, right_label=chart.right_label,
+                 note=chart.note)
 
 
 def _label(x: float) -> str:
