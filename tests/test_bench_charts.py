@@ -125,6 +125,8 @@ def test_every_chart_is_in_the_html_and_its_numbers_are_the_jsons(recorded):
         assert ticks, "a level with no ticks draws nothing to compare"
         for name, key in (("prefill", "prefill_tokens"), ("decode", "decode_tokens"), ("eval ms", "eval_ms")):
             assert series[name] == [(float(t["tick"]), float(t[key])) for t in ticks], name
+        runs = [t["ubatches"] for t in ticks]  # the caption says how many graph runs the ticks made
+        assert min(runs) >= 1 and f"{sum(runs) / len(runs):.2f} graph runs (ubatches) per tick, at most {max(runs)}" in html
         # every prompt token was prefilled and every token after the first decoded, once
         assert sum(y for _, y in series["prefill"]) == level["batched"]["prefill_tokens"]
         assert sum(y for _, y in series["decode"]) == level["batched"]["decode_tokens"]

@@ -105,7 +105,16 @@ def timeline_chart(level: dict[str, Any]) -> Chart:
                   Series("decode", xs, [float(t["decode_tokens"]) for t in ticks])],
                  right=Series("eval ms", xs, [float(t["eval_ms"]) for t in ticks]), right_label="eval ms",
                  note=(f"{len(ticks)} ticks; {s['mixed_share']:.0%} mixed prefill with decode; "
-                       f"mean eval {s['mean_eval_ms']:.2f} ms per tick"))
+                       f"mean eval {s['mean_eval_ms']:.2f} ms per tick" + _graph_runs(ticks)))
+
+
+def _graph_runs(ticks: Sequence[dict[str, Any]]) -> str:
+    """How many graph runs (ubatches) llama_decode made per tick, where the document records it
+    (documents written before the engine counted them do not)."""
+    runs = [t["ubatches"] for t in ticks if isinstance(t.get("ubatches"), int) and t["ubatches"] > 0]
+    if not runs or len(runs) < len(ticks):
+        return ""
+    return f", {sum(runs) / len(runs):.2f} graph runs (ubatches) per tick, at most {max(runs)}"
 
 
 def charts(document: dict[str, Any]) -> list[Chart]:
