@@ -217,8 +217,8 @@ def test_a_long_timeline_is_drawn_as_means_of_runs_of_ticks():
     assert any("#" in line for line in text.splitlines() if not any(w in line for w in ("decode", "prefill", "eval")))
 
 
-TITLES = ("Decode speed S_TG against concurrency B", "TTFT (time to first token) against concurrency B",
-          "TPOT (time per output token after the first) against concurrency B")
+TITLES = ("Decode speed S_TG against B", "TTFT (time to first token) against B",
+          "TPOT (time per output token) against B")
 AXES = ("S_TG tok/s", "B (slots, log2 axis)", "TTFT ms", "TPOT ms", "tokens per tick", "tick", "eval ms")
 
 

@@ -78,7 +78,7 @@ def test_the_real_run_draws_its_plots_and_report(synthetic):
     from test_bench_charts import parse
 
     proc, doc, html = synthetic
-    plots = proc.stdout[proc.stdout.index("Decode speed S_TG against concurrency B"):]
+    plots = proc.stdout[proc.stdout.index("Decode speed S_TG against B"):]
     assert plots.isascii() and "Tick timeline, B=2" in plots and "auto: B=" in plots
     report = parse(html)
     assert set(report.charts) == {"stg", "ttft", "tpot", "ticks-b1", "ticks-b2"}

@@ -105,3 +105,26 @@ def test_run_input_lines_and_records(bench, tmp_path):
 def test_machine_line_names_the_cpu_cores_and_load(bench):
     line = bench.machine_line()
     assert " cores, load average " in line
+
+
+def _png(width: int, height: int, rows: list[bytes]) -> bytes:
+    """A minimal RGB PNG: signature, IHDR, one IDAT, IEND (CRCs as PNG readers check them)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    raw = b"".join(b"\x00" + row for row in rows)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_render_report_reads_a_pngs_size_and_tells_a_blank_one(bench):
+    facts = runpy.run_path(str(BENCHMARKS / "render_report.py"))["png_facts"]
+    blank = _png(3, 2, [b"\xff" * 9] * 2)
+    drawn = _png(3, 2, [bytes(range(0, 90, 10)), bytes(range(100, 190, 10))])
+    assert facts(blank) == (3, 2, 2)  # white and the filter byte: a page that did not draw
+    assert facts(drawn)[:2] == (3, 2) and facts(drawn)[2] == 18  # 0..80 and 100..180 by tens; the filter byte is 0
+    with pytest.raises(ValueError, match="not a PNG"):
+        facts(b"GIF89a" + bytes(20))

@@ -72,7 +72,7 @@ def stg_chart(levels: Sequence[dict[str, Any]], default_levels: Sequence[dict[st
         series[0].name = "S_TG deterministic"
         series.append(Series("S_TG default", [float(lv["n_parallel"]) for lv in default_levels],
                              [float(lv["batched"]["speed_tg"]) for lv in default_levels]))
-    chart = Chart("stg", "Decode speed S_TG against concurrency B", LINE, "B (slots, log2 axis)", "S_TG tok/s",
+    chart = Chart("stg", "Decode speed S_TG against B", LINE, "B (slots, log2 axis)", "S_TG tok/s",
                   series, x_ticks=sorted(set(bs)))
     chosen = auto_pick(levels)
     if chosen is not None:
@@ -89,8 +89,8 @@ def latency_chart(levels: Sequence[dict[str, Any]], metric: str) -> Chart:
     name = metric.upper()
     series = [Series(f"{name} {label}", bs, [float(level["latency"][f"{stat}_{metric}_ms"]) for level in levels])
               for label, stat in (("p50", "median"), ("p99", "p99"))]
-    what = "time to first token" if metric == "ttft" else "time per output token after the first"
-    return Chart(metric, f"{name} ({what}) against concurrency B", LINE, "B (slots, log2 axis)", f"{name} ms",
+    what = "time to first token" if metric == "ttft" else "time per output token"
+    return Chart(metric, f"{name} ({what}) against B", LINE, "B (slots, log2 axis)", f"{name} ms",
                  series, x_ticks=sorted(set(bs)))
 
 

@@ -22,7 +22,9 @@ body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24
 h1 { font-size: 1.5em; margin-bottom: 4px; } h2 { font-size: 1.15em; margin-top: 28px; }
 dl.header { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; font-size: 0.9em; }
 dl.header dt { color: #555; } dl.header dd { margin: 0; font-family: ui-monospace, monospace; }
-figure { margin: 16px 0; } figcaption, p.note { color: #555; font-size: 0.85em; }
+div.charts { display: flex; flex-wrap: wrap; gap: 8px 20px; }
+figure { margin: 8px 0; } figure.line { width: 470px; } figure.stacked { width: 960px; }
+figcaption, p.note { color: #555; font-size: 0.85em; }
 svg.chart { max-width: 100%; height: auto; font-size: 12px; }
 svg.chart .title { font-size: 14px; font-weight: 600; } svg.chart .grid { stroke: #e4e4e4; }
 svg.chart .axis { stroke: #777; } svg.chart .tick, svg.chart .legend { fill: #444; }
@@ -43,12 +45,14 @@ def render(document: dict[str, Any], last_ticks: int = 0) -> str:
              f"<style>{STYLE}</style>", "</head>", "<body>",
              f"<h1>llamabatch bench: {escape(_model_name(document))}</h1>",
              _header(document), '<h2 id="charts">Charts</h2>']
+    parts.append('<div class="charts">')
     for chart in chartdata.charts(document):
-        parts.append(f'<figure id="chart-{escape(chart.id)}">')
+        parts.append(f'<figure id="chart-{escape(chart.id)}" class="{chart.kind}">')
         parts.append(svgchart.render(chart))
         if chart.note:
             parts.append(f'<figcaption>{escape(chart.note)}</figcaption>')
         parts.append("</figure>")
+    parts.append("</div>")
     parts.append('<h2 id="tables">Tables</h2>')
     base = document.get("baseline")
     n_batch = settings.get("n_batch") or 0

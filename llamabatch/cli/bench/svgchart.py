@@ -12,8 +12,10 @@ from typing import Sequence
 
 from .chartdata import LINE, Chart, log2
 
-WIDTH, LINE_HEIGHT, STACKED_HEIGHT = 760, 320, 280
-LEFT, RIGHT, TOP, BOTTOM = 70, 70, 34, 50
+# line charts sit two to a row in the report, timelines take the whole row
+LINE_SIZE, STACKED_SIZE = (470, 300), (960, 280)
+LEFT, RIGHT, TOP, BOTTOM = 64, 20, 44, 50
+STACKED_RIGHT = 64  # room for the eval ms axis
 PALETTE = ("#4477aa", "#ee7733", "#228833", "#aa3377")
 RIGHT_COLOR = "#cc3311"
 MARK_COLOR = "#cc3311"
@@ -47,12 +49,13 @@ def _attr(value: float) -> str:
 class _Frame:
     """Maps data to pixels inside the plot area, and draws its axes."""
 
-    def __init__(self, height: int, x_lo: float, x_hi: float, y_ticks: list[float]):
-        self.height = height
+    def __init__(self, size: tuple[int, int], x_lo: float, x_hi: float, y_ticks: list[float], right: int = RIGHT):
+        self.width, self.height = size
+        height = self.height
         self.x_lo, self.x_hi = x_lo, x_hi if x_hi > x_lo else x_lo + 1
         self.y_ticks = y_ticks
         self.y_top = y_ticks[-1] or 1.0
-        self.x0, self.x1 = LEFT, WIDTH - RIGHT
+        self.x0, self.x1 = LEFT, self.width - right
         self.y0, self.y1 = height - BOTTOM, TOP
 
     def x(self, value: float) -> float:
@@ -84,16 +87,17 @@ class _Frame:
         return out
 
 
-def _open(chart: Chart, height: int) -> list[str]:
+def _open(chart: Chart, size: tuple[int, int]) -> list[str]:
+    width, height = size
     return [f'<svg class="chart" data-chart="{escape(chart.id)}" xmlns="http://www.w3.org/2000/svg" '
-            f'viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img">',
+            f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">',
             f'<title>{escape(chart.title)}</title>',
-            f'<text class="title" x="{LEFT}" y="20">{escape(chart.title)}</text>']
+            f'<text class="title" x="8" y="18">{escape(chart.title)}</text>']
 
 
-def _legend(entries: Sequence[tuple[str, str, str]]) -> list[str]:
-    """(name, colour, shape: "line" or "box"), in a row at the top right."""
-    out, x = [], WIDTH - RIGHT
+def _legend(entries: Sequence[tuple[str, str, str]], right_edge: float) -> list[str]:
+    """(name, colour, shape: "line" or "box"), in a row under the title, ending at right_edge."""
+    out, x = [], right_edge
     for name, color, shape in reversed(entries):
         x -= 12 + 7 * len(name) + 18
         if shape == "box":
@@ -108,8 +112,8 @@ def _line(chart: Chart) -> str:
     xs = [log2(x) for x in chart.x_ticks] or [0.0]
     pad = 0.25 * (max(xs) - min(xs) or 1)  # the end points keep off the frame
     ys = [y for s in chart.series for y in s.ys]
-    frame = _Frame(LINE_HEIGHT, min(xs) - pad, max(xs) + pad, nice_ticks(max(ys, default=0.0)))
-    out = _open(chart, LINE_HEIGHT) + frame.grid(chart.y_label)
+    frame = _Frame(LINE_SIZE, min(xs) - pad, max(xs) + pad, nice_ticks(max(ys, default=0.0)))
+    out = _open(chart, LINE_SIZE) + frame.grid(chart.y_label)
     out += frame.x_axis([(log2(x), _num(x)) for x in chart.x_ticks], chart.x_label)
     for i, s in enumerate(chart.series):
         color = PALETTE[i % len(PALETTE)]
@@ -129,7 +133,7 @@ def _line(chart: Chart) -> str:
         out.append(f'<text class="mark-label" x="{cx:.1f}" y="{cy + 22:.1f}" text-anchor="middle" '
                    f'fill="{MARK_COLOR}">{escape(m.label)}</text>')
         out.append('</g>')
-    out += _legend([(s.name, PALETTE[i % len(PALETTE)], "line") for i, s in enumerate(chart.series)])
+    out += _legend([(s.name, PALETTE[i % len(PALETTE)], "line") for i, s in enumerate(chart.series)], frame.x1)
     out.append('</svg>')
     return "\n".join(out)
 
@@ -138,8 +142,8 @@ def _stacked(chart: Chart) -> str:
     xs = chart.series[0].xs
     totals = [sum(v) for v in zip(*(s.ys for s in chart.series))] or [0.0]
     lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
-    frame = _Frame(STACKED_HEIGHT, lo - 0.5, hi + 0.5, nice_ticks(max(totals)))
-    out = _open(chart, STACKED_HEIGHT) + frame.grid(chart.y_label)
+    frame = _Frame(STACKED_SIZE, lo - 0.5, hi + 0.5, nice_ticks(max(totals)), right=STACKED_RIGHT)
+    out = _open(chart, STACKED_SIZE) + frame.grid(chart.y_label)
     step = max(1, math.ceil((hi - lo) / 8)) if hi > lo else 1
     out += frame.x_axis([(float(t), str(t)) for t in range(int(lo), int(hi) + 1, step)], chart.x_label)
     bar = max(0.5, (frame.x1 - frame.x0) / max(1.0, hi - lo + 1) * 0.85)
@@ -161,7 +165,7 @@ def _stacked(chart: Chart) -> str:
         for t in right_ticks:
             out.append(f'<text class="tick" x="{frame.x1 + 6}" y="{frame.y(t, top) + 4:.1f}">{_num(t)}</text>')
         out.append(f'<line class="axis" x1="{frame.x1}" x2="{frame.x1}" y1="{frame.y0}" y2="{frame.y1}"/>')
-        out.append(f'<text class="label" transform="translate({WIDTH - 14} {(frame.y0 + frame.y1) / 2:.1f}) '
+        out.append(f'<text class="label" transform="translate({frame.width - 14} {(frame.y0 + frame.y1) / 2:.1f}) '
                    f'rotate(90)" text-anchor="middle">{escape(chart.right_label)}</text>')
         points = " ".join(f"{frame.x(x):.1f},{frame.y(y, top):.1f}" for x, y in zip(r.xs, r.ys))
         out.append(f'<g class="series right" data-series="{escape(r.name)}">')
@@ -171,6 +175,6 @@ def _stacked(chart: Chart) -> str:
                        f'data-x="{_attr(x)}" data-y="{_attr(y)}"/>')
         out.append('</g>')
         legend.append((r.name, RIGHT_COLOR, "line"))
-    out += _legend(legend)
+    out += _legend(legend, frame.x1)
     out.append('</svg>')
     return "\n".join(out)
