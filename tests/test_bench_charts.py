@@ -140,6 +140,8 @@ def test_the_html_has_the_tables_and_the_header_and_fetches_nothing(recorded):
                             "Request throughput"]
     assert [c for c in captions if c.startswith("Ticks, B=")] == [f"Ticks, B={b} (all {len(lv['ticks'])})"
                                                                   for b, lv in zip(LEVELS, doc["levels"])]
+    assert [c for c in captions if c.startswith("Trace, B=")] == [f"Trace, B={b}: mean per tick, by kind"
+                                                                  for b in LEVELS]
     batched = report.tables[0]["cells"]
     for level in doc["levels"]:
         assert f"{level['batched']['speed_tg']:.2f}" in batched and f"{level['batched']['t']:.3f}" in batched
@@ -274,6 +276,7 @@ def test_a_file_that_is_not_a_bench_document_is_one_line(tmp_path, content, mess
     (lambda d: d["levels"][0]["ticks"][0].update(eval_ms="fast"), "levels[0].ticks[0].eval_ms: not a finite number"),
     (lambda d: d["levels"][0].update(n_parallel=0), "levels[0].n_parallel: not an integer >= 1"),
     (lambda d: d.update(baseline={"requests": 3}), "levels[0].speedup: missing"),
+    (lambda d: d["levels"][0]["trace"]["all"].pop("mean_fill_ms"), "levels[0].trace.all.mean_fill_ms: missing"),
 ])
 def test_a_damaged_document_names_its_first_bad_field(recorded, tmp_path, edit, field):
     doc = copy.deepcopy(recorded[1])
@@ -288,10 +291,30 @@ def test_a_damaged_document_names_its_first_bad_field(recorded, tmp_path, edit, 
     assert not html.exists()
 
 
+def test_from_json_verbose_prints_the_trace_and_says_when_a_document_has_none(recorded, tmp_path):
+    path = recorded[0]
+    result = invoke(["bench", "--from-json", str(path), "--verbose"])
+    assert result.exit_code == 0, result.stderr
+    assert all(f"Trace, B={b}: mean per tick, by kind" in result.stdout for b in LEVELS)
+    doc = copy.deepcopy(recorded[1])
+    for level in doc["levels"]:
+        del level["trace"]  # as documents recorded before the trace existed
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    result = invoke(["bench", "--from-json", str(old), "--verbose"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip() == (f"llamabatch: error: --verbose: --from-json {old} has no trace "
+                                     "(recorded before bench traced its ticks)")
+    html = tmp_path / "old.html"
+    assert invoke(["bench", "--from-json", str(old), "--html", str(html)]).exit_code == 0
+    assert "Trace, B=" not in html.read_text(encoding="utf-8") and "Ticks, B=8" in html.read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--from-json", "/nonexistent/bench.json"], "--from-json /nonexistent/bench.json: No such file or directory"),
     (["--from-json", "x.json", "--json", "y.json"], "--json and --from-json together"),
     (["--html", "/nonexistent/dir/r.html"], "--html /nonexistent/dir/r.html: cannot write there"),
+    (["--embed", "--plot"], "--plot, --html and --from-json draw generation levels; they do not apply to --embed"),
 ])
 def test_bad_report_options_are_one_line_before_anything_runs(args, message):
     result = invoke(["bench", *args], runner=slow_runner)

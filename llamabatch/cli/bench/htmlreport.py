@@ -14,7 +14,7 @@ from rich.table import Table
 
 from . import chartdata, svgchart
 from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table,
-                     tick_summary_line, ticks_table)
+                     tick_summary_line, ticks_table, trace_table)
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 24px auto; max-width: 1000px;
@@ -62,6 +62,8 @@ def render(document: dict[str, Any], last_ticks: int = 0) -> str:
     for level in levels:
         parts.append(table_html(ticks_table(level, last_ticks)))
         parts.append(f'<p class="note">{escape(tick_summary_line(level, n_batch))}</p>')
+        if level.get("trace"):  # where the tick's time went (bench --verbose's table)
+            parts.append(table_html(trace_table(level)))
     if document.get("default_levels"):
         parts.append(table_html(deterministic_table(document["default_levels"], levels)))
     if base is not None:

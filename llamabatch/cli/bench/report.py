@@ -25,6 +25,9 @@ SUMMARY_KEYS = ("ticks", "mean_batch_size", "mean_decode_tokens", "mean_prefill_
                 "mixed_share", "overhead_share")
 TICK_KEYS = ("tick", "batch_size", "decode_tokens", "prefill_tokens", "active_slots", "queue_depth", "eval_ms",
              "sample_ms", "overhead_ms")
+TRACE_KEYS = ("ticks", "share_of_wall", "mean_tokens", "mean_decode_tokens", "mean_prefill_tokens", "mean_ubatches",
+              "mean_eval_ms", "eval_ms_per_token", "mean_sample_ms", "mean_plan_ms", "mean_fill_ms", "mean_after_ms",
+              "mean_wall_ms")
 BASELINE_KEYS = ("requests", "prompt_tokens", "generated_tokens", "seconds", "request_throughput",
                  "output_throughput", "total_token_throughput", "stopped_early")
 
@@ -80,6 +83,14 @@ def _check_level(level: Any, with_speedup: bool) -> str | None:
         problem = _check_numbers(tick, TICK_KEYS)
         if problem:
             return f"ticks[{i}].{problem}"
+    trace = level.get("trace")  # bench --verbose's breakdown; documents before it have none
+    if trace is not None:
+        if not isinstance(trace, dict):
+            return "trace: not an object"
+        for kind, row in trace.items():
+            problem = _check_numbers(row, TRACE_KEYS)
+            if problem:
+                return f"trace.{kind}.{problem}"
     if with_speedup and not _is_number(level.get("speedup")):
         return "speedup: missing (the document has a baseline)"
     return None
