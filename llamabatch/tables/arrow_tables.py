@@ -88,7 +88,9 @@ class ParquetTable:
         for path, groups, names in self._meta:
             wanted = names if columns is None else [c for c in names if c in columns]
             try:
-                f = self._pq.ParquetFile(path)
+                # buffer_size: stream each column chunk in 64 KiB reads instead of loading it whole,
+                # so memory follows the batch, not the row group (a writer's default is 1Mi rows)
+                f = self._pq.ParquetFile(path, buffer_size=1 << 16, pre_buffer=False)
             except Exception as exc:  # it was readable when the run started
                 problem = f"cannot read the Parquet file {path}: {_why(exc)}"
                 for _ in range(sum(groups)):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from array import array
 from typing import Any, Iterator
 
@@ -67,37 +68,49 @@ def table_row(record: dict, layout: Layout) -> list[Any]:
     return out
 
 
-def _index(path: str) -> tuple[array, array, bool]:
-    """Each whole record's row number and byte offset (8 bytes each: a million rows is 16 MB),
-    and whether they are in row order already."""
-    rows, offsets = array("q"), array("q")
-    in_order = True
-    last = -1
+# A record's own "row" key: the first `"row": N` on its line. Records start {"id": ..., "row": N,
+# and a quote inside a JSON string is always escaped, so nothing before the key can match.
+_ROW = re.compile(rb'"row": (\d+)')
+
+
+def _row_of(raw: bytes) -> int:
+    m = _ROW.search(raw)
+    return int(m.group(1)) if m else -1
+
+
+def _whole_lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line) of each whole record; a torn last line (a kill mid-write) is none."""
     offset = 0
     with open(path, "rb") as f:
         for raw in f:
             if raw.endswith(b"\n") and raw.strip():
-                row = json.loads(raw).get("row")
-                row = -1 if not isinstance(row, int) else row
-                if row < last:
-                    in_order = False
-                last = row
-                rows.append(row)
-                offsets.append(offset)
+                yield offset, raw
             offset += len(raw)
-    return rows, offsets, in_order
+
+
+def _in_row_order(path: str) -> bool:
+    last = -1
+    for _offset, raw in _whole_lines(path):
+        row = _row_of(raw)
+        if row < last:
+            return False
+        last = row
+    return True
 
 
 def records(path: str, in_input_order: bool) -> Iterator[dict]:
-    """The records file's whole records; sorted by row number when `in_input_order` (a resume
-    after a cancelled line appends its answer after later rows). A torn last line is no record."""
-    rows, offsets, in_order = _index(path)
+    """The records file's whole records, streamed. With `in_input_order`, sorted by row number
+    when they are not in order already (a resume after a cancelled line appends its answer
+    after later rows): only then an index is built, 16 bytes per record."""
+    if not in_input_order or _in_row_order(path):
+        for _offset, raw in _whole_lines(path):
+            yield json.loads(raw)
+        return
+    rows, offsets = array("q"), array("q")
+    for offset, raw in _whole_lines(path):
+        rows.append(_row_of(raw))
+        offsets.append(offset)
     with open(path, "rb") as f:
-        if not in_input_order or in_order:
-            for offset in offsets:
-                f.seek(offset)
-                yield json.loads(f.readline())
-            return
         for i in sorted(range(len(rows)), key=rows.__getitem__):  # stable: equal rows keep file order
             f.seek(offsets[i])
             yield json.loads(f.readline())

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ...params import SamplingParams
 from ...tables import TableError
-from ...tables.arrow_import import pyarrow_modules
+from ...tables.arrow_import import pyarrow_modules, use_system_allocator
 from ...tables.csv_table import CsvTable
 from ..common import EXIT_ERROR, EXIT_USAGE, fail
 from .table_input import (TableCounter, TableParser, TableSource, open_table_input, output_inside_input,
@@ -102,6 +102,7 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
     if kind == "parquet":
         try:
             pyarrow_modules(f"writing Parquet ({o.output})")
+            use_system_allocator()
         except TableError as exc:
             raise fail(str(exc), EXIT_ERROR) from None
     logprobs = sampling.logprobs is not None
@@ -110,6 +111,8 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
         return TablePlan(output=o.output, kind=kind, layout=layout)
     try:
         reader = open_table_input(o.input_path, t, o.system, keep_for_output=o.echo)
+        if not isinstance(reader.table, CsvTable):
+            use_system_allocator()  # flat memory over big row groups (arrow_import.py)
     except TableError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
     try:
