@@ -14,7 +14,10 @@ table run that see every row: reading (read_rows over a Parquet file and a CSV o
 row templated) and writing (the table made from a records file of N records, as `run` does at
 its end, for Parquet and CSV). Each is one process per (part, format, N); the figure is
 VmHWM (the process's peak RSS; ru_maxrss would carry the parent's peak
-across fork and exec). The rest of `run` (the engine, the reorder window, the writer) is the JSONL path's,
+across fork and exec). With --fake-run, also the whole `run` (reader, engine, writer, records
+file, table) on the test suite's scripted fake runner (tests/fake_runner.py), JSONL -> JSONL and
+Parquet -> Parquet, marked run*: the model itself is too slow on a small machine for a million
+rows. The rest of `run` (the engine, the reorder window, the writer) is the JSONL path's,
 whose memory is bounded by --max-inflight, except the seen-ids set (16 bytes an id, docs/long-jobs).
 
 Measures only; never asserts. The machine line (CPU, cores, load) is printed first.
@@ -114,6 +117,21 @@ print(n, n, [l.split()[1] for l in open("/proc/self/status") if l.startswith("Vm
 """
 
 
+FAKE_RUN = """
+import sys
+sys.path.insert(0, sys.argv[1])  # tests/: the scripted fake runner and the in-process CLI harness
+from cli_harness import invoke, runner_for
+src, out = sys.argv[2:4]
+args = ["run", src, "-o", out, "--max-tokens", "1", "--n-parallel", "16", "-q"]
+if src.endswith(".parquet"):
+    args += ["--template", "{text}"]
+result = invoke(args, runner=runner_for())
+if result.exit_code != 0:
+    raise SystemExit(result.stderr)
+print(0, 0, [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM")][0])
+"""
+
+
 def write_memory_inputs(workdir: Path, rows: int) -> dict[str, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -132,7 +150,10 @@ def write_memory_inputs(workdir: Path, rows: int) -> dict[str, Path]:
                                 "usage": {"prompt_tokens": 12, "cached_tokens": 0, "completion_tokens": 1,
                                           "total_tokens": 13}, "seed": 1, "error": None, "input": {"text": t}})
                     + "\n")
-    return {"parquet": parquet, "csv": csv_path, "records": records}
+    jsonl = workdir / f"mem-{rows}.jsonl"
+    with open(jsonl, "w") as f:
+        f.writelines(json.dumps({"id": i + 1, "prompt": t}) + "\n" for i, t in enumerate(texts))
+    return {"parquet": parquet, "csv": csv_path, "records": records, "jsonl": jsonl}
 
 
 def peak(script: str, *argv: str) -> tuple[int, float]:
@@ -148,8 +169,7 @@ def peak(script: str, *argv: str) -> tuple[int, float]:
 
 def memory(args: argparse.Namespace, workdir: Path) -> None:
     sizes = int_list(argparse.ArgumentParser(), args.memory_rows, "--memory-rows")
-    print(f"\nmemory: peak RSS (MB) of a fresh process, {' vs '.join(f'{n:,}' for n in sizes)} rows")
-    print("part | format | " + " | ".join(f"{n:,} rows" for n in sizes) + " | last/first")
+    print(f"\nmemory: peak RSS (MB) of a fresh process, {' vs '.join(f'{n:,}' for n in sizes)} rows", flush=True)
     results: dict[tuple[str, str], list[int]] = {}
     for n in sizes:
         files = write_memory_inputs(workdir, n)
@@ -158,8 +178,16 @@ def memory(args: argparse.Namespace, workdir: Path) -> None:
             results.setdefault(("read", fmt), []).append(kb)
             kb, _ = peak(WRITE, str(files["records"]), str(workdir / f"out-{n}.{fmt}"), fmt)
             results.setdefault(("write", fmt), []).append(kb)
-        for f in files.values():
-            f.unlink()
+        if args.fake_run:  # the whole run on the fake runner: JSONL -> JSONL, and Parquet -> Parquet
+            tests = str(Path(__file__).resolve().parent.parent / "tests")
+            for fmt, out in (("jsonl", f"run-{n}.jsonl"), ("parquet", f"run-{n}.parquet")):
+                kb, secs = peak(FAKE_RUN, tests, str(files[fmt]), str(workdir / out))
+                results.setdefault(("run*", fmt), []).append(kb)
+                print(f"  (fake run, {fmt}, {n:,} rows: {secs:.0f} s)", flush=True)
+        for f in workdir.iterdir():
+            if f.name.startswith(("mem-", "out-", "run-")):
+                f.unlink()
+    print("part | format | " + " | ".join(f"{n:,} rows" for n in sizes) + " | last/first")
     for (part, fmt), kbs in results.items():
         print(f"{part:5s} | {fmt:7s} | " + " | ".join(f"{kb / 1024:7.1f}" for kb in kbs)
               + f" | {kbs[-1] / kbs[0]:.3f}")
@@ -173,6 +201,8 @@ def main() -> None:
     ap.add_argument("--memory-rows", default="100000,1000000", help="row counts for the memory part (default "
                                                                     "100000,1000000)")
     ap.add_argument("--skip-throughput", action="store_true", help="only the memory part (no model)")
+    ap.add_argument("--fake-run", action="store_true", help="memory part: also the whole `run` on the test suite's "
+                                                            "fake runner (no model; about 2,000 rows/s)")
     ap.add_argument("--skip-memory", action="store_true", help="only the throughput part")
     args = ap.parse_args()
     model = None if args.skip_throughput else model_path(args.model)

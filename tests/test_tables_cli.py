@@ -269,3 +269,13 @@ def test_missing_pyarrow_for_parquet_output_is_one_line(tmp_path, reviews, monke
     assert r.exit_code == 1 and r.engines == []
     assert r.stderr.strip() == (f"llamabatch: error: writing Parquet ({tmp_path / 'o.parquet'}) needs pyarrow, "
                                 "which is not installed: pip install 'llamabatch[tables]'")
+
+
+def test_resume_with_another_template_is_refused(tmp_path, reviews):
+    out = tmp_path / "out.csv"
+    assert run(reviews, "--template", "Rate: {review}", "-o", out, *FAST).exit_code == 0
+    r = run(reviews, "--template", "Score: {review}", "-o", out, "--resume", *FAST)
+    assert r.exit_code == 2
+    assert "cannot resume: the settings differ" in r.stderr and "table.template" in r.stderr
+    r = run(reviews, "--template", "Rate: {review}", "-o", out, "--resume", *FAST)
+    assert r.exit_code == 0, r.stderr

@@ -301,7 +301,7 @@ def _prepared(o: RunOptions, resolved, parser, tables: TablePlan, bounds, ray_po
                                          open_tokenizer=lambda r: open_engine(r, env, isolated=False)))
     job = LongJob(resolved, o.input_path, tables.records_output, error_file=error_file, resume=o.resume,
                   retry_failed=o.retry_failed, allow_changed=o.allow_changed_settings, system=o.system,
-                  argv=env.argv, say=env.say)
+                  argv=env.argv, say=env.say, table=tables.identity)
     try:
         job.prepare()
         _run_job(job, o, resolved, parser, bounds, ray_pool, env, tables)

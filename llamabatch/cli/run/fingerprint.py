@@ -5,7 +5,7 @@ experiments in one OUTPUT without a trace. The fingerprint is stored in the mani
 resume compares it with the settings it was given and names every difference, old → new.
 
 In it: the model by content (sha256), the chat template (its name, or a Jinja file's
-sha256), --system, every sampling default except `timeout` (it bounds how long a line may
+sha256), --system, a table's prompt template and id column, every sampling default except `timeout` (it bounds how long a line may
 take, not what it says: raising it is how one retries timeouts), the engine-wide seed,
 deterministic mode, and llamabatch's major version.
 """
@@ -40,9 +40,13 @@ def template_identity(choice: str | None) -> str:
     return choice
 
 
-def fingerprint(resolved: Resolved, model_sha256: str | None, system: str | None) -> dict[str, Any]:
+def fingerprint(resolved: Resolved, model_sha256: str | None, system: str | None,
+                table: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`table`: how a table INPUT's rows become prompts and ids (its template, messages template
+    and id column); left out for prompts files, so their manifests read as before."""
     sampling = {k: v for k, v in dataclasses.asdict(resolved.sampling).items() if k not in NOT_IN_FINGERPRINT}
     return json_safe({
+        **({"table": table} if table is not None else {}),
         "model_sha256": model_sha256,
         "chat_template": template_identity(resolved.engine.chat_template),
         "system": system,
@@ -54,7 +58,7 @@ def fingerprint(resolved: Resolved, model_sha256: str | None, system: str | None
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict) and (not prefix or prefix == "sampling"):
+    if isinstance(value, dict) and (not prefix or prefix in ("sampling", "table")):
         out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_flat(v, f"{prefix}.{k}" if prefix else k))

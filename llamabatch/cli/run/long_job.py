@@ -30,7 +30,7 @@ OVERRIDE_FLAG = "--allow-changed-settings"
 class LongJob:
     def __init__(self, resolved: Resolved, input_path: str, output: str | None, *, error_file: str | None,
                  resume: bool, retry_failed: bool, allow_changed: bool, system: str | None,
-                 argv: tuple[str, ...], say):
+                 argv: tuple[str, ...], say, table: dict[str, Any] | None = None):
         self.resolved = resolved
         self.input_path = input_path
         self.output = output
@@ -39,6 +39,7 @@ class LongJob:
         self.retry_failed = retry_failed
         self.allow_changed = allow_changed
         self.system = system
+        self.table = table  # a table INPUT's template and id column, for the fingerprint
         self.argv = argv
         self.say = say
         # a manifest, lock and journal only beside a regular OUTPUT file (not stdout, not a pipe)
@@ -84,7 +85,7 @@ class LongJob:
         self._check_fingerprint()
 
     def _fingerprint(self) -> dict[str, Any]:
-        return fingerprint(self.resolved, model_sha256(self.resolved.engine.model or ""), self.system)
+        return fingerprint(self.resolved, model_sha256(self.resolved.engine.model or ""), self.system, self.table)
 
     def _check_fingerprint(self) -> None:
         if not any(_has_records(p) for p in (self.output, self.error_file)):

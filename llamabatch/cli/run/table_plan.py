@@ -39,6 +39,15 @@ class TablePlan:
             self.empty_note = f"llamabatch run: INPUT {source.name} has no data rows: nothing to run"
 
     @property
+    def identity(self) -> dict[str, Any] | None:
+        """How rows become prompts and ids, for the resume fingerprint (None: not a table INPUT)."""
+        if self.source is None:
+            return None
+        reader = self.source.reader
+        return {"template": reader.template.text, "messages": reader.template.messages,
+                "id_column": reader.id_column}
+
+    @property
     def reads_table(self) -> bool:
         return self.source is not None
 
