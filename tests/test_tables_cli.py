@@ -165,8 +165,6 @@ def test_bad_tables_and_flags_are_one_line_before_the_model_loads(tmp_path, revi
     assert r.exit_code == 1 and "--keep-columns names 'nope'" in r.stderr
     r = run(write_csv(tmp_path / "e.csv", ""), "--template", "{x}", *FAST)
     assert r.exit_code == 1 and "is empty: a CSV/TSV input needs a header row" in r.stderr
-    r = run(reviews, "--template", "{review}", "--dry-run")
-    assert r.exit_code == 2 and "not supported by it yet" in r.stderr
 
 
 def test_output_equal_to_or_inside_the_input_is_refused(tmp_path, reviews):
@@ -279,3 +277,16 @@ def test_resume_with_another_template_is_refused(tmp_path, reviews):
     assert "cannot resume: the settings differ" in r.stderr and "table.template" in r.stderr
     r = run(reviews, "--template", "Rate: {review}", "-o", out, "--resume", *FAST)
     assert r.exit_code == 0, r.stderr
+
+
+def test_dry_run_reads_the_table_and_writes_nothing(tmp_path, reviews):
+    out = tmp_path / "out.csv"
+    r = run(reviews, "--template", "Rate: {review}", "-o", out, "--dry-run", "--json")
+    assert r.exit_code == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert (report["lines"], report["valid"], report["invalid_by_code"]) == (4, 3, {"invalid_row": 1})
+    assert report["first_errors"] == ["invalid_row: row 3 (line 4) has 2 field(s); the header has 3"]
+    assert not out.exists() and not (tmp_path / "out.csv.records.jsonl").exists()
+    assert run(reviews, "--template", "Rate: {review}", "-o", out, *FAST).exit_code == 0
+    r = run(reviews, "--template", "Rate: {review}", "-o", out, "--dry-run", "--resume", "--json")
+    assert json.loads(r.stdout)["resume"]["already_answered"] == 4

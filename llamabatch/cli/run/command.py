@@ -291,14 +291,12 @@ def _prepared(o: RunOptions, resolved, parser, tables: TablePlan, bounds, ray_po
     if o.dry_run:
         from .dry_run import dry_run_command
 
-        if tables.reads_table or tables.kind is not None:
-            raise fail("--dry-run reads prompts files (JSONL, text) and writes no table; table INPUT and "
-                       "OUTPUT are not supported by it yet", EXIT_USAGE)
-
-        raise typer.Exit(dry_run_command(resolved, parser, o.input_path, o.output, resume=o.resume,
+        raise typer.Exit(dry_run_command(resolved, parser, o.input_path, tables.records_output, resume=o.resume,
                                          retry_failed=o.retry_failed, error_file=error_file, as_json=o.as_json,
                                          stdin=env.stdin, write=env.out,
-                                         open_tokenizer=lambda r: open_engine(r, env, isolated=False)))
+                                         open_tokenizer=lambda r: open_engine(r, env, isolated=False),
+                                         table_source=tables.source,
+                                         table_rows=tables.rows_up_to(1 << 62) if tables.reads_table else None))
     job = LongJob(resolved, o.input_path, tables.records_output, error_file=error_file, resume=o.resume,
                   retry_failed=o.retry_failed, allow_changed=o.allow_changed_settings, system=o.system,
                   argv=env.argv, say=env.say, table=tables.identity)

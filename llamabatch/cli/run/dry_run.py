@@ -76,20 +76,23 @@ class _OutputSide:
 
 def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, output: str | None, *,
                     resume: bool, retry_failed: bool, error_file: str | None, as_json: bool, stdin: Any,
-                    write: Callable[[str], None], open_tokenizer: Callable[[Resolved], Any]) -> int:
-    """`write` prints a line on stdout; `open_tokenizer(resolved)` builds an in-process engine."""
+                    write: Callable[[str], None], open_tokenizer: Callable[[Resolved], Any],
+                    table_source: Any = None, table_rows: int | None = None) -> int:
+    """`write` prints a line on stdout; `open_tokenizer(resolved)` builds an in-process engine.
+    A table INPUT comes opened (`table_source`, table_input.TableSource, with `table_rows` when its
+    row count is known) and `parser` is its TableParser; `output` is then the records file."""
     if resume and output in (None, "-"):
         raise fail("--dry-run --resume reads OUTPUT back: give it with -o FILE", EXIT_USAGE)
     for path in (output, error_file) if resume else ():
         if path not in (None, "-") and stream_kind(path) is not None:  # reading a FIFO would wait for a writer
             raise fail(f"cannot resume: {path} is {stream_kind(path)}, not a regular file", EXIT_USAGE)
     try:
-        source = open_input(input_path, stdin)
+        source = table_source if table_source is not None else open_input(input_path, stdin)
     except RunFileError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
     side = _OutputSide([p for p in (output, error_file) if p]) if resume else None
     config = resolved.engine
-    lines = _count_nonblank(input_path) if source.is_file else None
+    lines = _count_nonblank(input_path) if source.is_file else table_rows
     slots, measured, at = planned_slots(config, config.model or "", lines)
     ctx = slot_ctx(config, slots)
     tokenizer = resolved.engine.replace(n_parallel=1, n_ctx=TOKENIZER_CTX)
@@ -154,7 +157,8 @@ def _scan(engine: Any, parser: LineParser, source, side: _OutputSide | None, ret
         if isinstance(item, LineError):
             codes[item.code] += 1
             if len(errors) < SHOWN_ERRORS:
-                message = item.message if item.message.startswith("line ") else f"line {line_no}: {item.message}"
+                message = (item.message if item.message.startswith(("line ", "row "))
+                           else f"{getattr(source, 'unit', 'line')} {line_no}: {item.message}")
                 errors.append(f"{item.code}: {message}")
             continue
         valid += 1
