@@ -120,12 +120,23 @@ print(n, n, [l.split()[1] for l in open("/proc/self/status") if l.startswith("Vm
 FAKE_RUN = """
 import sys
 sys.path.insert(0, sys.argv[1])  # tests/: the scripted fake runner and the in-process CLI harness
+import collections
 from cli_harness import invoke, runner_for
 src, out = sys.argv[2:4]
 args = ["run", src, "-o", out, "--max-tokens", "1", "--n-parallel", "16", "-q"]
 if src.endswith(".parquet"):
     args += ["--template", "{text}"]
-result = invoke(args, runner=runner_for())
+fake = runner_for()
+
+def bounded(config):
+    # the fake runner logs every plan, job and sampler for the tests to inspect; keep the last
+    # few, or the fake's own logs would be what grows with the row count
+    runner = fake(config)
+    for name in ("plans", "jobs", "samplers", "trims", "forks"):
+        setattr(runner, name, collections.deque(maxlen=256))
+    return runner
+
+result = invoke(args, runner=bounded)
 if result.exit_code != 0:
     raise SystemExit(result.stderr)
 print(0, 0, [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM")][0])

@@ -290,3 +290,8 @@ def test_dry_run_reads_the_table_and_writes_nothing(tmp_path, reviews):
     assert run(reviews, "--template", "Rate: {review}", "-o", out, *FAST).exit_code == 0
     r = run(reviews, "--template", "Rate: {review}", "-o", out, "--dry-run", "--resume", "--json")
     assert json.loads(r.stdout)["resume"]["already_answered"] == 4
+
+
+def test_a_table_from_stdin_is_one_line(tmp_path):
+    r = invoke(["run", "-", "--delimiter", ",", "--template", "{a}", "-q"], input="a\n1\n", runner=runner_for())
+    assert r.exit_code == 1 and "a table INPUT is a file" in r.stderr

@@ -27,6 +27,9 @@ def open_table(path: str, *, delimiter: str | None = None, max_cell_bytes: int =
     if is_hf_spec(path):
         files, name = resolve(path, environ)
         return ParquetTable(files, name, max_cell_bytes)
+    if path == "-":
+        raise TableError("a table INPUT is a file (stdin is read as prompt lines: drop --delimiter and the "
+                         "table flags, or save the table to a file)")
     if os.path.isdir(path):
         files = parquet_files_under(path)
         if not files:
