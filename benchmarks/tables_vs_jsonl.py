@@ -5,7 +5,7 @@
 
 Throughput (the bundled model): the same prompts as a JSONL file (A: `run in.jsonl -o out.jsonl`)
 and as a Parquet table (B: `run in.parquet --template '{text}' -o out.parquet`), --max-tokens 1,
-alternating A B A B. Per pair: each side's generated tok/s as its summary line says (model
+in pairs A B, B A, A B, ... Per pair: each side's generated tok/s as its summary line says (model
 loaded to last record), the end-to-end rows/s of the whole process (load, run, and for B writing
 the Parquet table from the records file), and the ratios B/A.
 
@@ -79,8 +79,12 @@ def throughput(args: argparse.Namespace, model: str, workdir: Path) -> None:
     print("pair | A jsonl tok/s | B parquet tok/s | B/A tok/s | A rows/s e2e | B rows/s e2e | B/A e2e | load")
     tok, e2e = Pairs(), Pairs()
     for r in range(1, args.rounds + 1):
-        a_tps, a_wall, a_gen = one_run(run_a)
-        b_tps, b_wall, b_gen = one_run(run_b)
+        if r % 2:  # A B, then B A: a machine getting busier or quieter favours neither side
+            a_tps, a_wall, a_gen = one_run(run_a)
+            b_tps, b_wall, b_gen = one_run(run_b)
+        else:
+            b_tps, b_wall, b_gen = one_run(run_b)
+            a_tps, a_wall, a_gen = one_run(run_a)
         if a_gen != args.rows or b_gen != args.rows:
             raise SystemExit(f"expected {args.rows} generated tokens each, got {a_gen} and {b_gen}")
         ratio = tok.add(a_tps, b_tps)
