@@ -4,6 +4,10 @@ Both sets grow with the input, the one thing `run` keeps per line. They hold 8-b
 fingerprints in a flat array instead of Python strings, so a million ids cost ~16 MB
 rather than ~100 MB. Two different ids sharing a 64-bit fingerprint is the price
 (about 3e-8 for a million ids): the second would be reported as a duplicate.
+
+A table's default ids are its row numbers, 1, 2, 3, ...: those are kept as one counter
+(the run of consecutive integers seen from 1), so a table run's memory does not grow with
+its rows (the fingerprints were ~14 MB of a 1M-row run's 137 MB peak, against 2 MB at 100k).
 """
 from __future__ import annotations
 
@@ -33,11 +37,18 @@ class IdSet:
         self._slots = array("Q", bytes(8 * size))
         self._mask = size - 1
         self._count = 0
+        self._run = 0  # the integers 1.._run are in the set (not as fingerprints)
 
     def __len__(self) -> int:
-        return self._count
+        return self._run + self._count
+
+    def _in_run(self, line_id: Any) -> bool:
+        return type(line_id) is int and 1 <= line_id <= self._run  # (not bool: True is not the id 1)
 
     def __contains__(self, line_id: Any) -> bool:
+        return self._in_run(line_id) or self._has(line_id)
+
+    def _has(self, line_id: Any) -> bool:
         fp = _fingerprint(id_key(line_id))
         i = fp & self._mask
         while True:
@@ -50,6 +61,11 @@ class IdSet:
 
     def add(self, line_id: Any) -> bool:
         """Add an id; True when it was not there yet."""
+        if self._in_run(line_id):
+            return False
+        if type(line_id) is int and line_id == self._run + 1 and (self._count == 0 or not self._has(line_id)):
+            self._run += 1
+            return True
         if 2 * (self._count + 1) > len(self._slots):
             self._grow()
         return self._insert(_fingerprint(id_key(line_id)))
