@@ -6,11 +6,20 @@ those token ids, Llama.embed the texts (it tokenizes them the same way: BOS, no 
 parsing). Systems, every one mean-pooled, each run in turn, A B C A B C ...:
 
   engine       the llamabatch Engine: engine.embed(all inputs) (n_batch = --batch)
-  server       llama-server --embeddings --pooling mean -np --server-slots -c (slots x 256)
-               -b --batch -ub --ubatch (a user's tuning: every slot's input in one llama_decode), the
-               inputs sent as /v1/embeddings requests of --chunk inputs from --clients
-               concurrent clients
-  llama.embed  Llama(embedding=True, pooling mean, n_batch --batch, n_ubatch --ubatch).embed(texts)
+  server       llama-server --embeddings --pooling mean --kv-unified -np --server-slots
+               -c (slots x 256) -b/-ub --batch, the inputs sent as /v1/embeddings requests of
+               --chunk inputs from --clients concurrent clients
+  llama.embed  Llama(embedding=True, pooling mean, n_batch = n_ubatch = --batch).embed(texts)
+
+--batch (default 512, llama-server's and Llama's own default) is the tokens per llama_decode
+everywhere. Why --kv-unified and n_ubatch = n_batch: llama.cpp pools per graph run (ubatch),
+so a sequence split over two graph runs is pooled over its last part only. llama-server
+sets -b to -ub for embeddings, but with a KV stream per slot (its default with -np) llama.cpp
+splits a batch into equal-length ubatches, cutting sequences: measured, the server's batched
+vectors then differ from its own one-at-a-time vectors (cosine 0.95-0.98 for 3 of 6 inputs);
+--kv-unified keeps each sequence whole. Llama with n_ubatch < n_batch cuts them the same way.
+The engine's embedding context keeps them whole (a unified cache; it pools itself, over the
+whole batch's states, for a generative LM).
 
 Model load and server start are not timed; each system embeds one warm-up input first.
 Figures are inputs/s and tokens/s of wall clock, ratios per pair (run i over run i); the
@@ -18,7 +27,7 @@ engine's vectors are compared with llama-server's (cosine, per input: min and me
 llama-server is built once (cached) by ../shared/tools/build-llama-cpp-tools.sh; --bin DIR
 uses an existing build, --no-server skips it. It measures and prints; it never asserts.
 
-  python benchmarks/embeddings_vs.py [--inputs 2000] [--threads 2] [--repeat 2] [--batch 2048] [--ubatch 512]
+  python benchmarks/embeddings_vs.py [--inputs 2000] [--threads 2] [--repeat 2] [--batch 512]
       [--server-slots 32] [--clients 8] [--chunk 32] [--bin DIR] [--model PATH] [--no-server]
 """
 from __future__ import annotations
@@ -114,9 +123,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="rounds of A B C (default 2)")
-    ap.add_argument("--batch", type=int, default=2048, help="tokens per llama_decode, every system (default 2048)")
-    ap.add_argument("--ubatch", type=int, default=512, help="tokens per graph run, server and Llama.embed (default 512, "
-                                                         "as the engine's embedding context for a generative LM)")
+    ap.add_argument("--batch", type=int, default=512, help="tokens per llama_decode, every system (default 512)")
     ap.add_argument("--server-slots", type=int, default=32)
     ap.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients (default 8)")
     ap.add_argument("--chunk", type=int, default=32, help="inputs per /v1/embeddings request (default 32)")
@@ -138,15 +145,15 @@ def main() -> int:
     tokens = sum(map(len, ids))
     say(f"{len(ids)} inputs, {tokens} tokens ({min(map(len, ids))}..{max(map(len, ids))} each)")
     llm = llama_cpp.Llama(model_path=model, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                          n_ctx=args.batch, n_batch=args.batch, n_ubatch=min(args.ubatch, args.batch), n_threads=args.threads,
+                          n_ctx=args.batch, n_batch=args.batch, n_ubatch=args.batch, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
     server = None
     if not args.no_server:
         binary = Path(args.bin or subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True,
                                                  text=True).stdout.strip().splitlines()[-1]) / "llama-server"
         server = EmbedServer(str(binary), model, args.threads,
-                             ["--embeddings", "--pooling", "mean", "-np", str(args.server_slots),
-                              "-c", str(args.server_slots * 256), "-b", str(args.batch), "-ub", str(min(args.ubatch, args.batch))])
+                             ["--embeddings", "--pooling", "mean", "--kv-unified", "-np", str(args.server_slots),
+                              "-c", str(args.server_slots * 256), "-b", str(args.batch), "-ub", str(args.batch)])
         server.__enter__()
     systems = {"engine": lambda: run_engine(engine, ids), "llama.embed": lambda: run_llama_embed(llm, texts)}
     if server is not None:
@@ -165,6 +172,10 @@ def main() -> int:
                 vectors[name] = vecs
                 say(f"round {r} {name:12s} {seconds:8.2f} s  {len(ids) / seconds:8.1f} inputs/s  "
                     f"{tokens / seconds:8.1f} tok/s")
+        # the same computation? the first inputs one at a time on both (no batch-mates)
+        alone = {"engine": [engine.embed(t)[0].vector for t in ids[:8]]}
+        if server is not None:
+            alone["server"] = [server.embed([t])[0] for t in ids[:8]]
     finally:
         engine.close()
         if server is not None:
@@ -180,7 +191,11 @@ def main() -> int:
         print(f"engine / {other}: {' '.join(f'{x:.2f}x' for x in ratios)} per pair (median {statistics.median(ratios):.2f}x)")
     for other in [n for n in ("server", "llama.embed") if n in vectors]:
         cos = [cosine(a, b) for a, b in zip(vectors["engine"], vectors[other])]
-        print(f"cosine engine vs {other}: min {min(cos):.6f}, mean {statistics.fmean(cos):.7f}")
+        print(f"cosine engine vs {other}, batched as each batches: min {min(cos):.6f}, mean {statistics.fmean(cos):.7f}, "
+              f"{sum(c >= 0.9999 for c in cos)} of {len(cos)} >= 0.9999")
+    if "server" in alone:
+        cos = [cosine(a, b) for a, b in zip(alone["engine"], alone["server"])]
+        print(f"cosine engine vs server, first {len(cos)} inputs one at a time: min {min(cos):.7f}")
     return 0
 
 
