@@ -147,8 +147,10 @@ def test_ctrl_c_in_a_terminal_cancels_the_reply_and_returns_to_the_prompt(tmp_pa
     master, slave = pty.openpty()
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "TERM": "xterm", "NO_COLOR": "1",
            "PROMPT_TOOLKIT_NO_CPR": "1"}  # nobody answers cursor position requests here
+    # started with SIGINT ignored, as a parent that ignores it leaves it: Ctrl-C must still cancel
     proc = subprocess.Popen(CHAT + ["--max-tokens", "2000", "--temperature", "0", "--verbose"],
-                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     os.close(slave)
     seen = bytearray()
 

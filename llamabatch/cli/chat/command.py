@@ -7,6 +7,8 @@ on stdout without decoration) and in tests.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +171,12 @@ def terminal_io(env: Environment) -> ChatIO:
     from prompt_toolkit.output import create_output
 
     output = create_output(stdout=env.stdout if env.stdout_isatty else env.stderr)
+    # Ctrl-C cancels a streaming reply, so it must raise KeyboardInterrupt even when this
+    # process was started with SIGINT ignored (a parent that ignores it, a shell's background
+    # job): prompt-toolkit puts back whatever handler it found after each prompt, and an
+    # inherited SIG_IGN then made Ctrl-C do nothing while a reply streamed.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     return ChatIO(read=terminal_reader(history_path(), output=output, warn=env.say), write=stream_writer(env.stdout),
                   info=line_printer(env.stderr), notice=line_printer(env.stderr, "2"), interactive=True)
 
