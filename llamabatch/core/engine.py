@@ -153,16 +153,7 @@ class Engine(SharedEngine):
         try:
             seq = self.inputs.prepare(request_id, prompt, params)
         except Exception as exc:
-            if not isinstance(exc, LlamaBatchError):  # a bug, or a value that slipped past the checks
-                log.exception("request %s could not be prepared", request_id)
-                exc = InternalError(f"{type(exc).__name__}: {exc}")  # this request's error only
-            with self._cond:
-                if self._closing:
-                    raise EngineClosed("the engine is closed") from None
-                self.telemetry.totals.submitted += 1
-                self._rejected.append((handle, exc))
-                self._cond.notify()
-            return handle
+            return self._refuse(handle, exc, "request")
         handle._seq = seq
         with self._cond:
             if self._closing:
@@ -181,6 +172,20 @@ class Engine(SharedEngine):
             self._cond.notify()
         return handle
 
+    def _refuse(self, handle: RequestHandle, exc: Exception, what: str) -> RequestHandle:
+        """A request whose input could not be prepared: its handle ends with this error, on
+        the engine thread, like every other outcome (submit and submit_embedding share it)."""
+        if not isinstance(exc, LlamaBatchError):  # a bug, or a value that slipped past the checks
+            log.exception("%s %s could not be prepared", what, handle.request_id)
+            exc = InternalError(f"{type(exc).__name__}: {exc}")  # this request's error only
+        with self._cond:
+            if self._closing:
+                raise EngineClosed("the engine is closed") from None
+            self.telemetry.totals.submitted += 1
+            self._rejected.append((handle, exc))
+            self._cond.notify()
+        return handle
+
     def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
         """Queue one embeddings request (shared.py's submit_embedding); bad input ends the
         handle with 'error', on the engine thread, as submit does."""
@@ -194,16 +199,7 @@ class Engine(SharedEngine):
         try:
             job = prepare_job(self.runner, request_id, request)
         except Exception as exc:
-            if not isinstance(exc, LlamaBatchError):
-                log.exception("embeddings request %s could not be prepared", request_id)
-                exc = InternalError(f"{type(exc).__name__}: {exc}")
-            with self._cond:
-                if self._closing:
-                    raise EngineClosed("the engine is closed") from None
-                self.telemetry.totals.submitted += 1
-                self._rejected.append((handle, exc))
-                self._cond.notify()
-            return handle
+            return self._refuse(handle, exc, "embeddings request")
         handle._job = job
         with self._cond:
             if self._closing:
