@@ -1,0 +1,278 @@
+"""PrefixStore: KV bytes of token prefixes kept on disk across processes.
+
+Ties the parts together: names (naming), the entry file format and its checks (file_format),
+the in-memory index of one fingerprint folder (index), atomic writes (atomic_write) on a
+background thread (writer), and the LRU cap and dead tmp files (housekeeping). Pure Python
+and stdlib only: what the payload bytes mean is the engine's business.
+
+Thread safety: every public method may be called from any thread; the index and the counters
+sit behind one lock, which is never held while a payload is read or written.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .atomic_write import write_atomically
+from .file_format import (BadEntry, decode_entry, encode_head, entry_size, read_head_and_tokens, tokens_from_le,
+                          tokens_to_le)
+from .housekeeping import evict_lru, remove_dead_tmp_files
+from .index import PrefixIndex, sort_key, sort_key_from_le
+from .naming import canonical_fingerprint, entry_file, entry_key, fingerprint_folder, is_entry_file
+from .writer import BackgroundWriter
+
+log = logging.getLogger("llamabatch.prefix_store")
+
+# A folder whose mtime is this recent may change again within the same timestamp tick (coarse
+# kernel clock, or 1-2 s on some file systems), so an unchanged mtime proves nothing yet: the
+# index rescans the listing (cheap: no file is reopened that it already knows) until it is older.
+_RACY_NS = 2_000_000_000
+
+
+@dataclass(frozen=True)
+class StoreHit:
+    name: str  # the entry's file name relative to the store root ("<fpdir>/<key>.kv")
+    common: int  # tokens the looked-up prompt shares with the entry
+    n_tokens: int  # tokens the entry holds
+
+
+class PrefixStore:
+    """Entries of (tokens, KV payload) under root/<fingerprint folder>/, LRU-capped at max_bytes.
+
+    max_bytes caps every *.kv file under root (all fingerprints); 0 turns the store off:
+    lookups miss, saves do nothing, nothing on disk is touched.
+    """
+
+    def __init__(self, root: str | os.PathLike, fingerprint: Mapping[str, str], max_bytes: int,
+                 *, max_pending: int = 2) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0 (0 = off), got {max_bytes}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.root = Path(root)
+        self.max_bytes = int(max_bytes)
+        # As it reads back from a header (JSON round trip), so the comparison is like for like.
+        self._fingerprint = json.loads(canonical_fingerprint(fingerprint))
+        self._folder_name = fingerprint_folder(fingerprint)
+        self._folder = self.root / self._folder_name
+        self._lock = threading.RLock()
+        self._index = PrefixIndex()
+        self._seen: tuple[int, int, int] | None = None  # the folder's (mtime, inode, device) last scanned
+        self._racy = False
+        self._queued: set[str] = set()  # names queued or being written by this store
+        self._counts = {"saved": 0, "loaded": 0, "refused": 0, "dropped": 0}
+        self._writer = BackgroundWriter(max_pending)
+        self._closed = False
+        if self.enabled:
+            remove_dead_tmp_files(self.root)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int], min_common: int = 1) -> StoreHit | None:
+        """The entry sharing the longest prefix with `tokens` (at least min_common tokens)."""
+        if not self.enabled or len(tokens) == 0:
+            return None
+        query = sort_key(tokens)
+        with self._lock:
+            self._refresh()
+            match = self._index.longest(query, min_common)
+        return StoreHit(match.name, match.common, match.n_tokens) if match else None
+
+    def covered(self, tokens: Sequence[int]) -> int:
+        """The longest prefix of `tokens` some entry already holds (0 = none)."""
+        hit = self.lookup(tokens, 1)
+        return hit.common if hit else 0
+
+    def load(self, hit: StoreHit) -> tuple[list[int], memoryview | bytes] | None:
+        """(the entry's tokens, its KV payload), every check passed; None otherwise (a bad file
+        is deleted). Never raises. Marks the entry as just used for the LRU."""
+        if not self.enabled:
+            return None
+        folder, _, file_name = hit.name.partition("/")
+        if folder != self._folder_name or not is_entry_file(file_name):
+            log.debug("prefix store: %s is not an entry of this store's fingerprint", hit.name)
+            return None
+        path = self._folder / file_name
+        try:
+            with open(path, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                data = f.read()
+                try:
+                    tokens_le, payload = decode_entry(data, self._fingerprint)
+                    if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
+                        raise BadEntry("its tokens do not match its name")
+                except BadEntry as exc:
+                    self._refuse(hit.name, path, inode, str(exc))
+                    return None
+                try:
+                    os.utime(f.fileno() if os.utime in os.supports_fd else path)
+                except OSError:
+                    pass  # read-only store: still usable, just not LRU-refreshed
+        except FileNotFoundError:  # evicted, maybe by another process, since the lookup
+            with self._lock:
+                self._index.remove(hit.name)
+            return None
+        except OSError as exc:
+            log.debug("prefix store: cannot read %s: %s", hit.name, exc)
+            return None
+        with self._lock:
+            self._counts["loaded"] += 1
+        return tokens_from_le(tokens_le), payload
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(self, tokens: Sequence[int], payload: bytes | bytearray | memoryview) -> str | None:
+        """Queue a write of (tokens, payload) and return the entry's name at once; None when not
+        queued (store off or closed, entry larger than max_bytes, an entry with these tokens
+        exists, or max_pending writes already pending). Never blocks on the disk.
+
+        A bytes payload (or a read-only view of one) is kept as is; any other buffer is copied
+        here, so the caller may reuse it as soon as save returns."""
+        if not self.enabled or self._closed or len(tokens) == 0:
+            return None
+        tokens_le = tokens_to_le(tokens)
+        key = entry_key(self._folder_name, tokens_le)
+        name = f"{self._folder_name}/{entry_file(key)}"
+        view = memoryview(payload).cast("B")
+        with self._lock:
+            self._refresh()
+            if name in self._index or name in self._queued:
+                return None
+            if entry_size(self._fingerprint, len(tokens), len(view)) > self.max_bytes:
+                self._drop(name, "larger than the store's max_bytes")
+                return None
+            if not self._writer.has_room():
+                self._drop(name, "writer busy (max_pending writes pending)")
+                return None
+            self._queued.add(name)
+        if not (view.readonly and isinstance(view.obj, bytes)):
+            view = memoryview(bytes(view))  # the caller's buffer may change once we return
+        if not self._writer.submit(lambda: self._write(name, key, tokens_le, view)):
+            with self._lock:
+                self._queued.discard(name)
+                self._drop(name, "writer busy (max_pending writes pending)")
+            return None
+        return name
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for queued writes; True when all are done."""
+        return self._writer.flush(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Let queued writes finish for at most `timeout` seconds, then stop the writer.
+        Writes still queued then are dropped; a hung one is abandoned to its daemon thread."""
+        self._closed = True
+        dropped = self._writer.close(timeout)
+        with self._lock:
+            self._counts["dropped"] += dropped
+
+    def __enter__(self) -> PrefixStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> dict:
+        """entries and bytes (this fingerprint's folder), and this store's counts: saved, loaded,
+        refused (torn/foreign/corrupt files deleted), dropped (saves not written), pending."""
+        with self._lock:
+            if self.enabled:
+                self._refresh()
+            return {"entries": len(self._index), "bytes": self._index.total_bytes(), **self._counts,
+                    "pending": self._writer.pending}
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _write(self, name: str, key: str, tokens_le: bytes, payload: memoryview) -> None:
+        """On the writer thread: write the entry, index it, then enforce the LRU cap."""
+        try:
+            head = encode_head(self._fingerprint, tokens_le, payload)
+            write_atomically(self._folder, key, (head, tokens_le, payload))
+        except OSError as exc:  # disk full, read-only, permissions: the save is dropped
+            with self._lock:
+                self._queued.discard(name)
+                self._drop(name, str(exc))
+            return
+        with self._lock:
+            self._queued.discard(name)
+            self._index.add(name, sort_key_from_le(tokens_le), len(head) + len(tokens_le) + len(payload))
+            self._counts["saved"] += 1
+        evicted = evict_lru(self.root, self.max_bytes)
+        if evicted:
+            with self._lock:
+                for path in evicted:
+                    self._index.remove(f"{Path(path).parent.name}/{Path(path).name}")
+            log.debug("prefix store: evicted %d least recently used entr%s", len(evicted),
+                      "y" if len(evicted) == 1 else "ies")
+
+    def _drop(self, name: str, why: str) -> None:
+        self._counts["dropped"] += 1
+        log.debug("prefix store: save of %s dropped: %s", name, why)
+
+    def _refuse(self, name: str, path: Path, inode: int, why: str) -> None:
+        """Delete a bad entry file (unless another process already replaced it) and forget it."""
+        try:
+            if os.stat(path).st_ino == inode:
+                os.unlink(path)
+        except OSError:
+            pass
+        with self._lock:
+            self._index.remove(name)
+            self._counts["refused"] += 1
+        log.debug("prefix store: refused and deleted %s: %s", name, why)
+
+    def _refresh(self) -> None:
+        """Bring the index up to date with the folder if it changed (lock held)."""
+        try:
+            st = os.stat(self._folder)
+        except OSError:
+            for name in self._index.names():
+                self._index.remove(name)
+            self._seen = None
+            return
+        seen = (st.st_mtime_ns, st.st_ino, st.st_dev)
+        if seen == self._seen and not self._racy:
+            return
+        self._racy = time.time_ns() - st.st_mtime_ns < _RACY_NS
+        self._seen = seen
+        try:
+            with os.scandir(self._folder) as it:
+                on_disk = {f"{self._folder_name}/{e.name}" for e in it
+                           if is_entry_file(e.name) and e.is_file(follow_symlinks=False)}
+        except OSError:
+            return
+        known = self._index.names()
+        for name in known - on_disk:
+            self._index.remove(name)
+        for name in on_disk - known:
+            self._index_file(name)
+
+    def _index_file(self, name: str) -> None:
+        file_name = name.partition("/")[2]
+        path = self._folder / file_name
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                try:
+                    head, tokens_le = read_head_and_tokens(f, self._fingerprint, st.st_size)
+                    if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
+                        raise BadEntry("its tokens do not match its name")
+                    if head.n_tokens == 0:
+                        raise BadEntry("no tokens")
+                except BadEntry as exc:
+                    self._refuse(name, path, st.st_ino, str(exc))
+                    return
+        except OSError:
+            return  # vanished (evicted) or unreadable: not indexed
+        self._index.add(name, sort_key_from_le(tokens_le), st.st_size)
