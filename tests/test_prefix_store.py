@@ -5,6 +5,8 @@ so a wrong or partial payload shows up as a mismatch with `payload_for(tokens)`.
 """
 from __future__ import annotations
 
+import ast
+import ctypes
 import errno
 import hashlib
 import json
@@ -64,6 +66,22 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def test_the_package_imports_the_standard_library_only():
+    # no llama_cpp, no engine: the store is usable (and testable) on its own
+    import llamabatch.prefix_store as package
+
+    for path in Path(package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [] if node.level else [node.module]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in sys.stdlib_module_names | {"__future__"}, (path.name, name)
+
+
 # -- round trip and lookups ---------------------------------------------------------------------
 
 def test_round_trip_across_store_instances(store, tmp_path):
@@ -77,6 +95,8 @@ def test_round_trip_across_store_instances(store, tmp_path):
     assert hit == StoreHit(name, 3000, 3000)
     got_tokens, payload = fresh.load(hit)
     assert got_tokens == tokens and bytes(payload) == payload_for(tokens)
+    # writable, so the engine can pass it to llama.cpp through ctypes without another copy
+    assert bytes((ctypes.c_uint8 * len(payload)).from_buffer(payload)) == payload_for(tokens)
     assert fresh.stats["loaded"] == 1 and fresh.stats["entries"] == 1
     assert store.stats["saved"] == 1
     # another fingerprint sees nothing of it
@@ -117,6 +137,23 @@ def test_covered_is_the_longest_prefix_already_held(store):
     assert store.covered(tokens[:150]) == 150
     assert store.covered([1] + tokens) == 0
     assert store.save(tokens[:200], b"again") is None  # exactly these tokens exist already
+
+
+def test_the_index_follows_what_other_stores_save_and_remove(tmp_path):
+    root = tmp_path / "store"
+    writer, reader = PrefixStore(root, FP, 10**8), PrefixStore(root, FP, 10**8)
+    first = saved(writer, [1, 2, 3])
+    assert reader.lookup([1, 2, 3]).name == first
+    folder = root / fingerprint_folder(FP)
+    seen = folder.stat().st_mtime_ns
+    # A second save inside the same timestamp tick leaves the folder's mtime unchanged; the
+    # reader must still find it (the mtime was recent, so it did not trust it).
+    second = saved(writer, [4, 5, 6])
+    os.utime(folder, ns=(seen, seen))
+    assert reader.lookup([4, 5, 6]).name == second
+    (root / first).unlink()
+    assert reader.lookup([1, 2, 3]) is None
+    assert reader.stats["entries"] == 1 and reader.stats["refused"] == 0
 
 
 def test_index_lookup_matches_a_brute_force_search():
@@ -189,17 +226,21 @@ def _empty(path: Path) -> None:
     path.write_bytes(b"")
 
 
-@pytest.mark.parametrize("damage", [
-    _truncate, lambda p: _flip(p, 10), lambda p: _flip(p, 4000), _old_version, _garbage, _deep_json, _empty,
+# Every damage but a changed payload byte shows in the header, size or tokens, which the index
+# reads: refused at lookup. A payload byte only the checksum catches, at load.
+@pytest.mark.parametrize("damage, seen_at_lookup", [
+    (_truncate, True), (lambda p: _flip(p, 10), False), (lambda p: _flip(p, 4000), True), (_old_version, True),
+    (_garbage, True), (_deep_json, True), (_empty, True),
 ], ids=["torn", "payload-byte-flipped", "token-byte-flipped", "old-version", "garbage", "deep-json", "empty"])
-def test_a_damaged_file_is_refused_and_deleted(store, tmp_path, damage):
+def test_a_damaged_file_is_refused_and_deleted(store, tmp_path, damage, seen_at_lookup):
     tokens = list(range(1000, 1500))
     name = saved(store, tokens)
     path = tmp_path / "store" / name
     damage(path)
 
     fresh = PrefixStore(tmp_path / "store", FP, 10**8)
-    hit = fresh.lookup(tokens)  # a bad header or size is caught here, a bad checksum at load
+    hit = fresh.lookup(tokens)
+    assert (hit is None) == seen_at_lookup
     if hit is not None:
         assert fresh.load(hit) is None
     assert not path.exists()
@@ -242,6 +283,11 @@ def test_a_payload_buffer_is_copied_so_the_caller_may_reuse_it(store):
     buffer[:] = bytes(len(buffer))
     assert store.flush(5)
     assert bytes(store.load(store.lookup(tokens))[1]) == payload_for(tokens)
+
+    handed_over = bytearray(payload_for([5, 6]))
+    assert store.save([5, 6], handed_over, owned=True) is not None  # no copy: the store keeps it
+    assert store.flush(5)
+    assert bytes(store.load(store.lookup([5, 6]))[1]) == bytes(handed_over)
 
 
 # -- size cap ------------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def read_head_and_tokens(f: BinaryIO, fingerprint: Mapping[str, str], file_size:
     return head, tokens_le
 
 
-def decode_entry(data: bytes, fingerprint: Mapping[str, str]) -> tuple[memoryview, memoryview]:
+def decode_entry(data: bytes | bytearray, fingerprint: Mapping[str, str]) -> tuple[memoryview, memoryview]:
     """(token bytes, payload) of a whole entry file, every check done; BadEntry otherwise."""
     view = memoryview(data)
     offset = _FIXED.size

@@ -94,8 +94,8 @@ class PrefixStore:
         return hit.common if hit else 0
 
     def load(self, hit: StoreHit) -> tuple[list[int], memoryview | bytes] | None:
-        """(the entry's tokens, its KV payload), every check passed; None otherwise (a bad file
-        is deleted). Never raises. Marks the entry as just used for the LRU."""
+        """(the entry's tokens, its KV payload as a writable memoryview), every check passed;
+        None otherwise (a bad file is deleted). Never raises. Marks the entry as just used."""
         if not self.enabled:
             return None
         folder, _, file_name = hit.name.partition("/")
@@ -104,10 +104,16 @@ class PrefixStore:
             return None
         path = self._folder / file_name
         try:
-            with open(path, "rb") as f:
-                inode = os.fstat(f.fileno()).st_ino
-                data = f.read()
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                inode = st.st_ino
+                # Into a bytearray: the payload comes back as a writable view, so the caller can
+                # hand it to ctypes (from_buffer) without another copy of tens of MB.
+                data = bytearray(st.st_size)
+                got = f.readinto(data) if st.st_size else 0
                 try:
+                    if got != st.st_size:
+                        raise BadEntry(f"read {got} of {st.st_size} bytes")
                     tokens_le, payload = decode_entry(data, self._fingerprint)
                     if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
                         raise BadEntry("its tokens do not match its name")
@@ -131,13 +137,15 @@ class PrefixStore:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, tokens: Sequence[int], payload: bytes | bytearray | memoryview) -> str | None:
+    def save(self, tokens: Sequence[int], payload: bytes | bytearray | memoryview, *,
+             owned: bool = False) -> str | None:
         """Queue a write of (tokens, payload) and return the entry's name at once; None when not
         queued (store off or closed, entry larger than max_bytes, an entry with these tokens
         exists, or max_pending writes already pending). Never blocks on the disk.
 
         A bytes payload (or a read-only view of one) is kept as is; any other buffer is copied
-        here, so the caller may reuse it as soon as save returns."""
+        here (tens of ms for tens of MB), so the caller may reuse it as soon as save returns;
+        owned=True skips that copy: the caller hands the buffer over and never writes to it again."""
         if not self.enabled or self._closed or len(tokens) == 0:
             return None
         tokens_le = tokens_to_le(tokens)
@@ -155,7 +163,7 @@ class PrefixStore:
                 self._drop(name, "writer busy (max_pending writes pending)")
                 return None
             self._queued.add(name)
-        if not (view.readonly and isinstance(view.obj, bytes)):
+        if not owned and not (view.readonly and isinstance(view.obj, bytes)):
             view = memoryview(bytes(view))  # the caller's buffer may change once we return
         if not self._writer.submit(lambda: self._write(name, key, tokens_le, view)):
             with self._lock:
@@ -201,13 +209,15 @@ class PrefixStore:
             write_atomically(self._folder, key, (head, tokens_le, payload))
         except OSError as exc:  # disk full, read-only, permissions: the save is dropped
             with self._lock:
-                self._queued.discard(name)
                 self._drop(name, str(exc))
             return
-        with self._lock:
-            self._queued.discard(name)
-            self._index.add(name, sort_key_from_le(tokens_le), len(head) + len(tokens_le) + len(payload))
-            self._counts["saved"] += 1
+        else:
+            with self._lock:
+                self._index.add(name, sort_key_from_le(tokens_le), len(head) + len(tokens_le) + len(payload))
+                self._counts["saved"] += 1
+        finally:
+            with self._lock:
+                self._queued.discard(name)
         evicted = evict_lru(self.root, self.max_bytes)
         if evicted:
             with self._lock:
