@@ -383,6 +383,18 @@ def test_disk_full_drops_the_save_leaves_no_tmp_and_the_store_goes_on(store, tmp
     assert store.load(store.lookup([1, 2, 3]))[0] == [1, 2, 3]
 
 
+def test_a_root_that_is_a_file_drops_saves_and_never_raises(tmp_path):
+    root = tmp_path / "not-a-folder"
+    root.write_text("someone's file")
+    store = PrefixStore(root, FP, 10**8)
+    assert store.save([1, 2], b"kv") is not None  # queued; the write then fails
+    assert store.flush(5)
+    assert store.lookup([1, 2]) is None and store.covered([1, 2]) == 0
+    assert store.stats["dropped"] == 1 and store.stats["entries"] == 0
+    assert root.read_text() == "someone's file"
+    store.close()
+
+
 def _hanging_write(release: threading.Event):
     def write(fd, chunks):
         release.wait(30)
