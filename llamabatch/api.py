@@ -75,6 +75,9 @@ class EngineAPI(Protocol):
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Result]:
         """Run every prompt concurrently (waiting for room when the queue is bounded); results in input order."""
 
+    def save_prefix(self, prompt: Prompt, *, timeout: float | None = None) -> Result:
+        """Evaluate `prompt` and save its KV to the disk prefix store; Result.stored_prefix names the entry."""
+
     def submit_embedding(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
                          truncate: bool = False, timeout: float | None = None, dimensions: int | None = None,
                          callback: EventCallback | None = None) -> Handle:

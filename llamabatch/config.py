@@ -14,12 +14,13 @@ from typing import Any, Mapping
 
 from .llama.cpu_buffers import CHOICES as CPU_BUFFERS
 from .errors import InvalidRequest
-from .memory_setting import max_memory_rule
+from .memory_setting import byte_size_rule, max_memory_rule
 from .params import SEED_ALLOWED, is_seed
 from .core.policies import POLICIES
 from .rules import Rule, boolean, choice, integer, optional, text
 
 DEFAULT_CTX_PER_SLOT = 4096
+DEFAULT_PREFIX_STORE_BYTES = 2 << 30
 
 
 @dataclass
@@ -66,6 +67,11 @@ class EngineConfig:
     # How embeddings pool token vectors into one: mean, cls or last. None = the GGUF's own
     # pooling type when it has one, else mean (llamabatch/llama/embedder.py).
     pooling: str | None = None
+    # The disk prefix store (llamabatch/prefix_store/): a folder where KV of shared prompt
+    # prefixes outlives the process, restored instead of evaluated. None = off (the CLI's default
+    # is <cache dir>/prefix-store). Least recently used entries go past max_bytes (0 = off).
+    prefix_store: str | None = None
+    prefix_store_max_bytes: int = DEFAULT_PREFIX_STORE_BYTES
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -97,7 +103,9 @@ class EngineConfig:
     def validate(self) -> "EngineConfig":
         """Raise InvalidRequest naming the first bad setting; return self when all are fine."""
         for f in dataclasses.fields(self):
-            check_key(f.name, getattr(self, f.name))
+            value = check_key(f.name, getattr(self, f.name))
+            if f.name in NORMALIZED_KEYS:  # "2GiB" -> bytes, "off" -> None: read as numbers/None below
+                setattr(self, f.name, value)
         # the rules between keys
         slots = 1 if self.n_parallel == "auto" else self.n_parallel  # auto checks its own choice later
         if self.n_ctx is not None and self.n_ctx < 16 * slots:
@@ -129,6 +137,14 @@ def _chat_template(value: Any) -> Any:
     return value
 
 
+def _prefix_store(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None  # off
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError('a folder, or "off"')
+    return value
+
+
 # What each key may hold on its own (None = "not set" where the field allows it).
 KEY_RULES: dict[str, Rule] = {
     "model": optional(text("a GGUF file or folder, hf:ORG/REPO, ollama:NAME, lmstudio:PUBLISHER/REPO or a "
@@ -151,7 +167,10 @@ KEY_RULES: dict[str, Rule] = {
     "cpu_buffers": optional(choice(*CPU_BUFFERS)),
     "max_memory": optional(max_memory_rule),
     "pooling": optional(choice("mean", "cls", "last")),
+    "prefix_store": _prefix_store,
+    "prefix_store_max_bytes": byte_size_rule,
 }
+NORMALIZED_KEYS = ("prefix_store", "prefix_store_max_bytes")
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
 
 

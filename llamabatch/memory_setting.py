@@ -44,3 +44,15 @@ def memory_cap(max_memory: Any, available: int) -> int | None:
     if max_memory.strip().lower() == "off":
         return None
     return _parse(max_memory, available)
+
+
+def byte_size_rule(value: Any) -> int:
+    """A size in bytes: an integer >= 0 or a size such as "2GiB" or "512M" (0 = off)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        if value.strip() == "0":
+            return 0
+        if not _PERCENT.match(value) and (size := _parse(value, 1)) is not None:
+            return size
+    raise ValueError('bytes (an integer >= 0, 0 = off) or a size such as "2GiB" or "512M"')

@@ -58,6 +58,9 @@ class SamplingParams:
     timeout: float | None = None
     logprobs: int | None = None
     n: int = 1  # samples of the prompt: one prefill, KV forked into n slots, seeds seed, seed+1, ...
+    # Save this request's prompt KV to the engine's disk prefix store once it is evaluated
+    # (Result.stored_prefix names the entry): a later process restores it instead of evaluating.
+    store_prefix: bool = False
 
     def replace(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
@@ -94,6 +97,7 @@ class SamplingParams:
         _check(self.timeout is None or self.timeout > 0, "timeout", "a number of seconds > 0", self.timeout)
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs", "an integer in [0, 20]", self.logprobs)
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "an integer >= 1", self.n)
+        _check(isinstance(self.store_prefix, bool), "store_prefix", "true or false", self.store_prefix)
         _check(all(isinstance(s, str) for s in self.stop), "stop", "a list of non-empty strings", self.stop)
         if "" in self.stop:
             # repr(['']) reads as noise; say what is wrong in words

@@ -12,13 +12,17 @@ class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache, not evaluated
     completion_tokens: int = 0
+    restored_tokens: int = 0  # of cached_tokens, those restored from the disk prefix store
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
     def to_dict(self) -> dict[str, int]:
-        return {**asdict(self), "total_tokens": self.total_tokens}
+        out = {**asdict(self), "total_tokens": self.total_tokens}
+        if not self.restored_tokens:  # only where the disk prefix store served some: records stay as they were
+            del out["restored_tokens"]
+        return out
 
 
 @dataclass
@@ -59,6 +63,9 @@ class Result:
     index: int = 0  # which sample of an n-request this is
     samples: list["Result"] | None = None  # n > 1: one Result per sample, in index order
     deterministic: bool = False  # produced in deterministic mode (batch-invariant)
+    # SamplingParams.store_prefix: the disk prefix store entry this request's prompt KV was
+    # queued as (its name under the store folder); None when nothing was saved.
+    stored_prefix: str | None = None
 
     @property
     def all_logprobs(self) -> Any:
@@ -87,6 +94,8 @@ class Result:
         }
         if self.deterministic:
             out["deterministic"] = True
+        if self.stored_prefix is not None:
+            out["stored_prefix"] = self.stored_prefix
         return out
 
 

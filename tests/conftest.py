@@ -145,3 +145,11 @@ def pytest_generate_tests(metafunc):
 def pytest_configure(config):
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile("fast")
+
+
+@pytest.fixture(autouse=True)
+def _own_prefix_store(tmp_path_factory, monkeypatch):
+    """Every test gets an empty disk prefix store of its own (the commands' default is on, in
+    the user's cache folder): what one test saves never serves another, and nothing is written
+    to the home of whoever runs the suite. Processes a test starts inherit it."""
+    monkeypatch.setenv("LLAMABATCH_PREFIX_STORE", str(tmp_path_factory.mktemp("prefix-store")))

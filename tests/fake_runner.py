@@ -17,6 +17,8 @@ request ignores EOG; FILL also replaces EOG while min_tokens suppresses it).
 """
 from __future__ import annotations
 
+import array
+
 import copy
 import math
 import threading
@@ -97,6 +99,9 @@ def missing_runner_members(runner: Any) -> list[str]:
     return missing
 
 
+FAKE_KV_MAGIC = b"FAKEKV1\n"  # the fake runner's snapshot bytes: this, then the slot's tokens (int32)
+
+
 @dataclass(eq=False)
 class FakeSampler:
     params: Any
@@ -142,8 +147,15 @@ class FakeRunner:
                  sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True,
                  embed_status: dict[int, int] | None = None, embed_delay: float = 0.0,
                  embed_max_tokens: int = 64, embed_max_seqs: int = 8, default_pooling: str = "mean",
-                 embed_refusal: str = ""):
+                 embed_refusal: str = "", can_store: bool = True, restore_ok: Callable[[int], bool] | None = None):
         self.can_fork = can_fork
+        # The disk prefix store: snapshot() gives the slot's fake KV as bytes, a Restore puts
+        # them back; restore_ok(slot) False scripts llama.cpp refusing one (the slot is emptied).
+        self.can_store = can_store
+        self.restore_ok = restore_ok or (lambda slot: True)
+        self.kv_fingerprint = {"model": "fake", "layout": "fake"}
+        self.restores: list[tuple[int, int, bool]] = []  # (slot, n_tokens, took) applied, in order
+        self.snapshots: list[tuple[int, int]] = []  # (slot, tokens) snapshotted, in order
         self.can_trim = partial_trim
         self.can_sample_apart = can_sample_apart
         self.kernel_text = ""  # no llama.cpp kernels: the header line names none
@@ -235,14 +247,17 @@ class FakeRunner:
         if self.step_delay:
             time.sleep(self.step_delay)
         self._apply_trims(plan)  # first, as the real runner: a trimmed slot may be a fork's destination
+        restored = self._apply_restores(plan)
         self._apply_forks(plan)  # before the decode, and kept even when the decode fails
         self._check(plan)
         status = self._status_for(call, plan)
         # a copy of the plan as it was, sharing (not copying) the samplers it carries
-        record = ExecutedPlan(call, copy.deepcopy(plan, {id(x): x for c in plan.chunks for x in (c.sampler, *(sm for _, sm in c.siblings))}), status)
+        shared = {id(x): x for c in plan.chunks for x in (c.sampler, *(sm for _, sm in c.siblings))}
+        shared.update({id(r.payload): r.payload for r in plan.restores})  # KV bytes: shared too (a memoryview)
+        record = ExecutedPlan(call, copy.deepcopy(plan, shared), status)
         self.plans.append(record)
         result = StepResult(status=status, eval_ms=0.5, ubatches=len(ubatch_sizes(
-            [(c.slot, len(c.tokens)) for c in plan.chunks], self.n_batch or 512, unified=False)))
+            [(c.slot, len(c.tokens)) for c in plan.chunks], self.n_batch or 512, unified=False)), restored=restored)
         if status != 0:
             # "no KV room" (1): llama.cpp rolled the batch back, so a smaller retry may follow.
             # Any other failure may leave part of the batch in the cache: unknown until trimmed.
@@ -284,6 +299,30 @@ class FakeRunner:
                 self.stale.discard(t.slot)
             del kv[max(t.n_keep, 0):]
             self.trims.append((t.slot, t.n_keep))
+
+    def snapshot(self, slot: int) -> bytes:
+        if slot in self.stale:
+            self.violations.append(f"snapshot of slot {slot}, which a failed decode left unknown")
+        self.snapshots.append((slot, len(self.kv[slot])))
+        return FAKE_KV_MAGIC + array.array("i", self.kv[slot]).tobytes()
+
+    def _apply_restores(self, plan: StepPlan) -> dict[int, bool]:
+        took = {}
+        for r in plan.restores:
+            if not self.can_store:
+                self.violations.append(f"restore into slot {r.slot} planned for a runner that cannot (can_store False)")
+            if any(c.slot == r.slot for c in plan.chunks):
+                self.violations.append(f"slot {r.slot} is restored and evaluated in the same plan")
+            data = bytes(r.payload)
+            ok = data.startswith(FAKE_KV_MAGIC) and self.restore_ok(r.slot)
+            tokens = list(array.array("i", data[len(FAKE_KV_MAGIC):])) if ok else []
+            if ok and len(tokens) != r.n_tokens:
+                self.violations.append(f"restore into slot {r.slot} says {r.n_tokens} tokens, the bytes hold {len(tokens)}")
+            self.kv[r.slot] = tokens if ok else []
+            self.stale.discard(r.slot)
+            took[r.slot] = ok
+            self.restores.append((r.slot, r.n_tokens, ok))
+        return took
 
     def _apply_forks(self, plan: StepPlan) -> None:
         sources = {f.src_slot for f in plan.forks}

@@ -542,3 +542,43 @@ def test_two_processes_share_one_store_and_a_reader_never_sees_a_partial_entry(t
     assert reader.stats["refused"] == 0  # never a torn or partial file
     assert sum(p.stat().st_size for p in kv_files(root)) <= 600_000
     assert tmp_files(root) == []
+
+
+# -- the whole-entry lookup the engine restores with ------------------------------------------
+
+def _brute_longest_starting(entries: dict[str, list[int]], query: list[int], min_tokens: int):
+    fits = [(len(t), n) for n, t in entries.items() if len(t) >= max(min_tokens, 1) and query[:len(t)] == t]
+    return max(fits)[1] if fits else None
+
+
+def test_longest_starting_finds_the_longest_entry_that_starts_the_query_as_brute_force_does():
+    rng = random.Random(7)
+    for _ in range(200):
+        index, entries = PrefixIndex(), {}
+        base = [rng.randrange(4) for _ in range(12)]
+        for i in range(rng.randrange(1, 12)):
+            cut = rng.randrange(1, len(base) + 1)
+            tokens = base[:cut] + [rng.randrange(4) for _ in range(rng.randrange(3))]
+            entries[f"e{i}"] = tokens
+            index.add(f"e{i}", sort_key(tokens), 1)
+        query = base[: rng.randrange(1, len(base) + 1)] + [rng.randrange(4) for _ in range(rng.randrange(3))]
+        min_tokens = rng.randrange(0, 6)
+        match = index.longest_starting(sort_key(query), min_tokens)
+        want = _brute_longest_starting(entries, query, min_tokens)
+        if want is None:
+            assert match is None, (entries, query, min_tokens)
+        else:
+            assert match is not None and len(entries[match.name]) == len(entries[want]), (entries, query)
+            assert match.common == match.n_tokens == len(entries[match.name])
+
+
+def test_store_longest_starting_and_holds(tmp_path):
+    store = PrefixStore(tmp_path, {"model": "m"}, 1 << 20)
+    for tokens in ([1, 2, 3], [1, 2, 3, 4, 5], [1, 9]):  # one at a time: at most two writes wait
+        assert store.save(tokens, bytes(len(tokens))) and store.flush(5)
+    hit = store.longest_starting([1, 2, 3, 4, 7, 8])
+    assert hit is not None and hit.n_tokens == hit.common == 3  # [1,2,3,4,5] shares more, but does not start it
+    assert store.longest_starting([1, 2, 3, 4, 5, 6]).n_tokens == 5
+    assert store.longest_starting([1, 2, 3, 4, 7], min_tokens=4) is None
+    assert store.holds([1, 2, 3]) and not store.holds([1, 2]) and not store.holds([1, 2, 3, 4])
+    store.close()

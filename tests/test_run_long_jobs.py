@@ -16,7 +16,7 @@ import pytest
 from cli_harness import invoke, runner_for
 from test_run_cli import FAST, llamabatch_run, read_records, real_run, slow_lines, the_id, wait_for_lines, write_lines
 
-from llamabatch.cli.run import model_hash
+from llamabatch.models import model_digest as model_hash
 from llamabatch.cli.run.fingerprint import changes
 from llamabatch.cli.run.manifest import VERSION, manifest_path, read_manifest, ManifestProblem
 from llamabatch.cli.run.output_lock import OutputLock

@@ -46,6 +46,8 @@ SHARED_OPTIONS: dict[str, Any] = {
     "kv_unified": Annotated[Optional[bool], _opt("--kv-unified/--no-kv-unified", help="One KV cache shared by every slot instead of one stream per slot: llama.cpp then splits a tick's batch into ubatches by size alone (fewer graph runs per tick), at the cost of attention over the whole cache [default: off]", panel=ENGINE)],
     "max_memory": Annotated[Optional[str], _opt("--max-memory", metavar="SIZE|N%|off", help="Most memory the KV cache and weights may take, checked before the model loads: a size (16GiB, 512M), a share of the memory available (80%) or off [default: 90%]", panel=ENGINE)],
     "pooling": Annotated[Optional[str], _opt("--pooling", metavar="mean|cls|last", help="How embeddings pool token vectors into one [default: the GGUF's own pooling type, else mean]", panel=ENGINE)],
+    "prefix_store": Annotated[Optional[str], _opt("--prefix-store", metavar="DIR|off", help="Folder of the disk prefix store: the KV of shared prompt prefixes and chat turns, restored by later runs instead of evaluated [default: <cache dir>/prefix-store for run, serve-stdin and chat; off for bench]", panel=ENGINE)],
+    "prefix_store_max_bytes": Annotated[Optional[str], _opt("--prefix-store-max-bytes", metavar="SIZE", help="Most disk the prefix store may take; least recently used entries go first (0 = off) [default: 2GiB]", panel=ENGINE)],
     "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
     "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
     "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],

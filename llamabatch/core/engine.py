@@ -28,7 +28,8 @@ from ..models.resolve import model_display_name
 from ..params import SamplingParams
 from .plan import EmbedBatch, StepPlan, StepResult
 from ..results import Delta, EmbeddingResult
-from .scheduler import Scheduler, SeqEvent
+from .disk_prefix import open_disk_prefixes
+from .scheduler import SaveWanted, Scheduler, SeqEvent
 from .sequence import Sequence, Status
 from .shared import SharedEngine, check_room, error_result, record_outcome
 from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
@@ -84,12 +85,14 @@ class Engine(SharedEngine):
         self.apart = (ApartSampling(self._cond, runner.n_slots,
                                     yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
                       if runner.can_sample_apart and not self.config.deterministic else None)
+        self.disk = open_disk_prefixes(self.config, runner)  # the disk prefix store, or None
         # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
                                    self.config.policy, self.config.cache_prompt and runner.can_trim,
                                    runner.token_bytes, runner.is_eog,
                                    share_min=share_min, cache_generated=not self.config.deterministic,
-                                   sample_apart=(lambda seq: wants_apart(seq.params)) if self.apart else None)
+                                   sample_apart=(lambda seq: wants_apart(seq.params)) if self.apart else None,
+                                   disk=self.disk)
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread
@@ -328,11 +331,26 @@ class Engine(SharedEngine):
         active = len(self.scheduler.running)
         with self.apart.decoding() if self.apart else contextlib.nullcontext():
             plan, result = self._execute(plan)
-        for event in self.scheduler.update(plan, result):
+        events = self.scheduler.update(plan, result)
+        for wanted in self.scheduler.take_saves():  # before any event ends a request and frees its slot
+            self._save(wanted)
+        for event in events:
             self._deliver(event)
         if result.apart:
             self._launch(plan, result)
         self._record_tick(plan, result, active, t_start, t_planned)
+
+    def _save(self, wanted: SaveWanted) -> None:
+        """Snapshot a slot that holds exactly a prefix worth keeping, on this thread (a copy of
+        its KV: milliseconds), and queue the write on the store's own thread."""
+        try:
+            payload = self.runner.snapshot(wanted.slot)
+        except Exception:  # the save is an optimisation: a failure never touches the request
+            log.exception("could not snapshot slot %d for the prefix store", wanted.slot)
+            return
+        name = self.disk.save(wanted.tokens, payload)  # type: ignore[union-attr]
+        if wanted.seq.params.store_prefix:
+            wanted.seq.stored_prefix = name
 
     def _embed_step(self) -> None:
         t_start = time.perf_counter()
@@ -413,7 +431,7 @@ class Engine(SharedEngine):
 
     def _admit(self) -> None:
         for seq, slot, reuse, _fork in self.scheduler.admit():
-            # the slot's KV change (a Trim to `reuse`, or a Fork) rides on this tick's plan
+            # the slot's KV change (a Trim to `reuse`, a Fork or a Restore) rides on this tick's plan
             self.scheduler.start(seq, slot, reuse)
             if seq.index == 0:  # samples 1..n-1 ride along with sample 0 (the one queued and counted)
                 with self._cond:
@@ -422,14 +440,17 @@ class Engine(SharedEngine):
 
     def _execute(self, plan: StepPlan) -> tuple[StepPlan, StepResult]:
         """One llama_decode; on 'no KV room' try the scheduler's smaller plan, never crash."""
+        restored = None  # the first try applies the plan's restores; a smaller plan carries none
         while True:
             result = self.runner.execute(plan)
+            restored = result.restored if restored is None else restored
             if result.status == 0:
+                result.restored = restored
                 return plan, result
             smaller = self.scheduler.shrink(plan) if result.status == 1 else None
             if smaller is None:
                 self._fail_batch(plan, result.status)
-                return StepPlan(), StepResult(eval_ms=result.eval_ms)
+                return StepPlan(), StepResult(eval_ms=result.eval_ms, restored=restored)
             plan = smaller
 
     def _fail_batch(self, plan: StepPlan, status: int) -> None:
@@ -533,4 +554,6 @@ class Engine(SharedEngine):
                     self.runner.free_sampler(sampler)
         if not self._closed:
             self._closed = True
+            if self.disk is not None:
+                self.disk.close()  # bounded: a write cut short leaves no loadable entry
             self.runner.close()

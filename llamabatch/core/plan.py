@@ -110,11 +110,32 @@ class Fork:
     n_tokens: int
 
 
+@dataclass(frozen=True)
+class Restore:
+    """Make `slot`'s KV cache hold exactly the `n_tokens` tokens whose KV `payload` carries (a
+    disk prefix store entry: core/disk_prefix.py, written by `runner.snapshot`).
+
+    Semantics, as the runner applies it: after the plan's trims and before its forks; whatever
+    the slot held is gone. It may fail (llama.cpp finds no room for the cells, or refuses the
+    bytes): `StepResult.restored[slot]` says which, and a failed slot is empty. So the plan
+    carries no chunk for that slot: the scheduler plans its first chunk in the next tick, from
+    what the restore really gave (0 tokens after a failure). An entry is only ever continued
+    from its end: with Gemma 3's sliding window llama.cpp saves only the last 512 positions of
+    the window layers, so a restored slot cannot be trimmed shorter (the store only offers
+    entries whose whole token list starts the prompt).
+    """
+
+    slot: int
+    n_tokens: int
+    payload: Any = field(repr=False, compare=False)
+
+
 @dataclass
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     forks: list[Fork] = field(default_factory=list)  # applied before the chunks are evaluated
     trims: list[Trim] = field(default_factory=list)  # applied first: before the forks and the chunks
+    restores: list[Restore] = field(default_factory=list)  # after the trims, before the forks
 
     @property
     def n_tokens(self) -> int:
@@ -129,7 +150,7 @@ class StepPlan:
         return sum(len(c.tokens) for c in self.chunks if not c.is_decode)
 
     def __bool__(self) -> bool:
-        return bool(self.chunks or self.forks or self.trims)
+        return bool(self.chunks or self.forks or self.trims or self.restores)
 
 
 @dataclass
@@ -146,6 +167,7 @@ class StepResult:
     # slot -> a SampleJob for each sample_apart chunk: run on a sampling thread, it gives that
     # chunk's tokens (its own and its siblings') later; the slot's request waits for them.
     apart: dict[int, "SampleJob"] = field(default_factory=dict)
+    restored: dict[int, bool] = field(default_factory=dict)  # slot -> whether its Restore took
 
 
 @dataclass
@@ -211,6 +233,8 @@ class Runner(Protocol):
     can_fork: bool  # whether plans may carry Forks (False for recurrent/hybrid models)
     can_trim: bool  # whether a Trim may keep part of a slot (n_keep > 0); emptying one always works
     can_sample_apart: bool  # whether sample_apart chunks come back as SampleJobs (else sampled inline)
+    can_store: bool  # whether slots may be saved to / restored from the disk prefix store
+    kv_fingerprint: dict[str, str]  # what must match for saved KV bytes to be restored here
 
     def tokenize(self, text: str, *, special: bool) -> list[int]: ...
 
@@ -223,8 +247,11 @@ class Runner(Protocol):
 
     def free_sampler(self, sampler: Any) -> None: ...
 
+    def snapshot(self, slot: int) -> bytes | bytearray:
+        """The slot's KV as bytes, for the disk prefix store (a Restore puts them back)."""
+
     def execute(self, plan: StepPlan) -> StepResult:
-        """Apply plan.trims, then plan.forks, then one llama_decode of the plan's chunks;
+        """Apply plan.trims, then plan.restores, then plan.forks, then one llama_decode of the plan's chunks;
         sample each wants_logits row with its chunk's sampler, or, for a sample_apart chunk
         on a runner whose `can_sample_apart` is True, return a SampleJob for it in
         StepResult.apart."""

@@ -12,13 +12,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .detok import IncrementalDetokenizer
-from .plan import Chunk, Fork, StepPlan, StepResult, Trim
+from .plan import Chunk, Fork, Restore, StepPlan, StepResult, Trim
 from .policies import POLICIES
 from .prefix import SlotView, choose_slot, longest_shared
 from .sequence import Sequence, Status
+
+if TYPE_CHECKING:
+    from .disk_prefix import DiskPrefixes
 
 
 @dataclass(eq=False)
@@ -48,7 +51,9 @@ class SeqEvent:
 class Admission(NamedTuple):
     """A waiting request given a slot. `reuse` prompt tokens are already there: from the
     slot's own cache (a Trim in the next plan drops the rest), or, when `fork` is set,
-    copied from another slot by that Fork in the next plan (nothing to trim)."""
+    copied from another slot by that Fork in the next plan (nothing to trim). A slot the next
+    plan restores from the disk prefix store comes with reuse 0: Scheduler.update takes what
+    the Restore gave."""
 
     seq: Sequence
     slot: int
@@ -56,11 +61,21 @@ class Admission(NamedTuple):
     fork: Fork | None = None
 
 
+@dataclass
+class SaveWanted:
+    """A slot that holds exactly `tokens` (a prefix worth keeping) after the tick that just ran:
+    the engine snapshots it into the disk prefix store before the next plan changes it."""
+
+    seq: Sequence
+    slot: int
+    tokens: list[int]
+
+
 class Scheduler:
     def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
                  cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
                  share_min: int = 0, cache_generated: bool = True,
-                 sample_apart: Callable[[Sequence], bool] | None = None):
+                 sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
         self.slot_ctx = slot_ctx
@@ -83,6 +98,12 @@ class Scheduler:
         self._trims: list[Trim] = []  # likewise; a plan applies its trims before its forks
         # Which requests' rows are sampled apart from the tick (apart.py); None: all inline.
         self.sample_apart = sample_apart
+        # The disk prefix store (disk_prefix.py): admission restores from it, and a prefix two
+        # requests share is saved to it once. None: off.
+        self.disk = disk
+        self._restoring: dict[int, list[int]] = {}  # slot -> the tokens its planned Restore brings
+        self._restores: list[Restore] = []  # decided, not yet handed to the runner in a plan
+        self._saves: list[SaveWanted] = []  # slots holding a prefix to save, after the last update
 
     # -- queue and admission -------------------------------------------------------------
 
@@ -148,17 +169,28 @@ class Scheduler:
             if self.share_min:
                 busy = [s for s in self.slots if s.seq is not None]
                 src, n = longest_shared(seq.prompt, [(s.slot_id, s.cached) for s in busy if s.slot_id not in fresh])
-                _, coming = longest_shared(seq.prompt, [(s.slot_id, s.seq.prompt) for s in busy])
+                maker, coming = longest_shared(seq.prompt, [(s.slot_id, s.seq.prompt) for s in busy])
                 if coming > n and coming - reuse >= self.share_min:
+                    self._mark_save(self.slots[maker].seq, coming)  # type: ignore[arg-type]
                     held.append(seq)  # another slot is evaluating our prefix: wait for all of it
                     continue
                 if src is not None and n - reuse >= self.share_min:
                     fork, reuse = self.fork(src, slot_id, n), n
+            restore = None
+            if fork is None and self.disk is not None:
+                hit = self.disk.lookup(seq.prompt, longer_than=reuse)
+                if hit is not None:
+                    restore = Restore(slot_id, len(hit.tokens), hit.payload)
             slot = self.slots[slot_id]
             idle.remove(slot)
             fresh.add(slot_id)
             slot.seq = seq  # reserved now so the same slot is not handed out twice
-            if fork is None:
+            if restore is not None:
+                slot.cached = []  # what the restore brings is known only once it has run (update)
+                self._restores.append(restore)
+                self._restoring[slot_id] = list(hit.tokens)  # type: ignore[union-attr]
+                reuse = 0
+            elif fork is None:
                 self.trim(slot_id, reuse)
             out.append(Admission(seq, slot_id, reuse, fork))
             for sample in seq.members[1:]:
@@ -170,7 +202,51 @@ class Scheduler:
                 self.trim(slot.slot_id, 0)
                 out.append(Admission(sample, slot.slot_id, 0))
         self.waiting.extendleft(reversed(held))
+        if self.disk is not None and self.waiting:
+            self._mark_queued_saves()
         return out
+
+    # -- the disk prefix store -------------------------------------------------------------
+
+    def _mark_save(self, seq: Sequence, n: int) -> None:
+        """`seq`'s first `n` prompt tokens are shared with another request: if the store lacks
+        them and seq's prefill has not passed them yet, save its slot when exactly they are in
+        it (schedule cuts the chunk there). A restored entry continues only from its end (plan.
+        Restore), so the entry must be the shared part itself, not a slot that went further."""
+        if self.disk is None or n < self.disk.save_min or seq.status not in (Status.WAITING, Status.PREFILLING):
+            return
+        if seq.num_computed >= n or (seq.save_at is not None and seq.save_at <= n):
+            return  # passed already, or a save of a shorter (more widely shared) prefix is planned
+        if self.disk.has(seq.prompt[:n]):
+            return
+        seq.save_at = n
+
+    def _mark_queued_saves(self) -> None:
+        """Requests still queued (every slot busy) that share a prefix with a running prompt:
+        mark the running one to save it, as admission does for a request it holds back."""
+        prefilling = [s for s in self.slots if s.seq is not None and s.seq.status == Status.PREFILLING]
+        if not prefilling:
+            return
+        for seq in list(self.waiting)[: len(self.slots)]:
+            maker, coming = longest_shared(seq.prompt, [(s.slot_id, s.seq.prompt) for s in prefilling])  # type: ignore[union-attr]
+            if maker is not None:
+                self._mark_save(self.slots[maker].seq, coming)  # type: ignore[arg-type]
+
+    def take_saves(self) -> list[SaveWanted]:
+        """The slots to snapshot now (each holds exactly its SaveWanted.tokens)."""
+        saves, self._saves = self._saves, []
+        return saves
+
+    def _take_restore(self, slot_id: int, ok: bool) -> None:
+        """What a planned Restore gave: the slot holds the entry's tokens, or nothing."""
+        tokens = self._restoring.pop(slot_id, [])
+        slot = self.slots[slot_id]
+        slot.cached = tokens if ok else []
+        seq = slot.seq
+        if seq is None or seq.status != Status.RESTORING:
+            return  # ended meanwhile: the slot keeps what it holds for a later request
+        seq.num_computed = seq.num_cached = seq.num_restored = len(slot.cached)
+        seq.status = Status.PREFILLING
 
     def fork(self, src_slot: int, dst_slot: int, n_tokens: int) -> Fork:
         """Decide a KV fork (see plan.Fork): `dst_slot` will hold `src_slot`'s first
@@ -203,14 +279,18 @@ class Scheduler:
         return trim
 
     def start(self, seq: Sequence, slot_id: int, kept: int) -> None:
-        """The slot's KV now holds exactly `kept` tokens of seq's prompt prefix."""
+        """The slot's KV now holds exactly `kept` tokens of seq's prompt prefix (or, when admission
+        planned a Restore for it, what that Restore gives; its first chunk comes after that)."""
+        restoring = slot_id in self._restoring
         slot = self.slots[slot_id]
         slot.cached = slot.cached[:kept]
         slot.seq = seq
         seq.slot = slot_id
         seq.num_computed = seq.num_cached = kept
         # samples 1..n-1 of an n-request wait for sample 0's prompt instead of evaluating it
-        seq.status = Status.FORKING if seq.index else Status.PREFILLING
+        seq.status = Status.FORKING if seq.index else Status.RESTORING if restoring else Status.PREFILLING
+        if seq.params.store_prefix and self.disk is not None and seq.index == 0:
+            seq.save_at = len(seq.prompt)  # the slot holds exactly the prompt after its last chunk
         seq.admitted_at = time.perf_counter()
         seq.admit_order = self._admitted
         self._admitted += 1
@@ -225,6 +305,8 @@ class Scheduler:
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
         chunks = []
         for seq, n in allocation:
+            if seq.save_at is not None and seq.num_computed < seq.save_at < seq.num_computed + n:
+                n = seq.save_at - seq.num_computed  # end the chunk where the prefix to save ends
             tokens = seq.pending_tokens(n)
             wants_logits = seq.num_computed + n == seq.num_tokens
             siblings = [(s.slot, s.sampler) for s in seq.members[1:] if s.status == Status.FORKING] \
@@ -243,7 +325,8 @@ class Scheduler:
         chunks.sort(key=lambda c: c.slot)
         forks, self._forks = self._forks, []
         trims, self._trims = self._trims, []
-        return StepPlan(chunks, forks, trims)
+        restores, self._restores = self._restores, []
+        return StepPlan(chunks, forks, trims, restores)
 
     @staticmethod
     def shrink(plan: StepPlan) -> StepPlan | None:
@@ -261,6 +344,8 @@ class Scheduler:
     def update(self, plan: StepPlan, result: StepResult) -> list[SeqEvent]:
         """Account for an evaluated plan: KV bookkeeping, new tokens, stops, finishes."""
         events = []
+        for slot_id, ok in result.restored.items():
+            self._take_restore(slot_id, ok)
         for chunk in plan.chunks:
             slot = self.slots[chunk.slot]
             seq = slot.seq
@@ -269,6 +354,9 @@ class Scheduler:
             seq.num_computed += len(chunk.tokens)
             if self.cache_generated or not chunk.is_decode:
                 slot.cached.extend(chunk.tokens)
+            if seq.save_at is not None and seq.num_computed == seq.save_at and not chunk.is_decode:
+                self._saves.append(SaveWanted(seq, chunk.slot, list(slot.cached)))
+                seq.save_at = None
             if chunk.wants_logits and chunk.slot in result.apart:
                 seq.sampling_apart = True  # no chunk for it until its token lands (accept_apart)
                 continue

@@ -16,6 +16,7 @@ class Status(enum.IntEnum):
     GENERATING = 2
     FINISHED = 3
     FORKING = 4  # sample i > 0 of an n-request: holds a slot, waits for sample 0's prompt KV
+    RESTORING = 5  # holds a slot whose KV the next plan restores from the disk prefix store
 
 
 @dataclass(eq=False)
@@ -53,6 +54,12 @@ class Sequence:
     group: list["Sequence"] | None = None  # all samples of an n-request (shared list), None when n == 1
     completed: bool = False  # the engine has freed its sampler and counted it toward the Result
     sampling_apart: bool = False  # its next token is being sampled on a sampling thread (apart.py)
+    # The disk prefix store (disk_prefix.py): save the slot's KV when exactly this many prompt
+    # tokens are in it (the prefill chunk that crosses it is cut there); of num_cached, how many
+    # were restored from the store; the entry a save of this request's prompt was queued as.
+    save_at: int | None = None
+    num_restored: int = 0
+    stored_prefix: str | None = None
 
     def __post_init__(self) -> None:
         if self.params.timeout:
@@ -106,10 +113,11 @@ class Sequence:
             prompt_tokens_per_s=evaluated / (prompt_ms / 1000) if first and prompt_ms > 0 else 0.0,
             generated_tokens_per_s=((len(self.output) - 1) / (decode_ms / 1000)
                                     if decode_ms > 0 and len(self.output) > 1 else 0.0))
-        usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached, completion_tokens=len(self.output))
+        usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached,
+                      restored_tokens=self.num_restored, completion_tokens=len(self.output))
         return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
                       seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
-                      logprobs=self.logprobs, index=self.index)
+                      logprobs=self.logprobs, index=self.index, stored_prefix=self.stored_prefix)
 
     def request_result(self) -> Result:
         """The Result of the request this sequence belongs to: its own, or for an n-request
@@ -128,7 +136,7 @@ class Sequence:
         timings = Timings(**{**first.timings.__dict__, "decode_ms": decode_ms,
                              "generated_tokens_per_s": after_first / (decode_ms / 1000) if decode_ms > 0 else 0.0})
         usage = Usage(prompt_tokens=first.usage.prompt_tokens, cached_tokens=first.usage.cached_tokens,
-                      completion_tokens=sum(r.usage.completion_tokens for r in parts))
+                      restored_tokens=first.usage.restored_tokens, completion_tokens=sum(r.usage.completion_tokens for r in parts))
         return Result(first.request_id, first.text, first.token_ids, (bad or first).finish_reason, usage, timings,
                       seed=first.seed, error=bad.error if bad else None, error_code=bad.error_code if bad else None,
                       stop=first.stop, logprobs=first.logprobs, samples=parts)

@@ -61,6 +61,18 @@ class SharedEngine:
                         time.sleep(QUEUE_FULL_NAP_S)
         return [h.result() for h in handles]
 
+    def save_prefix(self, prompt: Prompt, *, timeout: float | None = None) -> Result:
+        """Evaluate `prompt` and save its KV to the engine's disk prefix store (a warm-up for a
+        known instruction): later requests starting with it, in this process or a later one,
+        restore it instead of evaluating it. The Result's `stored_prefix` names the entry; it is
+        None when the engine has no store (EngineConfig.prefix_store) or its model cannot keep
+        one. Samples one token (greedy) that nobody needs: the prompt's last token must be
+        evaluated for the slot to hold all of it."""
+        params = self.default_params.replace(max_tokens=1, min_tokens=0, temperature=0.0, n=1, logprobs=None,
+                                             grammar=None, json_schema=None, stop=[], store_prefix=True,
+                                             timeout=timeout)
+        return self.submit(prompt, params, stream=False).result()
+
 
     def submit_embedding(self, inputs: Any, *, pooling: str | None = None, normalize: bool = True,
                          truncate: bool = False, timeout: float | None = None, dimensions: int | None = None,

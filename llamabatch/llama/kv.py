@@ -14,6 +14,7 @@ class KvCache:
     def __init__(self, ctx: Any, model: Any, *, swa_full: bool, kv_unified: bool):
         self.mem = C.llama_get_memory(ctx)
         self.kv_unified = kv_unified
+        self.swa_full = swa_full
         # Keeping part of a sequence (a Trim with n_keep > 0, the trimmed copy of a Fork):
         # recurrent and hybrid memories cannot remove part of a sequence, and without the
         # full-size SWA cache the early cells may already be gone (Gemma 3: a 512-token window).

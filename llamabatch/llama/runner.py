@@ -14,13 +14,14 @@ cpu_kernels.py (CPU weight layouts), chat_formats.py. Only llama/ imports llama_
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Iterator
 
 from llama_cpp import llama_cpp as C
 
 from . import batch_invariance as invariance
-from . import load, resources
+from . import kv_state, load, resources
 from .backend import gpu_offload_supported, init_backend, log_mark
 from .chat_formats import LlamaChatFormats
 from .cpu_buffers import KernelPath
@@ -35,7 +36,7 @@ from .vocab import Vocabulary
 from ..config import EngineConfig
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
-from ..core.plan import EmbedBatch, EmbedStepResult, StepPlan, StepResult
+from ..core.plan import EmbedBatch, EmbedStepResult, Restore, StepPlan, StepResult
 
 
 class LlamaRunner:
@@ -87,6 +88,9 @@ class LlamaRunner:
         # A fork copies a slot's KV and trims the copy, and a Trim may keep part of a slot:
         # both only where the memory can keep part of a sequence (kv.py, plan.Fork, plan.Trim).
         self.can_fork = self.can_trim = self.kv.can_cut
+        # The disk prefix store needs the same (a restored slot's cells must be exactly what an
+        # evaluated slot holds at its end); deterministic mode does not use it (kv_state.py says why).
+        self.can_store = self.kv.can_cut and not self.deterministic
         if self.deterministic:
             self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
         self.n_batch = cparams.n_batch
@@ -146,10 +150,15 @@ class LlamaRunner:
     def execute(self, plan: StepPlan) -> StepResult:
         for trim in plan.trims:  # first: a slot trimmed here may be a fork's destination below
             self.kv.trim(trim)
+        restored = {r.slot: self._restore(r) for r in plan.restores}
         for fork in plan.forks:
             self.kv.fork(fork)
-        if self.deterministic:
-            return self._execute_invariant(plan)  # trims and forks applied above: the first llama_decode copies
+        # trims, restores and forks applied above: the first llama_decode performs the copies
+        result = self._execute_invariant(plan) if self.deterministic else self._execute_chunks(plan)
+        result.restored = restored
+        return result
+
+    def _execute_chunks(self, plan: StepPlan) -> StepResult:
         t_fill = time.perf_counter()
         batch = self.batch
         token, pos, n_seq, seq_ids, want = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
@@ -186,6 +195,24 @@ class LlamaRunner:
                 self._sample_chunk(chunk, row, result)
         result.sample_ms = (time.perf_counter() - t1) * 1000
         return result
+
+    def _restore(self, restore: Restore) -> bool:
+        if not kv_state.restore(self.ctx, restore.slot, restore.payload):
+            return False
+        if self.kv.next_pos(restore.slot) == restore.n_tokens:
+            return True
+        self.kv.drop_from(restore.slot, -1)  # not the entry it said it was: evaluate instead
+        return False
+
+    def snapshot(self, slot: int) -> bytearray:
+        return kv_state.snapshot(self.ctx, slot)
+
+    @functools.cached_property
+    def kv_fingerprint(self) -> dict[str, str]:
+        """What must be the same for KV bytes saved by one process to be restored by another:
+        the model's content, the llama.cpp build, and the cache's layout and types."""
+        return kv_state.fingerprint(self.model_path, self.ctx, self.model, kv_unified=self.kv_unified,
+                                    swa_full=self.kv.swa_full, kernels=self.kernels.name)
 
     def _sample_chunk(self, chunk: Any, row: int, result: StepResult) -> None:
         # the chunk's own sampler, then those of an n-request's other samples, which take

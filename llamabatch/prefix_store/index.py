@@ -123,3 +123,24 @@ class PrefixIndex:
         if exact < len(self._keys) and self._keys[exact] == query[: 4 * common]:
             best_at = exact
         return Match(self._names[best_at], common, len(self._keys[best_at]) // 4)
+
+    def longest_starting(self, query: bytes, min_tokens: int = 1) -> Match | None:
+        """The longest entry whose whole key starts `query` (n_tokens >= min_tokens), for a
+        caller that can only continue an entry from its end (the engine's restores).
+
+        The largest key <= q that is not a prefix of q shares `c` tokens with it; no prefix of q
+        longer than c can exist (it would sort between that key and q), so the search goes on
+        with q cut to c tokens: a few binary searches, whatever the number of entries."""
+        floor = 4 * max(min_tokens, 1)
+        q = query
+        while len(q) >= floor:
+            i = bisect.bisect_right(self._keys, q) - 1
+            if i < 0:
+                return None
+            key = self._keys[i]
+            if q.startswith(key):  # the largest key <= q that starts q: the longest one
+                n = len(key) // 4
+                return Match(self._names[i], n, n) if len(key) >= floor else None
+            q = q[: shared_bytes(key, q) // 4 * 4]
+        return None
+

@@ -88,6 +88,27 @@ class PrefixStore:
             match = self._index.longest(query, min_common)
         return StoreHit(match.name, match.common, match.n_tokens) if match else None
 
+    def longest_starting(self, tokens: Sequence[int], min_tokens: int = 1) -> StoreHit | None:
+        """The longest entry whose whole token list starts `tokens` (at least min_tokens of them):
+        what a caller that can only continue an entry from its end may restore."""
+        if not self.enabled or len(tokens) == 0:
+            return None
+        query = sort_key(tokens)
+        with self._lock:
+            self._refresh()
+            match = self._index.longest_starting(query, min_tokens)
+        return StoreHit(match.name, match.common, match.n_tokens) if match else None
+
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether an entry of exactly these tokens exists (or is being written by this store)."""
+        if not self.enabled or len(tokens) == 0:
+            return False
+        key = entry_key(self._folder_name, tokens_to_le(tokens))
+        name = f"{self._folder_name}/{entry_file(key)}"
+        with self._lock:
+            self._refresh()
+            return name in self._index or name in self._queued
+
     def covered(self, tokens: Sequence[int]) -> int:
         """The longest prefix of `tokens` some entry already holds (0 = none)."""
         hit = self.lookup(tokens, 1)

@@ -24,12 +24,25 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat
 # Every key a flag sets (cli/options.py declares one flag per key, in this order).
 SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
                "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "kv_unified", "max_memory",
-               "pooling") + SAMPLING_KEYS
+               "pooling", "prefix_store", "prefix_store_max_bytes") + SAMPLING_KEYS
 
 # Built-in defaults that differ for one command, below every other layer. One conversation
 # needs one slot, which then gets all of --n-ctx.
-COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"chat": {"n_parallel": 1}, "run": {"n_parallel": "auto"},
-                                               "serve-stdin": {"n_parallel": "auto"}}
+def default_store_folder() -> str:
+    """Where the commands keep the disk prefix store unless told otherwise."""
+    from ..models.cache_folder import cache_dir
+
+    return str(cache_dir() / "prefix-store")
+
+
+# The disk prefix store is on for the commands that serve many or long prompts (a callable
+# default is read when the command runs: the cache folder follows the environment); bench
+# measures evaluation, and the library opens none unless asked.
+COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
+    "chat": {"n_parallel": 1, "prefix_store": default_store_folder},
+    "run": {"n_parallel": "auto", "prefix_store": default_store_folder},
+    "serve-stdin": {"n_parallel": "auto", "prefix_store": default_store_folder},
+}
 
 
 def env_name(key: str) -> str:
@@ -76,7 +89,7 @@ def _kind(key: str) -> Any:
         return "list"
     if key == "n_parallel":
         return "slots"
-    if key == "max_memory":  # "16GiB", "80%", "off" or bytes: the setting's rule reads the text
+    if key in ("max_memory", "prefix_store_max_bytes"):  # "16GiB", "80%", "off" or bytes: the setting's rule reads the text
         return str
     if key in ("cache_prompt", "deterministic", "kv_unified"):
         return bool
@@ -106,7 +119,8 @@ def merge(flags: Mapping[str, Any], command: str = "", file_values: Mapping[str,
         elif key in file_values:
             chosen[key], sources[key] = file_values[key]
         elif key in COMMAND_DEFAULTS.get(command, {}):
-            chosen[key], sources[key] = COMMAND_DEFAULTS[command][key], f"default ({command})"
+            default = COMMAND_DEFAULTS[command][key]
+            chosen[key], sources[key] = default() if callable(default) else default, f"default ({command})"
         else:
             sources[key] = "default"
     engine = EngineConfig.from_dict({k: chosen[k] for k in ENGINE_KEYS if k in chosen})

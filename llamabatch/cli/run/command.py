@@ -499,7 +499,8 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter, restarts_t
         reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s){hung}; "
                       f"isolated: {isolated}")
     share = f"{100 * s.cached_tokens / s.prompt_tokens:.0f}%" if s.prompt_tokens else "0%"
-    reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}), "
+    disk = f"; {s.restored_tokens} of them from the disk prefix store" if s.restored_tokens else ""
+    reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}{disk}), "
                   f"generated {s.completion_tokens}, {wall:.1f}s wall, "
                   f"{s.completion_tokens / wall if wall > 0 else 0:.1f} generated tok/s")
 

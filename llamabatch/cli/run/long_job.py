@@ -18,7 +18,7 @@ from .error_file import Routes, open_error_file
 from .files import RunFileError, Sink, open_output, read_back, stream_kind
 from .fingerprint import changes, fingerprint
 from .manifest import ManifestProblem, manifest_path, read_manifest, write_manifest
-from .model_hash import model_sha256
+from ...models.model_digest import model_sha256
 from .output_lock import OutputLock, OutputLocked
 from .retry import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
 from . import run_record

@@ -36,6 +36,7 @@ class WriterStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    restored_tokens: int = 0  # of cached_tokens, from the disk prefix store
 
 
 class RecordWriter:
@@ -153,6 +154,7 @@ class RecordWriter:
         s.written += 1
         s.prompt_tokens += result.usage.prompt_tokens
         s.cached_tokens += result.usage.cached_tokens
+        s.restored_tokens += result.usage.restored_tokens
         s.completion_tokens += result.usage.completion_tokens
         if failed(result):
             s.failed += 1

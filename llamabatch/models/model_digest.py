@@ -1,4 +1,4 @@
-"""The sha256 of a model file, hashed once per file: a manifest names the model by content.
+"""A model file's sha256, hashed once per file: run manifests and the disk prefix store name a model by it.
 
 A 5 GB GGUF takes seconds to hash, so the digest is kept in the cache folder keyed by the
 file's real path, size and mtime (ns): a file replaced or touched is hashed again, an
@@ -11,13 +11,13 @@ import json
 import os
 from pathlib import Path
 
-from ...models.file_hash import sha256_file
+from .file_hash import sha256_file
 
 CACHE_FILE = "model_sha256.json"
 
 
 def _cache_path() -> Path:
-    from ...models.resolve import cache_dir
+    from .cache_folder import cache_dir
 
     return cache_dir() / CACHE_FILE
 

@@ -1,0 +1,95 @@
+"""The engine's side of the disk prefix store (llamabatch/prefix_store/): which prompts it
+restores, which prefixes it saves, and the rules for both. Never imports llama_cpp.
+
+The store keeps KV bytes by token ids (runner.snapshot writes them, a plan.Restore puts them
+back). An entry is only ever continued from its end (plan.Restore says why), so a prompt is
+restored from the longest entry whose whole token list starts it, and what gets saved is
+exactly the shared part of two prompts (Scheduler._mark_save cuts a prefill there).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+log = logging.getLogger("llamabatch.prefix_store")
+
+# A prefix shorter than this is not worth a file: evaluating it takes about as long as
+# reading it back (Gemma 3 270M: ~16 KB of KV per token).
+SAVE_MIN_TOKENS = 128
+# Restore only when the entry brings at least this many tokens more than the slot's own cache.
+RESTORE_MIN_GAIN = 32
+
+
+@dataclass(frozen=True)
+class DiskHit:
+    name: str  # the entry's name in the store
+    tokens: list[int]  # the entry's tokens: a prefix of the prompt
+    payload: Any  # the KV bytes, checked
+
+
+class DiskPrefixes:
+    """What the scheduler and the engine ask of the store (a prefix_store.PrefixStore:
+    longest_starting, load, holds, save, close)."""
+
+    def __init__(self, store: Any, *, save_min: int = SAVE_MIN_TOKENS, restore_min_gain: int = RESTORE_MIN_GAIN):
+        self.store = store
+        self.save_min = save_min
+        self.restore_min_gain = restore_min_gain
+        self.restored_tokens = 0  # totals for the summary lines
+        self.saved_entries = 0
+
+    def lookup(self, prompt: Sequence[int], *, longer_than: int) -> DiskHit | None:
+        """The longest entry whose whole token list starts `prompt` (leaving its last token to
+        evaluate: its logits give the first sampled token) and beats what the slot already
+        holds by RESTORE_MIN_GAIN; its KV read and checked. None: nothing usable."""
+        head = list(prompt[: len(prompt) - 1])
+        if len(head) < max(self.save_min, longer_than + self.restore_min_gain):
+            return None
+        hit = self.store.longest_starting(head, max(self.save_min, longer_than + self.restore_min_gain))
+        if hit is None:
+            return None
+        loaded = self.store.load(hit)
+        if loaded is None:  # torn, foreign or gone meanwhile: the store removed it and logged why
+            return None
+        tokens, payload = loaded
+        if list(tokens) != head[: len(tokens)]:
+            log.debug("prefix store entry %s does not start the prompt: not restored", hit.name)
+            return None
+        return DiskHit(hit.name, list(tokens), payload)
+
+    def has(self, tokens: Sequence[int]) -> bool:
+        """Whether an entry of exactly these tokens exists (or is being written)."""
+        return self.store.holds(tokens)
+
+    def save(self, tokens: list[int], payload: Any) -> str | None:
+        """Queue the write (the payload is handed over: a fresh snapshot nobody else holds)."""
+        name = self.store.save(tokens, payload, owned=True)
+        if name is not None:
+            self.saved_entries += 1
+        return name
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Let queued writes finish, at most `timeout` seconds (a write cut short leaves only a
+        temporary file, never a loadable entry)."""
+        self.store.close(timeout)
+
+
+def open_disk_prefixes(config: Any, runner: Any) -> DiskPrefixes | None:
+    """The store `config.prefix_store` names, for this runner's KV; None when it is off, the
+    runner cannot restore slots exactly (deterministic mode, a memory that cannot be cut), or
+    the folder cannot be used (said once in the log: generation does not need it)."""
+    if not config.prefix_store or not config.prefix_store_max_bytes or not config.cache_prompt:
+        return None
+    if not runner.can_store:
+        return None
+    from ..prefix_store import FORMAT_VERSION, PrefixStore
+
+    # the file format's version too: another version's entries then live in a folder of their own
+    fingerprint = {**runner.kv_fingerprint, "store_format": str(FORMAT_VERSION)}
+    try:
+        store = PrefixStore(config.prefix_store, fingerprint, config.prefix_store_max_bytes)
+    except OSError as exc:
+        log.warning("prefix store %s is not usable (%s): running without it", config.prefix_store, exc)
+        return None
+    return DiskPrefixes(store)
