@@ -121,3 +121,31 @@ def test_every_request_gets_one_result_when_cancelled_while_its_slot_is_restored
     assert first.finish_reason == "cancelled"
     assert later.text == "DOG" and later.usage.cached_tokens >= len(INSTRUCTION)
     assert runner.violations == []
+
+
+def test_a_request_that_forks_a_prefix_another_slot_went_past_saves_the_copy(tmp_path):
+    """The first prompt was evaluated whole before the second arrived: the second forks the
+    shared part, sits one tick out while llama_decode performs the copy, and its slot (holding
+    exactly the shared part) is saved."""
+    runner = FakeRunner(n_slots=2, slot_ctx=600, reply=lambda p: "x" * 40 if p.endswith("cat") else reply_of(p))
+    with make_engine(runner, str(tmp_path)) as engine:
+        first = engine.submit(INSTRUCTION + "cat", GREEDY.replace(max_tokens=40))
+        next(iter(first))  # its first token: the whole prompt is in slot 0, which keeps generating
+        second = engine.submit(INSTRUCTION + "dog")
+        assert second.result(WAIT).text == "DOG" and first.result(WAIT).ok
+    assert runner.violations == []
+    assert [f[2] for f in runner.forks] == [len(INSTRUCTION)]
+    assert runner.snapshots == [(runner.forks[0][1], len(INSTRUCTION))]
+    assert second.result().usage.cached_tokens == len(INSTRUCTION)
+    assert len(list(tmp_path.rglob("*.kv"))) == 1
+
+
+def test_a_slot_reusing_its_own_cache_saves_the_shared_part_once(tmp_path):
+    """One slot, prompts one after the other (as in chat or a run with one slot): the second
+    reuses the first's instruction from the slot's own cache, trimmed to exactly it, and saves it."""
+    runner = FakeRunner(n_slots=1, slot_ctx=600, reply=reply_of)
+    with make_engine(runner, str(tmp_path)) as engine:
+        texts = [engine.submit(INSTRUCTION + item).result(WAIT).text for item in ("cat", "dog", "eel")]
+    assert texts == ["CAT", "DOG", "EEL"] and runner.violations == []
+    assert runner.snapshots == [(0, len(INSTRUCTION))]  # once: the third finds it in the store
+    assert len(list(tmp_path.rglob("*.kv"))) == 1

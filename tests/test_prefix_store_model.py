@@ -72,3 +72,30 @@ def test_deterministic_mode_does_not_use_the_store(model_path, tmp_path):
             handles = [engine.submit(INSTRUCTION + item, PARAMS.replace(logprobs=None)) for item in ITEMS]
         assert all(h.result(120).ok for h in handles)
     assert list(tmp_path.rglob("*.kv")) == []
+
+
+def test_a_second_run_restores_the_shared_instruction_and_says_so(model_path, tmp_path, monkeypatch):
+    """`run` with the commands' default store (here the test's own folder, from conftest): the
+    first run saves the instruction its lines share, the second restores it, and its summary
+    line and records say how many tokens came from disk."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("LLAMABATCH_MODEL", raising=False)
+    src = tmp_path / "lines.jsonl"
+    src.write_text("".join(json.dumps({"id": i, "prompt": INSTRUCTION + item}) + "\n" for i, item in enumerate(ITEMS)))
+    args = ["--n-parallel", "2", "--n-ctx", "2048", "--temperature", "0", "--max-tokens", "4"]
+    summaries = []
+    for n in (1, 2):
+        out = tmp_path / f"out{n}.jsonl"
+        r = subprocess.run([sys.executable, "-m", "llamabatch", "run", str(src), "-o", str(out), *args],
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stderr
+        summaries.append(next(line for line in r.stderr.splitlines() if "prompt tokens" in line))
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert sorted(rec["id"] for rec in records) == [0, 1]
+    assert "from the disk prefix store" not in summaries[0]
+    assert "from the disk prefix store" in summaries[1]
+    restored = [rec["usage"].get("restored_tokens", 0) for rec in records]
+    assert max(restored) > 100 and restored.count(0) == 1  # one restore; the other line forks it

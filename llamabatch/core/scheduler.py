@@ -190,8 +190,14 @@ class Scheduler:
                 self._restores.append(restore)
                 self._restoring[slot_id] = list(hit.tokens)  # type: ignore[union-attr]
                 reuse = 0
-            elif fork is None:
-                self.trim(slot_id, reuse)
+            else:
+                if fork is None:
+                    self.trim(slot_id, reuse)
+                if self.disk is not None and reuse >= self.disk.save_min and not self.disk.has(seq.prompt[:reuse]):
+                    # A prefix worth keeping that its first slot went past: the trimmed cache or the
+                    # forked copy holds exactly it once this tick's plan has run. The request sits
+                    # that tick out and the slot is saved then (_take_waiting_saves).
+                    seq.save_at = reuse
             out.append(Admission(seq, slot_id, reuse, fork))
             for sample in seq.members[1:]:
                 # Its KV will be a fork of sample 0's prompt: the least recently used slot loses least.
@@ -231,6 +237,21 @@ class Scheduler:
             maker, coming = longest_shared(seq.prompt, [(s.slot_id, s.seq.prompt) for s in prefilling])  # type: ignore[union-attr]
             if maker is not None:
                 self._mark_save(self.slots[maker].seq, coming)  # type: ignore[arg-type]
+
+    def _take_waiting_saves(self, plan: StepPlan) -> None:
+        """Requests that sat this tick out so their slot, trimmed or forked to exactly a prefix
+        worth keeping by this plan, is saved now. A trim is done when the plan has run; a fork's
+        copy (a KV stream per slot) only inside a llama_decode, so after a plan that decoded
+        nothing a forked copy is not saved (the request goes on regardless)."""
+        trimmed = {t.slot for t in plan.trims}
+        forked = {f.dst_slot for f in plan.forks}
+        for slot in self.slots:
+            seq = slot.seq
+            if seq is None or seq.status != Status.PREFILLING or seq.save_at != seq.num_computed:
+                continue
+            if (slot.slot_id in forked and plan.chunks) or (slot.slot_id in trimmed and slot.slot_id not in forked):
+                self._saves.append(SaveWanted(seq, slot.slot_id, list(slot.cached)))
+            seq.save_at = None
 
     def take_saves(self) -> list[SaveWanted]:
         """The slots to snapshot now (each holds exactly its SaveWanted.tokens)."""
@@ -301,7 +322,19 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         running = [s for s in self.running if not s.sampling_apart]  # those wait for their token
         decodes = [s for s in running if s.status == Status.GENERATING]
-        prefills = sorted((s for s in running if s.status == Status.PREFILLING), key=lambda s: s.admit_order)
+        # A request whose slot this plan trims or forks to exactly a prefix to save sits the tick
+        # out (save_at == num_computed): _take_waiting_saves saves the slot after the plan has run.
+        changing = {t.slot for t in self._trims} | {f.dst_slot for f in self._forks}
+        prefills = []
+        for seq in running:
+            if seq.status != Status.PREFILLING:
+                continue
+            if seq.save_at is not None and seq.save_at == seq.num_computed:
+                if seq.slot in changing:
+                    continue
+                seq.save_at = None  # nothing in this plan makes the slot hold exactly it: not saved
+            prefills.append(seq)
+        prefills.sort(key=lambda s: s.admit_order)
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
         chunks = []
         for seq, n in allocation:
@@ -361,6 +394,7 @@ class Scheduler:
                 seq.sampling_apart = True  # no chunk for it until its token lands (accept_apart)
                 continue
             events += self._take_row(chunk, seq, result.sampled, result.logprobs)
+        self._take_waiting_saves(plan)
         return events
 
     def accept_apart(self, chunk: Chunk, sampled: dict[int, int], logprobs: dict[int, dict]) -> list[SeqEvent]:

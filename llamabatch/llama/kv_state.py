@@ -36,12 +36,15 @@ def restore(ctx: Any, seq: int, payload: bytes | bytearray | memoryview) -> bool
     it (no room, another layout): the sequence is then empty."""
     mem = C.llama_get_memory(ctx)
     C.llama_memory_seq_rm(mem, seq, -1, -1)
-    data = bytes(payload) if not isinstance(payload, (bytes, bytearray)) else payload
-    if isinstance(data, bytearray):
-        src = ctypes.cast((ctypes.c_uint8 * len(data)).from_buffer(data), _U8P)
-    else:  # bytes are immutable: point at them, no copy
-        src = ctypes.cast(ctypes.c_char_p(data), _U8P)
-    read = C.llama_state_seq_set_data(ctx, src, len(data), seq)
+    if isinstance(payload, bytes):  # immutable: point at it, no copy
+        size, src = len(payload), ctypes.cast(ctypes.c_char_p(payload), _U8P)
+    else:
+        view = memoryview(payload).cast("B")
+        if view.readonly:  # a read-only view of something else: one copy
+            view = memoryview(bytearray(view))
+        size = len(view)
+        src = ctypes.cast((ctypes.c_uint8 * size).from_buffer(view), _U8P)  # the store's bytes, in place
+    read = C.llama_state_seq_set_data(ctx, src, size, seq)
     if read == 0:
         C.llama_memory_seq_rm(mem, seq, -1, -1)  # llama.cpp may have placed part of it
         return False
