@@ -152,7 +152,12 @@ class Scheduler:
         the best idle slot's own cache. If another slot is still evaluating a prompt that
         shares more (by at least `share_min` over the idle slot's cache), the request stays
         in the queue (requests behind it may go first) and is admitted by a fork once that
-        part is evaluated, instead of evaluating it a second time."""
+        part is evaluated, instead of evaluating it a second time.
+
+        With the disk prefix store on, a request no slot can give a longer prefix is restored
+        from the store's longest entry that starts its prompt (a Restore in the next plan), and
+        a prefix of at least `disk.save_min` tokens that two requests share is marked to be
+        saved (see _mark_save and _take_waiting_saves)."""
         out: list[Admission] = []
         # a slot that a planned fork reads or fills keeps its KV until that plan has run
         pinned = {f.src_slot for f in self._forks} | {f.dst_slot for f in self._forks}
