@@ -47,6 +47,9 @@ def test_each_turn_names_its_entry_only_the_newest_keep_one_and_continue_restore
     first = chat(tmp_path, [], f"{LONG}\n{LONG}x\n{LONG}y\n")
     assert first.exit_code == 0, first.stderr
     assert all(restored(b) == 0 for b in parse_stats(first.stderr))  # the slot served them: nothing from disk
+    asked = [c.sampler.params.store_prefix for p in first.engines[0].runner.plans for c in p.plan.chunks
+             if c.sampler is not None and c.wants_logits]
+    assert asked and all(asked)  # every turn's request asked for its prompt to be kept
     replies = [r for r in rows(tmp_path) if r[2] == "assistant"]
     assert [r[4] is not None for r in replies] == [False, True, True]  # KEEP = 2 newest
     assert entry_files() == {r[4] for r in replies[1:]}  # the first turn's file went with its row's name
@@ -116,8 +119,12 @@ def test_store_off_or_no_save_saves_no_turns(tmp_path):
     assert all(r[4] is None for r in rows(tmp_path)) and entry_files() == set()
     nosave = chat(tmp_path, ["--no-save"], f"{LONG}\n{LONG}x\n")
     assert nosave.exit_code == 0, nosave.stderr
-    assert entry_files() == set()  # no row could name it: nothing would ever restore it
-    assert off.engines[0].disk is None and nosave.engines[0].disk is not None
+    # no row could name a turn's entry, so no turn asks for one (nothing would ever restore it;
+    # the engine may still keep a prefix two requests shared, as it does for any client)
+    runner = nosave.engines[0].runner
+    assert nosave.engines[0].disk is not None and off.engines[0].disk is None
+    assert runner.plans and not any(c.sampler.params.store_prefix for p in runner.plans for c in p.plan.chunks
+                                    if c.sampler is not None)
 
 
 def test_a_schema_1_database_is_migrated_and_its_conversations_continue(tmp_path):
