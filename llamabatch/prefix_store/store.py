@@ -156,6 +156,44 @@ class PrefixStore:
             self._counts["loaded"] += 1
         return tokens_from_le(tokens_le), payload
 
+    def tokens_of(self, name: str) -> list[int] | None:
+        """The token ids entry `name` holds, from its header (the payload is not read); None
+        when it is not an entry of this store's fingerprint, is gone, or fails the header checks.
+        (A chat resumes from exactly the tokens its last turn's entry holds.)"""
+        path = self._own_entry(name)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                _, tokens_le = read_head_and_tokens(f, self._fingerprint, os.fstat(f.fileno()).st_size)
+        except (OSError, BadEntry):
+            return None  # a bad file is refused (and deleted) by the index or by load, not here
+        if entry_file(entry_key(self._folder_name, tokens_le)) != path.name:
+            return None
+        return tokens_from_le(tokens_le)
+
+    def remove(self, name: str) -> bool:
+        """Delete entry `name` now: for a caller that knows it is no longer wanted (a chat's
+        older turns). Only ever an entry file of this store's fingerprint folder; never raises.
+        True when a file was deleted."""
+        path = self._own_entry(name)
+        if path is None:
+            return False
+        try:
+            os.unlink(path)
+            removed = True
+        except OSError:
+            removed = False
+        with self._lock:
+            self._index.remove(name)
+        return removed
+
+    def _own_entry(self, name: str) -> Path | None:
+        folder, _, file_name = name.partition("/")
+        if not self.enabled or folder != self._folder_name or not is_entry_file(file_name):
+            return None
+        return self._folder / file_name
+
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, tokens: Sequence[int], payload: bytes | bytearray | memoryview, *,

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from .conversation import Conversation
 from .store import Store, StoreError, Stored
+from .turn_kv import KEEP
 from ...results import Result
 
 
@@ -31,6 +32,7 @@ class Autosave:
         self.fallback_dir = fallback_dir
         self.conversation_id: int | None = None
         self._rows: list[tuple[int, str, str]] = []  # (id, role, content) as stored, in order
+        self._kv: dict[int, str] = {}  # row id -> the disk prefix store entry it names (turn_kv)
         self._system: str | None = None
         self._fallback: Path | None = None
         if store is None:
@@ -47,30 +49,40 @@ class Autosave:
         """Go on with a stored conversation (--continue, --resume)."""
         self.conversation_id = stored.id
         self._rows = [(i, m["role"], m["content"]) for i, m in zip(stored.row_ids, stored.messages)]
+        self._kv = {i: e for i, e in zip(stored.row_ids, stored.kv_entries) if e}
         self._system = stored.system
 
     def start_over(self) -> None:
         """The next change goes into a new conversation (/clear, /load)."""
         self.conversation_id = None
         self._rows = []
+        self._kv = {}
         self._system = None
         if self._fallback is not None:
             self._fallback = self._new_fallback_path()
 
-    def sync(self, conversation: Conversation, result: Result | None = None) -> None:
-        """Store what changed. `result` is the reply that is the conversation's last message."""
+    @property
+    def keeps_kv(self) -> bool:
+        """Whether rows can name the disk prefix store entries of their turns (not in a JSON file)."""
+        return self._fallback is None
+
+    def sync(self, conversation: Conversation, result: Result | None = None, kv: dict | None = None) -> list[str]:
+        """Store what changed. `result` is the reply that is the conversation's last message;
+        `kv` its row's kv_entry and kv_resume (turn_kv). Returns the disk prefix store entries
+        no row names any more (the caller deletes them)."""
         if self._fallback is not None:
             self._write_json(conversation)
-            return
+            return []
         try:
-            self._sync(conversation, result)
+            return self._sync(conversation, result, kv)
         except StoreError as exc:
             self._use_json(str(exc))
             self._write_json(conversation)
+            return []
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _sync(self, conversation: Conversation, result: Result | None) -> None:
+    def _sync(self, conversation: Conversation, result: Result | None, kv: dict | None) -> list[str]:
         assert self.store is not None
         messages = conversation.messages
         stored = self._rows[conversation.dropped:]
@@ -82,21 +94,31 @@ class Autosave:
         add = [dict(m) for m in messages[same:]]
         if self.conversation_id is None:
             if not messages:
-                return  # nothing said yet: no row
+                return []  # nothing said yet: no row
             self.conversation_id = self.store.new_conversation(**self.meta(), system=conversation.system)
             self._system = conversation.system
         if not delete and not add and conversation.system == self._system:
-            return
+            return []
         if add and result is not None and add[-1]["role"] == "assistant":
             usage, timings = result.usage, result.timings
             add[-1].update(tokens=usage.completion_tokens, prompt_tokens=usage.prompt_tokens,
                            cached_tokens=usage.cached_tokens,
                            timings={"prompt_ms": round(timings.prompt_ms, 3), "decode_ms": round(timings.decode_ms, 3)})
+            if kv and kv.get("kv_entry"):
+                add[-1].update(kv)
         system = conversation.system if conversation.system != self._system else ...
         ids = self.store.change(self.conversation_id, delete=delete, add=add, system=system)
         keep = self._rows[:conversation.dropped + same]
         self._rows = keep + [(i, m["role"], m["content"]) for i, m in zip(ids, add)]
         self._system = conversation.system
+        gone = [self._kv.pop(i) for i in delete if i in self._kv]
+        self._kv.update({i: m["kv_entry"] for i, m in zip(ids, add) if m.get("kv_entry")})
+        if not gone and not any(m.get("kv_entry") for m in add):
+            return []
+        released = self.store.release_kv(self.conversation_id, KEEP, gone)
+        kept = sorted(self._kv)[-KEEP:]
+        self._kv = {i: self._kv[i] for i in kept}
+        return released
 
     def _use_json(self, reason: str) -> None:
         self._fallback = self._new_fallback_path()

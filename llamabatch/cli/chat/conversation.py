@@ -218,6 +218,23 @@ class PromptBuilder:
     def forget(self) -> None:
         self._sent = []
 
+    def resume(self, prompt: TurnPrompt, reply_text: str, reply_tokens: list[int] | None) -> None:
+        """Go on from a saved turn (chat -c with the disk prefix store): `prompt` holds exactly
+        the tokens its stored entry holds, so every next prompt starts with them. Without the
+        reply's own tokens, the reply text's tokens stand in (the entry still starts the prompt)."""
+        if reply_tokens is None:
+            reply_tokens = self.tokenize(reply_text)
+            if self._leading and reply_tokens[:len(self._leading)] == self._leading:
+                reply_tokens = reply_tokens[len(self._leading):]
+        self._sent = [_Sent(prompt, reply_text, list(reply_tokens))]
+
+    def resumed_prefix(self) -> list[int] | None:
+        """The tokens every next prompt starts with after resume(): the saved prompt and its reply."""
+        last = self._last
+        if last is None or last.reply_tokens is None:
+            return None
+        return last.prompt.tokens + last.reply_tokens
+
     # -- internals -----------------------------------------------------------------------
 
     def _prompt(self, messages: list[dict]) -> TurnPrompt:

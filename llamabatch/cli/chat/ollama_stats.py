@@ -9,9 +9,11 @@
     eval duration:        4.1s
     eval rate:            72.68 tokens/s
     cached tokens:        20 token(s)
+    restored tokens:      14 token(s)
 
 Ollama's lines come in Ollama's order, so scripts that read them keep working; the cached
-line is llamabatch's own and comes last.
+line is llamabatch's own and comes after them, then (only when some were) the restored line:
+of the cached tokens, those read back from the disk prefix store (chat -c) instead of evaluated.
 
 As in Ollama, `prompt eval count` is the prompt tokens actually evaluated; `cached tokens`
 are the ones the prefix cache served instead (together: the whole prompt). The first
@@ -44,9 +46,10 @@ def _trim(value: float, decimals: int) -> str:
     return text or "0"
 
 
-def stats_lines(result: Result, total_s: float, load_s: float = 0.0) -> list[str]:
+def stats_lines(result: Result, total_s: float, load_s: float = 0.0, restored: int | None = None) -> list[str]:
     """The block for one reply. `total_s` is the wall time from submit to result;
-    `load_s` the model load this reply waited for (the first reply only)."""
+    `load_s` the model load this reply waited for (the first reply only); `restored` the
+    cached tokens read from the disk prefix store (default: the reply's usage says)."""
     usage, timings = result.usage, result.timings
     evaluated = usage.prompt_tokens - usage.cached_tokens
     rows = [
@@ -60,6 +63,9 @@ def stats_lines(result: Result, total_s: float, load_s: float = 0.0) -> list[str
         ("eval rate", f"{timings.generated_tokens_per_s:.2f} tokens/s"),
         ("cached tokens", f"{usage.cached_tokens} token(s)"),
     ]
+    restored = usage.restored_tokens if restored is None else restored
+    if restored:  # of the cached ones, those read back from the disk prefix store
+        rows.append(("restored tokens", f"{restored} token(s)"))
     return [f"{label + ':':<{LABEL_WIDTH}}{value}" for label, value in rows]
 
 
@@ -79,4 +85,4 @@ def parse_stats(text: str) -> list[dict[str, str]]:
 
 
 _LABELS = ("total duration", "load duration", "prompt eval count", "prompt eval duration",
-           "prompt eval rate", "eval count", "eval duration", "eval rate", "cached tokens")
+           "prompt eval rate", "eval count", "eval duration", "eval rate", "cached tokens", "restored tokens")

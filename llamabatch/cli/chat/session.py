@@ -15,6 +15,7 @@ from .store import Stored
 from ...params import SamplingParams
 from ...results import Result
 from .ollama_stats import stats_lines
+from .turn_kv import TurnKV, text_digest
 
 
 @dataclass
@@ -45,6 +46,7 @@ class SessionTotals:
     dropped: int = 0  # exchanges dropped to fit the context
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    restored_tokens: int = 0  # of cached_tokens, from the disk prefix store
     completion_tokens: int = 0
 
 
@@ -61,7 +63,11 @@ class ChatSession:
         self.last_result: Result | None = None
         self._load_s = load_s  # shown as "load duration" once, with the first reply
         self._warmup: Any = None
+        self._warmup_restored = 0  # tokens the resume's warm-up restored from disk: the next reply's cache holds them
         self.autosave = autosave  # None: --no-save
+        self.kv = TurnKV.for_engine(engine)  # each turn's prompt KV in the disk prefix store (turn_kv)
+        self._turn_kv: dict | None = None  # the last reply's row data for it
+        self._entries: list[tuple[list[int], str]] = []  # recent prompts' entries (a /retry's prompt is saved already)
 
     @property
     def num_ctx(self) -> int:
@@ -144,8 +150,12 @@ class ChatSession:
             self.totals.dropped += prompt.dropped
             self.io.notice(f"context full: dropped the {_count(prompt.dropped, 'oldest exchange')} "
                            f"to fit the {self.engine.slot_ctx}-token context")
+        params = self.request_params()
+        if self._keeps_kv() and self.kv.wanted(prompt.tokens):
+            params = params.replace(store_prefix=True)  # saved with the turn: -c restores it
+        self._turn_kv = None
         start = time.perf_counter()
-        handle = self.engine.submit(prompt.tokens, self.request_params())
+        handle = self.engine.submit(prompt.tokens, params)
         shown = self._stream(handle)
         result = self._wait(handle)
         total_s = time.perf_counter() - start
@@ -154,16 +164,19 @@ class ChatSession:
         if result.text or shown:
             self.io.write("\n\n" if self.io.interactive else "\n")
         self.last_result = result
-        self._account(result)
+        restored = self._restored(result)
+        self._account(result, restored)
         if result.finish_reason == "error":
             self.io.info(f"error: {result.error}")
             return result
         self.conversation.add("assistant", result.text)
         self._remember(prompt, result)
+        if params.store_prefix:
+            self._turn_kv = self._kv_row(prompt, result)
         if result.finish_reason == "cancelled":
             self.io.notice("reply cancelled; what it got to stays in the conversation")
         if self.verbose:
-            for line in stats_lines(result, total_s, self._load_s):
+            for line in stats_lines(result, total_s, self._load_s, restored):
                 self.io.info(line)
         self._load_s = 0.0
         return result
@@ -193,8 +206,12 @@ class ChatSession:
         messages = conversation.full()
         if not messages:
             return
-        text = self.template.render(messages, add_generation_prompt=False)
-        tokens = self.engine.tokenize(text, special=True)
+        if stored is not None:
+            self._resume_kv(conversation, stored)
+        tokens = self.builder.resumed_prefix()  # the saved turn's tokens: restored, not evaluated
+        if tokens is None:
+            text = self.template.render(messages, add_generation_prompt=False)
+            tokens = self.engine.tokenize(text, special=True)
         if 1 < len(tokens) <= self.builder.budget(self.params.max_tokens):
             self._warmup = self.engine.submit(tokens, SamplingParams(max_tokens=1, temperature=0), stream=False)
 
@@ -224,19 +241,65 @@ class ChatSession:
 
     def _wait_for_warmup(self) -> None:
         if self._warmup is not None:
-            self._wait(self._warmup)
+            warmed = self._wait(self._warmup)
             self._warmup = None
+            self._warmup_restored = warmed.usage.restored_tokens if warmed.finish_reason != "error" else 0
 
     def _save(self, result: Result | None = None) -> None:
         if self.autosave is not None:
-            self.autosave.sync(self.conversation, result)
+            gone = self.autosave.sync(self.conversation, result, self._turn_kv if result is not None else None)
+            self.kv.remove(gone)  # entries of older turns, and of exchanges /undo dropped
+
+    def _keeps_kv(self) -> bool:
+        # only where the conversation row can name the entry: otherwise nothing would resume from it
+        return self.kv.enabled and self.autosave is not None and self.autosave.keeps_kv
+
+    def _kv_row(self, prompt: TurnPrompt, result: Result) -> dict | None:
+        """The reply row's kv_entry and kv_resume: the entry its prompt was saved as, the
+        prompt text's digest, and the reply's tokens when they spell its text."""
+        entry = result.stored_prefix
+        if entry is None:  # the store holds this very prompt already (/retry): the same entry
+            entry = next((name for tokens, name in self._entries if tokens == prompt.tokens), None)
+        if entry is None:
+            return None
+        self._entries = [(t, n) for t, n in self._entries if n != entry][-3:] + [(prompt.tokens, entry)]
+        reply_tokens = list(result.token_ids) if result.stop is None else None
+        return {"kv_entry": entry, "kv_resume": {"prompt_sha256": text_digest(prompt.text), "reply_tokens": reply_tokens}}
+
+    def _resume_kv(self, conversation: Conversation, stored: Stored) -> None:
+        """Go on from the stored conversation's last reply's entry, when it matches the
+        conversation as it renders now and the store still holds it (turn_kv)."""
+        if not self.kv.enabled or not stored.kv_entries or not stored.kv_entries[-1]:
+            return
+        resume = stored.kv_resume[-1] if stored.kv_resume else None
+        messages = conversation.full()
+        if not isinstance(resume, dict) or messages[-1]["role"] != "assistant":
+            return
+        n = len(messages) - 1
+        text = self.template.render(messages[:n], add_generation_prompt=True)
+        if resume.get("prompt_sha256") != text_digest(text):
+            return  # rendered otherwise now (dropped exchanges, another template): evaluate as before
+        tokens = self.kv.tokens_of(stored.kv_entries[-1])
+        if not tokens:
+            return  # evicted, or not this model's: evaluate as before
+        reply_tokens = resume.get("reply_tokens")
+        if not (isinstance(reply_tokens, list) and all(isinstance(t, int) for t in reply_tokens)):
+            reply_tokens = None
+        self.builder.resume(TurnPrompt(text, tokens, n), messages[-1]["content"], reply_tokens)
+        self._entries = [(tokens, stored.kv_entries[-1])]
 
     def _remember(self, prompt: TurnPrompt, result: Result) -> None:
         # Generated tokens spell the text exactly unless a stop string was cut off it.
         tokens = result.token_ids if result.stop is None else None
         self.builder.remember(prompt, result.text, tokens)
 
-    def _account(self, result: Result) -> None:
+    def _restored(self, result: Result) -> int:
+        """Of the reply's cached tokens, those read from the disk prefix store: by its own
+        request, or (the first reply after chat -c) by the warm-up that put them in the slot."""
+        extra, self._warmup_restored = self._warmup_restored, 0
+        return min(result.usage.cached_tokens, result.usage.restored_tokens + extra)
+
+    def _account(self, result: Result, restored: int) -> None:
         t = self.totals
         if result.finish_reason == "error":
             t.failed += 1
@@ -245,6 +308,7 @@ class ChatSession:
         t.cancelled += result.finish_reason == "cancelled"
         t.prompt_tokens += result.usage.prompt_tokens
         t.cached_tokens += result.usage.cached_tokens
+        t.restored_tokens += restored
         t.completion_tokens += result.usage.completion_tokens
 
 

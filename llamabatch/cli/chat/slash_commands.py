@@ -184,7 +184,8 @@ def _stats(session: ChatSession, rest: str) -> None:
     s = session.engine.stats()
     lines = [
         f"replies: {t.replies} ({t.cancelled} cancelled, {t.failed} failed, {t.dropped} exchanges dropped to fit)",
-        f"prompt tokens: {t.prompt_tokens} (cached {t.cached_tokens}{share}, evaluated {t.prompt_tokens - t.cached_tokens})",
+        f"prompt tokens: {t.prompt_tokens} (cached {t.cached_tokens}{share}, evaluated {t.prompt_tokens - t.cached_tokens}"
+        f"{f'; {t.restored_tokens} of the cached from the disk prefix store' if t.restored_tokens else ''})",
         f"generated tokens: {t.completion_tokens}",
         f"engine: {s.n_parallel} slot(s) of {s.slot_ctx} tokens, {s.submitted} requests, {s.ticks} ticks, "
         f"up {s.uptime_s:.1f}s",

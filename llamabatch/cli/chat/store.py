@@ -18,7 +18,7 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -59,6 +59,14 @@ MIGRATIONS: list[str] = [
         INSERT INTO messages_fts(messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
     END;
     """,
+    # 1 -> 2: the disk prefix store entry holding the KV of the prompt a reply answered, and
+    # what --continue needs to go on from it (JSON: the prompt text's sha256 and the reply's
+    # tokens). Only a conversation's latest turns keep one (see Store.release_kv).
+    """
+    ALTER TABLE messages ADD COLUMN kv_entry TEXT;
+    ALTER TABLE messages ADD COLUMN kv_resume TEXT;
+    CREATE INDEX messages_by_kv_entry ON messages(kv_entry) WHERE kv_entry IS NOT NULL;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -96,6 +104,10 @@ class Stored:
     system: str | None
     messages: list[dict]  # {"role", "content"}
     row_ids: list[int]  # the messages' ids, in the same order
+    # per message, in the same order: the disk prefix store entry of the prompt a reply
+    # answered and its resume data (kv_resume JSON), or None
+    kv_entries: list[str | None] = field(default_factory=list)
+    kv_resume: list[dict | None] = field(default_factory=list)
 
 
 class Store:
@@ -176,9 +188,10 @@ class Store:
             for m in add:
                 cur = db.execute(
                     "INSERT INTO messages (conversation_id, role, content, tokens, prompt_tokens, cached_tokens, "
-                    "timings, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "timings, time, kv_entry, kv_resume) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (conversation_id, m["role"], m["content"], m.get("tokens"), m.get("prompt_tokens"),
-                     m.get("cached_tokens"), json.dumps(m["timings"]) if m.get("timings") else None, now))
+                     m.get("cached_tokens"), json.dumps(m["timings"]) if m.get("timings") else None, now,
+                     m.get("kv_entry"), json.dumps(m["kv_resume"]) if m.get("kv_resume") else None))
                 ids.append(int(cur.lastrowid))
             if system is not ...:
                 db.execute("UPDATE conversations SET system = ? WHERE id = ?", (system, conversation_id))
@@ -202,10 +215,26 @@ class Store:
                                    (conversation_id,)).fetchone()
             if head is None:
                 return None
-            rows = self.db.execute("SELECT id, role, content FROM messages WHERE conversation_id = ? ORDER BY id",
-                                   (conversation_id,)).fetchall()
+            rows = self.db.execute("SELECT id, role, content, kv_entry, kv_resume FROM messages "
+                                   "WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
         return Stored(head[0], head[1] or "", head[2] or "", head[3],
-                      [{"role": role, "content": content} for _, role, content in rows], [r[0] for r in rows])
+                      [{"role": r[1], "content": r[2]} for r in rows], [r[0] for r in rows],
+                      [r[3] for r in rows], [_json_or_none(r[4]) for r in rows])
+
+    def release_kv(self, conversation_id: int, keep: int, gone: Iterable[str] = ()) -> list[str]:
+        """Bound the prefix store entries a conversation holds: its `keep` newest rows with an
+        entry keep it, older rows forget theirs. Returns the entries no row (of any
+        conversation) names any more, among those forgotten and `gone` (the entries of rows
+        just deleted): the caller deletes those files."""
+        with self._transaction() as db:
+            rows = db.execute("SELECT id, kv_entry FROM messages WHERE conversation_id = ? AND kv_entry IS NOT NULL "
+                              "ORDER BY id DESC", (conversation_id,)).fetchall()
+            old = rows[keep:]
+            for row_id, _ in old:
+                db.execute("UPDATE messages SET kv_entry = NULL, kv_resume = NULL WHERE id = ?", (row_id,))
+            candidates = dict.fromkeys([entry for _, entry in old] + [e for e in gone if e])
+            return [e for e in candidates
+                    if db.execute("SELECT 1 FROM messages WHERE kv_entry = ? LIMIT 1", (e,)).fetchone() is None]
 
     def list(self, limit: int | None = None) -> list[Summary]:
         if self.db is None:
@@ -295,6 +324,15 @@ def _statements(script: str) -> list[str]:
             out.append(current.strip())
             current = ""
     return out
+
+
+def _json_or_none(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:  # written by hand, or damaged: resume without it
+        return None
 
 
 def _first_line(text: str) -> str:
