@@ -4,16 +4,25 @@ every line is answered exactly once and --resume is unchanged. The choice itself
 pure; the run on the scripted fake runner, in-process (the engine's submit order recorded)."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
 import signal
+import threading
+import time
 
-from llamabatch.cli.run.formats import EmbedLine, LineRequest
+from llamabatch import Engine, EngineConfig
+from llamabatch.cli.run.batch import STREAM_LINGER_S, BatchRun, Interrupts, wait_for
+from llamabatch.cli.run.files import Source, open_output
+from llamabatch.cli.run.formats import EmbedLine, LineParser, LineRequest
+from llamabatch.cli.run.progress import make_reporter
 from llamabatch.cli.run.start_order import MIN_SHARED, StartOrder, prompt_key, shared_prefix
+from llamabatch.cli.run.writer import RecordWriter
 from llamabatch.params import SamplingParams
 
 from cli_harness import FakeEngines, invoke, runner_for
+from fake_runner import FakeRunner
 
 # Four instructions, long enough to be worth grouping (the fake: one token per character).
 INSTRUCTIONS = [f"Instruction {name}: " + (name.lower() * 7 + " ") * 30 for name in "ABCD"]
@@ -86,7 +95,7 @@ def line(i: int, prompt) -> LineRequest:
     return LineRequest(i + 1, i, prompt, SamplingParams())
 
 
-def order_of(order: StartOrder, prompts: list, refill: bool = True) -> list[int]:
+def order_of(order: StartOrder, prompts: list) -> list[int]:
     """Start every prompt through `order`, keeping it full while lines remain (as the reader does)."""
     started, queue = [], list(enumerate(prompts))
     while queue or len(order):
@@ -314,3 +323,69 @@ def test_resume_after_a_stop_answers_the_rest_exactly_once(tmp_path):
     assert not set(second.received_ids()) & {r["id"] for r in done}  # nothing answered runs again
     everything = records(out.read_text())
     assert sorted(r["id"] for r in everything) == list(range(N_LINES))  # each line exactly once
+
+
+def test_lines_from_a_slow_stream_start_without_waiting_for_the_window_to_fill(tmp_path):
+    # A producer that writes two lines and then takes its time (a pipe into `run -`): they
+    # start after STREAM_LINGER_S, not when 14 more lines (or EOF) come.
+    engine = Engine(EngineConfig(n_parallel=4, n_batch=64, max_queue=0), runner=FakeRunner(n_slots=4, n_batch=64),
+                    default_params=SamplingParams(temperature=0, max_tokens=2))
+    r, w = os.pipe()
+    out = tmp_path / "out.jsonl"
+    sink = open_output(str(out), "-")
+    sink.start_fresh()
+    window = threading.Semaphore(64 + 16)
+    writer = RecordWriter(sink, engine.model_name, "input", window)
+    run = BatchRun(engine, LineParser(engine.default_params, input_format="jsonl"),
+                   Source("-", os.fdopen(r, "rb"), False), writer, window, max_inflight=16, reorder_window=16,
+                   slots=4)
+    try:
+        run.start()
+        os.write(w, b'{"id": 1, "prompt": "first"}\n{"id": 2, "prompt": "second"}\n')
+        deadline = time.monotonic() + 10
+        while writer.stats.written < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert writer.stats.written == 2 and not run.finished  # answered while INPUT is still open
+        os.write(w, b'{"id": 3, "prompt": "third"}\n')
+        os.close(w)
+        w = None
+        while not run.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert run.finished and run.read_error is None
+    finally:
+        if w is not None:
+            os.close(w)
+        writer.close()
+        sink.close()
+        engine.close()
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == [1, 2, 3]
+    assert STREAM_LINGER_S < 1
+
+
+def test_a_full_writer_window_does_not_wait_for_the_start_order_to_fill(tmp_path):
+    # The writer's window (admitted lines not yet written) smaller than the start order: the
+    # reader stops before the start order is full, so the starter must not wait for it.
+    engine = Engine(EngineConfig(n_parallel=2, n_batch=64, max_queue=0), runner=FakeRunner(n_slots=2, n_batch=64),
+                    default_params=SamplingParams(temperature=0, max_tokens=2))
+    data = "".join(json.dumps({"id": i, "prompt": INSTRUCTIONS[i % 4] + str(i)}) + "\n" for i in range(20))
+    out = tmp_path / "out.jsonl"
+    sink = open_output(str(out), "in")
+    sink.start_fresh()
+    window = threading.Semaphore(3)
+    writer = RecordWriter(sink, engine.model_name, "input", window)
+    source = Source("in", io.BytesIO(data.encode()), True)  # a regular file: no stream linger
+    run = BatchRun(engine, LineParser(engine.default_params, input_format="jsonl"), source, writer, window,
+                   max_inflight=2, reorder_window=16, slots=2)
+    done = threading.Event()
+    try:
+        run.start()
+        waiter = threading.Thread(target=lambda: (wait_for(run, make_reporter(True, 1000, live_ok=False),
+                                                           Interrupts(), None), done.set()), daemon=True)
+        waiter.start()
+        assert done.wait(20), "the run waited forever"
+    finally:
+        run.stop_admitting()
+        writer.close()
+        sink.close()
+        engine.close()
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == list(range(20))
