@@ -6,8 +6,9 @@ window, 4 x slots), alternating A B A B in one process run.
 
 Each run is `llamabatch run` as a subprocess on the same file (greedy, short answers). Prints,
 per pair: prompt tokens evaluated (prompt - cached, summed over the records' usage), the run's
-wall seconds and generated tok/s from its summary line (model load not included), and the
-ratios reordered / read order. Measures only; never asserts on time.
+wall seconds and generated tok/s from its summary line (model load not included), the
+process's CPU seconds, and the ratios reordered / read order. Measures only; never asserts
+on time.
 
 Reordering matters when the instructions outnumber the slots: in read order every slot is
 taken by another instruction before its own comes back, so each line evaluates its
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import tempfile
 from pathlib import Path
@@ -74,7 +76,9 @@ def run_once(model: str, inp: Path, out: Path, n: int, slots: str, threads: int,
                              "--threads", str(threads), "--progress-every", "1000")
     if window is not None:
         cmd += ["--reorder-window", window]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"llamabatch run failed ({proc.returncode}):\n{proc.stderr}")
     records = read_records(out, n)
@@ -85,6 +89,9 @@ def run_once(model: str, inp: Path, out: Path, n: int, slots: str, threads: int,
     return {"prompt": sum(r["usage"]["prompt_tokens"] for r in records),
             "evaluated": sum(r["usage"]["prompt_tokens"] - r["usage"]["cached_tokens"] for r in records),
             "wall": float(found.group(2)), "tok_s": float(found.group(3)),
+            # CPU seconds of the whole process (model load included, the same on both sides):
+            # what the work cost, far less bent than wall time by others' load on a shared machine
+            "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
             "slots": slots_used.group(1) if slots_used else slots}
 
 
@@ -101,7 +108,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         inp = write_input(Path(tmp) / "in.jsonl", args.prompts, args.tokens)
         for slots in [s.strip() for s in args.slots.split(",") if s.strip()]:
-            evaluated, speed = Pairs(), Pairs()
+            evaluated, speed, cpu = Pairs(), Pairs(), Pairs()
 
             def read_order():
                 return run_once(model, inp, Path(tmp) / "a.jsonl", args.prompts, slots, args.threads, "1")
@@ -112,15 +119,17 @@ def main() -> None:
             def report(r: int, a: dict, b: dict) -> None:
                 e = evaluated.add(a["evaluated"], b["evaluated"])
                 s = speed.add(a["tok_s"], b["tok_s"])
+                c = cpu.add(a["cpu"], b["cpu"])
                 print(f"--n-parallel {slots} ({a['slots']} slots) pair {r}: prompt tokens {a['prompt']}; "
                       f"evaluated read order {a['evaluated']} vs reordered {b['evaluated']} ({e:.2f}x); "
                       f"wall {a['wall']:.1f}s vs {b['wall']:.1f}s; generated tok/s {a['tok_s']:.1f} vs "
-                      f"{b['tok_s']:.1f} ({s:.2f}x)  [load {os.getloadavg()[0]:.2f}]",
-                      flush=True)
+                      f"{b['tok_s']:.1f} ({s:.2f}x); CPU {a['cpu']:.0f}s vs {b['cpu']:.0f}s ({c:.2f}x)  "
+                      f"[load {os.getloadavg()[0]:.2f}]", flush=True)
 
             run_pairs(args.rounds, read_order, reordered, report)
             print(f"--n-parallel {slots}: median reordered/read order: prompt tokens evaluated "
-                  f"{evaluated.median():.2f}x, generated tok/s {speed.median():.2f}x", flush=True)
+                  f"{evaluated.median():.2f}x, generated tok/s {speed.median():.2f}x, CPU seconds "
+                  f"{cpu.median():.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -245,8 +245,7 @@ def run_command(
     """
     run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
                    order=order.value, max_inflight=max_inflight, reorder_window=reorder_window, resume=resume,
-                   echo=echo,
-                   embed=embed, fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
+                   echo=echo, embed=embed, fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
                    quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
                    ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
                    verify=verify, dry_run=dry_run, as_json=as_json, error_file=error_file,
