@@ -185,13 +185,25 @@ def test_own_text_does_not_reorder_lines_of_one_instruction():
     assert [order.take()[0] for _ in range(3)] == [0, 1, 2]
 
 
-def test_a_much_longer_shared_prefix_wins():
-    system = "You are a careful annotator. " * 4  # shared by every line (> MIN_SHARED)
-    shots = "Example: x -> y. " * 20  # a few-shot block only some lines have
+def test_a_line_whose_shared_block_is_not_cached_waits_for_those_that_are():
+    # Every line shares the system prompt; each task adds its own few-shot block. With task 1's
+    # block in the slot, task 2's first line would evaluate its block now; task 1's next line
+    # costs only its own text, so it goes first; then task 2's lines, the second one by fork.
+    system = "You are a careful annotator. " * 4
+    shots = {1: "Example: cat -> animal. " * 20, 2: "Example: red -> colour. " * 20}
+    order = StartOrder(8, recent=1)
+    for i, (task, q) in enumerate([(1, "q0"), (2, "q1"), (1, "q2"), (2, "q3")]):
+        order.add(i, line(i, system + shots[task] + q))
+    assert [order.take()[0] for _ in range(4)] == [0, 2, 1, 3]
+
+
+def test_a_line_sharing_only_what_is_cached_is_not_held_back():
+    system = "You are a careful annotator. " * 4  # cached after the first line
+    shots = "Example: x -> y. " * 20
     order = StartOrder(8, recent=1)
     for i, p in enumerate([system + shots + "q0", system + "q1", system + shots + "q2"]):
         order.add(i, line(i, p))
-    assert [order.take()[0] for _ in range(3)] == [0, 2, 1]
+    assert [order.take()[0] for _ in range(3)] == [0, 1, 2]
 
 
 def test_prompt_keys():

@@ -89,6 +89,7 @@ class _Waiting:
     seq: int  # the line's number in read order (the writer's seq)
     item: Any
     key: str | None
+    shared: int = 0  # the longest prefix it shares with a line met in the window (or started)
     overtaken: int = 0  # lines read after it that started before it
 
 
@@ -113,21 +114,25 @@ class StartOrder:
         return len(self._waiting) >= self.window
 
     def add(self, seq: int, item: Any) -> None:
-        self._waiting.append(_Waiting(seq, item, prompt_key(item) if self.window > 1 else None))
+        line = _Waiting(seq, item, prompt_key(item) if self.window > 1 else None)
+        if line.key is not None:
+            for other in self._waiting:
+                if other.key is not None:
+                    n = shared_prefix(line.key, other.key)
+                    other.shared = max(other.shared, n)
+                    line.shared = max(line.shared, n)
+            line.shared = max(line.shared, self._cached(line.key))
+        self._waiting.append(line)
 
     def take(self) -> tuple[int, Any]:
         """The next line to start, as (seq, item). Raises IndexError when none waits."""
         waiting = self._waiting
-        oldest = waiting[0]
         chosen = 0
         # Read order until as many lines started as there are slots: the first ones decide
         # what the slots hold, and they should be as varied as INPUT is.
         warm = len(self._recent) == self._recent.maxlen
-        if warm and oldest.key is not None and oldest.overtaken < self.window:
-            scores = [self._score(line.key) for line in waiting]
-            best = max(scores)
-            if best >= self.min_shared:
-                chosen = next(i for i, n in enumerate(scores) if n >= best - self.min_shared)
+        if warm and waiting[0].overtaken < self.window:
+            chosen = next((i for i, line in enumerate(waiting) if self._hot(line)), 0)
         # Every line older than the chosen one is overtaken once more. The oldest line has
         # always been overtaken the most (whatever overtook a younger line overtook it too),
         # so checking it alone above keeps every count <= window.
@@ -138,10 +143,17 @@ class StartOrder:
             self._recent.append(line.key)
         return line.seq, line.item
 
-    def _score(self, key: str | None) -> int:
-        if key is None:
-            return 0
-        return max(shared_prefix(key, started) for started in self._recent)
+    def _hot(self, line: _Waiting) -> bool:
+        """Whether `line` would find in the slots all it shares with other lines: it reuses a
+        cached prefix (at least MIN_SHARED) and nothing else it shares is missing. An
+        embeddings line is always ready (it holds no prefix and takes none from the slots)."""
+        if line.key is None:
+            return True
+        cached = self._cached(line.key)
+        return cached >= self.min_shared and line.shared - cached < self.min_shared
+
+    def _cached(self, key: str) -> int:
+        return max((shared_prefix(key, started) for started in self._recent), default=0)
 
     def drain(self) -> list[tuple[int, Any]]:
         """Every waiting line, in read order; none waits afterwards (the run is stopping)."""
