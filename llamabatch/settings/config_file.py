@@ -72,6 +72,7 @@ COMMAND_RULES: dict[str, dict[str, Rule]] = {
     "run": {
         "order": _choice("input", "completion"),
         "max_inflight": _integer(1, "an integer >= 1"),
+        "reorder_window": _integer(0, "an integer >= 0 (0 or 1: start lines in read order)"),
         "watchdog": _seconds("a number of seconds >= 0 (0 = off)"),
         "drain_timeout": _seconds(),
         "error_file": _text("a path: failed lines' records go there instead of OUTPUT"),

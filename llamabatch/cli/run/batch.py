@@ -1,9 +1,12 @@
 """The batch loop of `llamabatch run`.
 
-Three threads, one job each:
-  - the reader (here) parses INPUT line by line and admits lines: at most `max_inflight`
-    requests in the engine, and at most `window` admitted lines not yet written, so
-    memory stays constant however long INPUT is;
+Four threads, one job each:
+  - the reader (here) parses INPUT line by line and numbers the lines it admits: at most
+    `window` admitted lines not yet written, so memory stays constant however long INPUT
+    is; a bad line's error record goes to the writer at once, a good line waits in the
+    start order (start_order.py, at most `reorder_window` lines);
+  - the starter (here) starts waiting lines, at most `max_inflight` in the engine, the next
+    one chosen so that lines sharing a prompt prefix start together;
   - the engine thread runs requests and calls back with each Result;
   - the writer (writer.py) writes records.
 The main thread waits, shows progress and handles Ctrl-C: the first stops admitting and
@@ -32,24 +35,29 @@ from ...supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
 from .progress import RATE_WINDOW_S, Reporter, Snapshot
 from .ids import Answered, IdSet
 from .files import LineCounter, Source
+from .start_order import StartOrder
 from .writer import MAX_FAILURE_NOTES, RecordWriter
 
 log = logging.getLogger("llamabatch.cli.run")
 
 CANCEL_GRACE_S = 5.0  # after the second Ctrl-C / SIGTERM, cancelled lines get this long to end
+# A line read from a stream (a pipe, a terminal) starts at most this long after it arrives, even
+# when the start order is not full: the next lines may be minutes away.
+STREAM_LINGER_S = 0.05
 
 
 class BatchRun:
     def __init__(self, engine: EngineAPI, parser: LineParser, source: Source, writer: RecordWriter,
                  window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None,
-                 on_result: Callable[[LineRequest, Result], None] | None = None):
+                 on_result: Callable[[LineRequest, Result], None] | None = None, reorder_window: int = 1,
+                 slots: int = 1):
         self.engine = engine
         self.parser = parser
         self.source = source
         self.writer = writer
         self.answered = answered
         self.on_result = on_result  # sees every engine Result with its line (run --verify samples them)
-        self.admitted = 0  # lines handed to the writer or the engine (seq numbers 0..admitted-1)
+        self.admitted = 0  # lines numbered for the writer (seq numbers 0..admitted-1), in read order
         self.skipped = 0  # lines already answered in OUTPUT (--resume)
         self.cancelled = False  # the second Ctrl-C came
         self.read_error: str | None = None
@@ -60,17 +68,26 @@ class BatchRun:
         self._stopping = False
         self._window = window
         self._inflight = threading.Semaphore(max_inflight)
+        self._order = StartOrder(reorder_window, recent=slots)  # the slots hold the last `slots` started
+        self._room = threading.Semaphore(self._order.window)  # free places in the start order
         self._seen = IdSet()
         self._handles: dict[int, RequestHandle] = {}
         self._lock = threading.RLock()  # admission vs stop/cancel; re-entered when submit fails early
+        self._changed = threading.Condition(self._lock)  # the start order or the reader's state changed
+        # When the starter may stop waiting for the start order to fill: the reader waits on a
+        # slow INPUT (a pipe) or on the writer's window; None while it reads on.
+        self._stalled_at: float | None = None
         self._reader_done = threading.Event()
+        self._starter_done = threading.Event()
         self._started = time.monotonic()
         self._rate_samples: collections.deque = collections.deque()  # (time, generated tokens)
         self._reader = threading.Thread(target=self._read, name="llamabatch-reader", daemon=True)
+        self._starter = threading.Thread(target=self._start_lines, name="llamabatch-starter", daemon=True)
 
     def start(self) -> None:
         self._started = time.monotonic()
         self._reader.start()
+        self._starter.start()
 
     @property
     def stopping(self) -> bool:
@@ -83,19 +100,28 @@ class BatchRun:
 
     @property
     def finished(self) -> bool:
-        # Once stopping, `admitted` can't grow (checked under the lock), so this is final
-        # even while the reader still blocks on a slow stdin.
-        return (self._reader_done.is_set() or self._stopping) and self.writer.handled >= self.admitted
+        # Once stopping, `admitted` can't grow (checked under the lock) and the lines waiting
+        # to start were skipped, so this is final even while the reader still blocks on a slow stdin.
+        return (self._starter_done.is_set() or self._stopping) and self.writer.handled >= self.admitted
+
+    def _stop(self) -> None:
+        """Admit and start nothing more (call with the lock held). The lines read but not yet
+        started get no record, like cancelled ones: --resume runs them."""
+        self._stopping = True
+        for seq, _item in self._order.drain():
+            self.writer.skip(seq, started=False)
+            self._room.release()
+        self._changed.notify_all()
 
     def stop_admitting(self) -> int:
-        """Read no further; return how many lines are still in the engine."""
+        """Read and start no further; return how many lines are still in the engine."""
         with self._lock:
-            self._stopping = True
+            self._stop()
             return len(self._handles)
 
     def cancel_inflight(self) -> int:
         with self._lock:
-            self._stopping = True
+            self._stop()
             self.cancelled = True
             handles = list(self._handles.values())
         for handle in handles:
@@ -106,7 +132,7 @@ class BatchRun:
         """The drain bound ran out: every line still in the engine gets no record (--resume runs
         it), then the engine is stopped (a supervised one kills its process). Returns how many."""
         with self._lock:
-            self._stopping = True
+            self._stop()
             self.cancelled = True
             seqs = sorted(self._handles)
             self._abandoned.update(seqs)
@@ -157,7 +183,7 @@ class BatchRun:
 
     def _read(self) -> None:
         try:
-            for line_no, raw in self.source.lines():
+            for line_no, raw in self._lines():
                 if self._stopping:
                     break
                 item = self.parser.parse(raw, line_no)
@@ -179,7 +205,26 @@ class BatchRun:
             log.exception("reader failed")
             self.read_error = f"reading INPUT failed: {exc}"
         finally:
-            self._reader_done.set()
+            with self._lock:
+                self._reader_done.set()
+                self._changed.notify_all()
+
+    def _lines(self) -> Iterator[tuple[int, Any]]:
+        """INPUT's lines; while the next one is awaited from a stream (a pipe, a terminal), the
+        starter may start what is read after STREAM_LINGER_S instead of waiting for more."""
+        lines = iter(self.source.lines())
+        # (a regular file or a table never makes the reader wait for a producer)
+        linger = STREAM_LINGER_S if isinstance(self.source, Source) and not self.source.is_file else None
+        while True:
+            if linger is not None:
+                self._stalled_at = time.monotonic() + linger
+            try:
+                entry = next(lines)
+            except StopIteration:
+                return
+            finally:
+                self._stalled_at = None
+            yield entry
 
     def _acquire(self, sem: threading.Semaphore) -> bool:
         while not sem.acquire(timeout=0.1):
@@ -188,46 +233,98 @@ class BatchRun:
         return True
 
     def _admit(self, item: LineRequest | LineError) -> bool:
+        """Number the line; an error goes to the writer, a request waits to be started."""
         to_engine = isinstance(item, LineRequest)
-        if not self._acquire(self._window):
+        if to_engine and not self._acquire(self._room):
             return False
-        if to_engine and not self._acquire(self._inflight):
-            self._window.release()
-            return False
+        if not self._window.acquire(blocking=False):
+            # The writer's window is full: no line comes until one is written, so waiting for
+            # the start order to fill would wait forever (the oldest line may be in it).
+            with self._lock:
+                self._stalled_at = time.monotonic()
+                self._changed.notify_all()
+            got = self._acquire(self._window)
+            self._stalled_at = None
+            if not got:
+                if to_engine:
+                    self._room.release()
+                return False
         with self._lock:
             if self._stopping:
                 self._window.release()
                 if to_engine:
-                    self._inflight.release()
+                    self._room.release()
                 return False
             seq = self.admitted
             self.admitted += 1
             if not to_engine:
                 self.writer.put(seq, item, item.result())
                 return True
-            try:
-                callback = functools.partial(self._on_event, seq, item)
-                if item.embed is not None:
-                    handle = self.engine.submit_embedding(item.embed.inputs, dimensions=item.embed.dimensions,
-                                                          callback=callback)
-                else:
-                    handle = self.engine.submit(item.prompt, item.params, stream=False, callback=callback)
-            except LlamaBatchError as exc:  # the engine refuses (closed): this line still gets its record
-                self._inflight.release()
-                if self.engine.fatal_error is not None:  # no engine left: --resume runs it
-                    self._stopping = True
-                    self.writer.skip(seq)
-                    return False
-                self.writer.put(seq, item, error_result(exc.code, str(exc)))
-                return True
-            except Exception as exc:  # a bug: seq is counted, so it must get a record or the run waits forever
-                log.exception("submitting line %d failed", item.line_no)
-                self._inflight.release()
-                self.writer.put(seq, item, error_result("internal_error", f"{type(exc).__name__}: {exc}"))
-                return True
-            if not handle.done:  # a request that failed at submit has already called back
-                self._handles[seq] = handle
+            self._order.add(seq, item)
+            self._changed.notify_all()
         return True
+
+    # -- the starter thread ------------------------------------------------------------------
+
+    def _start_lines(self) -> None:
+        try:
+            while self._acquire(self._inflight):
+                with self._lock:
+                    entry = self._next_line()
+                    if entry is None:
+                        self._inflight.release()
+                        break
+                    self._room.release()
+                    self._submit(*entry)
+        except Exception as exc:  # never leave the main thread waiting on a dead starter
+            log.exception("starter failed")
+            with self._lock:
+                self.read_error = f"starting lines failed: {exc}"
+                self._stop()
+        finally:
+            self._starter_done.set()
+
+    def _next_line(self) -> tuple[int, LineRequest] | None:
+        """The next line to start (lock held), once the start order is full or nothing more
+        comes soon; None when the run is stopping or every line has started."""
+        while not self._stopping:
+            if len(self._order):
+                stalled = self._stalled_at is not None and time.monotonic() >= self._stalled_at
+                if self._order.full or self._reader_done.is_set() or stalled:
+                    return self._order.take()
+            elif self._reader_done.is_set():
+                return None
+            self._changed.wait(STREAM_LINGER_S / 2)
+        return None
+
+    def _submit(self, seq: int, item: LineRequest) -> None:
+        """Hand one line to the engine (lock held, one inflight place taken)."""
+        if self._stopping:  # cannot happen under the lock after _next_line, but never lose a line
+            self._inflight.release()
+            self.writer.skip(seq, started=False)
+            return
+        try:
+            callback = functools.partial(self._on_event, seq, item)
+            if item.embed is not None:
+                handle = self.engine.submit_embedding(item.embed.inputs, dimensions=item.embed.dimensions,
+                                                      callback=callback)
+            else:
+                handle = self.engine.submit(item.prompt, item.params, stream=False, callback=callback)
+        except LlamaBatchError as exc:  # the engine refuses (closed): this line still gets its record
+            self._inflight.release()
+            if self.engine.fatal_error is not None:  # no engine left: --resume runs it
+                self._stop()
+                self.writer.skip(seq)
+                return
+            self.writer.put(seq, item, error_result(exc.code, str(exc)))
+            return
+        except Exception as exc:  # a bug: seq is counted, so it must get a record or the run waits forever
+            log.exception("submitting line %d failed", item.line_no)
+            self._inflight.release()
+            self.writer.put(seq, item, error_result("internal_error", f"{type(exc).__name__}: {exc}"))
+            return
+        if not handle.done:  # a request that failed at submit has already called back
+            self._handles[seq] = handle
 
     # -- the engine thread -------------------------------------------------------------------
 
@@ -238,9 +335,10 @@ class BatchRun:
             if seq in self._abandoned:  # already skipped when the drain bound ran out: one outcome per line
                 return
             self._handles.pop(seq, None)
+            if event.error_code == ENGINE_UNAVAILABLE:  # the engine process could not be restarted
+                self._stop()
         self._inflight.release()
-        if event.error_code == ENGINE_UNAVAILABLE:  # the engine process could not be restarted
-            self._stopping = True
+        if event.error_code == ENGINE_UNAVAILABLE:
             self.writer.skip(seq)  # never ran to the end: --resume runs it again
         elif event.finish_reason == "cancelled":
             self.writer.skip(seq)  # no answer: --resume runs this line again

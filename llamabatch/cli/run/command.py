@@ -56,6 +56,7 @@ class RunOptions:
     system: str | None = None
     order: str = "input"
     max_inflight: int | None = None
+    reorder_window: int | None = None
     resume: bool = False
     echo: bool = False
     embed: bool = False
@@ -91,6 +92,7 @@ class RunJob:
     options: RunOptions
     inflight: int
     argv: tuple[str, ...]  # the command line as typed, for the resume hint
+    reorder_window: int = 1  # lines read ahead to choose the next line to start from (start_order.py)
     answered: Any = None  # with --resume: what OUTPUT already answers
     cluster: Any = None  # with --ray: the RayPool (also the engine)
     deterministic: bool = False
@@ -120,6 +122,11 @@ def run_command(
                                 help="input: records in input order; completion: each as soon as it finishes."),
     max_inflight: Optional[int] = typer.Option(None, "--max-inflight", min=1, show_default=False,
                                                help="Most lines parsed ahead of the engine \\[default: 4 x n-parallel]."),
+    reorder_window: Optional[int] = typer.Option(None, "--reorder-window", min=0, metavar="N", show_default=False,
+                                                 help="Lines read ahead to choose the next line to start from: "
+                                                      "lines whose prompts share a long prefix start together, so "
+                                                      "the prefix is evaluated once (records keep --order). 0 or 1: "
+                                                      "start lines in read order \\[default: 4 x n-parallel]."),
     resume: bool = typer.Option(False, "--resume",
                                 help="Keep OUTPUT, skip the ids it already answers, append the rest."),
     echo: bool = typer.Option(False, "--echo", help="Copy each line's prompt and extra fields into its record "
@@ -237,8 +244,8 @@ def run_command(
     *.parquet, *.sqlite or *.db writes a table (docs/tables.md).
     """
     run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
-                   order=order.value, max_inflight=max_inflight, resume=resume, echo=echo,
-                   embed=embed, fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
+                   order=order.value, max_inflight=max_inflight, reorder_window=reorder_window, resume=resume,
+                   echo=echo, embed=embed, fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
                    quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
                    ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
                    verify=verify, dry_run=dry_run, as_json=as_json, error_file=error_file,
@@ -345,6 +352,13 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
         raise
     # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
     inflight = o.max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
+    reorder_window = o.reorder_window
+    if reorder_window is None:
+        from ...settings.file_layer import command_setting
+
+        reorder_window = command_setting("run", "reorder_window", None, env.config_path)
+    if reorder_window is None:  # as many lines to choose from as the engine(s) hold at once by default
+        reorder_window = cluster.inflight_cap if cluster else 4 * engine.config.n_parallel
     reporter = make_reporter(o.quiet, o.progress_every, env.stderr, live_ok=not sink.is_terminal,
                              stream_isatty=env.stderr_isatty)
     if tables.empty_note:
@@ -375,7 +389,8 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
                     input_ids=run.seen_ids if complete else None)
 
         code = _run(engine, RunJob(parser=parser, source=source, sink=sink, reporter=reporter, options=o,
-                                   inflight=inflight, argv=env.argv, answered=answered, cluster=cluster,
+                                   inflight=inflight, reorder_window=reorder_window, argv=env.argv,
+                                   answered=answered, cluster=cluster,
                                    deterministic=resolved.engine.deterministic,
                                    drain_timeout=bounds.drain_timeout_s, route=job.routes(sink), on_end=ended,
                                    counter=tables.counter()))
@@ -409,10 +424,16 @@ def _run(engine, job: RunJob) -> int:
                                                f"{engine.slot_ctx} tokens{why}{kernels}")
     reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
     resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
-    window = threading.Semaphore(inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight)
+    # Admitted lines not yet written: those in the engine, those waiting to start (reorder
+    # window), and in input order the finished ones waiting behind a slow one.
+    waiting = max(1, job.reorder_window)
+    window = threading.Semaphore((inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight) + waiting)
     writer = RecordWriter(sink, engine.model_name, order, window, deterministic=deterministic, route=job.route)
     reservoir = Reservoir(job.options.verify) if job.options.verify else None
     run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=job.answered,
+                   reorder_window=job.reorder_window,
+                   # a Ray worker holds 2 x its slots (cluster/pool.py): the pool's slots, near enough
+                   slots=max(1, cluster.inflight_cap // 2) if cluster else engine.config.n_parallel,
                    on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))
                    if reservoir else None)
     counter = LineCounter(source.name) if source.is_file else job.counter

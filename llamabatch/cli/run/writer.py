@@ -24,6 +24,7 @@ log = logging.getLogger("llamabatch.cli.run")
 
 ORDERS = ("input", "completion")
 _SKIP = object()  # a line that gets no record in this run (cancelled: --resume runs it again)
+_UNSTARTED = object()  # likewise, a line read ahead that the run stopped before starting
 _CLOSE = object()
 MAX_FAILURE_NOTES = 10
 
@@ -77,8 +78,10 @@ class RecordWriter:
     def put(self, seq: int, item: LineRequest | LineError, result: Result) -> None:
         self._queue.put((seq, (item, result)))
 
-    def skip(self, seq: int) -> None:
-        self._queue.put((seq, _SKIP))
+    def skip(self, seq: int, started: bool = True) -> None:
+        """`seq` gets no record in this run (--resume runs it): cancelled, or, with
+        `started` False, read ahead but never started (not counted as cancelled)."""
+        self._queue.put((seq, _SKIP if started else _UNSTARTED))
 
     def close(self) -> None:
         """Write what is queued, fsync, stop the thread."""
@@ -112,7 +115,7 @@ class RecordWriter:
         try:
             if payload is _SKIP:
                 self.skipped += 1
-            else:
+            elif payload is not _UNSTARTED:
                 self._write(*payload)
         except Exception as exc:  # a bug must stop the run with a message, not leave it waiting
             log.exception("writing a record failed")
