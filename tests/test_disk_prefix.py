@@ -127,7 +127,9 @@ def test_a_request_that_forks_a_prefix_another_slot_went_past_saves_the_copy(tmp
     """The first prompt was evaluated whole before the second arrived: the second forks the
     shared part, sits one tick out while llama_decode performs the copy, and its slot (holding
     exactly the shared part) is saved."""
-    runner = FakeRunner(n_slots=2, slot_ctx=600, reply=lambda p: "x" * 40 if p.endswith("cat") else reply_of(p))
+    # 40 tokens of 10 ms each: the first is still generating when the second arrives
+    runner = FakeRunner(n_slots=2, slot_ctx=600, reply=lambda p: "x" * 40 if p.endswith("cat") else reply_of(p),
+                        step_delay=0.01)
     with make_engine(runner, str(tmp_path)) as engine:
         first = engine.submit(INSTRUCTION + "cat", GREEDY.replace(max_tokens=40))
         next(iter(first))  # its first token: the whole prompt is in slot 0, which keeps generating
