@@ -14,7 +14,7 @@ tokens evaluated, the llama_decode time of ticks that evaluated prompt tokens, g
 tok/s; per pair the ratios A/B. It measures and prints; it never asserts on time.
 
   python benchmarks/n_samples.py [--prompts 8] [--n 4] [--tokens 32] [--rounds 2]
-                                 [--slots 8] [--threads 2] [--model PATH]
+                                 [--slots 8] [--threads 2] [--model PATH] [--kv-unified]
 """
 from __future__ import annotations
 
@@ -57,16 +57,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     workload_args(ap, prompts=8, tokens=32, rounds=2, slots=8, threads=2, model=True)
     ap.add_argument("--n", type=int, default=4, help="samples per prompt (default 4)")
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="one KV cache for all slots (a fork shares cells) instead of a stream per slot "
+                         "(a fork copies the source's whole stream)")
     args = ap.parse_args()
     model = model_path(args.model)
     config = EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots,
-                          threads=args.threads, share_prefix_min=0)
+                          threads=args.threads, share_prefix_min=0, kv_unified=args.kv_unified)
     params = SamplingParams(temperature=1.0, max_tokens=args.tokens, ignore_eos=True, seed=42)
     with Engine(config) as engine:
         prompts = [make_prompt(i, engine) for i in range(args.prompts)]
         sizes = [len(engine.tokenize(p)) for p in prompts]
         print(f"{args.prompts} prompts of {min(sizes)}-{max(sizes)} tokens, n={args.n}, {args.tokens} tokens each, "
-              f"{args.slots} slots, {args.threads} threads, prefix sharing off; rounds alternate A (n={args.n}) "
+              f"{args.slots} slots, {args.threads} threads, KV {'unified' if args.kv_unified else 'a stream per slot'}, "
+              f"prefix sharing off; rounds alternate A (n={args.n}) "
               f"and B ({args.prompts * args.n} separate requests); {machine_line(model)}")
         engine.generate(["warm up"], params.replace(max_tokens=4))  # untimed
 
