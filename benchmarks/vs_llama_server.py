@@ -243,16 +243,23 @@ def run_server(binary: str, model: str, threads: int, extra: list[str], w: Workl
 # -- the engine -----------------------------------------------------------------------------
 
 def run_engine(model: str, threads: int, slots, w: Workload, unified: bool = False,
-               trace: list | None = None) -> tuple[float, str]:
+               trace: list | None = None, prefix_store: str | None = None) -> tuple[float, str]:
+    """`prefix_store`: the engine's disk prefix store folder (None: off, the library's default);
+    benchmarks/prefix_store.py runs workload (b) twice on one."""
     n = slots if isinstance(slots, int) else None
     config = EngineConfig(model=model, n_parallel=slots, n_ctx=SLOT_CTX * n if n else None, threads=threads,
-                          cpu_buffers=CPU_BUFFERS, kv_unified=unified)
+                          cpu_buffers=CPU_BUFFERS, kv_unified=unified, prefix_store=prefix_store)
     params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=True)
     with Engine(config) as engine:
         engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], params.replace(max_tokens=2))  # untimed warm-up
         run = timed_generate(engine, w.prompts, params)
         cached = sum(r.usage.cached_tokens for r in run.results)
+        restored = sum(r.usage.restored_tokens for r in run.results)
         note = f"{engine.config.n_parallel} slots, {cached} prompt tokens copied or cached"
+        if prefix_store is not None:
+            note += f" ({restored} of them restored from the disk prefix store)"
+            if engine.disk is not None:
+                engine.disk.store.flush(60)  # the next run must find what this one saved
     if trace is not None:
         trace.append(trace_figures([t.to_dict() for t in run.ticks]) | {"wall_s": run.seconds})
     if run.failed:

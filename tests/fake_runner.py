@@ -155,6 +155,9 @@ class FakeRunner:
         self.restore_ok = restore_ok or (lambda slot: True)
         self.kv_fingerprint = {"model": "fake", "layout": "fake"}
         self.restores: list[tuple[int, int, bool]] = []  # (slot, n_tokens, took) applied, in order
+        # slot -> its restored length: like Gemma 3's window layers in llama.cpp, a restored slot
+        # (or a fork of one) can be cut back only from there on; shorter is a violation
+        self.floor: dict[int, int] = {}
         self.snapshots: list[tuple[int, int]] = []  # (slot, tokens) snapshotted, in order
         self.can_trim = partial_trim
         self.can_sample_apart = can_sample_apart
@@ -295,8 +298,11 @@ class FakeRunner:
                 self.violations.append(f"trim {t} keeps part of a slot on a runner that cannot (can_trim False)")
             if t.n_keep > 0 and t.slot in self.stale:
                 self.violations.append(f"trim {t} keeps part of a slot a failed decode left unknown")
-            if t.n_keep == 0:
+            if 0 < t.n_keep < self.floor.get(t.slot, 0):
+                self.violations.append(f"trim {t} cuts a restored slot before its restored end {self.floor[t.slot]}")
+            if t.n_keep <= 0:
                 self.stale.discard(t.slot)
+                self.floor.pop(t.slot, None)
             del kv[max(t.n_keep, 0):]
             self.trims.append((t.slot, t.n_keep))
 
@@ -319,6 +325,7 @@ class FakeRunner:
             if ok and len(tokens) != r.n_tokens:
                 self.violations.append(f"restore into slot {r.slot} says {r.n_tokens} tokens, the bytes hold {len(tokens)}")
             self.kv[r.slot] = tokens if ok else []
+            self.floor[r.slot] = len(self.kv[r.slot])
             self.stale.discard(r.slot)
             took[r.slot] = ok
             self.restores.append((r.slot, r.n_tokens, ok))
@@ -338,7 +345,10 @@ class FakeRunner:
                 self.violations.append(f"fork {f} copies a slot a failed decode left unknown")
             targets.add(f.dst_slot)
             self.stale.discard(f.dst_slot)
+            if f.n_tokens < self.floor.get(f.src_slot, 0):
+                self.violations.append(f"fork {f} cuts a restored slot before its restored end {self.floor[f.src_slot]}")
             self.kv[f.dst_slot] = list(self.kv[f.src_slot][:f.n_tokens])
+            self.floor[f.dst_slot] = self.floor.get(f.src_slot, 0)
             self.forks.append((f.src_slot, f.dst_slot, f.n_tokens))
 
     def _check(self, plan: StepPlan) -> None:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.model
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, logprobs=2)
 FIRST = ("I am planning a long walk along the river next Saturday, starting at the old stone bridge "
-         "and ending at the harbour, with a stop at the market for bread, cheese and apples. ") * 4
+         "and ending at the harbour, with a stop at the market for bread, cheese and apples. ") * 12  # past the 512-token window
 SECOND = "Which three things should I pack for the walk?"
 THIRD = "And what should I do if it rains?"
 

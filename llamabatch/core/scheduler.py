@@ -29,6 +29,10 @@ class Slot:
     slot_id: int
     cached: list[int] = field(default_factory=list)  # tokens whose KV sits in this slot, by position
     last_used: float = 0.0
+    # A slot restored from the disk prefix store (or forked from one) can keep a prefix of its
+    # tokens only from the restored end on: llama.cpp restores just the last n_swa positions of
+    # Gemma 3's window layers (plan.Restore). 0: any prefix.
+    floor: int = 0
     seq: Sequence | None = None
 
     @property
@@ -170,10 +174,14 @@ class Scheduler:
             seq = self.waiting.popleft()
             views = [SlotView(s.slot_id, s.cached, s.last_used) for s in idle]
             slot_id, reuse = choose_slot(seq.prompt, views, cache_prompt=self.cache_prompt)
+            if reuse < self.slots[slot_id].floor:
+                reuse = 0  # it cannot be cut back that far: emptied and evaluated
             fork = None
             if self.share_min:
                 busy = [s for s in self.slots if s.seq is not None]
                 src, n = longest_shared(seq.prompt, [(s.slot_id, s.cached) for s in busy if s.slot_id not in fresh])
+                if src is not None and n < self.slots[src].floor:
+                    src, n = None, 0  # its copy could not be cut back to n
                 maker, coming = longest_shared(seq.prompt, [(s.slot_id, s.seq.prompt) for s in busy])
                 if coming > n and coming - reuse >= self.share_min:
                     self._mark_save(self.slots[maker].seq, coming)  # type: ignore[arg-type]
@@ -268,6 +276,7 @@ class Scheduler:
         tokens = self._restoring.pop(slot_id, [])
         slot = self.slots[slot_id]
         slot.cached = tokens if ok else []
+        slot.floor = len(slot.cached)
         seq = slot.seq
         if seq is None or seq.status != Status.RESTORING:
             return  # ended meanwhile: the slot keeps what it holds for a later request
@@ -287,8 +296,11 @@ class Scheduler:
                              f"into slot {dst_slot}")
         if any(f.dst_slot in (src_slot, dst_slot) or f.src_slot == dst_slot for f in self._forks):
             raise ValueError(f"slot {dst_slot} or {src_slot} is already the target of a fork in this tick")
+        if n_tokens < src.floor:
+            raise ValueError(f"cannot fork {n_tokens} tokens of slot {src_slot}: restored, it keeps at least {src.floor}")
         fork = Fork(src_slot, dst_slot, n_tokens)
         dst.cached = src.cached[:n_tokens]
+        dst.floor = src.floor
         self._forks.append(fork)
         return fork
 
@@ -299,8 +311,12 @@ class Scheduler:
         slot = self.slots[slot_id]
         if not 0 <= n_keep <= len(slot.cached):
             raise ValueError(f"cannot keep {n_keep} tokens of slot {slot_id} (holds {len(slot.cached)})")
+        if 0 < n_keep < slot.floor:
+            raise ValueError(f"cannot keep {n_keep} tokens of slot {slot_id}: restored, it keeps at least {slot.floor}")
         trim = Trim(slot_id, n_keep)
         slot.cached = slot.cached[:n_keep]
+        if n_keep == 0:
+            slot.floor = 0
         self._trims.append(trim)
         return trim
 

@@ -20,6 +20,7 @@ class KvCache:
         # full-size SWA cache the early cells may already be gone (Gemma 3: a 512-token window).
         self.can_cut = bool((swa_full or C.llama_model_n_swa(model) == 0)
                             and not C.llama_model_is_recurrent(model) and not C.llama_model_is_hybrid(model))
+        self.n_swa = max(0, int(C.llama_model_n_swa(model)))  # 0: no sliding-window layers
 
     def next_pos(self, seq: int) -> int:
         """How many positions sequence `seq` holds (its last position + 1; 0 when empty)."""
@@ -42,8 +43,13 @@ class KvCache:
         if n_keep > held:
             raise RuntimeError(f"bad trim {trim}: the slot holds {held} tokens")
         # Trust, but verify: a sliding-window cache can report success after the cells the
-        # continuation needs have already been evicted.
-        if C.llama_memory_seq_rm(self.mem, slot, n_keep, -1) and C.llama_memory_seq_pos_min(self.mem, slot) <= 0:
+        # continuation needs have already been evicted. What continuing at n_keep needs of the
+        # window layers (whose position range seq_pos_min reports) is their last n_swa positions:
+        # a slot restored from the disk prefix store holds only those (llama.cpp writes the last
+        # n_swa positions of a window layer), and may be cut back to anything from its restored end on.
+        needed_from = max(0, n_keep - self.n_swa) if self.n_swa else 0
+        if (C.llama_memory_seq_rm(self.mem, slot, n_keep, -1)
+                and C.llama_memory_seq_pos_min(self.mem, slot) <= needed_from):
             return
         C.llama_memory_seq_rm(self.mem, slot, -1, -1)
         raise RuntimeError(f"could not keep the first {n_keep} tokens of slot {slot}: the slot is emptied")
