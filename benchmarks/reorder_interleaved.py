@@ -2,7 +2,8 @@
 interleaved line by line, run in read order (--reorder-window 1) and reordered (the default
 window, 4 x slots), alternating A B A B in one process run.
 
-    python benchmarks/reorder_interleaved.py [--prompts 48] [--tokens 8] [--slots 2,auto] [--rounds 2] [-m MODEL]
+    python benchmarks/reorder_interleaved.py [--prompts 48] [--tokens 8] [--slots 2,auto] [--rounds 2]
+        [--prefix-store off|fresh] [-m MODEL]
 
 Each run is `llamabatch run` as a subprocess on the same file (greedy, short answers). Prints,
 per pair: prompt tokens evaluated (prompt - cached, summed over the records' usage), the run's
@@ -71,9 +72,14 @@ def write_input(path: Path, n: int, tokens: int) -> Path:
 SUMMARY = re.compile(r"generated (\d+), ([\d.]+)s wall, ([\d.]+) generated tok/s")
 
 
-def run_once(model: str, inp: Path, out: Path, n: int, slots: str, threads: int, window: str | None) -> dict:
+def run_once(model: str, inp: Path, out: Path, n: int, slots: str, threads: int, window: str | None,
+             store: str) -> dict:
     cmd = llamabatch_command("run", str(inp), "-o", str(out), "-m", model, "--n-parallel", slots,
                              "--threads", str(threads), "--progress-every", "1000")
+    if store == "off":
+        cmd += ["--prefix-store", "off"]
+    else:  # a store of this run's own: nothing saved by an earlier run is restored
+        cmd += ["--prefix-store", tempfile.mkdtemp(prefix="store-", dir=out.parent)]
     if window is not None:
         cmd += ["--reorder-window", window]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -88,6 +94,7 @@ def run_once(model: str, inp: Path, out: Path, n: int, slots: str, threads: int,
     slots_used = re.search(r"(\d+) slots x", proc.stderr)
     return {"prompt": sum(r["usage"]["prompt_tokens"] for r in records),
             "evaluated": sum(r["usage"]["prompt_tokens"] - r["usage"]["cached_tokens"] for r in records),
+            "restored": sum(r["usage"].get("restored_tokens", 0) for r in records),
             "wall": float(found.group(2)), "tok_s": float(found.group(3)),
             # CPU seconds of the whole process (model load included, the same on both sides):
             # what the work cost, far less bent than wall time by others' load on a shared machine
@@ -100,28 +107,34 @@ def main() -> None:
     workload_args(ap, prompts=48, tokens=8, threads=2, rounds=2, model=True)
     ap.add_argument("--slots", default="2,auto",
                     help="--n-parallel values, comma-separated; a number or auto (default 2,auto)")
+    ap.add_argument("--prefix-store", choices=["off", "fresh"], default="off",
+                    help="off: the ordering alone (default); fresh: each run with a disk prefix store of its own "
+                         "(what run does by default, minus what earlier runs saved)")
     args = ap.parse_args()
 
     model = model_path(args.model)
     print(f"{args.prompts} lines, {len(TASKS)} instructions interleaved line by line, {args.tokens} tokens "
-          f"each, greedy, {args.threads} threads; {machine_line(model)}")
+          f"each, greedy, {args.threads} threads, prefix store {args.prefix_store}; {machine_line(model)}")
     with tempfile.TemporaryDirectory() as tmp:
         inp = write_input(Path(tmp) / "in.jsonl", args.prompts, args.tokens)
         for slots in [s.strip() for s in args.slots.split(",") if s.strip()]:
             evaluated, speed, cpu = Pairs(), Pairs(), Pairs()
 
             def read_order():
-                return run_once(model, inp, Path(tmp) / "a.jsonl", args.prompts, slots, args.threads, "1")
+                return run_once(model, inp, Path(tmp) / "a.jsonl", args.prompts, slots, args.threads, "1",
+                                args.prefix_store)
 
             def reordered():
-                return run_once(model, inp, Path(tmp) / "b.jsonl", args.prompts, slots, args.threads, None)
+                return run_once(model, inp, Path(tmp) / "b.jsonl", args.prompts, slots, args.threads, None,
+                                args.prefix_store)
 
             def report(r: int, a: dict, b: dict) -> None:
                 e = evaluated.add(a["evaluated"], b["evaluated"])
                 s = speed.add(a["tok_s"], b["tok_s"])
                 c = cpu.add(a["cpu"], b["cpu"])
+                disk = f" (restored from disk {a['restored']} vs {b['restored']})" if args.prefix_store != "off" else ""
                 print(f"--n-parallel {slots} ({a['slots']} slots) pair {r}: prompt tokens {a['prompt']}; "
-                      f"evaluated read order {a['evaluated']} vs reordered {b['evaluated']} ({e:.2f}x); "
+                      f"evaluated read order {a['evaluated']} vs reordered {b['evaluated']} ({e:.2f}x){disk}; "
                       f"wall {a['wall']:.1f}s vs {b['wall']:.1f}s; generated tok/s {a['tok_s']:.1f} vs "
                       f"{b['tok_s']:.1f} ({s:.2f}x); CPU {a['cpu']:.0f}s vs {b['cpu']:.0f}s ({c:.2f}x)  "
                       f"[load {os.getloadavg()[0]:.2f}]", flush=True)

@@ -206,6 +206,29 @@ def test_a_line_sharing_only_what_is_cached_is_not_held_back():
     assert [order.take()[0] for _ in range(3)] == [0, 1, 2]
 
 
+def test_what_a_line_shares_is_the_longest_prefix_it_shares_with_any_line_met():
+    # StartOrder keeps it from sorted neighbours; checked against every pair, as lines come and go
+    rng = random.Random(7)
+    for _ in range(40):
+        order = StartOrder(rng.randint(2, 10), recent=rng.randint(1, 3), min_shared=3)
+        met: dict[int, set[int]] = {}  # seq -> the seqs it waited beside (and the started it saw)
+        keys: dict[int, str] = {}
+        started: list[int] = []
+        for i in range(rng.randint(1, 40)):
+            keys[i] = "".join(rng.choice("ab") for _ in range(rng.randint(0, 8)))
+            if order.full:
+                started.append(order.take()[0])
+            waiting = {w.seq for w in order._waiting}
+            met[i] = set(waiting) | set(started[-order._recent.maxlen:])
+            for j in waiting:
+                met[j].add(i)
+            order.add(i, line(i, keys[i]))
+            for w in order._waiting:
+                if w.key is not None:
+                    want = max((shared_prefix(keys[w.seq], keys[j]) for j in met[w.seq]), default=0)
+                    assert w.shared == want, (w.seq, keys, met[w.seq])
+
+
 def test_prompt_keys():
     assert prompt_key(line(0, "hello")) == "hello"
     chat = [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "T"}]}]
