@@ -119,12 +119,15 @@ def test_store_off_or_no_save_saves_no_turns(tmp_path):
     assert all(r[4] is None for r in rows(tmp_path)) and entry_files() == set()
     nosave = chat(tmp_path, ["--no-save"], f"{LONG}\n{LONG}x\n")
     assert nosave.exit_code == 0, nosave.stderr
-    # no row could name a turn's entry, so no turn asks for one (nothing would ever restore it;
-    # the engine may still keep a prefix two requests shared, as it does for any client)
+    # "record nothing": no turn asks for an entry, and the engine keeps no shared prefix on disk either
     runner = nosave.engines[0].runner
-    assert nosave.engines[0].disk is not None and off.engines[0].disk is None
+    assert nosave.engines[0].disk is None and off.engines[0].disk is None and entry_files() == set()
     assert runner.plans and not any(c.sampler.params.store_prefix for p in runner.plans for c in p.plan.chunks
                                     if c.sampler is not None)
+    # unless the store is asked for by name: then the engine's own saves happen, turns still ask for none
+    named = chat(tmp_path, ["--no-save", "--prefix-store", str(store_root())], f"{LONG}\n{LONG}x\n")
+    assert named.exit_code == 0, named.stderr
+    assert named.engines[0].disk is not None
 
 
 def test_a_schema_1_database_is_migrated_and_its_conversations_continue(tmp_path):

@@ -204,7 +204,7 @@ def chat_command(
     load: Annotated[Optional[str], typer.Option("--load", metavar="FILE", help="Continue a JSON transcript written by /save (saved as a new conversation).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the saved conversations, newest first, and exit.")] = False,
     search: Annotated[Optional[str], typer.Option("--search", metavar="TEXT", help="List the saved conversations with messages containing every word of TEXT, and exit.")] = None,
-    no_save: Annotated[bool, typer.Option("--no-save", help="Do not record this chat in the conversation database.")] = False,
+    no_save: Annotated[bool, typer.Option("--no-save", help="Do not record this chat in the conversation database, nor its KV in the disk prefix store (unless --prefix-store is given).")] = False,
     *,
     opts: SharedOptions,
     env: Environment,
@@ -229,6 +229,10 @@ def chat_command(
     if continue_ + (resume is not None) + (load is not None) > 1:
         raise fail("use one of --continue, --resume ID and --load FILE", EXIT_USAGE)
     resolved = resolve_chat_options(opts, env)  # n_parallel defaults to 1 here (settings.layers.COMMAND_DEFAULTS)
+    if no_save and resolved.sources.get("prefix_store") != "flag":
+        # "record nothing of this chat": the engine's own saves of a prefix two turns share would
+        # still write the conversation's KV to disk; an explicit --prefix-store keeps it on
+        resolved = resolved.replace(engine=resolved.engine.replace(prefix_store=None))
     stored = read_stored(continue_, resume)
     loaded = Conversation.load(load) if load is not None else None  # a bad file: one line, exit 2
     store, broken = (None, None) if no_save else open_store()
