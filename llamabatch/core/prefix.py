@@ -7,10 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-# Tokens compared per slice. Slice equality runs in C; only the one chunk that differs
-# is walked element by element in Python.
-_CHUNK = 256
-
+from ..common_prefix import common_prefix
 
 @dataclass(frozen=True)
 class SlotView:
@@ -23,22 +20,9 @@ class SlotView:
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     """Number of leading tokens `a` and `b` share."""
-    # Slice comparison is only meaningful between two lists (a list never equals a
-    # tuple, and numpy slices compare element-wise), so normalise once.
-    if type(a) is not list:
-        a = list(a)
-    if type(b) is not list:
-        b = list(b)
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the common case for a warm cache: one C comparison
-        return n
-    for start in range(0, n, _CHUNK):
-        end = min(start + _CHUNK, n)
-        if a[start:end] != b[start:end]:
-            for i in range(start, end):
-                if a[i] != b[i]:
-                    return i
-    return n  # unreachable: the full-slice check above would have matched
+    # Slice comparison is only meaningful between two lists (a list never equals a tuple, and
+    # numpy slices compare element-wise), so normalise once.
+    return common_prefix(a if type(a) is list else list(a), b if type(b) is list else list(b))
 
 
 def choose_slot(

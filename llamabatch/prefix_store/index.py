@@ -15,8 +15,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
-# Bytes compared per slice while looking for the first difference.
-_CHUNK = 4096
+from ..common_prefix import common_prefix
+
 
 
 def sort_key(tokens: Sequence[int]) -> bytes:
@@ -37,23 +37,7 @@ def sort_key_from_le(tokens_le: bytes) -> bytes:
 
 def shared_bytes(a: bytes, b: bytes) -> int:
     """Length of the common prefix of two byte strings."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    low = 0  # a[:low] == b[:low]
-    while n - low > _CHUNK:  # narrow to one chunk, one C comparison per step
-        mid = low + _CHUNK
-        if a[low:mid] == b[low:mid]:
-            low = mid
-        else:
-            n = mid
-    while n - low > 1:  # binary search inside the chunk: a[:low] equal, a[:n] not
-        mid = (low + n) // 2
-        if a[low:mid] == b[low:mid]:
-            low = mid
-        else:
-            n = mid
-    return low
+    return common_prefix(a, b)
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
+from ...common_prefix import common_prefix
 from ...core.inputs import is_chat
 
 # A shared prefix shorter than this (characters; token ids for a token-id prompt) is not
@@ -74,19 +75,7 @@ def _content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def shared_prefix(a: Sequence, b: Sequence) -> int:
-    """How many leading items `a` and `b` share (slice comparisons in C, by bisection)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+shared_prefix = common_prefix  # how many leading characters two prompts share
 
 
 @dataclass
