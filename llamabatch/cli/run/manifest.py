@@ -12,6 +12,8 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
+from .replaced_file import replacing
+
 FORMAT = "llamabatch-run-manifest"
 VERSION = 1  # bumped when a field changes meaning; a newer file is refused on --resume
 SUFFIX = ".manifest.json"
@@ -32,19 +34,10 @@ def now_iso() -> str:
 def write_atomic(path: str, text: str) -> None:
     """Replace `path` by `text` all at once (write, fsync, rename, fsync the folder). Raises OSError."""
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     try:
         fd = os.open(folder, os.O_RDONLY)
         try:

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from .formats import record_error_code, record_id
 from .table_layout import Layout
+from .replaced_file import replacing
 from .table_writers import WRITERS
 
 TABLE_OUTPUTS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".sqlite": "sqlite", ".db": "sqlite"}
@@ -119,11 +120,10 @@ def records(path: str, in_input_order: bool) -> Iterator[dict]:
 def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_input_order: bool) -> int:
     """Write the table from the records file: to a temporary name, then renamed over `table`.
     Returns the rows written. Raises OSError (or the writer's error) and leaves `table` as it was."""
-    tmp = table + ".tmp"
-    try:
-        def rows() -> Iterator[list]:
-            return (table_row(r, layout) for r in records(records_file, in_input_order))
+    def rows() -> Iterator[list]:
+        return (table_row(r, layout) for r in records(records_file, in_input_order))
 
+    with replacing(table) as tmp:
         count = WRITERS[kind](tmp, layout, rows(), rows)
         if kind == "sqlite":
             for leftover in (table + "-wal", table + "-shm"):  # the old database's: they'd spoil the new one
@@ -131,11 +131,4 @@ def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_inp
                     os.remove(leftover)
                 except FileNotFoundError:
                     pass
-        os.replace(tmp, table)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
     return count
