@@ -62,6 +62,7 @@ class EngineAPI(Protocol):
     hangs: int  # of those, processes the watchdog killed as hung
     isolated: Sequence[int]  # request ids ended with engine_crashed (the request that took the process down)
     recovers_crashes: bool  # whether the engine survives a crash of llama.cpp (restarts/hangs/isolated mean something)
+    disk: Any  # the disk prefix store (core/disk_prefix.DiskPrefixes) of an engine in this process; None otherwise
 
     def __enter__(self) -> Any: ...
 

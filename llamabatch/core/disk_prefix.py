@@ -36,27 +36,25 @@ class DiskPrefixes:
         self.store = store
         self.save_min = save_min
         self.restore_min_gain = restore_min_gain
-        self.restored_tokens = 0  # totals for the summary lines
-        self.saved_entries = 0
 
     def lookup(self, prompt: Sequence[int], *, longer_than: int) -> DiskHit | None:
         """The longest entry whose whole token list starts `prompt` (leaving its last token to
         evaluate: its logits give the first sampled token) and beats what the slot already
         holds by RESTORE_MIN_GAIN; its KV read and checked. None: nothing usable."""
         head = list(prompt[: len(prompt) - 1])
-        if len(head) < max(self.save_min, longer_than + self.restore_min_gain):
+        at_least = max(self.save_min, longer_than + self.restore_min_gain)
+        if len(head) < at_least:
             return None
-        hit = self.store.longest_starting(head, max(self.save_min, longer_than + self.restore_min_gain))
+        hit = self.store.longest_starting(head, at_least)
         if hit is None:
             return None
+        # load checks the file's tokens against its name (a hash of them), which the index
+        # matched against the prompt: they start it
         loaded = self.store.load(hit)
         if loaded is None:  # torn, foreign or gone meanwhile: the store removed it and logged why
             return None
         tokens, payload = loaded
-        if list(tokens) != head[: len(tokens)]:
-            log.debug("prefix store entry %s does not start the prompt: not restored", hit.name)
-            return None
-        return DiskHit(hit.name, list(tokens), payload)
+        return DiskHit(hit.name, tokens, payload)
 
     def has(self, tokens: Sequence[int]) -> bool:
         """Whether an entry of exactly these tokens exists (or is being written)."""
@@ -64,10 +62,7 @@ class DiskPrefixes:
 
     def save(self, tokens: list[int], payload: Any) -> str | None:
         """Queue the write (the payload is handed over: a fresh snapshot nobody else holds)."""
-        name = self.store.save(tokens, payload, owned=True)
-        if name is not None:
-            self.saved_entries += 1
-        return name
+        return self.store.save(tokens, payload, owned=True)
 
     def close(self, timeout: float = 5.0) -> None:
         """Let queued writes finish, at most `timeout` seconds (a write cut short leaves only a

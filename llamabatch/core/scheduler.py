@@ -189,19 +189,15 @@ class Scheduler:
                     continue
                 if src is not None and n - reuse >= self.share_min:
                     fork, reuse = self.fork(src, slot_id, n), n
-            restore = None
-            if fork is None and self.disk is not None:
-                hit = self.disk.lookup(seq.prompt, longer_than=reuse)
-                if hit is not None:
-                    restore = Restore(slot_id, len(hit.tokens), hit.payload)
+            hit = self.disk.lookup(seq.prompt, longer_than=reuse) if fork is None and self.disk is not None else None
             slot = self.slots[slot_id]
             idle.remove(slot)
             fresh.add(slot_id)
             slot.seq = seq  # reserved now so the same slot is not handed out twice
-            if restore is not None:
+            if hit is not None:
                 slot.cached = []  # what the restore brings is known only once it has run (update)
-                self._restores.append(restore)
-                self._restoring[slot_id] = list(hit.tokens)  # type: ignore[union-attr]
+                self._restores.append(Restore(slot_id, len(hit.tokens), hit.payload))
+                self._restoring[slot_id] = hit.tokens
                 reuse = 0
             else:
                 if fork is None:

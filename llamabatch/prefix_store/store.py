@@ -17,13 +17,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .atomic_write import write_atomically
 from .file_format import (BadEntry, decode_entry, encode_head, entry_size, read_head_and_tokens, tokens_from_le,
                           tokens_to_le)
 from .housekeeping import evict_lru, remove_dead_tmp_files
-from .index import PrefixIndex, sort_key, sort_key_from_le
+from .index import Match, PrefixIndex, sort_key, sort_key_from_le
 from .naming import canonical_fingerprint, entry_file, entry_key, fingerprint_folder, is_entry_file
 from .writer import BackgroundWriter
 
@@ -80,34 +80,35 @@ class PrefixStore:
 
     def lookup(self, tokens: Sequence[int], min_common: int = 1) -> StoreHit | None:
         """The entry sharing the longest prefix with `tokens` (at least min_common tokens)."""
-        if not self.enabled or len(tokens) == 0:
-            return None
-        query = sort_key(tokens)
-        with self._lock:
-            self._refresh()
-            match = self._index.longest(query, min_common)
-        return StoreHit(match.name, match.common, match.n_tokens) if match else None
+        return self._ask(tokens, lambda query: self._index.longest(query, min_common))
 
     def longest_starting(self, tokens: Sequence[int], min_tokens: int = 1) -> StoreHit | None:
         """The longest entry whose whole token list starts `tokens` (at least min_tokens of them):
         what a caller that can only continue an entry from its end may restore."""
+        return self._ask(tokens, lambda query: self._index.longest_starting(query, min_tokens))
+
+    def _ask(self, tokens: Sequence[int], find: Callable[[bytes], Match | None]) -> StoreHit | None:
         if not self.enabled or len(tokens) == 0:
             return None
         query = sort_key(tokens)
         with self._lock:
             self._refresh()
-            match = self._index.longest_starting(query, min_tokens)
+            match = find(query)
         return StoreHit(match.name, match.common, match.n_tokens) if match else None
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether an entry of exactly these tokens exists (or is being written by this store)."""
         if not self.enabled or len(tokens) == 0:
             return False
-        key = entry_key(self._folder_name, tokens_to_le(tokens))
-        name = f"{self._folder_name}/{entry_file(key)}"
+        _, name = self._name_of(tokens_to_le(tokens))
         with self._lock:
             self._refresh()
             return name in self._index or name in self._queued
+
+    def _name_of(self, tokens_le: bytes) -> tuple[str, str]:
+        """(key, entry name under the root) of the entry holding these tokens."""
+        key = entry_key(self._folder_name, tokens_le)
+        return key, f"{self._folder_name}/{entry_file(key)}"
 
     def covered(self, tokens: Sequence[int]) -> int:
         """The longest prefix of `tokens` some entry already holds (0 = none)."""
@@ -208,8 +209,7 @@ class PrefixStore:
         if not self.enabled or self._closed or len(tokens) == 0:
             return None
         tokens_le = tokens_to_le(tokens)
-        key = entry_key(self._folder_name, tokens_le)
-        name = f"{self._folder_name}/{entry_file(key)}"
+        key, name = self._name_of(tokens_le)
         view = memoryview(payload).cast("B")
         with self._lock:
             self._refresh()

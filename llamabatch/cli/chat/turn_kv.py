@@ -39,10 +39,8 @@ class TurnKV:
 
     @classmethod
     def for_engine(cls, engine: Any) -> "TurnKV":
-        disk = getattr(engine, "disk", None)
-        if disk is None or not getattr(disk.store, "enabled", False):
-            return cls()
-        return cls(disk.store, disk.save_min)
+        disk = engine.disk  # None: no store, or the engine runs in another process
+        return cls() if disk is None else cls(disk.store, disk.save_min)
 
     @property
     def enabled(self) -> bool:
