@@ -211,7 +211,7 @@ class LlamaRunner:
     def kv_fingerprint(self) -> dict[str, str]:
         """What must be the same for KV bytes saved by one process to be restored by another:
         the model's content, the llama.cpp build, and the cache's layout and types."""
-        return kv_state.fingerprint(self.model_path, self.ctx, self.model, kv_unified=self.kv_unified,
+        return kv_state.fingerprint(self.model_path, self.model, kv_unified=self.kv_unified,
                                     swa_full=self.kv.swa_full, kernels=self.kernels.name)
 
     def _sample_chunk(self, chunk: Any, row: int, result: StepResult) -> None:
