@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from pathlib import Path
 
 from llamabatch.cli.chat.ollama_stats import parse_stats
 from llamabatch.cli.chat.store import MIGRATIONS, SCHEMA_VERSION, Store
 from llamabatch.cli.chat.turn_kv import KEEP, text_digest
+from llamabatch.prefix_store import atomic_write
 from cli_harness import invoke, runner_for
 
 # the fake tokenizer gives about a token a character: turns this long are worth a file (> 128 tokens)
@@ -88,6 +90,22 @@ def test_undo_drops_the_undone_turns_entry_and_continue_restores_the_one_before(
     again = chat(tmp_path, ["-c"], "instead\n")
     (block,) = parse_stats(again.stderr)
     assert restored(block) == len(again.engines[0].disk.store.tokens_of(replies[-1][4]))
+
+
+def test_a_disk_slower_than_the_turns_keeps_every_turns_entry_and_writes_no_dropped_one(tmp_path, monkeypatch):
+    """Turns typed faster than the store writes them (a script, a slow disk): each turn's entry is
+    still queued and named, and the one dropped by KEEP while still queued never lands on disk."""
+    slow = atomic_write.write_chunks
+
+    def write_slowly(fd, chunks):
+        time.sleep(0.3)
+        slow(fd, chunks)
+    monkeypatch.setattr(atomic_write, "write_chunks", write_slowly)
+    first = chat(tmp_path, [], f"{LONG}\n{LONG}x\n{LONG}y\n{LONG}z\n")
+    assert first.exit_code == 0, first.stderr
+    replies = [r for r in rows(tmp_path) if r[2] == "assistant"]
+    assert [r[4] is not None for r in replies] == [False, False, True, True]
+    assert entry_files() == {r[4] for r in replies[2:]}
 
 
 def test_retry_keeps_the_same_entry_for_the_same_prompt(tmp_path):

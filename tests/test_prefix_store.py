@@ -405,13 +405,13 @@ def _hanging_write(release: threading.Event):
 def test_save_never_blocks_when_the_writer_is_busy(tmp_path, monkeypatch):
     release = threading.Event()
     monkeypatch.setattr(atomic_write, "write_chunks", _hanging_write(release))
-    store = PrefixStore(tmp_path / "store", FP, 10**8, max_pending=2)
+    store = PrefixStore(tmp_path / "store", FP, 10**8, max_pending_bytes=200)
     try:
         start = time.monotonic()
-        assert store.save([1], b"a") is not None
-        assert store.save([2], b"b") is not None
-        assert store.save([3], b"c") is None  # two pending already: dropped, not waited for
-        assert store.save([1], b"a") is None  # the same entry is already queued
+        assert store.save([1], b"a" * 150) is not None
+        assert store.save([2], b"b" * 50) is not None
+        assert store.save([3], b"c") is None  # the pending writes hold 200 bytes already: dropped, not waited for
+        assert store.save([1], b"a" * 150) is None  # the same entry is already queued
         assert time.monotonic() - start < 1.0
         assert store.stats["pending"] == 2 and store.stats["dropped"] == 1
         assert not store.flush(timeout=0.1)
@@ -419,13 +419,15 @@ def test_save_never_blocks_when_the_writer_is_busy(tmp_path, monkeypatch):
         release.set()
     assert store.flush(5)
     assert store.stats["saved"] == 2
+    assert store.save([4], b"d" * 500) is not None  # nothing pending: one entry always fits, whatever its size
+    assert store.flush(5) and store.stats["saved"] == 3
     store.close()
 
 
 def test_close_is_bounded_when_a_write_hangs(tmp_path, monkeypatch):
     release = threading.Event()
     monkeypatch.setattr(atomic_write, "write_chunks", _hanging_write(release))
-    store = PrefixStore(tmp_path / "store", FP, 10**8, max_pending=4)
+    store = PrefixStore(tmp_path / "store", FP, 10**8, max_pending_bytes=4)
     try:
         assert store.save([1], b"a") is not None
         assert store.save([2], b"b") is not None

@@ -29,6 +29,10 @@ from .writer import BackgroundWriter
 
 log = logging.getLogger("llamabatch.prefix_store")
 
+# Payload the queued writes may hold in memory: a few entries of a long conversation (tens of
+# MB each), thousands of small ones. More is dropped, never waited for (see writer.py).
+MAX_PENDING_BYTES = 256 << 20
+
 # A folder whose mtime is this recent may change again within the same timestamp tick (coarse
 # kernel clock, or 1-2 s on some file systems), so an unchanged mtime proves nothing yet: the
 # index rescans the listing (cheap: no file is reopened that it already knows) until it is older.
@@ -50,11 +54,11 @@ class PrefixStore:
     """
 
     def __init__(self, root: str | os.PathLike, fingerprint: Mapping[str, str], max_bytes: int,
-                 *, max_pending: int = 2) -> None:
+                 *, max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0 (0 = off), got {max_bytes}")
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        if max_pending_bytes < 1:
+            raise ValueError(f"max_pending_bytes must be >= 1, got {max_pending_bytes}")
         self.root = Path(root)
         self.max_bytes = int(max_bytes)
         # As it reads back from a header (JSON round trip), so the comparison is like for like.
@@ -66,8 +70,9 @@ class PrefixStore:
         self._seen: tuple[int, int, int] | None = None  # the folder's (mtime, inode, device) last scanned
         self._racy = False
         self._queued: set[str] = set()  # names queued or being written by this store
+        self._unwanted: set[str] = set()  # of those, removed before their write ended: never kept
         self._counts = {"saved": 0, "loaded": 0, "refused": 0, "dropped": 0}
-        self._writer = BackgroundWriter(max_pending)
+        self._writer = BackgroundWriter(max_pending_bytes)
         self._closed = False
         if self.enabled:
             remove_dead_tmp_files(self.root)
@@ -176,10 +181,14 @@ class PrefixStore:
     def remove(self, name: str) -> bool:
         """Delete entry `name` now: for a caller that knows it is no longer wanted (a chat's
         older turns). Only ever an entry file of this store's fingerprint folder; never raises.
-        True when a file was deleted."""
+        True when a file was deleted. An entry still queued is not written (or deleted once
+        written): a chat typed faster than the disk writes may drop a turn that is not yet on it."""
         path = self._own_entry(name)
         if path is None:
             return False
+        with self._lock:
+            if name in self._queued:
+                self._unwanted.add(name)
         try:
             os.unlink(path)
             removed = True
@@ -201,7 +210,7 @@ class PrefixStore:
              owned: bool = False) -> str | None:
         """Queue a write of (tokens, payload) and return the entry's name at once; None when not
         queued (store off or closed, entry larger than max_bytes, an entry with these tokens
-        exists, or max_pending writes already pending). Never blocks on the disk.
+        exists, or the writes already pending hold max_pending_bytes). Never blocks on the disk.
 
         A bytes payload (or a read-only view of one) is kept as is; any other buffer is copied
         here (tens of ms for tens of MB), so the caller may reuse it as soon as save returns;
@@ -218,16 +227,16 @@ class PrefixStore:
             if entry_size(self._fingerprint, len(tokens), len(view)) > self.max_bytes:
                 self._drop(name, "larger than the store's max_bytes")
                 return None
-            if not self._writer.has_room():
-                self._drop(name, "writer busy (max_pending writes pending)")
+            if not self._writer.has_room(len(view)):
+                self._drop(name, "writer busy (max_pending_bytes pending)")
                 return None
             self._queued.add(name)
         if not owned and not (view.readonly and isinstance(view.obj, bytes)):
             view = memoryview(bytes(view))  # the caller's buffer may change once we return
-        if not self._writer.submit(lambda: self._write(name, key, tokens_le, view)):
+        if not self._writer.submit(lambda: self._write(name, key, tokens_le, view), len(view)):
             with self._lock:
                 self._queued.discard(name)
-                self._drop(name, "writer busy (max_pending writes pending)")
+                self._drop(name, "writer busy (max_pending_bytes pending)")
             return None
         return name
 
@@ -264,19 +273,26 @@ class PrefixStore:
     def _write(self, name: str, key: str, tokens_le: bytes, payload: memoryview) -> None:
         """On the writer thread: write the entry, index it, then enforce the LRU cap."""
         try:
+            with self._lock:
+                if name in self._unwanted:
+                    return
             head = encode_head(self._fingerprint, tokens_le, payload)
-            write_atomically(self._folder, key, (head, tokens_le, payload))
+            path = write_atomically(self._folder, key, (head, tokens_le, payload))
         except OSError as exc:  # disk full, read-only, permissions: the save is dropped
             with self._lock:
                 self._drop(name, str(exc))
             return
         else:
             with self._lock:
+                if name in self._unwanted:  # removed while it was being written
+                    path.unlink(missing_ok=True)
+                    return
                 self._index.add(name, sort_key_from_le(tokens_le), len(head) + len(tokens_le) + len(payload))
                 self._counts["saved"] += 1
         finally:
             with self._lock:
                 self._queued.discard(name)
+                self._unwanted.discard(name)
         evicted = evict_lru(self.root, self.max_bytes)
         if evicted:
             with self._lock:

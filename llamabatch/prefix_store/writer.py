@@ -1,8 +1,11 @@
 """The store's background writer: one daemon thread running queued writes, never blocking the
 caller that queues them.
 
-At most `max_pending` writes are queued or running at once (each holds a payload of up to
-tens of MB in memory); a write offered beyond that is refused on the spot. The thread is a
+The queued and running writes hold at most `max_pending_bytes` of payload in memory (an entry
+is up to tens of MB); a write offered beyond that is refused on the spot, except when nothing
+is pending (one entry always fits: its snapshot is in memory already). A bound in bytes, not
+in writes: a chat saves one small entry per turn, and a script typing turns faster than a slow
+disk writes them must not lose a turn's entry to two others still queued. The thread is a
 daemon and close() waits only as long as it is told, so a write hung on a dead disk can delay
 neither the caller nor the end of the process.
 """
@@ -18,12 +21,13 @@ log = logging.getLogger("llamabatch.prefix_store")
 
 
 class BackgroundWriter:
-    def __init__(self, max_pending: int, name: str = "llamabatch-prefix-store-writer") -> None:
-        self._max_pending = max_pending
+    def __init__(self, max_pending_bytes: int, name: str = "llamabatch-prefix-store-writer") -> None:
+        self._max_bytes = max_pending_bytes
         self._name = name
         self._cond = threading.Condition()
-        self._jobs: deque[Callable[[], None]] = deque()
+        self._jobs: deque[tuple[Callable[[], None], int]] = deque()
         self._pending = 0  # queued + running
+        self._pending_bytes = 0
         self._closed = False
         self._thread: threading.Thread | None = None
 
@@ -32,17 +36,22 @@ class BackgroundWriter:
         with self._cond:
             return self._pending
 
-    def has_room(self) -> bool:
+    def has_room(self, nbytes: int) -> bool:
         with self._cond:
-            return not self._closed and self._pending < self._max_pending
+            return self._room(nbytes)
 
-    def submit(self, job: Callable[[], None]) -> bool:
-        """Queue `job`; False (and nothing queued) when closed or max_pending are already pending."""
+    def _room(self, nbytes: int) -> bool:
+        return not self._closed and (self._pending == 0 or self._pending_bytes + nbytes <= self._max_bytes)
+
+    def submit(self, job: Callable[[], None], nbytes: int) -> bool:
+        """Queue `job`, which holds `nbytes` of payload until it has run; False (and nothing
+        queued) when closed or the pending writes already hold too much."""
         with self._cond:
-            if self._closed or self._pending >= self._max_pending:
+            if not self._room(nbytes):
                 return False
             self._pending += 1
-            self._jobs.append(job)
+            self._pending_bytes += nbytes
+            self._jobs.append((job, nbytes))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -62,8 +71,9 @@ class BackgroundWriter:
         with self._cond:
             self._closed = True
             dropped = len(self._jobs)
-            self._jobs.clear()
             self._pending -= dropped
+            self._pending_bytes -= sum(nbytes for _, nbytes in self._jobs)
+            self._jobs.clear()
             self._cond.notify_all()
             thread = self._thread
         if thread is not None:
@@ -76,7 +86,7 @@ class BackgroundWriter:
                 self._cond.wait_for(lambda: self._jobs or self._closed)
                 if not self._jobs:
                     return  # closed and nothing left
-                job = self._jobs.popleft()
+                job, nbytes = self._jobs.popleft()
             try:
                 job()
             except Exception:  # a job handles its own OSErrors; anything else is a bug, not a crash
@@ -84,4 +94,5 @@ class BackgroundWriter:
             finally:
                 with self._cond:
                     self._pending -= 1
+                    self._pending_bytes -= nbytes
                     self._cond.notify_all()
