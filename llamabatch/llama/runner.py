@@ -219,7 +219,7 @@ class LlamaRunner:
         # their first token from the same row (llama_sampler_sample leaves the logits as
         # they are), each with its own chain and seed
         for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
-            tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog)
+            tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog, self.n_vocab)
             result.sampled[slot] = tok
             if chunk.logprobs is not None:
                 result.logprobs[slot] = self.logprobs.from_row(self.ctx, row, tok, chunk.logprobs)

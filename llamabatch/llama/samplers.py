@@ -8,11 +8,13 @@ import math
 from typing import Any
 
 import llama_cpp
+import numpy as np
 from llama_cpp import llama_cpp as C
 
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from .backend import first_error, log_mark
+from .greedy_pick import GreedyPick
 from .stderr_capture import grammar_complaint, stderr_captured
 from .vocab import Vocabulary
 
@@ -22,12 +24,16 @@ GRAMMAR_BAN = -1e4
 
 
 class Sampler:
-    """A request's sampler chain (and, for min_tokens, a twin that cannot pick end-of-generation)."""
+    """A request's sampler chain (and, for min_tokens, a twin that cannot pick end-of-generation);
+    for a chain that is only a logit bias and greedy, the same pick done on the row in place."""
 
-    def __init__(self, chain: Any, no_eog_chain: Any, seed: int):
+    def __init__(self, chain: Any, no_eog_chain: Any, seed: int, greedy: GreedyPick | None = None,
+                 no_eog_greedy: GreedyPick | None = None):
         self.chain = chain
         self.no_eog_chain = no_eog_chain
         self.seed = seed
+        self.greedy = greedy
+        self.no_eog_greedy = no_eog_greedy
 
 
 class SamplerFactory:
@@ -45,10 +51,27 @@ class SamplerFactory:
         # llama.cpp's grammar throw and abort the whole process. So constrained requests
         # never ban EOG; an EOG they sample ends them with "stop".
         constrained = bool(params.grammar) or params.json_schema is not None
-        chain = self._chain(params, seed, block_eog=params.ignore_eos and not constrained)
-        no_eog = (self._chain(params, seed, block_eog=True)
-                  if params.min_tokens > 0 and not params.ignore_eos and not constrained else None)
-        return Sampler(chain, no_eog, seed)
+        block_eog = params.ignore_eos and not constrained
+        twin = params.min_tokens > 0 and not params.ignore_eos and not constrained
+        chain = self._chain(params, seed, block_eog=block_eog)
+        no_eog = self._chain(params, seed, block_eog=True) if twin else None
+        if not _only_bias_and_greedy(params):
+            return Sampler(chain, no_eog, seed)
+        return Sampler(chain, no_eog, seed, GreedyPick(self._bias(params, block_eog)),
+                       GreedyPick(self._bias(params, True)) if twin else None)
+
+    def _bias(self, p: SamplingParams, block_eog: bool) -> dict[int, float]:
+        """The chain's logit bias: the request's, softened under a grammar, and EOG banned."""
+        bias = dict(p.logit_bias)
+        if p.grammar or p.json_schema is not None:
+            # Under a grammar, a -inf bias on every token the grammar allows (EOG once it is
+            # complete, or the one character it wants) leaves no token at all, and llama.cpp's
+            # grammar then throws and aborts the process (found by benchmarks/fuzz_sampling.py).
+            # So there a ban is a very strong dislike: picked only when nothing else is allowed.
+            bias = {t: max(b, GRAMMAR_BAN) for t, b in bias.items()}
+        if block_eog:
+            bias.update({t: -math.inf for t in self.vocab.eog_ids})
+        return bias
 
     def _chain(self, p: SamplingParams, seed: int, block_eog: bool) -> Any:
         sparams = C.llama_sampler_chain_default_params()
@@ -70,15 +93,7 @@ class SamplerFactory:
                 if not g:
                     raise InvalidRequest(f"grammar does not parse ({grammar_complaint(said) or first_error(mark)})")
                 add(g)
-            bias = dict(p.logit_bias)
-            if p.grammar or p.json_schema is not None:
-                # Under a grammar, a -inf bias on every token the grammar allows (EOG once it is
-                # complete, or the one character it wants) leaves no token at all, and llama.cpp's
-                # grammar then throws and aborts the process (found by benchmarks/fuzz_sampling.py).
-                # So there a ban is a very strong dislike: picked only when nothing else is allowed.
-                bias = {t: max(b, GRAMMAR_BAN) for t, b in bias.items()}
-            if block_eog:
-                bias.update({t: -math.inf for t in self.vocab.eog_ids})
+            bias = self._bias(p, block_eog)
             if bias:
                 bad = [t for t in bias if t >= self.n_vocab]
                 if bad:
@@ -138,9 +153,21 @@ class SamplerFactory:
             C.llama_sampler_free(sampler.no_eog_chain)
 
 
-def sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool) -> int:
-    """Sample the context's logits row `row` with the request's chain."""
-    if suppress_eog and sampler.no_eog_chain:
+def _only_bias_and_greedy(p: SamplingParams) -> bool:
+    """Whether the chain _chain builds for `p` is a logit bias (maybe none) and greedy."""
+    return (p.greedy and not p.grammar and p.json_schema is None and p.repeat_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty and not p.dry_multiplier > 0)
+
+
+def sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_vocab: int) -> int:
+    """Sample the context's logits row `row` with the request's chain (or its greedy pick)."""
+    twin = suppress_eog and sampler.no_eog_chain
+    pick = sampler.no_eog_greedy if twin else sampler.greedy
+    if pick is not None:
+        tok = pick.pick(np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, row), shape=(n_vocab,)))
+        if tok is not None:  # greedy and a bias keep no state: nothing to accept
+            return tok
+    if twin:
         # min_tokens not reached: the twin that cannot pick EOG samples every token of
         # this phase (so its own history is whole), and the main chain is told each
         # token so its penalties and mirostat state stay in step for later.
