@@ -205,6 +205,29 @@ def test_input_order_waits_for_a_slow_line_and_completion_order_does_not(tmp_pat
     assert ids[-1] == "slow"  # 100 tokens vs 1: it finishes last
 
 
+def test_the_config_files_run_table_sets_order_and_max_inflight_and_flags_beat_it(tmp_path):
+    lines = [{"id": "slow", "prompt": "Count:", "max_tokens": 100, "ignore_eos": True}]
+    lines += [{"id": f"fast{i}", "prompt": f"Word {i}:", "max_tokens": 1} for i in range(5)]
+    inp = write_lines(tmp_path / "in.jsonl", lines)
+    config = tmp_path / "llamabatch.toml"
+    config.write_text('[run]\norder = "completion"\n')
+
+    def ids(*flags):
+        result = invoke(["--config", str(config), "run", str(inp), *FAST, "-q", *flags],
+                        runner=runner_for(step_delay=0.01))
+        assert result.exit_code == 0, result.stderr
+        return [r["id"] for r in parse_records(result.stdout)], result.engines[0]
+    by_file, _ = ids()
+    assert by_file[-1] == "slow" and sorted(by_file) == sorted(line["id"] for line in lines)
+    assert ids("--order", "input")[0] == [line["id"] for line in lines]
+    config.write_text("[run]\nmax_inflight = 1\n")
+    in_order, engine = ids()
+    assert in_order == [line["id"] for line in lines]  # order: the default, input
+    assert max(len(p.plan.chunks) for p in engine.runner.plans) == 1  # one line in the engine at a time
+    _, engine = ids("--max-inflight", "4")
+    assert max(len(p.plan.chunks) for p in engine.runner.plans) > 1
+
+
 def test_shared_prefix_is_served_from_the_cache(tmp_path):
     preamble = "Label each review as positive or negative.\n" + "Review: Great food.\nLabel: positive\n" * 8
     lines = [{"id": i, "prompt": preamble + f"Review: Example {i}.\nLabel:", "max_tokens": 2} for i in range(4)]

@@ -54,7 +54,7 @@ class RunOptions:
     output: str | None = None
     input_format: str = "auto"
     system: str | None = None
-    order: str = "input"
+    order: str | None = None  # None: the config file's [run] order, else "input" (_with_config_keys)
     max_inflight: int | None = None
     reorder_window: int | None = None
     resume: bool = False
@@ -118,8 +118,9 @@ def run_command(
     system: Optional[str] = typer.Option(None, "--system", show_default=False,
                                          help="System prompt for lines without one (text and prompt lines then "
                                               "run as chat)."),
-    order: Order = typer.Option(Order.input, "--order",
-                                help="input: records in input order; completion: each as soon as it finishes."),
+    order: Optional[Order] = typer.Option(None, "--order", show_default=False,
+                                          help="input: records in input order; completion: each as soon as it "
+                                               "finishes \\[default: input]."),
     max_inflight: Optional[int] = typer.Option(None, "--max-inflight", min=1, show_default=False,
                                                help="Most lines parsed ahead of the engine \\[default: 4 x n-parallel]."),
     reorder_window: Optional[int] = typer.Option(None, "--reorder-window", min=0, metavar="N", show_default=False,
@@ -244,7 +245,7 @@ def run_command(
     *.parquet, *.sqlite or *.db writes a table (docs/tables.md).
     """
     run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
-                   order=order.value, max_inflight=max_inflight, reorder_window=reorder_window, resume=resume,
+                   order=order.value if order is not None else None, max_inflight=max_inflight, reorder_window=reorder_window, resume=resume,
                    echo=echo, embed=embed, fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
                    quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
                    ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
@@ -258,8 +259,22 @@ def run_command(
         opts, env)
 
 
+CONFIG_KEYS = ("order", "max_inflight", "reorder_window", "error_file")  # run's own keys in [run]
+
+
+def _with_config_keys(o: RunOptions, env: Environment) -> RunOptions:
+    """`o` with run's own keys read from the config file's [run] table where no flag set them
+    (a flag wins; docs/config.md), once, before anything reads them; order defaults to input."""
+    from ...settings.file_layer import command_setting
+
+    found = {key: command_setting("run", key, None, env.config_path) for key in CONFIG_KEYS if getattr(o, key) is None}
+    o = dataclasses.replace(o, **{key: value for key, value in found.items() if value is not None})
+    return o if o.order is not None else dataclasses.replace(o, order="input")
+
+
 def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
     """The command's body: `o` its own options, `opts` the shared ones, `env` where it runs."""
+    o = _with_config_keys(o, env)
     ray_pool = import_ray_pool(o.ray) if o.ray is not None else None  # no Ray: exit 2 before anything
     resolved = resolve_options(opts, env)
     bounds = time_bounds("run", o.watchdog, o.drain_timeout, env.config_path)
@@ -288,10 +303,6 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
 
 def _prepared(o: RunOptions, resolved, parser, tables: TablePlan, bounds, ray_pool, env: Environment) -> None:
     error_file = o.error_file
-    if error_file is None:
-        from ...settings.file_layer import command_setting
-
-        error_file = command_setting("run", "error_file", None, env.config_path)
     if o.as_json and not o.dry_run:
         raise fail("--json goes with --dry-run (the records are JSON already; `llamabatch report OUTPUT --json` "
                    "prints the manifest)", EXIT_USAGE)
@@ -353,10 +364,6 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
     # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
     inflight = o.max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
     reorder_window = o.reorder_window
-    if reorder_window is None:
-        from ...settings.file_layer import command_setting
-
-        reorder_window = command_setting("run", "reorder_window", None, env.config_path)
     if reorder_window is None:  # as many lines to choose from as the engine(s) hold at once by default
         reorder_window = cluster.inflight_cap if cluster else 4 * engine.config.n_parallel
     reporter = make_reporter(o.quiet, o.progress_every, env.stderr, live_ok=not sink.is_terminal,
