@@ -6,15 +6,18 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import sqlite3
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from cli_harness import invoke, runner_for
+from llamabatch.cli.run import table_input
 from table_files import fake_hub, write_csv, write_feather, write_parquet
 
 FAST = ["--n-parallel", "2", "--max-tokens", "3", "-q"]
@@ -196,6 +199,21 @@ def test_progress_and_summary_count_rows(tmp_path, reviews):
     assert "llamabatch run: 4 row(s) in" in r.stderr
     assert "llamabatch run: 4/4 rows," in r.stderr
     assert "llamabatch run: row 3 (id 3) failed: invalid_row" in r.stderr
+
+
+def test_the_last_progress_line_has_the_total_when_counting_lags_the_run(tmp_path, reviews, monkeypatch):
+    """The rows are counted on a thread of their own; on a busy machine the run can end first."""
+    count = table_input._count_rows
+
+    def slowly(*args):
+        time.sleep(0.5)
+        return count(*args)
+    monkeypatch.setattr(table_input, "_count_rows", slowly)
+    r = invoke(["run", str(reviews), "--template", "{review}", "-o", str(tmp_path / "o.csv"), "--progress-every",
+                "0"], runner=runner_for())
+    assert r.exit_code == 0, r.stderr
+    progress = [line for line in r.stderr.splitlines() if re.match(r"llamabatch run: \d+/\S+ rows,", line)]
+    assert progress[-1].startswith("llamabatch run: 4/4 rows,"), r.stderr
 
 
 def test_resume_after_a_kill_completes_the_table_in_row_order(tmp_path):

@@ -34,7 +34,7 @@ from ...results import EmbeddingResult, Result
 from ...supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
 from .progress import RATE_WINDOW_S, Reporter, Snapshot
 from .ids import Answered, IdSet
-from .files import LineCounter, Source
+from .files import BackgroundCount, Source
 from .start_order import StartOrder
 from .writer import MAX_FAILURE_NOTES, RecordWriter
 
@@ -152,7 +152,7 @@ class BatchRun:
     def elapsed(self) -> float:
         return time.monotonic() - self._started
 
-    def snapshot(self, counter: LineCounter | None) -> Snapshot:
+    def snapshot(self, counter: BackgroundCount | None) -> Snapshot:
         stats = self.engine.stats()
         now = time.monotonic()
         elapsed = max(now - self._started, 1e-6)
@@ -379,7 +379,10 @@ class Interrupts:
                 signal.signal(sig, handler)
 
 
-def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: LineCounter | None,
+FINAL_COUNT_WAIT_S = 2.0  # the most the end of a run waits for INPUT's count (a huge file: it says n/?)
+
+
+def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: BackgroundCount | None,
              cluster: Any = None, drain_timeout: float | None = None) -> None:
     """The main thread's loop: progress, failure notes, Ctrl-C, until every admitted line is handled.
 
@@ -420,10 +423,12 @@ def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter:
         reporter.update(_snapshot(run, counter, cluster))
         time.sleep(0.05)
     _failure_notes(run, reporter, notes)
+    if counter is not None:
+        counter.wait(FINAL_COUNT_WAIT_S)  # the last line says n/TOTAL, not n/? on a busy machine
     reporter.update(_snapshot(run, counter, cluster))
 
 
-def _snapshot(run: BatchRun, counter: LineCounter | None, cluster: Any) -> Snapshot:
+def _snapshot(run: BatchRun, counter: BackgroundCount | None, cluster: Any) -> Snapshot:
     snap = run.snapshot(counter)
     if cluster is not None:
         snap.extra = cluster.progress()

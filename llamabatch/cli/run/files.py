@@ -13,7 +13,7 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator, TextIO
+from typing import BinaryIO, Callable, Iterator, TextIO
 
 from .formats import record_error_code, record_id
 from .ids import Answered
@@ -312,14 +312,26 @@ def _count_nonblank(path: str, cap: int | None = None) -> int | None:
     return n
 
 
-class LineCounter:
-    """Counts INPUT's non-blank lines on a background thread (the progress bar's total)."""
+class BackgroundCount:
+    """A progress total counted on a background thread: None until it is known, and for good
+    when counting fails (the run itself reports read errors)."""
+
+    def __init__(self, count: Callable[[], int | None]):
+        self.total: int | None = None
+        self._thread = threading.Thread(target=self._run, args=(count,), name="llamabatch-count", daemon=True)
+        self._thread.start()
+
+    def _run(self, count: Callable[[], int | None]) -> None:
+        self.total = count()
+
+    def wait(self, timeout: float) -> int | None:
+        """The total, waiting up to `timeout` seconds for it (the run's last progress line)."""
+        self._thread.join(timeout)
+        return self.total
+
+
+class LineCounter(BackgroundCount):
+    """Counts INPUT's non-blank lines (the progress bar's total)."""
 
     def __init__(self, path: str):
-        self.total: int | None = None
-        self._path = path
-        threading.Thread(target=self._count, name="llamabatch-count", daemon=True).start()
-
-    def _count(self) -> None:
-        # None on a read error: the total stays unknown; the run itself reports read errors
-        self.total = _count_nonblank(self._path)
+        super().__init__(lambda: _count_nonblank(path))

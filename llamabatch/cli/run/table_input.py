@@ -11,7 +11,6 @@ in `open_table_input`, before the model loads.
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -19,6 +18,7 @@ from ...params import SamplingParams
 from ...tables import (PromptTemplate, Row, RowReader, TableError, is_table_input, load_messages_template,
                        load_template_file, open_table)
 from .embed_records import EmbedLine
+from .files import BackgroundCount
 from .formats import LineError, LineRequest
 
 
@@ -150,23 +150,23 @@ class TableParser:
         return LineRequest(line_no, row.id, row.prompt, self.defaults, echo=echo, row=row.row)
 
 
-class TableCounter:
-    """The progress total: the table's rows, counted on a background thread (CSV reads the file
-    again; Parquet and Arrow add up their footers)."""
+class TableCounter(BackgroundCount):
+    """The progress total: the table's rows (CSV reads the file again; Parquet and Arrow add up
+    their footers)."""
 
     def __init__(self, path: str, delimiter: str | None):
-        self.total: int | None = None
-        threading.Thread(target=self._count, args=(path, delimiter), name="llamabatch-count", daemon=True).start()
+        super().__init__(lambda: _count_rows(path, delimiter))
 
-    def _count(self, path: str, delimiter: str | None) -> None:
-        try:
-            table = open_table(path, delimiter=delimiter)
-        except TableError:
-            return
-        try:
-            self.total = table.count()
-        finally:
-            table.close()
+
+def _count_rows(path: str, delimiter: str | None) -> int | None:
+    try:
+        table = open_table(path, delimiter=delimiter)
+    except TableError:
+        return None
+    try:
+        return table.count()
+    finally:
+        table.close()
 
 
 def output_inside_input(output: str | None, input_path: str) -> bool:
