@@ -2,9 +2,9 @@
 llama.cpp's greedy sampler.
 
 `llama_sampler_sample` first copies the whole row into a candidate array (id, logit, p for
-each of Gemma 3's 262,144 tokens: 3 MiB), applies the chain, then scans it; for a greedy
-request that is most of the tick's sampling time (about 0.6 ms a row on a 2-core EPYC, 5% of
-a decode tick of 8 rows). An argmax over the row in place takes a tenth of that.
+each of Gemma 3's 262,144 tokens: 3 MiB), applies the chain, then scans it: 0.33 ms a row
+on a 2-core EPYC, 4-5 ms of a ~76 ms decode tick of 8 rows. An argmax over the row in place
+takes 0.04 ms (docs/performance.md, the KV layout section).
 
 Same token as the chain, by construction:
 - llama.cpp's greedy keeps the first index of the largest logit (`>` while scanning), as
