@@ -10,7 +10,7 @@ from cli_harness import invoke
 from llamabatch import EngineConfig
 from llamabatch.errors import InvalidRequest, ResourceLimit
 from llamabatch.memory_setting import memory_cap
-from llamabatch.llama.resources import check, needs
+from llamabatch.llama.resources import check, check_addition, needs
 
 GIB, MIB = 2**30, 2**20
 PER_LAYER = 1 * (256 + 256) * 2  # Gemma 3 270M: 1 KV head x (key 256 + value 256) x f16
@@ -118,3 +118,20 @@ def test_the_in_process_engine_refuses_before_creating_the_context(model_path):
 
     with pytest.raises(ResourceLimit, match=r"^n_ctx 1000000000 needs .* TiB of KV cache"):
         Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=1_000_000_000, threads=1))
+
+
+def test_an_addition_fits_in_what_a_size_leaves_or_in_a_share_of_what_is_available_now():
+    sized = EngineConfig(n_parallel=1, max_memory="1G")
+    check_addition(sized, 300 * MIB, 600 * MIB, "the embedding context", memory=23 * GIB)  # 900 MiB of 1 GiB
+    with pytest.raises(ResourceLimit, match=r"^the embedding context needs 500.0 MiB, more than the 424.0 MiB "
+                                            r"max_memory 1G leaves beside the engine's 600.0 MiB: raise max_memory "
+                                            r"or lower n_batch$"):
+        check_addition(sized, 500 * MIB, 600 * MIB, "the embedding context", memory=23 * GIB)
+    with pytest.raises(ResourceLimit, match=r"more than the 100.0 MiB max_memory 1G leaves"):  # never past what is free
+        check_addition(sized, 200 * MIB, 0, "the embedding context", memory=100 * MIB)
+    shared = EngineConfig(n_parallel=1)  # the default, 90% of what is available now
+    check_addition(shared, 800 * MIB, 20 * GIB, "the embedding context", memory=1 * GIB)
+    with pytest.raises(ResourceLimit, match=r"needs 950.0 MiB, more than the 921.6 MiB max_memory 90% allows of the "
+                                            r"1.0 GiB available now"):
+        check_addition(shared, 950 * MIB, 0, "the embedding context", memory=1 * GIB)
+    check_addition(shared.replace(max_memory="off"), 10 * GIB, 0, "the embedding context", memory=MIB)

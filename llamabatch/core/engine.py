@@ -364,9 +364,10 @@ class Engine(SharedEngine):
         if result.status != 0:
             why = result.error or ("no room in the embedding context" if result.status == 1
                                    else f"llama_decode returned {result.status}")
+            error, code = (why, result.code) if result.code else (str(DecodeError(why)), DecodeError.code)
             for job in jobs:
                 if not job.finished:
-                    self._end_embed(job, "error", str(DecodeError(why)), DecodeError.code)
+                    self._end_embed(job, "error", error, code)
         else:
             for item, vector in zip(items, result.vectors):
                 item.job.take_vector(item.index, vector)

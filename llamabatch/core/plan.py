@@ -193,6 +193,7 @@ class EmbedStepResult:
     vectors: list[list[float]] = field(default_factory=list)
     eval_ms: float = 0.0
     error: str = ""
+    code: str = ""  # the error's code when it is not a decode error (resource_limit)
 
 
 class SampleJob(Protocol):

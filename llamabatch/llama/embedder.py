@@ -40,6 +40,8 @@ import numpy as np
 from llama_cpp import llama_cpp as C
 
 from ..config import EngineConfig
+from ..errors import ResourceLimit
+from . import resources
 from ..core.plan import EmbedBatch, EmbedStepResult
 
 LLAMA_MAX_SEQ = 256  # llama-cparams.h: sequence ids of one context
@@ -87,8 +89,11 @@ def default_pooling(metadata: dict[str, str]) -> str:
 class Embedder:
     """The embedding contexts (one per pooling type, made on first use) and their batch."""
 
-    def __init__(self, model: Any, config: EngineConfig, deterministic: bool, metadata: dict[str, str]):
+    def __init__(self, model: Any, config: EngineConfig, deterministic: bool, metadata: dict[str, str],
+                 taken: int = 0):
         self.model = model
+        self.metadata = metadata
+        self.taken = taken  # bytes the engine took already (its KV cache and weights): resources.check_addition
         # A generative LM: llama.cpp gives per-token states, pooled here (the module docstring)
         self.pool_here = not has_own_pooling(metadata)
         self._get_name = _ggml_get_name() if self.pool_here else None
@@ -142,6 +147,9 @@ class Embedder:
         if self.deterministic:
             p.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED  # the attention path checked for invariance
         p.no_perf = True
+        # ResourceLimit when it does not fit: every embedding request gets that error, generation goes on
+        resources.check_addition(self.config, self.reserved_bytes(p.n_ctx, p.n_ubatch), self.taken,
+                                 "the embedding context")
         ctx = C.llama_init_from_model(self.model, p)
         if not ctx:
             raise RuntimeError(f"llama.cpp could not create an embedding context of {self.max_tokens} tokens")
@@ -150,10 +158,21 @@ class Embedder:
         self.contexts[pooling] = ctx
         return ctx
 
+    def reserved_bytes(self, cells: int, ubatch: int) -> int:
+        """What llama.cpp reserves for an embedding context (its log's buffer sizes): KV for its
+        cells, output rows of f32 for every sequence id, and for a causal LM the vocabulary's
+        logits: n_vocab per output row and, in the compute buffer, per row of a ubatch (reserved
+        though the graph stops before them: about 780 MiB for Gemma 3 at n_batch 512)."""
+        per_token = resources.kv_bytes_per_token(self.metadata) or 0
+        n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(self.model)) if self.pool_here else 0
+        return cells * per_token + 4 * (self.max_seqs * (self.n_embd + n_vocab) + ubatch * n_vocab)
+
     def run(self, plan: EmbedBatch) -> EmbedStepResult:
         t0 = time.perf_counter()
         try:
             ctx = self.context(plan.pooling)
+        except ResourceLimit as exc:
+            return EmbedStepResult(status=CONTEXT_FAILED, error=str(exc), code=ResourceLimit.code)
         except RuntimeError as exc:
             return EmbedStepResult(status=CONTEXT_FAILED, error=str(exc))
         batch = self.batch

@@ -179,6 +179,30 @@ def check(config: EngineConfig, model_path: str, *, metadata: Mapping[str, Any] 
     return need
 
 
+def check_addition(config: EngineConfig, need: int, taken: int, what: str, *, memory: int | None = None) -> None:
+    """Raise ResourceLimit when `need` more bytes, allocated after the engine's own `taken`
+    (the embedding context, made on first use), do not fit: under a size for max_memory, in
+    what that size leaves; under a share, in that share of what is available now (the engine's
+    allocations are already out of it); never more than is available."""
+    if config.n_gpu_layers != 0:
+        return  # see the module docstring
+    if memory is None:
+        memory = available_memory()
+    if memory is None:
+        return
+    cap = memory_cap(config.max_memory, memory)
+    if cap is None:
+        return
+    limit = config.max_memory if config.max_memory is not None else DEFAULT_MAX_MEMORY
+    sized = isinstance(limit, int) or "%" not in limit
+    allowed = min(max(cap - taken, 0), memory) if sized else cap
+    if need > allowed:
+        named = _size(limit) if isinstance(limit, int) else limit
+        leaves = (f"the {_size(allowed)} max_memory {named} leaves beside the engine's {_size(taken)}" if sized
+                  else f"the {_size(allowed)} max_memory {named} allows of the {_size(memory)} available now")
+        raise ResourceLimit(f"{what} needs {_size(need)}, more than {leaves}: raise max_memory or lower n_batch")
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if n < 1024 or unit == "PiB":

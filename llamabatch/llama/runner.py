@@ -75,8 +75,8 @@ class LlamaRunner:
             # hold is refused first, in one line (resources.py), with this model's metadata and,
             # in deterministic mode, the sequence ids and row rule really used.
             self.metadata = load.read_metadata(self.model)
-            resources.check(config, model_path, metadata=self.metadata,
-                            shapes=self.shapes if self.deterministic else None)
+            need = resources.check(config, model_path, metadata=self.metadata,
+                                   shapes=self.shapes if self.deterministic else None)
         except BaseException:
             C.llama_model_free(self.model)
             raise
@@ -101,7 +101,8 @@ class LlamaRunner:
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx)  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
         # Embeddings run in a context of their own, made on first use (embedder.py says why).
-        self.embedder = Embedder(self.model, config, self.deterministic, self.metadata)
+        self.embedder = Embedder(self.model, config, self.deterministic, self.metadata,
+                                 taken=need.total if need is not None else 0)
         self.n_embd = self.embedder.n_embd
         self.embed_max_tokens, self.embed_max_seqs = self.embedder.max_tokens, self.embedder.max_seqs
         self.default_pooling = config.pooling or default_pooling(self.metadata)
