@@ -229,6 +229,25 @@ class SupervisedEngine(SharedEngine):
                callback: EventCallback | None = None) -> RequestHandle:
         """Queue one request (see Engine.submit). Prompt errors found in the child end the
         handle with finish_reason 'error' a moment later instead of at once."""
+        handle = self._new_handle(stream, callback)
+
+        def checked() -> SamplingParams:
+            checked = (params or self.default_params).validate()
+            if checked.seed is None:  # fixed here, so a retry in a new child samples the same way
+                checked = checked.replace(seed=self.config.seed if self.config.seed is not None else random_seed())
+            return checked
+        return self._admit(handle, prompt, checked)
+
+    def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
+        """Queue one embeddings request (shared.py's submit_embedding): it travels to the child
+        as the request's prompt and is retried after a crash like any other request; its
+        timeout rides in the params, so a retry gets what is left of it."""
+        handle = self._new_handle(False, callback)
+        handle.kind = "embed"
+        return self._admit(handle, request,
+                           lambda: self.default_params.replace(timeout=request.timeout, seed=0).validate())
+
+    def _new_handle(self, stream: bool, callback: EventCallback | None) -> RequestHandle:
         if self._closing:
             raise EngineClosed("the engine is closed")
         if self.fatal_error is not None:
@@ -236,56 +255,27 @@ class SupervisedEngine(SharedEngine):
         with self._lock:
             pid = self._next_id
             self._next_id += 1
-        handle = RequestHandle(self._cancel, pid, stream, callback)
+        return RequestHandle(self._cancel, pid, stream, callback)
+
+    def _admit(self, handle: RequestHandle, payload: Any, params: Callable[[], SamplingParams]) -> RequestHandle:
+        """A generation or embeddings request into the queue for the child; bad input (what
+        `params` raises) is a request too: it gets its Result at once, as in Engine."""
         try:
-            params = (params or self.default_params).validate()
-            if params.seed is None:  # fixed here, so a retry in a new child samples the same way
-                params = params.replace(seed=self.config.seed if self.config.seed is not None else random_seed())
+            checked = params()
         except LlamaBatchError as exc:
-            with self._lock:  # bad input is a request (it gets its Result), as in Engine
+            with self._lock:
                 self.telemetry.totals.submitted += 1
-            self._finish(None, handle, error_result(pid, str(exc), exc.code))
+            self._finish(None, handle, error_result(handle.request_id, str(exc), exc.code))
             return handle
-        flight = _Flight(handle, prompt, params, time.perf_counter())
+        flight = _Flight(handle, payload, checked, time.perf_counter())
         with self._lock:
             if self._closing or self.fatal_error is not None:
                 raise EngineClosed(self.fatal_error or "the engine is closed")
             check_room(len(self._flights), self.n_slots, self.config.max_queue)
             # counted only once accepted: a refused request (QueueFull, EngineClosed) never entered
             self.telemetry.totals.submitted += 1
-            self._flights[pid] = flight
-            self._held.append(pid)
-            self._dispatch()
-        return handle
-
-    def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
-        """Queue one embeddings request (shared.py's submit_embedding): it travels to the child
-        as the request's prompt and is retried after a crash like any other request; its
-        timeout rides in the params, so a retry gets what is left of it."""
-        if self._closing:
-            raise EngineClosed("the engine is closed")
-        if self.fatal_error is not None:
-            raise EngineClosed(self.fatal_error)
-        with self._lock:
-            pid = self._next_id
-            self._next_id += 1
-        handle = RequestHandle(self._cancel, pid, False, callback)
-        handle.kind = "embed"
-        try:
-            params = self.default_params.replace(timeout=request.timeout, seed=0).validate()
-        except LlamaBatchError as exc:
-            with self._lock:
-                self.telemetry.totals.submitted += 1
-            self._finish(None, handle, error_result(pid, str(exc), exc.code))
-            return handle
-        flight = _Flight(handle, request, params, time.perf_counter())
-        with self._lock:
-            if self._closing or self.fatal_error is not None:
-                raise EngineClosed(self.fatal_error or "the engine is closed")
-            check_room(len(self._flights), self.n_slots, self.config.max_queue)
-            self.telemetry.totals.submitted += 1
-            self._flights[pid] = flight
-            self._held.append(pid)
+            self._flights[handle.request_id] = flight
+            self._held.append(handle.request_id)
             self._dispatch()
         return handle
 
