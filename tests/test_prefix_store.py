@@ -25,7 +25,8 @@ import pytest
 from llamabatch.prefix_store import PrefixStore, StoreHit
 from llamabatch.prefix_store import atomic_write
 from llamabatch.prefix_store.file_format import tokens_to_le
-from llamabatch.prefix_store.index import PrefixIndex, shared_bytes, sort_key
+from llamabatch.common_prefix import common_prefix
+from llamabatch.prefix_store.index import PrefixIndex, sort_key
 from llamabatch.prefix_store.naming import entry_key, fingerprint_folder
 
 FP = {"model_sha256": "aa" * 32, "llama_cpp": "b1234", "kv": "unified", "swa_full": "1", "type_k": "f16"}
@@ -178,7 +179,7 @@ def test_index_lookup_matches_a_brute_force_search():
     for split in (0, 1, 4095, 4096, 4097, 10_000):
         a = bytes(12_000)
         b = a[:split] + b"\x01" + a[split + 1:]
-        assert shared_bytes(a, b) == split
+        assert common_prefix(a, b) == split
 
 
 def test_lookup_is_fast_with_long_prompts_and_hundreds_of_entries(store):

@@ -17,7 +17,8 @@ from llamabatch.cli.run.batch import STREAM_LINGER_S, BatchRun, Interrupts, wait
 from llamabatch.cli.run.files import Source, open_output
 from llamabatch.cli.run.formats import EmbedLine, LineParser, LineRequest
 from llamabatch.cli.run.progress import make_reporter
-from llamabatch.cli.run.start_order import MIN_SHARED, StartOrder, prompt_key, shared_prefix
+from llamabatch.common_prefix import common_prefix
+from llamabatch.cli.run.start_order import MIN_SHARED, StartOrder, prompt_key
 from llamabatch.cli.run.writer import RecordWriter
 from llamabatch.params import SamplingParams
 
@@ -225,7 +226,7 @@ def test_what_a_line_shares_is_the_longest_prefix_it_shares_with_any_line_met():
             order.add(i, line(i, keys[i]))
             for w in order._waiting:
                 if w.key is not None:
-                    want = max((shared_prefix(keys[w.seq], keys[j]) for j in met[w.seq]), default=0)
+                    want = max((common_prefix(keys[w.seq], keys[j]) for j in met[w.seq]), default=0)
                     assert w.shared == want, (w.seq, keys, met[w.seq])
 
 
@@ -236,8 +237,8 @@ def test_prompt_keys():
     assert prompt_key(line(0, [104, 105])) == "\x00hi"
     assert prompt_key(embed_line(0)) is None
     a = "x" * 1000 + "abc"
-    assert shared_prefix(a, "x" * 1000 + "abd") == 1002
-    assert shared_prefix(a, a) == len(a) and shared_prefix(a, "") == 0 and shared_prefix("b", a) == 0
+    assert common_prefix(a, "x" * 1000 + "abd") == 1002
+    assert common_prefix(a, a) == len(a) and common_prefix(a, "") == 0 and common_prefix("b", a) == 0
     assert MIN_SHARED < len(INSTRUCTIONS[0])
 
 

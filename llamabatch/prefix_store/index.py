@@ -18,7 +18,6 @@ from typing import Sequence
 from ..common_prefix import common_prefix
 
 
-
 def sort_key(tokens: Sequence[int]) -> bytes:
     try:
         return struct.pack(f">{len(tokens)}I", *tokens)
@@ -33,11 +32,6 @@ def sort_key_from_le(tokens_le: bytes) -> bytes:
     ids.frombytes(tokens_le)
     ids.byteswap()
     return ids.tobytes()
-
-
-def shared_bytes(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of two byte strings."""
-    return common_prefix(a, b)
 
 
 @dataclass(frozen=True)
@@ -97,7 +91,7 @@ class PrefixIndex:
         for i in (at - 1, at):
             if 0 <= i < len(self._keys):
                 key = self._keys[i]
-                rank = (shared_bytes(key, query) // 4, -len(key))
+                rank = (common_prefix(key, query) // 4, -len(key))
                 if best is None or rank > best:
                     best, best_at = rank, i
         if best is None or best[0] < max(min_common, 1):
@@ -125,6 +119,6 @@ class PrefixIndex:
             if q.startswith(key):  # the largest key <= q that starts q: the longest one
                 n = len(key) // 4
                 return Match(self._names[i], n, n) if len(key) >= floor else None
-            q = q[: shared_bytes(key, q) // 4 * 4]
+            q = q[: common_prefix(key, q) // 4 * 4]
         return None
 

@@ -75,9 +75,6 @@ def _content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-shared_prefix = common_prefix  # how many leading characters two prompts share
-
-
 @dataclass
 class _Waiting:
     seq: int  # the line's number in read order (the writer's seq)
@@ -118,7 +115,7 @@ class StartOrder:
             entry = (line.key, seq)
             at = bisect.bisect(self._sorted, entry)
             for other in (self._sorted[at - 1:at] + self._sorted[at:at + 1]):
-                n = shared_prefix(line.key, other[0])
+                n = common_prefix(line.key, other[0])
                 neighbour = self._by_seq[other[1]]
                 neighbour.shared = max(neighbour.shared, n)
                 line.shared = max(line.shared, n)
@@ -162,7 +159,7 @@ class StartOrder:
         return cached >= self.min_shared and line.shared - cached < self.min_shared
 
     def _cached(self, key: str) -> int:
-        return max((shared_prefix(key, started) for started in self._recent), default=0)
+        return max((common_prefix(key, started) for started in self._recent), default=0)
 
     def drain(self) -> list[tuple[int, Any]]:
         """Every waiting line, in read order; none waits afterwards (the run is stopping)."""
