@@ -202,11 +202,10 @@ class Scheduler:
             else:
                 if fork is None:
                     self.trim(slot_id, reuse)
-                if self.disk is not None and reuse >= self.disk.save_min and not self.disk.has(seq.prompt[:reuse]):
-                    # A prefix worth keeping that its first slot went past: the trimmed cache or the
-                    # forked copy holds exactly it once this tick's plan has run. The request sits
-                    # that tick out and the slot is saved then (_take_waiting_saves).
-                    seq.save_at = reuse
+                # A prefix worth keeping that its first slot went past: the trimmed cache or the
+                # forked copy holds exactly it once this tick's plan has run. The request sits
+                # that tick out and the slot is saved then (_take_waiting_saves).
+                self._mark_save(seq, reuse)
             out.append(Admission(seq, slot_id, reuse, fork))
             for sample in seq.members[1:]:
                 # Its KV will be a fork of sample 0's prompt: the least recently used slot loses least.
