@@ -123,13 +123,11 @@ class PrefixStore:
     def load(self, hit: StoreHit) -> tuple[list[int], memoryview | bytes] | None:
         """(the entry's tokens, its KV payload as a writable memoryview), every check passed;
         None otherwise (a bad file is deleted). Never raises. Marks the entry as just used."""
-        if not self.enabled:
+        path = self._own_entry(hit.name)
+        if path is None:
+            if self.enabled:
+                log.debug("prefix store: %s is not an entry of this store's fingerprint", hit.name)
             return None
-        folder, _, file_name = hit.name.partition("/")
-        if folder != self._folder_name or not is_entry_file(file_name):
-            log.debug("prefix store: %s is not an entry of this store's fingerprint", hit.name)
-            return None
-        path = self._folder / file_name
         try:
             with open(path, "rb", buffering=0) as f:
                 st = os.fstat(f.fileno())
@@ -142,8 +140,7 @@ class PrefixStore:
                     if got != st.st_size:
                         raise BadEntry(f"read {got} of {st.st_size} bytes")
                     tokens_le, payload = decode_entry(data, self._fingerprint)
-                    if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
-                        raise BadEntry("its tokens do not match its name")
+                    self._check_name(tokens_le, path.name)
                 except BadEntry as exc:
                     self._refuse(hit.name, path, inode, str(exc))
                     return None
@@ -172,10 +169,9 @@ class PrefixStore:
         try:
             with open(path, "rb") as f:
                 _, tokens_le = read_head_and_tokens(f, self._fingerprint, os.fstat(f.fileno()).st_size)
+            self._check_name(tokens_le, path.name)
         except (OSError, BadEntry):
             return None  # a bad file is refused (and deleted) by the index or by load, not here
-        if entry_file(entry_key(self._folder_name, tokens_le)) != path.name:
-            return None
         return tokens_from_le(tokens_le)
 
     def remove(self, name: str) -> bool:
@@ -197,6 +193,11 @@ class PrefixStore:
         with self._lock:
             self._index.remove(name)
         return removed
+
+    def _check_name(self, tokens_le: bytes | memoryview, file_name: str) -> None:
+        """An entry's name is a hash of its tokens: BadEntry when these do not give that name."""
+        if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
+            raise BadEntry("its tokens do not match its name")
 
     def _own_entry(self, name: str) -> Path | None:
         folder, _, file_name = name.partition("/")
@@ -351,8 +352,7 @@ class PrefixStore:
                 st = os.fstat(f.fileno())
                 try:
                     head, tokens_le = read_head_and_tokens(f, self._fingerprint, st.st_size)
-                    if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
-                        raise BadEntry("its tokens do not match its name")
+                    self._check_name(tokens_le, file_name)
                     if head.n_tokens == 0:
                         raise BadEntry("no tokens")
                 except BadEntry as exc:
