@@ -263,8 +263,8 @@ class ChatSession:
         if entry is None:
             return None
         self._entries = [(t, n) for t, n in self._entries if n != entry][-3:] + [(prompt.tokens, entry)]
-        reply_tokens = list(result.token_ids) if result.stop is None else None
-        return {"kv_entry": entry, "kv_resume": {"prompt_sha256": text_digest(prompt.text), "reply_tokens": reply_tokens}}
+        return {"kv_entry": entry, "kv_resume": {"prompt_sha256": text_digest(prompt.text),
+                                                 "reply_tokens": _reply_tokens(result)}}
 
     def _resume_kv(self, conversation: Conversation, stored: Stored) -> None:
         """Go on from the stored conversation's last reply's entry, when it matches the
@@ -289,9 +289,7 @@ class ChatSession:
         self._entries = [(tokens, stored.kv_entries[-1])]
 
     def _remember(self, prompt: TurnPrompt, result: Result) -> None:
-        # Generated tokens spell the text exactly unless a stop string was cut off it.
-        tokens = result.token_ids if result.stop is None else None
-        self.builder.remember(prompt, result.text, tokens)
+        self.builder.remember(prompt, result.text, _reply_tokens(result))
 
     def _restored(self, result: Result) -> int:
         """Of the reply's cached tokens, those read from the disk prefix store: by its own
@@ -314,3 +312,9 @@ class ChatSession:
 
 def _count(n: int, noun: str) -> str:
     return f"{noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _reply_tokens(result: Result) -> list[int] | None:
+    """The reply's generated tokens, when they spell its text exactly (a stop string cut off
+    the text is still among them): what the next prompt continues from."""
+    return result.token_ids if result.stop is None else None
