@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
+from ..replaced_file import replacing
 # the KV and memory figures are resources.py's (which also checks them before a context is made)
 from .resources import available_memory, kv_bytes_per_token  # noqa: F401  (kv_bytes_per_token: re-exported)
 
@@ -134,9 +135,8 @@ def write_cache(key: str, entry: dict) -> None:
             data = {}
         data[key] = {**entry, "measured": {str(k): v for k, v in entry["measured"].items()}}
         # a name of this process's own: Ray workers on one node may write at the same moment
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        with replacing(path) as tmp:
+            Path(tmp).write_text(json.dumps(data, indent=1, sort_keys=True))
     except OSError as exc:
         log.debug("could not write %s: %s", path, exc)
 

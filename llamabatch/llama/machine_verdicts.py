@@ -16,6 +16,8 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
+from ..replaced_file import replacing
+
 log = logging.getLogger("llamabatch.machine_verdicts")
 
 
@@ -90,8 +92,7 @@ def write_verdict(key: str, ok: bool, why: str) -> None:
         except (OSError, ValueError):
             data = {}
         data[key] = {"ok": ok, "why": why}
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        with replacing(path) as tmp:
+            Path(tmp).write_text(json.dumps(data, indent=1, sort_keys=True))
     except OSError as exc:
         log.debug("could not write %s: %s", path, exc)

@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from ..replaced_file import replacing
 from .file_hash import sha256_file
 
 CACHE_FILE = "model_sha256.json"
@@ -60,9 +61,8 @@ def model_sha256(path: str) -> str | None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         data = _read_cache()
         data[key] = digest
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")  # several runs may write at once
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(cache)
+        with replacing(cache) as tmp:  # a name of this process's own: several runs may write at once
+            Path(tmp).write_text(json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass
     return digest

@@ -14,12 +14,12 @@ is hashed again.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from ..errors import InvalidRequest, ModelLoadError
+from ..replaced_file import replacing
 from .file_hash import sha256_file
 from .cache_folder import cache_dir
 
@@ -125,10 +125,9 @@ def verify(model: PackagedModel, path: Path) -> None:
 
 def _write_stamp(stamp: Path, identity: dict) -> None:
     """Best effort, atomic: a read-only cache only means hashing again next start."""
-    tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.tmp")
     try:
         stamp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(identity))
-        os.replace(tmp, stamp)
+        with replacing(stamp) as tmp:
+            Path(tmp).write_text(json.dumps(identity))
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass

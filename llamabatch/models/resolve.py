@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from ..replaced_file import replacing
 from .file_hash import sha256_file
 from .cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: where it was always imported from)
 from .stores import ModelRef, display_name, resolve_spelling
@@ -144,13 +145,11 @@ def _write_stamp(model_path: Path, sha256: str) -> None:
     """Record that this exact file (size + mtime) hashed to `sha256`; best effort."""
     stamp = {**_file_identity(model_path), "sha256": sha256}
     stamp_path = _stamp_path(model_path)
-    tmp = stamp_path.with_name(f".{stamp_path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(stamp))
-        os.replace(tmp, stamp_path)
+        with replacing(stamp_path) as tmp:
+            Path(tmp).write_text(json.dumps(stamp))
     except OSError:
-        # A read-only cache still works; it just re-hashes on every start.
-        tmp.unlink(missing_ok=True)
+        pass  # a read-only cache still works; it just re-hashes on every start
 
 
 def _sha256_or_none(path: Path) -> str | None:

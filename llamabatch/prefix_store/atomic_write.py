@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from ..replaced_file import sync_folder
 from .naming import entry_file, tmp_file
 
 
@@ -18,20 +19,6 @@ def write_chunks(fd: int, chunks: Iterable[bytes | memoryview]) -> None:
         view = memoryview(chunk).cast("B")
         while view:
             view = view[os.write(fd, view):]  # os.write may write less than asked
-
-
-def _fsync_folder(folder: Path) -> None:
-    # Makes the rename itself durable; some file systems cannot open a folder for this.
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_atomically(folder: Path, key: str, chunks: Iterable[bytes | memoryview]) -> Path:
@@ -55,5 +42,5 @@ def write_atomically(folder: Path, key: str, chunks: Iterable[bytes | memoryview
         except OSError:
             pass
         raise
-    _fsync_folder(folder)
+    sync_folder(folder)
     return final

@@ -14,6 +14,7 @@ import shutil
 from typing import Any
 
 from ...errors import InvalidRequest
+from ...replaced_file import replacing
 from . import chartdata, htmlreport
 
 BATCHED_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")
@@ -140,14 +141,8 @@ def write_html(path: str, document: dict[str, Any], last_ticks: int = 0) -> None
     """The report, written whole: to a temporary name next to `path`, then renamed, so a
     failure never leaves half a page behind. Raises OSError."""
     text = htmlreport.render(document, last_ticks)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def writable(path: str) -> bool:

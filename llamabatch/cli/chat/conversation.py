@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from ...models.chat_template import ChatTemplate, validate_messages
 from ...errors import InvalidRequest
+from ...replaced_file import replacing
 
 TRANSCRIPT_VERSION = 1
 CHAT_ROLES = ("system", "user", "assistant")
@@ -117,10 +118,8 @@ class Conversation:
         """Write the transcript as JSON (raises OSError)."""
         text = json.dumps(self.to_dict(**meta), ensure_ascii=False, indent=2) + "\n"
         path = os.path.expanduser(path)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:  # never half a transcript
             f.write(text)
-        os.replace(tmp, path)  # a failed write never leaves half a transcript behind
 
     @classmethod
     def load(cls, path: str) -> "Conversation":

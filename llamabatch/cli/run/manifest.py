@@ -12,7 +12,7 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
-from .replaced_file import replacing
+from ...replaced_file import replacing, sync_folder
 
 FORMAT = "llamabatch-run-manifest"
 VERSION = 1  # bumped when a field changes meaning; a newer file is refused on --resume
@@ -33,19 +33,11 @@ def now_iso() -> str:
 
 def write_atomic(path: str, text: str) -> None:
     """Replace `path` by `text` all at once (write, fsync, rename, fsync the folder). Raises OSError."""
-    folder = os.path.dirname(os.path.abspath(path))
     with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself survives a power cut
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    sync_folder(os.path.dirname(os.path.abspath(path)))  # the rename itself survives a power cut
 
 
 def write_manifest(path: str, manifest: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ...replaced_file import replacing, sync_folder
 from .formats import record_error_code, record_id
 from .ids import Answered, IdSet, id_key
 
@@ -122,9 +123,7 @@ def _journal(path: str) -> dict[bytes, tuple[bytes, Any]]:
 def _rewrite(path: str, keep: Callable[[bytes, Any], bytes | None], tail: list[bytes]) -> None:
     """Replace `path` atomically by its whole lines passed through `keep` (None drops one),
     then `tail`. A missing file is created."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.merge.tmp")
-    with open(tmp, "wb") as out:
+    with replacing(path) as tmp, open(tmp, "wb") as out:
         for raw, record in whole_records(path):
             new = keep(raw, record)
             if new is not None:
@@ -133,19 +132,7 @@ def _rewrite(path: str, keep: Callable[[bytes, Any], bytes | None], tail: list[b
             out.write(raw)
         out.flush()
         os.fsync(out.fileno())
-    os.replace(tmp, path)
-    _sync_folder(folder)
-
-
-def _sync_folder(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    sync_folder(os.path.dirname(os.path.abspath(path)))
 
 
 def merge_journal(output: str, error_file: str | None = None) -> Merged | None:
@@ -197,7 +184,7 @@ def merge_journal(output: str, error_file: str | None = None) -> Merged | None:
         successes = {key: raw for key, (raw, record) in journal.items() if not is_error(record)}
         merged.appended += _append_missing(output, successes)
     os.remove(jpath)
-    _sync_folder(os.path.dirname(os.path.abspath(jpath)))
+    sync_folder(os.path.dirname(os.path.abspath(jpath)))
     return merged
 
 

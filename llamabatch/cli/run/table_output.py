@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from .formats import record_error_code, record_id
 from .table_layout import Layout
-from .replaced_file import replacing
+from ...replaced_file import replacing
 from .table_writers import WRITERS
 
 TABLE_OUTPUTS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".sqlite": "sqlite", ".db": "sqlite"}
