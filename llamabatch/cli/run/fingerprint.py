@@ -18,7 +18,7 @@ from typing import Any
 
 from ... import __version__
 from ..options import Resolved
-from ...models.model_digest import sha256_file
+from ...models.file_hash import sha256_file
 
 NOT_IN_FINGERPRINT = ("timeout",)
 

@@ -21,7 +21,7 @@ from .files import _count_nonblank
 from .fingerprint import json_safe, template_identity
 from .formats import record_error_code, record_id
 from .manifest import FORMAT, VERSION, now_iso
-from ...models.model_digest import sha256_file
+from ...models.file_hash import sha256_file
 from .retry import whole_records
 
 FIRST_MB = 1 << 20
