@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+
+def say(*args) -> None:
+    """A progress line for people: on stderr, so stdout keeps only the figures."""
+    print(*args, file=sys.stderr, flush=True)
+
+
 # -- arguments ------------------------------------------------------------------------------
 
 _UNSET: Any = object()

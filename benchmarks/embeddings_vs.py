@@ -44,7 +44,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _bench import machine_line, model_path
+from _bench import machine_line, model_path, say
 
 from vs_llama_server import Server, same_kernels  # noqa: F401  (same_kernels: the server's flags for the engine's kernels)
 
@@ -56,10 +56,6 @@ WORDS = ("the of and a to in is was he for it with as his on be at by had are bu
          "way where get much go well your know should down work year because come people just say each those "
          "take day good how long little use own three right here part government under great might place "
          "river mountain engine library harbour violin orchard lantern glacier meadow").split()
-
-
-def say(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def make_inputs(tokenize, n: int, lo: int, hi: int, seed: int = 7) -> tuple[list[str], list[list[int]]]:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _bench import Pairs, llamabatch_command, machine_line, model_path, workload_args
+from _bench import Pairs, llamabatch_command, machine_line, model_path, say, workload_args
 import vs_llama_server as vs
 
 from llamabatch import Engine, EngineConfig
@@ -40,10 +40,6 @@ from llamabatch import Engine, EngineConfig
 CHAT_CTX = 4096  # the conversation (~3,000 tokens) and the question fit in one slot
 QUESTION = "In one sentence: what did we talk about first?"
 SEED = "Summarise our conversation in one line."
-
-
-def say(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 # -- (1) chat -c -----------------------------------------------------------------------------

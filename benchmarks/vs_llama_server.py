@@ -51,7 +51,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _bench import kernels, machine_line, model_path, sky_prompts, timed_generate, workload_args
+from _bench import kernels, machine_line, model_path, say, sky_prompts, timed_generate, workload_args
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.cli.bench.trace import trace_figures
@@ -79,10 +79,6 @@ def same_kernels(model: str) -> list[str]:
         raise SystemExit(f"--cpu-buffers repack: this build also has {', '.join(cpu_extra_buffer_types())}; the C++ "
                          f"tools cannot be told to use CPU_REPACK alone here")
     return []
-
-
-def say(*args) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 # -- workloads ------------------------------------------------------------------------------
