@@ -13,12 +13,17 @@ def replacing(path: str | os.PathLike) -> Iterator[str]:
     """Yield a temporary name beside `path` (same folder, so the rename is atomic; this
     process's id in it, so two runs never share one) for the caller to write; when the block
     ends without an exception it is renamed over `path`, otherwise it is removed and the
-    exception goes on."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    exception goes on.
+
+    A symbolic link is written through: the new file goes beside the link's target and is
+    renamed onto it, so the link stays a link (as a file written in place, JSONL output, always
+    did) rather than becoming a regular file while its target keeps the old contents."""
+    target = os.path.realpath(path)
+    folder = os.path.dirname(target)
+    tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.tmp")
     try:
         yield tmp
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)

@@ -126,7 +126,8 @@ def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_inp
     with replacing(table) as tmp:
         count = WRITERS[kind](tmp, layout, rows(), rows)
         if kind == "sqlite":
-            for leftover in (table + "-wal", table + "-shm"):  # the old database's: they'd spoil the new one
+            real = os.path.realpath(table)  # a link's target is the database replaced (replaced_file.py)
+            for leftover in (real + "-wal", real + "-shm"):  # the old database's: they'd spoil the new one
                 try:
                     os.remove(leftover)
                 except FileNotFoundError:
