@@ -26,26 +26,29 @@ class BadJSON(ValueError):
         self.code, self.message = code, message
 
 
-def loads(text: str) -> Any:
-    """json.loads, with every way it can fail as BadJSON (message without the line number)."""
+def loads(text: str, whole: str = "") -> Any:
+    """json.loads, with every way it can fail as BadJSON (message without the line number).
+    `whole`: how to name the value when `text` is a whole file ("the file"): positions then
+    say the line too, and a lone surrogate at the top is said to be in it."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BadJSON("invalid_json", f"{exc.msg} at column {exc.colno}") from None
+        where = f"line {exc.lineno} column {exc.colno}" if whole else f"column {exc.colno}"
+        raise BadJSON("invalid_json", f"{exc.msg} at {where}") from None
     except RecursionError:
         raise BadJSON("invalid_json", f"it nests arrays or objects deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # int digits limit (and any other conversion the decoder refuses)
         why = str(exc).split(":")[0]
         raise BadJSON("invalid_json", f"a number can't be read ({why})") from None
-    problem = _check_value(data, "")
+    problem = _check_value(data, "", whole or "the line")
     if problem is not None:
         raise problem
     return data
 
 
-def _check_value(data: Any, name: str) -> BadJSON | None:
+def _check_value(data: Any, name: str, top: str = "the line") -> BadJSON | None:
     """Walk the value (iteratively: no recursion on deep input) for depth and lone surrogates.
-    `name` is how the value is named in the message ("" for a whole line)."""
+    `name` is how the value is named in the message ("": `top`, the whole line or file)."""
     stack: list[tuple[Any, str, int]] = [(data, name, 0)]
     while stack:
         value, path, depth = stack.pop()  # depth: how many containers hold this value
@@ -54,12 +57,12 @@ def _check_value(data: Any, name: str) -> BadJSON | None:
         if isinstance(value, str):
             where = surrogate_at(value)
             if where is not None:
-                return BadJSON("invalid_request", f"{path or 'the line'} {where}")
+                return BadJSON("invalid_request", f"{path or top} {where}")
         elif isinstance(value, dict):
             for key, item in value.items():
                 where = surrogate_at(key)
                 if where is not None:
-                    return BadJSON("invalid_request", f"a key in {path or 'the line'} {where}")
+                    return BadJSON("invalid_request", f"a key in {path or top} {where}")
                 stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
         elif isinstance(value, list):
             for i, item in enumerate(value):

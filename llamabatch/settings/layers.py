@@ -7,14 +7,15 @@ The model is still the user's spelling here (model.choose_model resolves it).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import fields
 from typing import Any, Mapping
 
 from ..config import EngineConfig
 from ..errors import InvalidRequest
+from ..json_line import BadJSON, loads
 from ..params import SamplingParams
+from ..whole_file import read_json, read_text
 from .config_file import ENGINE_RULES
 from .resolved import Resolved
 
@@ -130,27 +131,22 @@ def merge(flags: Mapping[str, Any], command: str = "", file_values: Mapping[str,
     sources.update({k: where for k, (_, where) in extra.items()})
     sampling_values = {k: v for k, (v, _) in extra.items()} | sampling_values
     if "grammar_file" in chosen:
-        sampling_values["grammar"] = _read_text(chosen["grammar_file"], "--grammar-file")
+        # bounded, UTF-8, one line when not (UnreadableFile is an InvalidRequest: exit 2)
+        sampling_values["grammar"] = read_text(chosen["grammar_file"], "--grammar-file")
     if "json_schema" in chosen:
         sampling_values["json_schema"] = _json_schema(chosen["json_schema"])
     sampling = SamplingParams.from_dict(sampling_values)
     return Resolved(engine, sampling, sources)
 
 
-def _read_text(path: str, what: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise InvalidRequest(f"{what} {path}: {exc.strerror or exc}") from None
-
-
 def _json_schema(value: str) -> dict:
-    text = value if value.lstrip().startswith("{") else _read_text(value, "--json-schema")
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"--json-schema is not valid JSON: {exc}") from None
+    if value.lstrip().startswith("{"):  # the schema itself, inline
+        try:
+            schema = loads(value)
+        except BadJSON as exc:
+            raise InvalidRequest(f"--json-schema is not valid JSON: {exc.message}") from None
+    else:
+        schema = read_json(value, "--json-schema")
     if not isinstance(schema, dict):
         raise InvalidRequest("--json-schema must be a JSON object")
     return schema

@@ -15,11 +15,11 @@ contents are templates.
 """
 from __future__ import annotations
 
-import json
 import string
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..whole_file import UnreadableFile, read_json, read_text
 from .cells import template_value
 from .errors import INVALID_ROW, RowProblem, TableError
 
@@ -123,24 +123,19 @@ def check_messages(messages: Any, where: str = "the messages template") -> list[
 
 
 def load_messages_template(path: str) -> list[dict]:
-    """A JSON file holding the messages list. Raises TableError."""
+    """A JSON file holding the messages list (read bounded: whole_file). Raises TableError."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise TableError(f"cannot read the messages template {path}: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TableError(f"the messages template {path} is not valid JSON: {exc}") from None
+        data = read_json(path, "the messages template")
+    except UnreadableFile as exc:
+        raise TableError(str(exc)) from None
     return check_messages(data, f"the messages template {path}")
 
 
 def load_template_file(path: str) -> str:
-    """A template file's text (a trailing newline is the file's end, not the prompt's). Raises TableError."""
+    """A template file's text (a trailing newline is the file's end, not the prompt's), read
+    bounded (whole_file). Raises TableError."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise TableError(f"cannot read the template file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TableError(f"the template file {path} is not UTF-8: {exc.reason}") from None
+        text = read_text(path, "the template file")
+    except UnreadableFile as exc:
+        raise TableError(str(exc)) from None
     return text[:-1] if text.endswith("\n") else text
