@@ -241,7 +241,7 @@ def run_command(
     the same command with --resume to finish the rest.
 
     Tables: INPUT may be .csv, .tsv, .parquet, .arrow, .feather, a folder of Parquet shards
-    or hf:datasets/OWNER/NAME[/CONFIG][:SPLIT] (rows through --template); -o *.csv, *.tsv,
+    or hf:datasets/OWNER/NAME\\[/CONFIG][:SPLIT] (rows through --template); -o *.csv, *.tsv,
     *.parquet, *.sqlite or *.db writes a table (docs/tables.md).
     """
     run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
