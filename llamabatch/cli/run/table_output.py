@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from .formats import record_error_code, record_id
 from .table_layout import Layout
 from ...replaced_file import replacing
+from .sqlite_output import refuse_foreign
 from .table_writers import WRITERS
 
 TABLE_OUTPUTS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".sqlite": "sqlite", ".db": "sqlite"}
@@ -126,6 +127,7 @@ def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_inp
     with replacing(table) as tmp:
         count = WRITERS[kind](tmp, layout, rows(), rows)
         if kind == "sqlite":
+            refuse_foreign(table)  # checked before the run too; this is what the rename would destroy now
             real = os.path.realpath(table)  # a link's target is the database replaced (replaced_file.py)
             for leftover in (real + "-wal", real + "-shm"):  # the old database's: they'd spoil the new one
                 try:

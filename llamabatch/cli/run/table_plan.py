@@ -17,6 +17,7 @@ from ...tables.csv_table import CsvTable
 from ..common import EXIT_ERROR, EXIT_USAGE, fail
 from .table_input import (TableCounter, TableParser, TableSource, open_table_input, output_inside_input,
                           reads_table)
+from .sqlite_output import NotOurDatabase, refuse_foreign
 from .table_layout import Layout
 from .table_output import finalize, records_path, table_kind
 
@@ -108,6 +109,11 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
                    "or inside it; write the results somewhere else", EXIT_ERROR)
     if kind is not None and o.output is not None and os.path.isdir(o.output):
         raise fail(f"cannot write OUTPUT {o.output}: is a directory", EXIT_ERROR)
+    if kind == "sqlite" and o.output is not None:
+        try:
+            refuse_foreign(o.output)  # another program's database is not ours to replace
+        except NotOurDatabase as exc:
+            raise fail(str(exc), EXIT_USAGE) from None
     if kind == "parquet":
         try:
             pyarrow_modules(f"writing Parquet ({o.output})")
