@@ -20,7 +20,8 @@ from llamabatch.cli.chat.command import chat_loop, terminal_reader
 from llamabatch.cli.chat.session import ChatIO, ChatSession
 from cli_harness import invoke, runner_for
 from fake_runner import FakeRunner
-from llamabatch.cli.chat.ollama_stats import go_duration, parse_stats
+from llamabatch.cli.chat.ollama_stats import go_duration, parse_stats, stats_lines
+from llamabatch.results import Result, Timings, Usage
 
 CHAT = [sys.executable, "-m", "llamabatch", "chat"]
 
@@ -89,6 +90,35 @@ def test_durations_read_like_ollamas():
 # -- through the command line -------------------------------------------------------------
 
 
+def seconds(duration: str) -> float:
+    """go_duration's text back to seconds (1m2.5s, 1.2s, 35ms, 850µs, 0s)."""
+    minutes, _, rest = duration.rpartition("m") if duration.endswith("s") and "m" in duration[:-2] else ("", "", duration)
+    for unit, scale in (("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)):
+        if rest.endswith(unit):
+            return float(minutes or 0) * 60 + float(rest[:-len(unit)]) * scale
+    raise ValueError(duration)
+
+
+def adds_up(block: dict[str, str]) -> bool:
+    """Ollama's arithmetic: the total spans the load, the prompt's evaluation and the reply
+    (each line rounded to 4 significant digits, hence the slack)."""
+    parts = sum(seconds(block[k]) for k in ("load duration", "prompt eval duration", "eval duration"))
+    return seconds(block["total duration"]) >= parts * 0.999 - 1e-6
+
+
+def test_total_duration_counts_the_load_as_ollamas_does():
+    # issue 36: "total duration: 313ms" under "load duration: 383ms", and a total of 1.27s
+    # beside load 0.435s + prompt eval 1.208s + eval 0.061s
+    result = Result(0, "hi", [1], "stop", Usage(prompt_tokens=6, completion_tokens=3),
+                    Timings(prompt_ms=1208.0, decode_ms=61.0))
+    block = parse_stats("\n".join(stats_lines(result, total_s=1.27, load_s=0.435)))[0]
+    assert adds_up(block), block
+    assert seconds(block["total duration"]) == pytest.approx(0.435 + 1.27, rel=1e-3)
+    # timers that disagree with the wall clock still add up; no load on later replies
+    block = parse_stats("\n".join(stats_lines(result, total_s=0.9)))[0]
+    assert adds_up(block) and seconds(block["load duration"]) == 0, block
+
+
 def fake_chat(args: list[str], stdin: str, tmp_path) -> subprocess.CompletedProcess:
     """`llamabatch chat ARGS` in-process with piped stdin, on the scripted fake runner."""
     result = invoke(["chat", *args], input=stdin, runner=runner_for(reply=lambda prompt: f" Reply {len(prompt)}."),
@@ -107,6 +137,7 @@ def test_piped_three_turn_chat_reuses_the_previous_conversation_from_the_cache(t
     assert proc.returncode == 0, proc.stderr
     blocks = parse_stats(proc.stderr)
     assert len(blocks) == 3, proc.stderr
+    assert all(adds_up(block) for block in blocks), blocks
     assert tokens(blocks[0]["cached tokens"]) == 0
     for before, block in zip(blocks, blocks[1:]):
         cached = tokens(block["cached tokens"])

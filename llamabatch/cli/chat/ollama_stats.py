@@ -48,12 +48,17 @@ def _trim(value: float, decimals: int) -> str:
 
 def stats_lines(result: Result, total_s: float, load_s: float = 0.0, restored: int | None = None) -> list[str]:
     """The block for one reply. `total_s` is the wall time from submit to result;
-    `load_s` the model load this reply waited for (the first reply only); `restored` the
+    `load_s` the model load this reply waited for (the first reply only; counted in the total,
+    as Ollama counts it); `restored` the
     cached tokens read from the disk prefix store (default: the reply's usage says)."""
     usage, timings = result.usage, result.timings
     evaluated = usage.prompt_tokens - usage.cached_tokens
+    # Ollama's total_duration spans the whole request, the load it waited for included, so
+    # total >= load + prompt eval + eval. The reply's wall time starts after the load here, and
+    # the engine's timers are not the wall clock's: take whichever sum is larger.
+    total = load_s + max(total_s, (timings.prompt_ms + timings.decode_ms) / 1000)
     rows = [
-        ("total duration", go_duration(total_s)),
+        ("total duration", go_duration(total)),
         ("load duration", go_duration(load_s)),
         ("prompt eval count", f"{evaluated} token(s)"),
         ("prompt eval duration", go_duration(timings.prompt_ms / 1000)),
