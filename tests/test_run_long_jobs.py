@@ -392,6 +392,44 @@ def test_dry_run_resume_reports_what_is_left_and_ids_not_in_input(tmp_path):
 # -- report ------------------------------------------------------------------------------------
 
 
+def _damaged(manifest: dict, **fields) -> bytes:
+    return json.dumps({**manifest, **fields}).encode()
+
+
+# issue 36: each of these once ended `run --resume` (with the override too) or `report` in a traceback
+DAMAGED_MANIFESTS = {
+    "bytes": lambda m: b"\x00\xff",
+    "history not a list": lambda m: _damaged(m, history="x"),
+    "history entry not an object": lambda m: _damaged(m, history=[1]),
+    "model a string": lambda m: _damaged(m, model="x"),
+    "fingerprint a list": lambda m: _damaged(m, fingerprint=[1]),
+    "a 400-digit wall time": lambda m: _damaged(m, history=[{**m["history"][0], "wall_s": 10 ** 400}]),
+    "changed settings not text": lambda m: _damaged(m, history=[{**m["history"][0], "changed_settings": [1]}]),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_MANIFESTS))
+def test_a_damaged_manifest_is_one_line_and_the_override_starts_a_new_one(tmp_path, damage):
+    inp, out = first_run(tmp_path)
+    path = Path(manifest_path(str(out)))
+    path.write_bytes(DAMAGED_MANIFESTS[damage](json.loads(path.read_text())))
+    for args in (["--json"], []):
+        report = invoke(["report", str(out), *args])
+        lines = report.stderr.splitlines()
+        assert report.exit_code == 1 and report.stdout == "" and len(lines) == 1, report.stderr
+        assert lines[0].startswith("llamabatch: error: ") and str(path) in lines[0]
+    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "cannot check the settings of this resume" in proc.stderr and "--allow-changed-settings" in proc.stderr
+    proc = llamabatch_run(str(inp), "-o", str(out), *FAST, "--resume", "--allow-changed-settings")
+    assert proc.returncode == 0, proc.stderr
+    m = read_manifest(str(path))  # a new manifest, readable, that says what it overrode
+    assert [h["event"] for h in m["history"]] == ["resume"]
+    assert str(path) in m["history"][0]["overridden"]
+    assert isinstance(m["model"], dict) and m["counts"]["records"] == len(LINES)
+    assert invoke(["report", str(out)]).exit_code == 0
+
+
 def test_report_prints_the_manifest_as_a_table_and_as_json(tmp_path):
     inp, out = first_run(tmp_path)
     table = invoke(["report", str(out)])
