@@ -34,9 +34,10 @@ def embedding_body(result: EmbeddingResult, encoding_format: str, model: str) ->
 
 
 def plain_embedding_record(line_id: Any, result: EmbeddingResult, encoding_format: str,
-                           echo: dict | None = None) -> dict[str, Any]:
-    """{"id", "embeddings": [one per input], "pooling", "usage", "timings", "error"} (+ "input")."""
-    record = {"id": line_id, **result.to_dict()}
+                           echo: dict | None = None, row: int | None = None) -> dict[str, Any]:
+    """{"id", "embeddings": [one per input], "pooling", "usage", "timings", "error"} (+ "input"),
+    and a table's "row" right after "id", as in a generation record (table_output.py finds it there)."""
+    record = {"id": line_id, **({"row": row} if row is not None else {}), **result.to_dict()}
     record["embeddings"] = [encode(v, encoding_format) for v in result.vectors]
     if result.finish_reason == "timeout" and record["error"] is None:
         record["error"] = {"code": "timeout", "message": "the request's timeout passed before it finished"}

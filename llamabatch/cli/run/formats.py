@@ -412,9 +412,9 @@ def build_record(item: LineRequest | LineError, result: Result | EmbeddingResult
                     "response": {"status_code": 200, "request_id": uuid.uuid4().hex,
                                  "body": embedding_body(result, embed.encoding_format, model)},
                     "error": None}
-        return plain_embedding_record(item.id, result, embed.encoding_format, item.echo)
+        return plain_embedding_record(item.id, result, embed.encoding_format, item.echo, item.row)
     if embed is not None and item.shape != OPENAI:  # an embeddings line that failed: no generation fields
-        return plain_embedding_record(item.id, EmbeddingResult.ended(result), "float", item.echo)
+        return plain_embedding_record(item.id, EmbeddingResult.ended(result), "float", item.echo, item.row)
     if item.shape == OPENAI:
         return openai_record(item.id, item.url, result, model)
     return plain_record(item.id, result, item.echo, item.row)
