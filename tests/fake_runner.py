@@ -170,6 +170,7 @@ class FakeRunner:
         self.slot_ctx = slot_ctx
         self.n_batch = n_batch
         self.n_vocab = N_VOCAB
+        self.tokenized_chars = 0  # what tokenize() was given, all calls together
         self.metadata = metadata if metadata is not None else {"general.architecture": "fake"}
         self.model_path = "/models/fake-model.gguf"
         self.reply = reply or (lambda prompt: prompt + "!")
@@ -210,7 +211,11 @@ class FakeRunner:
         return LlamaChatFormats()
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
+        self.tokenized_chars += len(text)
         return text_tokens(text)
+
+    def longest_token_bytes(self) -> int | None:
+        return 4  # one token per character
 
     def token_bytes(self, token: int) -> bytes:
         return token_piece(token)

@@ -332,6 +332,24 @@ def test_decode_failure_fails_only_that_batch_and_the_engine_keeps_serving():
 
 # -- bad input -----------------------------------------------------------------------------------
 
+def test_a_prompt_too_long_by_its_bytes_fails_without_being_tokenized():
+    # issue 36 D2: llama.cpp tokenizes long runs of spaces in about quadratic time, so a 16 MB
+    # cell stalled every other row; more bytes than a slot of the longest tokens can spell is
+    # context_overflow before tokenizing (the fake's tokens are one character, 4 bytes at most)
+    runner = FakeRunner(n_slots=2, slot_ctx=50, reply=lambda p: "ok")
+    with make_engine(runner) as engine:
+        huge = engine.submit(" " * 8_000_000)
+        chat = engine.submit([{"role": "user", "content": "x" * 1_000_000}])
+        edge = engine.submit("é" * 100)  # 200 bytes = 4 x 50: tokenized, then too long by its tokens
+        good = engine.generate(["fine"])
+    for handle in (huge, chat, edge):
+        result = handle.result(0)
+        assert result.error_code == "context_overflow" and "\n" not in result.error, result
+    assert "bytes" in huge.result().error and "bytes" not in edge.result().error
+    assert runner.tokenized_chars < 10_000  # the two long prompts were never tokenized
+    assert [r.text for r in good] == ["ok"]
+
+
 def test_bad_requests_end_at_once_with_an_error_and_others_are_unaffected():
     runner = FakeRunner(n_slots=2, slot_ctx=50, reply=lambda p: "ok")
     with make_engine(runner) as engine:

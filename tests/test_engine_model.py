@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -76,6 +77,20 @@ def test_sixteen_prompts_through_eight_slots_finish_in_input_order(engine):
     assert all(t.decode_tokens <= 8 and t.batch_size <= 512 for t in ticks)
     stats = engine.stats()
     assert stats.slots_idle == 8 and stats.queue_depth == 0
+
+
+def test_megabytes_of_spaces_fail_fast_and_the_others_run(engine):
+    # issue 36 D2: tokenizing a long run of spaces is about quadratic in llama.cpp (640k took
+    # 3.6 s), so 2 MB of them held the submitting thread for ~30 s; now refused by their bytes
+    # (more than 1024 tokens of at most 48 bytes each) before tokenizing
+    started = time.perf_counter()
+    huge = engine.submit(" " * 2_000_000, SamplingParams(max_tokens=4))
+    refused_in = time.perf_counter() - started
+    fine = engine.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=4))[0]
+    result = huge.result(timeout=5)
+    assert result.error_code == "context_overflow" and "bytes" in result.error, result
+    assert refused_in < 2.0, f"{refused_in:.2f}s to refuse it"
+    assert fine.finish_reason == "length" and fine.text.strip()
 
 
 def test_greedy_and_seeded_output_is_repeatable_across_engines(model_path):

@@ -86,12 +86,15 @@ class InputPreparer:
             bad = surrogate_at(prompt)
             if bad:  # it can't be encoded as UTF-8 for the tokenizer
                 raise InvalidRequest(f"prompt {bad}")
+            self._refuse_untokenizably_long(prompt)
             tokens = self.runner.tokenize(prompt, special=False)
         elif is_chat(prompt):
             bad = find_surrogate(list(prompt), "messages")
             if bad:
                 raise InvalidRequest(bad)
-            tokens = self.runner.tokenize(self.render_chat(prompt), special=True)
+            text = self.render_chat(prompt)
+            self._refuse_untokenizably_long(text)
+            tokens = self.runner.tokenize(text, special=True)
         elif isinstance(prompt, (list, tuple)):
             if not prompt:
                 raise InvalidRequest("prompt is empty")
@@ -106,6 +109,20 @@ class InputPreparer:
             raise ContextOverflow(f"prompt has {len(tokens)} tokens but a slot holds {self.slot_ctx} "
                                   f"(n_ctx / n_parallel), and at least one must be left for the answer")
         return tokens
+
+    def _refuse_untokenizably_long(self, text: str) -> None:
+        """ContextOverflow for a text with more bytes than a full slot of the vocabulary's
+        longest tokens could spell: it fails fast, without tokenizing megabytes on the
+        submitting thread (issue 36: one 16 MB cell of spaces stalled every other row)."""
+        if len(text) < self.slot_ctx:  # too few characters to overflow by this bound: skip the encode
+            return
+        longest = self.runner.longest_token_bytes()
+        if longest is None:
+            return
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > longest * self.slot_ctx:
+            raise ContextOverflow(f"prompt has {size:,} bytes, more than a slot's {self.slot_ctx} tokens can hold "
+                                  f"(at most {longest} bytes a token in this vocabulary)")
 
     def params_for(self, prompt: Prompt, params: SamplingParams | None) -> SamplingParams:
         params = (params or self.default_params).validate()

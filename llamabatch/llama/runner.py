@@ -135,6 +135,9 @@ class LlamaRunner:
     def token_bytes(self, token: int) -> bytes:
         return self.vocab.token_bytes(token)
 
+    def longest_token_bytes(self) -> int | None:
+        return self.vocab.longest_token_bytes
+
     def is_eog(self, token: int) -> bool:
         return self.vocab.is_eog(token)
 

@@ -59,3 +59,22 @@ class Vocabulary:
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.ptr, token))
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int | None:
+        """The most UTF-8 bytes of input one token can stand for, or None where text can
+        shrink on its way to tokens (WPM and UGM normalize whitespace away).
+
+        Under SPM and byte-level BPE every byte of the text lies in exactly one token's piece
+        (special tokens at most as long as their own text; SPM's space prefix only adds), so a
+        text longer than `slot tokens x this` cannot fit a slot, and is refused without being
+        tokenized: llama.cpp's tokenizer is about quadratic on long runs of spaces (640k of
+        them took 3.6 s). One scan of the vocabulary (~0.1 s for 262k tokens), on first need."""
+        if C.llama_vocab_type(self.ptr) not in (C.LLAMA_VOCAB_TYPE_SPM, C.LLAMA_VOCAB_TYPE_BPE):
+            return None
+        buf = ctypes.create_string_buffer(256)
+        longest = 4  # an unknown character (up to 4 bytes) may become one <unk>
+        for token in range(self.n_tokens):
+            n = C.llama_token_to_piece(self.ptr, token, buf, len(buf), 0, True)
+            longest = max(longest, abs(n))  # negative: the piece needs -n bytes
+        return longest
