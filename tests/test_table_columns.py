@@ -1,10 +1,13 @@
 """The columns of a results table: every table INPUT's rows numbered in `row` (embeddings
-too)."""
+too), and kept input columns that would share a name with another column of the table
+(`id` and `input.id`; `ID` in SQLite, which folds case) refused before anything runs."""
 from __future__ import annotations
 
 import csv
 import json
+import sqlite3
 
+import pyarrow.parquet as pq
 import pytest
 
 from cli_harness import invoke, runner_for
@@ -45,3 +48,50 @@ def test_embedding_jsonl_records_from_a_table_carry_row(tmp_path):
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(x["id"], x["row"]) for x in records] == [(1, 1), (2, 2)]
 
+
+@pytest.mark.parametrize("output", ["out.csv", "out.parquet", "out.sqlite"])
+def test_kept_columns_that_would_share_a_name_are_refused_before_the_run(tmp_path, output):
+    src = write_csv(tmp_path / "in.csv", "id,input.id,text\n1,a,x\n2,b,y\n")
+    out = tmp_path / output
+    r = run(src, "--template", "{text}", "--keep-columns", "all", "-o", out, *FAST)
+    assert r.exit_code == 1, r.stderr  # as for a --keep-columns name that is no column
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "'id'" in lines[0] and "'input.id'" in lines[0], r.stderr
+    assert not out.exists() and not (tmp_path / (output + ".records.jsonl")).exists()
+
+
+def test_sqlite_folds_case_so_ID_is_kept_as_input_ID_and_a_and_A_are_refused(tmp_path):
+    src = write_csv(tmp_path / "in.csv", "ID,text\nk1,x\nk2,y\n")
+    out = tmp_path / "out.sqlite"
+    r = run(src, "--template", "{text}", "--id-column", "ID", "--keep-columns", "all", "-o", out, *FAST)
+    assert r.exit_code == 0, r.stderr
+    db = sqlite3.connect(out)
+    assert db.execute('SELECT id, "input.ID", text FROM results ORDER BY row').fetchall() == [
+        ("k1", "k1", "x"), ("k2", "k2", "y")]
+    db.close()
+    both = write_csv(tmp_path / "both.csv", "a,A,text\n1,2,x\n")
+    r = run(both, "--template", "{text}", "--keep-columns", "all", "-o", tmp_path / "both.sqlite", *FAST)
+    assert r.exit_code == 1 and "'a'" in r.stderr and "'A'" in r.stderr, r.stderr
+    # CSV and Parquet tell a and A apart: kept as they are
+    r = run(both, "--template", "{text}", "--keep-columns", "all", "-o", tmp_path / "both.parquet", *FAST)
+    assert r.exit_code == 0, r.stderr
+    assert pq.read_table(tmp_path / "both.parquet").column_names[2:4] == ["a", "A"]
+
+
+def test_jsonl_output_keeps_clashing_names_as_they_are(tmp_path):
+    # a JSONL record's "input" holds the input's own names: nothing clashes there
+    src = write_csv(tmp_path / "in.csv", "id,input.id,text\n1,a,x\n")
+    out = tmp_path / "out.jsonl"
+    r = run(src, "--template", "{text}", "--keep-columns", "all", "-o", out, *FAST)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(out.read_text())["input"] == {"id": "1", "input.id": "a", "text": "x"}
+
+
+def test_a_column_named_twice_in_keep_columns_is_kept_once(tmp_path):
+    src = write_csv(tmp_path / "in.csv", "text,n\nx,1\n")
+    out = tmp_path / "out.csv"
+    r = run(src, "--template", "{text}", "--keep-columns", "n,text,n", "-o", out, *FAST)
+    assert r.exit_code == 0, r.stderr
+    with open(out, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f))
+    assert header[:4] == ["row", "id", "n", "text"] and header.count("n") == 1

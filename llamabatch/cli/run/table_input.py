@@ -55,7 +55,7 @@ def keep_list(value: str | None) -> list[str] | str:
     names = [c.strip() for c in value.split(",")]
     if not all(names):
         raise TableError(f"--keep-columns takes column names separated by commas, or all; got {value!r}")
-    return names
+    return list(dict.fromkeys(names))  # a name given twice is kept once: a table holds each column once
 
 
 def prompt_template(options: TableOptions, system: str | None, columns: list[str], name: str) -> PromptTemplate:

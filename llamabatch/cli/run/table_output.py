@@ -9,7 +9,7 @@ row (they are in the records file) and the next `--resume` runs the rest and wri
 table again, complete. Keep the records file: it is what a resume reads.
 
 Table columns: `row` (table inputs), `id`, the --keep-columns (a kept column named like an
-output column gets an `input.` prefix), then `response`, `finish_reason`, `error_code`,
+output column gets an `input.` prefix: table_layout.py), then `response`, `finish_reason`, `error_code`,
 `error`, `prompt_tokens`, `completion_tokens`, and `logprobs` (JSON text) when the run asked
 for logprobs. Rows are in input order (sorted by row number) with --order input.
 """

@@ -130,12 +130,29 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
             use_system_allocator()  # flat memory over big row groups (arrow_import.py)
     except TableError as exc:
         raise fail(str(exc), EXIT_ERROR) from None
+    layout = Layout(tuple(reader.keep), logprobs, rows=True)
+    clash = layout.clashes(fold_case=kind == "sqlite") if kind is not None else []
+    if clash:  # a table with a name twice is unreadable (Parquet) or cannot be made (SQLite)
+        reader.close()
+        raise fail(_clash_message(clash, layout, kind, o.output), EXIT_ERROR)
     try:
         source = TableSource(reader)
     except BaseException:
         reader.close()
         raise
     parser = TableParser(sampling, echo=bool(reader.keep), embed=bool(getattr(o, "embed", False) or t.embed_column))
-    return TablePlan(output=o.output, kind=kind, source=source, parser=parser,
-                     layout=Layout(tuple(reader.keep), logprobs, rows=True), delimiter=t.delimiter,
-                     input_path=o.input_path)
+    return TablePlan(output=o.output, kind=kind, source=source, parser=parser, layout=layout,
+                     delimiter=t.delimiter, input_path=o.input_path)
+
+
+def _clash_message(clash: list[list[str]], layout: Layout, kind: str, output: str) -> str:
+    group = clash[0]
+    why = " (SQLite does not tell names apart by case)" if kind == "sqlite" else ""
+    renamed = [c for c in group if layout.kept_name(c) != c]
+    if renamed:
+        why += (f"; {', '.join(map(repr, renamed))} {'is' if len(renamed) == 1 else 'are'} an output column's "
+                "name, so kept with an 'input.' prefix")
+    return (f"--keep-columns: the columns {' and '.join(map(repr, group))} would "
+            f"{'both' if len(group) == 2 else 'all'} be named "
+            f"{layout.kept_name(group[0])!r} in OUTPUT {output}{why}; keep one of them (name the columns "
+            "to keep with --keep-columns A,B), or write JSONL records")
