@@ -205,9 +205,68 @@ def test_error_file_must_differ_from_output(tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", LINES)
     out = tmp_path / "out.jsonl"
     proc = llamabatch_run(str(inp), "-o", str(out), "--error-file", str(out), *FAST)
-    assert proc.returncode == 1 and "is OUTPUT" in proc.stderr
+    assert proc.returncode == 2 and "is OUTPUT" in proc.stderr
     proc = llamabatch_run(str(inp), "--error-file", str(tmp_path / "e.jsonl"), *FAST)
     assert proc.returncode == 2 and "regular file" in proc.stderr
+
+
+# issue 36: `--error-file OUTPUT.manifest.json` was accepted; the error records went there and the
+# manifest was then renamed over them, so those lines had no record anywhere
+OWN_FILES = {
+    "the manifest": lambda d: d / "out.jsonl.manifest.json",
+    "the lock file": lambda d: d / "out.jsonl.lock",
+    "the retry journal": lambda d: d / "out.jsonl.retry.jsonl",
+    "the manifest's temporary file": lambda d: d / f".out.jsonl.manifest.json.{os.getpid()}.tmp",
+    "OUTPUT spelled relative": lambda d: Path(os.path.relpath(d / "out.jsonl")),
+    "OUTPUT spelled with ..": lambda d: d / "sub" / ".." / "out.jsonl",
+    "a symlink to the manifest": lambda d: _link(d / "link.json", d / "out.jsonl.manifest.json"),
+    "INPUT": lambda d: d / "in.jsonl",
+}
+
+
+def _link(link: Path, target: Path) -> Path:
+    link.symlink_to(target)
+    return link
+
+
+@pytest.mark.parametrize("name", sorted(OWN_FILES))
+def test_error_file_may_not_be_a_file_the_run_writes(tmp_path, name):
+    lines = LINES + [{"foo": 1}, "{bad"]
+    inp = write_lines(tmp_path / "in.jsonl", lines)
+    (tmp_path / "sub").mkdir()
+    out = tmp_path / "out.jsonl"
+    error_file = OWN_FILES[name](tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = llamabatch_run(str(inp), "-o", str(out), "--error-file", str(error_file), *FAST)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"llamabatch: error: --error-file {error_file} is ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "refused before anything is written"
+    # the same paths in an earlier run's folder: a resume is refused too, and nothing is lost
+    first_run(tmp_path, lines, "--error-file", str(tmp_path / "errors.jsonl"))
+    kept = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    proc = llamabatch_run(str(inp), "-o", str(out), "--error-file", str(error_file), *FAST, "--resume")
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == kept
+
+
+def test_error_file_may_not_be_a_file_a_table_output_writes(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", LINES)
+    table = tmp_path / "t.csv"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for own in (table, tmp_path / "t.csv.records.jsonl", tmp_path / "t.csv.records.jsonl.manifest.json",
+                tmp_path / f".t.csv.{os.getpid()}.tmp"):
+        proc = llamabatch_run(str(inp), "-o", str(table), "--error-file", str(own), *FAST)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert f"--error-file {own} is " in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_an_error_file_of_its_own_is_still_taken(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", LINES + [{"foo": 1}])
+    out, err = tmp_path / "out.jsonl", tmp_path / "out.jsonl.errors.jsonl"  # a name that only looks like one
+    assert llamabatch_run(str(inp), "-o", str(out), "--error-file", str(err), *FAST).returncode == 0
+    assert [r["error"]["code"] for r in read_records(err)] == ["unknown_shape"]
+    assert len(read_records(out)) == 3
 
 
 # -- --retry-failed ----------------------------------------------------------------------------

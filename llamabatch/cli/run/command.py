@@ -28,6 +28,7 @@ from .on_ray import import_ray_pool, open_pool
 from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
 from .writer import RecordWriter
 from .long_job import LongJob
+from .own_files import refuse_own_file
 from .table_plan import TablePlan, plan_tables
 from .table_input import TableOptions
 
@@ -303,6 +304,8 @@ def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
 
 def _prepared(o: RunOptions, resolved, parser, tables: TablePlan, bounds, ray_pool, env: Environment) -> None:
     error_file = o.error_file
+    if error_file is not None:  # never one of the run's own files, however spelled (own_files.py)
+        refuse_own_file(error_file, tables.output, tables.records_output, o.input_path)
     if o.as_json and not o.dry_run:
         raise fail("--json goes with --dry-run (the records are JSON already; `llamabatch report OUTPUT --json` "
                    "prints the manifest)", EXIT_USAGE)

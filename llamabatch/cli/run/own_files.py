@@ -1,0 +1,62 @@
+"""The files one `llamabatch run` writes for its OUTPUT, so that `--error-file` can't be one of
+them (issue 36: `--error-file OUTPUT.manifest.json` took error records, then the manifest was
+renamed over them and those lines had no record anywhere).
+
+Beside a regular OUTPUT a run writes: OUTPUT itself (or, for a table OUTPUT, the table and
+its records file), OUTPUT.manifest.json (manifest.py), OUTPUT.lock (output_lock.py),
+OUTPUT.retry.jsonl (retry.py), and the temporary files of every write-then-rename
+(replaced_file.py: `.NAME.PID.tmp` beside NAME, plus SQLite's -journal/-wal/-shm beside a
+table's). Paths are compared resolved (symlinks followed, `./x` and `/abs/x` alike), so no
+other spelling of one of them gets through. INPUT is refused too: the run never writes it,
+but an error file there would.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from ..common import EXIT_USAGE, fail
+from .manifest import manifest_path
+from .output_lock import SUFFIX as LOCK_SUFFIX
+from .retry import journal_path
+
+
+def own_files(output: str, records_output: str) -> list[tuple[str, str]]:
+    """(path, what it is) for each file the run writes for `output` (`records_output`: where
+    its JSONL records go, the same path unless OUTPUT is a table)."""
+    files = [(output, "OUTPUT")]
+    if records_output != output:
+        files.append((records_output, "OUTPUT's records file"))
+    files += [(manifest_path(records_output), "OUTPUT's manifest"),
+              (records_output + LOCK_SUFFIX, "OUTPUT's lock file"),
+              (journal_path(records_output), "OUTPUT's --retry-failed journal")]
+    return files
+
+
+def refuse_own_file(error_file: str, output: str | None, records_output: str | None, input_path: str) -> None:
+    """Raise a usage error (one line, exit 2) when --error-file names INPUT or any file the run
+    writes, however it is spelled."""
+    if output in (None, "-") or records_output is None or error_file == "-":
+        return  # open_error_file says what --error-file needs then
+    target = os.path.realpath(error_file)
+    named = own_files(output, records_output)
+    if input_path != "-":
+        named.append((input_path, "INPUT"))
+    for path, what in named:
+        if target == os.path.realpath(path):
+            raise fail(f"--error-file {error_file} is {what} ({path}); give the error file a name of its own",
+                       EXIT_USAGE)
+        if what != "INPUT" and _temporary_of(target, path):
+            raise fail(f"--error-file {error_file} is a temporary file's name the run writes beside {what} "
+                       f"({path}); give the error file a name of its own", EXIT_USAGE)
+
+
+def _temporary_of(target: str, path: str) -> bool:
+    """Whether `target` (resolved) is where a write-then-rename of `path` puts its temporary file
+    (replaced_file.replacing: `.NAME.PID.tmp` in NAME's folder; SQLite adds -journal, -wal, -shm)."""
+    for spelled in {os.path.abspath(path), os.path.realpath(path)}:
+        folder, name = os.path.split(spelled)
+        if os.path.dirname(target) == os.path.realpath(folder) and re.fullmatch(
+                rf"\.{re.escape(name)}\.\d+\.tmp(-journal|-wal|-shm)?", os.path.basename(target)):
+            return True
+    return False
