@@ -3,6 +3,13 @@
 Read lazily as text with errors="surrogateescape", so an undecodable byte spoils only the
 cell it is in (cells.check_utf8 turns it into that row's error). A record with more or fewer
 fields than the header (a ragged row) is that row's error. Blank lines are no rows.
+
+A quoted cell may span lines, so a stray quote that opens a cell and never closes it properly
+would swallow the lines after it into one record: rows merged without a word (the csv module
+is lenient). A record spanning lines must therefore be strictly valid CSV (its closing quote
+followed by a delimiter or the line's end, and present before the file ends); one that is not
+is its first line's error, and the lines after that are read again as rows of their own. A
+stray quote that happens to close cleanly on a later line cannot be told from a quoted cell.
 """
 from __future__ import annotations
 
@@ -34,12 +41,15 @@ class CsvTable:
         self.delimiter = delimiter_for(path, delimiter)
         self.max_cell_bytes = max_cell_bytes
         self._file = self._open()
-        self._reader = csv.reader(self._file, delimiter=self.delimiter)
-        try:
-            header = next((r for r in self._reader if r), None)
-        except csv.Error as exc:
-            self.close()
-            raise TableError(f"cannot read the header row of {path}: {exc}") from None
+        self._records = _records(_Lines(self._file), self.delimiter)
+        header = None
+        for first, _last, fields, problem in self._records:
+            if problem is not None:
+                self.close()
+                raise TableError(f"cannot read the header row of {path}: line {first} {problem}")
+            if fields:
+                header = fields
+                break
         if header is None:
             self.close()
             raise TableError(f"{path} is empty: a CSV/TSV input needs a header row naming its columns")
@@ -69,23 +79,17 @@ class CsvTable:
     def rows(self, columns: list[str] | None = None) -> Iterator[RawRow]:
         width = len(self.columns)
         row = 0
-        while True:
-            try:
-                fields = next(self._reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:  # a malformed record: its row's error, then on with the next
+        for first, last, fields, problem in self._records:
+            if problem is not None:  # a malformed record: its row's error, then on with the next
                 row += 1
-                yield RawRow(row, None, RowProblem(INVALID_ROW, f"row {row} (line {self._reader.line_num}) "
-                                                               f"is not valid CSV: {exc}"))
+                yield RawRow(row, None, RowProblem(INVALID_ROW, f"row {row} (line {first}) {problem}"))
                 continue
             if not fields:
                 continue  # a blank line
             row += 1
             if len(fields) != width:
                 yield RawRow(row, None, RowProblem(
-                    INVALID_ROW, f"row {row} (line {self._reader.line_num}) has {len(fields)} field(s); "
-                                 f"the header has {width}"))
+                    INVALID_ROW, f"row {row} (line {last}) has {len(fields)} field(s); the header has {width}"))
                 continue
             try:
                 for name, value in zip(self.columns, fields):
@@ -99,22 +103,13 @@ class CsvTable:
     def count(self) -> int | None:
         """The data rows (a second pass over the file, as rows() counts them)."""
         n = 0
+        header_seen = False
         try:
             with self._open() as f:
-                reader = csv.reader(f, delimiter=self.delimiter)
-                header_seen = False
-                while True:
-                    try:
-                        fields = next(reader)
-                    except StopIteration:
-                        break
-                    except csv.Error:
-                        n += 1
+                for _first, _last, fields, problem in _records(_Lines(f), self.delimiter):
+                    if problem is None and not fields:
                         continue
-                    if not fields:
-                        continue
-                    if header_seen:
-                        n += 1
+                    n += header_seen
                     header_seen = True
         except (OSError, TableError):
             return None
@@ -122,3 +117,63 @@ class CsvTable:
 
     def close(self) -> None:
         self._file.close()
+
+
+class _Lines:
+    """The file's lines for csv.reader, one at a time and numbered. `taken` holds the lines of
+    the record being read, so that a record that is not valid CSV can give back all but its
+    first line to be read again."""
+
+    def __init__(self, file):
+        self._file = file
+        self._back: list[str] = []  # lines given back, the next one last
+        self.taken: list[str] = []
+        self.number = 0  # the physical line number of the last line handed out
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        line = self._back.pop() if self._back else next(self._file)
+        self.number += 1
+        self.taken.append(line)
+        return line
+
+    def give_back(self, lines: list[str]) -> None:
+        self._back.extend(reversed(lines))
+        self.number -= len(lines)
+
+
+def _records(lines: _Lines, delimiter: str) -> Iterator[tuple[int, int, list[str] | None, str | None]]:
+    """(first line, last line, fields, None) for each record ([] for a blank line), or
+    (first line, last line, None, why) for one that is not valid CSV."""
+    reader = csv.reader(lines, delimiter=delimiter)  # reads no further than the record it returns
+    while True:
+        lines.taken = []
+        first = lines.number + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield first, lines.number, None, f"is not valid CSV: {exc}"
+            continue
+        if len(lines.taken) > 1:
+            why = _unclosed_quote(lines.taken, delimiter)
+            if why is not None:
+                lines.give_back(lines.taken[1:])
+                yield first, first, None, why
+                continue
+        yield first, lines.number, fields, None
+
+
+def _unclosed_quote(taken: list[str], delimiter: str) -> str | None:
+    """Why a record spanning `taken` lines is no quoted cell over several lines but a stray
+    quote (None: it is strictly valid CSV)."""
+    try:
+        for _ in csv.reader(taken, delimiter=delimiter, strict=True):
+            pass
+    except csv.Error as exc:
+        return (f"is not valid CSV: a quote opened on this line is not closed properly ({exc}); the "
+                f"{len(taken) - 1} line(s) it ran over are read as rows of their own")
+    return None
