@@ -260,10 +260,12 @@ def test_colour_only_on_a_terminal_without_no_color(recorded, tty, no_color, pla
     ("{not json", "not JSON"),
     ("[1, 2]", "the top level is not an object"),
     ('{"levels": []}', "levels: missing or empty"),
+    pytest.param("[" * 100_000 + "]" * 100_000, "deeper than", id="deep"),  # issue 36: a RecursionError traceback
+    pytest.param(b"\x00\xff", "not UTF-8", id="not-utf8"),
 ])
 def test_a_file_that_is_not_a_bench_document_is_one_line(tmp_path, content, message):
     path = tmp_path / "bad.json"
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     result = invoke(["bench", "--from-json", str(path), "--plot"])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
@@ -277,6 +279,18 @@ def test_a_file_that_is_not_a_bench_document_is_one_line(tmp_path, content, mess
     (lambda d: d["levels"][0].update(n_parallel=0), "levels[0].n_parallel: not an integer >= 1"),
     (lambda d: d.update(baseline={"requests": 3}), "levels[0].speedup: missing"),
     (lambda d: d["levels"][0]["trace"]["all"].pop("mean_fill_ms"), "levels[0].trace.all.mean_fill_ms: missing"),
+    # issue 36: each of these once ended in a traceback (AttributeError, OverflowError, TypeError)
+    (lambda d: d.update(settings="x"), "settings: not an object"),
+    (lambda d: d["levels"][0].update(n_parallel=10 ** 400), "levels[0].n_parallel: not an integer >= 1"),
+    (lambda d: d["levels"][0]["latency"].update(mean_ttft_ms=10 ** 400), "levels[0].latency.mean_ttft_ms: not a finite"),
+    (lambda d: d["levels"][0]["ticks"][0].update(ubatches=10 ** 400), "levels[0].ticks[0].ubatches: not a finite"),
+    (lambda d: d.update(model=[1]), "model: not an object"),
+    (lambda d: d.update(machine="x"), "machine: not an object"),
+    (lambda d: d["model"].update(file_size=10 ** 400), "model.file_size: not a finite number"),
+    (lambda d: d["settings"].update(sampling=[1]), "settings.sampling: not an object"),
+    (lambda d: d["settings"].update(parallel=4), "settings.parallel: not a list"),
+    (lambda d: d["settings"].update(n_batch="x"), "settings.n_batch: not a finite number"),
+    (lambda d: d.update(default_levels=5), "default_levels: not a list"),
 ])
 def test_a_damaged_document_names_its_first_bad_field(recorded, tmp_path, edit, field):
     doc = copy.deepcopy(recorded[1])

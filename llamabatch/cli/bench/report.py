@@ -7,7 +7,6 @@ not a traceback halfway through the tables.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -15,6 +14,7 @@ from typing import Any
 
 from ...errors import InvalidRequest
 from ...replaced_file import replacing
+from ...whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
 from . import chartdata, htmlreport
 
 BATCHED_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")
@@ -36,12 +36,10 @@ BASELINE_KEYS = ("requests", "prompt_tokens", "generated_tokens", "seconds", "re
 def load_document(path: str) -> dict[str, Any]:
     """A bench JSON document from `path`, checked. Raises InvalidRequest with one line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
-    except OSError as exc:
-        raise InvalidRequest(f"--from-json {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"--from-json {path}: not JSON ({exc})") from None
+        document = read_json(path, "--from-json")  # bounded, UTF-8, no RecursionError (whole_file)
+    except UnreadableFile as exc:
+        why = f"not JSON ({exc.why})" if exc.kind in (NOT_JSON, NOT_UTF8) else exc.why
+        raise InvalidRequest(f"--from-json {path}: {why}") from None
     problem = check_document(document)
     if problem:
         raise InvalidRequest(f"--from-json {path}: not a bench --json document: {problem}")
@@ -55,6 +53,11 @@ def check_document(document: Any) -> str | None:
     levels = document.get("levels")
     if not isinstance(levels, list) or not levels:
         return "levels: missing or empty"
+    if document.get("default_levels") is not None and not isinstance(document["default_levels"], list):
+        return "default_levels: not a list"
+    problem = _check_header(document)
+    if problem:
+        return problem
     for name in ("levels", "default_levels"):
         for i, level in enumerate(document.get(name) or []):
             problem = _check_level(level, document.get("baseline") is not None and name == "levels")
@@ -64,6 +67,22 @@ def check_document(document: Any) -> str | None:
         problem = _check_numbers(document["baseline"], BASELINE_KEYS)
         if problem:
             return f"baseline.{problem}"
+    return None
+
+
+def _check_header(document: dict[str, Any]) -> str | None:
+    """The parts the tables' and the report's header read as objects, lists and numbers: each
+    may be missing (older documents), but when there it has its type."""
+    for key in ("settings", "model", "machine"):
+        if document.get(key) is not None and not isinstance(document[key], dict):
+            return f"{key}: not an object"
+    settings, model = document.get("settings") or {}, document.get("model") or {}
+    for where, record, key, kind in (("settings", settings, "sampling", dict), ("settings", settings, "parallel", list)):
+        if record.get(key) is not None and not isinstance(record[key], kind):
+            return f"{where}.{key}: not {'an object' if kind is dict else 'a list'}"
+    for where, record, key in (("settings", settings, "n_batch"), ("model", model, "file_size")):
+        if record.get(key) is not None and not _is_number(record[key]):
+            return f"{where}.{key}: not a finite number ({_show(record[key])})"
     return None
 
 
@@ -84,6 +103,9 @@ def _check_level(level: Any, with_speedup: bool) -> str | None:
         problem = _check_numbers(tick, TICK_KEYS)
         if problem:
             return f"ticks[{i}].{problem}"
+        # graph runs per tick: documents before the engine counted them have none
+        if tick.get("ubatches") is not None and not _is_number(tick["ubatches"]):
+            return f"ticks[{i}].ubatches: not a finite number ({_show(tick['ubatches'])})"
     trace = level.get("trace")  # bench --verbose's breakdown; documents before it have none
     if trace is not None:
         if not isinstance(trace, dict):
@@ -104,12 +126,27 @@ def _check_numbers(record: Any, keys: tuple[str, ...]) -> str | None:
         if key not in record:
             return f"{key}: missing"
         if not _is_number(record[key]):
-            return f"{key}: not a finite number ({record[key]!r})"
+            return f"{key}: not a finite number ({_show(record[key])})"
     return None
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A number a float holds (what the tables, charts and report compute with): an integer of
+    400 digits is JSON, but float() of it is an OverflowError."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _show(value: Any) -> str:
+    """A bad value for the message, cut short: it may be a 400-digit number or a long text."""
+    if isinstance(value, int) and abs(value) >= 10 ** 20:
+        return f"an integer of about {value.bit_length() * 3 // 10 + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # -- output -----------------------------------------------------------------------------------
