@@ -47,6 +47,11 @@ class InputFormat(str, Enum):
     jsonl = "jsonl"
 
 
+class CsvFormulas(str, Enum):
+    escape = "escape"
+    raw = "raw"
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """`run`'s own options (the shared ones are in the Resolved settings), as given."""
@@ -216,6 +221,12 @@ def run_command(
                                             rich_help_panel="Tables",
                                             help="Read INPUT as delimited text with this one-character "
                                                  "delimiter (\\t for tab) \\[default: , for .csv, tab for .tsv]."),
+    csv_formulas: CsvFormulas = typer.Option(CsvFormulas.escape, "--csv-formulas", rich_help_panel="Tables",
+                                             help="A CSV/TSV OUTPUT's text cells that begin with =, +, -, @, tab "
+                                                  "or carriage return: escape writes them with a leading ' so a "
+                                                  "spreadsheet shows text rather than running a formula (OWASP's "
+                                                  "advice; plain numbers are left alone); raw writes them as they "
+                                                  "are."),
     logprobs: Optional[int] = typer.Option(None, "--logprobs", min=0, max=20, metavar="K", show_default=False,
                                            rich_help_panel="Tables",
                                            help="Log probabilities of each generated token with its top K "
@@ -255,7 +266,7 @@ def run_command(
                    tables=TableOptions(template=template, template_file=template_file,
                                        messages_template=messages_template, id_column=id_column,
                                        keep_columns=keep_columns, delimiter=delimiter,
-                                       embed_column=embed_column),
+                                       embed_column=embed_column, csv_formulas=csv_formulas.value),
                    logprobs=logprobs),
         opts, env)
 

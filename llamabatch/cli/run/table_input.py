@@ -33,6 +33,7 @@ class TableOptions:
     keep_columns: str | None = None  # "a,b" or "all"
     delimiter: str | None = None
     embed_column: str | None = None  # embed this column (the same as --embed --template '{COLUMN}')
+    csv_formulas: str = "escape"  # a CSV/TSV OUTPUT's cells that start a formula: escape or raw (any INPUT)
 
     @property
     def given(self) -> list[str]:

@@ -15,6 +15,7 @@ for logprobs. Rows are in input order (sorted by row number) with --order input.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -118,14 +119,19 @@ def records(path: str, in_input_order: bool) -> Iterator[dict]:
             yield json.loads(f.readline())
 
 
-def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_input_order: bool) -> int:
+def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_input_order: bool,
+             csv_formulas: str = "escape") -> int:
     """Write the table from the records file: to a temporary name, then renamed over `table`.
-    Returns the rows written. Raises OSError (or the writer's error) and leaves `table` as it was."""
+    Returns the rows written. Raises OSError (or the writer's error) and leaves `table` as it was.
+    `csv_formulas`: --csv-formulas, for CSV and TSV (table_writers.formula_safe)."""
     def rows() -> Iterator[list]:
         return (table_row(r, layout) for r in records(records_file, in_input_order))
 
+    writer = WRITERS[kind]
+    if kind in ("csv", "tsv"):
+        writer = functools.partial(writer, formulas=csv_formulas)
     with replacing(table) as tmp:
-        count = WRITERS[kind](tmp, layout, rows(), rows)
+        count = writer(tmp, layout, rows(), rows)
         if kind == "sqlite":
             refuse_foreign(table)  # checked before the run too; this is what the rename would destroy now
             real = os.path.realpath(table)  # a link's target is the database replaced (replaced_file.py)

@@ -27,7 +27,7 @@ SMALL_CSV_BYTES = 4 << 20  # a CSV this small is counted up front (for the slot 
 class TablePlan:
     def __init__(self, *, output: str | None, kind: str | None, source: TableSource | None = None,
                  parser: TableParser | None = None, layout: Layout | None = None, delimiter: str | None = None,
-                 input_path: str = ""):
+                 input_path: str = "", csv_formulas: str = "escape"):
         self.output = output
         self.kind = kind  # csv, tsv, parquet, sqlite: OUTPUT is a table; None: JSONL
         self.source = source  # INPUT's rows when it is a table
@@ -35,6 +35,7 @@ class TablePlan:
         self.layout = layout
         self.delimiter = delimiter
         self.input_path = input_path
+        self.csv_formulas = csv_formulas  # --csv-formulas: escape or raw (table_writers.formula_safe)
         self.empty_note: str | None = None
         if source is not None and source.empty:
             self.empty_note = f"llamabatch run: INPUT {source.name} has no data rows: nothing to run"
@@ -81,7 +82,8 @@ class TablePlan:
         if not os.path.exists(records):
             return code
         try:
-            n = finalize(records, self.output, self.kind, self.layout, in_input_order=order == "input")
+            n = finalize(records, self.output, self.kind, self.layout, in_input_order=order == "input",
+                         csv_formulas=self.csv_formulas)
         except Exception as exc:
             say(f"llamabatch: error: cannot write the table {self.output}: {getattr(exc, 'strerror', None) or exc}; "
                 f"the answers are kept in {records}, and --resume writes the table again")
@@ -123,7 +125,7 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
     logprobs = sampling.logprobs is not None
     if not is_table:
         layout = Layout((), logprobs, rows=False) if kind is not None else None
-        return TablePlan(output=o.output, kind=kind, layout=layout)
+        return TablePlan(output=o.output, kind=kind, layout=layout, csv_formulas=t.csv_formulas)
     try:
         reader = open_table_input(o.input_path, t, o.system, keep_for_output=o.echo)
         if not isinstance(reader.table, CsvTable):
@@ -142,7 +144,7 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
         raise
     parser = TableParser(sampling, echo=bool(reader.keep), embed=bool(getattr(o, "embed", False) or t.embed_column))
     return TablePlan(output=o.output, kind=kind, source=source, parser=parser, layout=layout,
-                     delimiter=t.delimiter, input_path=o.input_path)
+                     delimiter=t.delimiter, input_path=o.input_path, csv_formulas=t.csv_formulas)
 
 
 def _clash_message(clash: list[list[str]], layout: Layout, kind: str, output: str) -> str:

@@ -1,5 +1,5 @@
 """Writing a whole results table from rows (lists in Layout.columns order): CSV/TSV (stdlib
-csv), Parquet (pyarrow, row groups as they fill), SQLite (WAL). Each takes the path to write,
+csv, spreadsheet formulas escaped unless --csv-formulas raw), Parquet (pyarrow, row groups as they fill), SQLite (WAL). Each takes the path to write,
 the layout, an iterator of rows and a way to iterate them again (Parquet reads twice), holds at most one row group in memory, and returns
 how many rows it wrote."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sqlite3
 from typing import Any, Callable, Iterable, Iterator
 
@@ -32,22 +33,41 @@ def _chunks(rows: Iterable[list], size: int) -> Iterator[list[list]]:
         yield chunk
 
 
-def write_csv(path: str, layout: Layout, rows: Iterable[list], again: Any = None, delimiter: str = ",") -> int:
+# OWASP's CSV injection advice: a spreadsheet runs a cell beginning with one of these as a
+# formula (=HYPERLINK(...) from a row's own text, say), so such a cell gets a leading ' and
+# shows as the text it is. A plain number (-5, +3.25, -1e5) is left alone: it is no formula.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+CSV_FORMULAS = ("escape", "raw")  # --csv-formulas
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def formula_safe(cell: str) -> str:
+    """`cell` as a spreadsheet shows it as text: with a leading ' when it would start a formula."""
+    if cell.startswith(FORMULA_STARTS) and not _NUMBER.fullmatch(cell):
+        return "'" + cell
+    return cell
+
+
+def write_csv(path: str, layout: Layout, rows: Iterable[list], again: Any = None, delimiter: str = ",",
+              formulas: str = "escape") -> int:
+    """`formulas`: "escape" writes text cells through formula_safe (the header too: its names
+    come from the input), "raw" as they are."""
+    safe = formula_safe if formulas == "escape" else (lambda cell: cell)
     n = 0
     with open(path, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f, delimiter=delimiter)
-        w.writerow(layout.columns)
+        w.writerow([safe(name) for name in layout.columns])
         for row in rows:
-            w.writerow(["" if v is None else ("true" if v is True else "false" if v is False else _text(v))
-                        for v in row])
+            cells = ["" if v is None else ("true" if v is True else "false" if v is False else _text(v)) for v in row]
+            w.writerow([safe(c) if isinstance(c, str) else c for c in cells])
             n += 1
         f.flush()
         os.fsync(f.fileno())
     return n
 
 
-def write_tsv(path: str, layout: Layout, rows: Iterable[list], again: Any = None) -> int:
-    return write_csv(path, layout, rows, delimiter="\t")
+def write_tsv(path: str, layout: Layout, rows: Iterable[list], again: Any = None, formulas: str = "escape") -> int:
+    return write_csv(path, layout, rows, delimiter="\t", formulas=formulas)
 
 
 def _arrow_type(pa: Any, kinds: set) -> Any:
