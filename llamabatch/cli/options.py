@@ -31,7 +31,7 @@ def _opt(*decls: str, help: str, panel: str, **kw: Any) -> Any:
 
 # name -> (annotation, where the value goes). Keys are the config-file / env spelling.
 SHARED_OPTIONS: dict[str, Any] = {
-    "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF file or folder[:QUANT], hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[:QUANT] or a [models] alias (`llamabatch models` lists them) [default: bundled Gemma 3 270M]", panel=ENGINE)],
+    "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF file or folder[:QUANT], hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[:QUANT] or a [models] alias (`llamabatch models` lists them); gemma = the bundled Gemma 3 270M base, smollm2 = SmolLM2-135M-Instruct [default: run, serve-stdin, chat: smollm2 when installed, else gemma; bench: gemma]", panel=ENGINE)],
     "n_parallel": Annotated[Optional[str], _opt("--n-parallel", metavar="N|auto", help="Slots: sequences decoded together; auto = measure the fastest count on this machine (cached) [default: auto; chat: 1]", panel=ENGINE)],
     "n_ctx": Annotated[Optional[int], _opt("--n-ctx", help="Total context, split evenly between slots [default: 4096 per slot]", panel=ENGINE)],
     "n_batch": Annotated[Optional[int], _opt("--n-batch", help="Most tokens in one forward pass [default: 512]", panel=ENGINE)],

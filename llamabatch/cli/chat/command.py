@@ -26,7 +26,6 @@ from .store import Store, StoreError, Stored, default_path
 from ..env import Environment
 from ..common import EXIT_ERROR, EXIT_USAGE, fail, open_engine, resolve_options
 from ..options import SharedOptions, with_shared_options
-from ...settings.file_layer import resolve_layers, resolve_settings
 
 MULTILINE = '"""'
 
@@ -228,7 +227,7 @@ def chat_command(
         return
     if continue_ + (resume is not None) + (load is not None) > 1:
         raise fail("use one of --continue, --resume ID and --load FILE", EXIT_USAGE)
-    resolved = resolve_chat_options(opts, env)  # n_parallel defaults to 1 here (settings.layers.COMMAND_DEFAULTS)
+    resolved = resolve_options(opts, env)  # n_parallel defaults to 1 here (settings.layers.COMMAND_DEFAULTS)
     if no_save and resolved.sources.get("prefix_store") != "flag":
         # "record nothing of this chat": the engine's own saves of a prefix two turns share would
         # still write the conversation's KV to disk; an explicit --prefix-store keeps it on
@@ -264,23 +263,6 @@ def chat_command(
         engine.close()
         if store is not None:
             store.close()
-
-
-def resolve_chat_options(opts: SharedOptions, env: Environment):
-    """resolve_options, except that a model named nowhere (no flag, env or config file) is chat's
-    own default: the chat-tuned one when installed (models.chat_default)."""
-    from ...models.chat_default import chat_default_model
-
-    default = None
-    if resolve_layers(opts.values, opts.command, env.config_path).sources.get("model") == "default":
-        default = chat_default_model(lambda line: env.say(f"llamabatch: {line}"))
-    if default is None:
-        return resolve_options(opts, env)
-    # passed as the flag would be, so that the other layers and the model's resolution stay settings';
-    # the source then says where it really came from
-    resolved = resolve_settings({**opts.values, "model": default}, opts.command, env.config_path)
-    resolved.sources["model"] = "default (chat)"
-    return resolved
 
 
 def open_store() -> tuple[Store | None, str | None]:

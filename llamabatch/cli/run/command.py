@@ -17,6 +17,7 @@ import typer
 
 from .formats import LineParser
 from ...llama import autoslots
+from ...models.default_model import why as model_why
 from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options
 from .verify import Reservoir, rerun_alone
 from ..env import Environment
@@ -106,6 +107,7 @@ class RunJob:
     route: Any = None  # which file each record goes to (--error-file, --retry-failed: error_file.Routes)
     on_end: Any = None  # called with (BatchRun, RecordWriter) once the files are closed (long_job.py)
     counter: Any = None  # the progress total of a table INPUT (table_input.TableCounter)
+    model_why: str = ""  # for the header: why this model (models.default_model.why)
 
 
 @with_shared_options
@@ -413,6 +415,7 @@ def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, 
                                    inflight=inflight, reorder_window=reorder_window, argv=env.argv,
                                    answered=answered, cluster=cluster,
                                    deterministic=resolved.engine.deterministic,
+                                   model_why=model_why(resolved.sources.get("model")),
                                    drain_timeout=bounds.drain_timeout_s, route=job.routes(sink), on_end=ended,
                                    counter=tables.counter()))
     finally:
@@ -441,7 +444,8 @@ def _run(engine, job: RunJob) -> int:
     inflight, deterministic = job.inflight, job.deterministic
     why = f" ({engine.slots_reason})" if engine.slots_reason else ""
     kernels = f", {engine.kernels}" if engine.kernels else ""
-    what = cluster.describe() if cluster else (f"{engine.model_name}, {engine.config.n_parallel} slots x "
+    model = f"{engine.model_name} ({job.model_why})" if job.model_why else engine.model_name
+    what = cluster.describe() if cluster else (f"{model}, {engine.config.n_parallel} slots x "
                                                f"{engine.slot_ctx} tokens{why}{kernels}")
     reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
     resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
