@@ -3,6 +3,8 @@ what gets saved (exactly a prefix two requests share, once), what gets restored 
 entry that starts the prompt), and that a request answers the same either way."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
@@ -151,3 +153,42 @@ def test_a_slot_reusing_its_own_cache_saves_the_shared_part_once(tmp_path):
     assert texts == ["CAT", "DOG", "EEL"] and runner.violations == []
     assert runner.snapshots == [(0, len(INSTRUCTION))]  # once: the third finds it in the store
     assert len(list(tmp_path.rglob("*.kv"))) == 1
+
+
+# -- a store folder that can never work (issue 36) ----------------------------------------------
+
+
+def cli_run(tmp_path, monkeypatch, store: str):
+    """`run -` of two lines on the fake runner with --prefix-store STORE."""
+    from cli_harness import invoke, runner_for
+
+    fake = tmp_path / "fake.gguf"  # the fake runner stands in for a model file of its own
+    fake.write_bytes(b"GGUF" + b"\0" * 64)
+    monkeypatch.setenv("LLAMABATCH_MODEL", str(fake))
+    monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path / "cache"))
+    return invoke(["run", "-", "--prefix-store", store, "--n-parallel", "2", "--max-tokens", "2"],
+                  input="one\ntwo\n", runner=runner_for())
+
+
+@pytest.mark.parametrize("store, why", [
+    ("file", "is a file, not a folder"),
+    ("/dev/null", "/dev/null is a character device, not a folder"),
+    ("file/sub", "is a file, not a folder"),
+])
+def test_a_store_folder_that_cannot_work_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch, store, why):
+    (tmp_path / "file").write_text("notes\n")
+    monkeypatch.chdir(tmp_path)
+    result = cli_run(tmp_path, monkeypatch, store)
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 2  # both lines answered
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warnings == [f"llamabatch: warning: prefix store {store} can't be used "
+                        f"({os.path.abspath('file') + ' ' + why if store != '/dev/null' else why}): running without it"]
+    assert result.engines[0].disk is None and result.engines[0].config.prefix_store is None
+    assert (tmp_path / "file").read_text() == "notes\n"
+
+
+def test_a_store_folder_not_made_yet_is_no_warning(tmp_path, monkeypatch):
+    result = cli_run(tmp_path, monkeypatch, str(tmp_path / "new" / "store"))
+    assert result.exit_code == 0, result.stderr
+    assert "warning" not in result.stderr and result.engines[0].disk is not None

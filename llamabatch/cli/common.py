@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator, TextIO
 import typer
 
 from ..errors import InvalidRequest, LlamaBatchError
+from ..prefix_store.folder_check import unusable_because
 from ..settings.file_layer import resolve_layers, resolve_settings
 from ..settings.resolved import Resolved
 from .env import Environment
@@ -105,7 +106,13 @@ def open_engine(resolved: Resolved, environment: Environment, max_slots: int | N
     ModelLoadError is one line and exit 1): n_parallel "auto" measured, bounded by
     `max_slots` (e.g. the number of input lines); `isolated`: in a supervised child process;
     `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off).
-    A chat-template fallback is said once on stderr, when chat messages first need it."""
+    A chat-template fallback is said once on stderr, when chat messages first need it, and a
+    prefix store folder that can never work (a file, a device) before the engine opens."""
+    store = resolved.engine.prefix_store
+    why = unusable_because(store) if store and resolved.engine.prefix_store_max_bytes else None
+    if why:  # the store would fail every save in silence: say so, and run without it
+        environment.say(f"llamabatch: warning: prefix store {store} can't be used ({why}): running without it")
+        resolved = resolved.replace(engine=resolved.engine.replace(prefix_store=None))
     engine = environment.engine_factory.open(resolved, max_slots=max_slots, isolated=isolated, watchdog_s=watchdog_s)
     engine.on_notice = lambda line: environment.say(f"llamabatch: {line}")
     return engine
