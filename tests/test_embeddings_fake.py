@@ -99,6 +99,20 @@ def test_too_long_input_errors_or_truncates():
     assert out[0].n_tokens == 10
 
 
+def test_megabytes_of_input_are_refused_or_cut_without_tokenizing_them():
+    # issue 36 D2: more bytes than n_batch of the longest tokens (4 on the fake) can spell is
+    # context_overflow before tokenizing; with truncate only a prefix is tokenized, and the
+    # vector is the one of the first 10 tokens, as for a short text
+    runner = FakeRunner(embed_max_tokens=10)
+    with make_engine(runner) as engine:
+        with pytest.raises(EmbeddingFailed, match="8,000,000 bytes, more than 10 tokens"):
+            engine.embed(" " * 8_000_000)
+        cut = engine.embed("abcdefghijklmnop" + " " * 8_000_000, truncate=True)[0]
+        short = engine.embed("abcdefghij")[0]
+    assert runner.tokenized_chars < 10_000
+    assert cut.n_tokens == 10 and cut.vector == short.vector
+
+
 def test_unknown_pooling_and_reranker_default_refused():
     with make_engine(FakeRunner()) as engine:
         with pytest.raises(EmbeddingFailed, match="pooling must be one of mean, cls, last"):

@@ -18,6 +18,7 @@ from typing import Any, Union
 from ..errors import ContextOverflow, InvalidRequest
 from ..json_line import surrogate_at
 from ..results import Embedding, EmbeddingResult, Timings, Usage
+from .byte_bound import prefix_to_tokenize, too_long
 
 POOLINGS = ("mean", "cls", "last")  # what --pooling may say (llama.cpp's pooling types that give a vector)
 # The most inputs one request may carry, as OpenAI's /v1/embeddings (2048): a longer list is
@@ -89,7 +90,11 @@ def input_tokens(runner: Any, item: EmbedInput, where: str, max_tokens: int, tru
         bad = surrogate_at(item)
         if bad:
             raise InvalidRequest(f"{where} {bad}")
-        tokens = runner.tokenize(item, special=False)
+        size = None if truncate else too_long(runner, item, max_tokens)
+        if size is not None:  # refused by its bytes, before tokenizing megabytes (core/byte_bound.py)
+            raise ContextOverflow(f"{where} has {size:,} bytes, more than {max_tokens} tokens (n_batch) can hold; "
+                                  f"pass truncate to keep the first {max_tokens}")
+        tokens = runner.tokenize(prefix_to_tokenize(runner, item, max_tokens) if truncate else item, special=False)
     else:
         if not item:
             raise InvalidRequest(f"{where} is an empty list of token ids")

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence as Seq, Union
 from ..errors import ContextOverflow, InvalidRequest
 from ..json_line import find_surrogate, surrogate_at
 from ..params import SamplingParams, random_seed
+from .byte_bound import too_long
 from .plan import Runner
 from .sequence import Sequence
 
@@ -113,16 +114,11 @@ class InputPreparer:
     def _refuse_untokenizably_long(self, text: str) -> None:
         """ContextOverflow for a text with more bytes than a full slot of the vocabulary's
         longest tokens could spell: it fails fast, without tokenizing megabytes on the
-        submitting thread (issue 36: one 16 MB cell of spaces stalled every other row)."""
-        if len(text) < self.slot_ctx:  # too few characters to overflow by this bound: skip the encode
-            return
-        longest = self.runner.longest_token_bytes()
-        if longest is None:
-            return
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > longest * self.slot_ctx:
+        submitting thread (core/byte_bound.py)."""
+        size = too_long(self.runner, text, self.slot_ctx)
+        if size is not None:
             raise ContextOverflow(f"prompt has {size:,} bytes, more than a slot's {self.slot_ctx} tokens can hold "
-                                  f"(at most {longest} bytes a token in this vocabulary)")
+                                  f"(at most {self.runner.longest_token_bytes()} bytes a token in this vocabulary)")
 
     def params_for(self, prompt: Prompt, params: SamplingParams | None) -> SamplingParams:
         params = (params or self.default_params).validate()
