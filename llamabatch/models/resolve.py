@@ -16,6 +16,7 @@ from ..errors import ModelLoadError
 from ..replaced_file import replacing
 from .file_hash import sha256_file
 from .cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: where it was always imported from)
+from .default_model import BUNDLED_NAME
 from .stores import ModelRef, display_name, resolve_spelling
 
 MODEL_ENV = "LLAMABATCH_MODEL"
@@ -36,12 +37,12 @@ def resolve_model_ref(model: str | None = None, aliases: dict[str, str] | None =
                       config_path: str | None = None) -> ModelRef:
     """What `model` names (see model_stores): its file, display name and default stops.
 
-    None means $LLAMABATCH_MODEL, else the bundled model. `aliases` is the config file's
+    None means $LLAMABATCH_MODEL, else the bundled model (which "gemma" names). `aliases` is the config file's
     [models] table. Raises ModelLoadError (one line) when the name matches nothing.
     """
     if model is None:
         model = os.environ.get(MODEL_ENV, "").strip() or None
-    if model is None:
+    if model is None or model.strip() == BUNDLED_NAME:  # -m gemma: the bundled base model by name
         path = bundled_model_path()
         return ModelRef(path, display_name(path), "bundled", (), (path,))
     return resolve_spelling(model, aliases, config_path)

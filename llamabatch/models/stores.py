@@ -23,7 +23,6 @@ from typing import Iterator, Mapping
 
 from ..errors import ModelLoadError
 from .packaged import PACKAGED, packaged_model_path
-from .default_model import BUNDLED_NAME
 
 PREFIXES = ("hf:", "ollama:", "lmstudio:")
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
@@ -211,11 +210,6 @@ def resolve_spelling(spelling: str, aliases: Mapping[str, str] | None = None, co
             raise ModelNotFound(f"model alias {spelling!r} refers to itself (via {' -> '.join(_seen)})")
         ref = resolve_spelling(aliases[spelling], aliases, config_path, (*_seen, spelling))
         return replace(ref, name=spelling)
-    if spelling == BUNDLED_NAME:  # -m gemma: the bundled base model by name
-        from .resolve import bundled_model_path
-
-        path = bundled_model_path()
-        return ModelRef(path, display_name(path), "bundled", (), (path,))
     if spelling in PACKAGED:  # a built-in name (smollm2): a GGUF inside an installed distribution
         path = packaged_model_path(spelling)
         return ModelRef(path, spelling, "package", (), (path,))
