@@ -8,6 +8,7 @@ conftest.py); `pytest tests/test_fuzz.py --hypothesis-profile=long` runs 50x mor
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -213,3 +214,191 @@ def _read_all(fd: int) -> bytes:
         parts.append(chunk)
     os.close(fd)
     return b"".join(parts)
+
+
+# -- files read whole (issue 36) ------------------------------------------------------------------
+# Each reader of a file the user names or the tool wrote earlier (a grammar, a schema, a template,
+# the config file, the run manifest, a bench --json document, a chat transcript) takes random bytes
+# and damaged JSON: it returns, or raises its one-line error type, never anything else; and what
+# it returns, its consumers use without a traceback.
+
+from llamabatch.cli.bench import report as bench_report  # noqa: E402
+from llamabatch.cli.chat.conversation import Conversation  # noqa: E402
+from llamabatch.cli.run import run_record  # noqa: E402
+from llamabatch.cli.run.fingerprint import changes  # noqa: E402
+from llamabatch.cli.run.manifest import ManifestProblem, read_manifest  # noqa: E402
+from llamabatch.cli.run.report import rows as report_rows  # noqa: E402
+from llamabatch.settings.config_file import ConfigFileError, load as load_config  # noqa: E402
+from llamabatch.settings.layers import merge  # noqa: E402
+from llamabatch.tables import TableError, load_messages_template, load_template_file  # noqa: E402
+from llamabatch.whole_file import UnreadableFile, read_json  # noqa: E402
+
+file_bytes = st.one_of(st.binary(max_size=200), json_values.map(as_json).map(str.encode),
+                       st.sampled_from([b"\x00\xff", b"[" * 100_000, b'{"a": ' + b"9" * 5000 + b"}", b"\xef\xbb\xbf{}",
+                                        b'"\\ud800"', b"{" * 50 + b"}" * 50, b"1e999", b"NaN", b"\n" * 3]))
+files = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                        HealthCheck.function_scoped_fixture])
+
+
+def one_line(exc: BaseException) -> None:
+    message = str(exc)
+    assert message and "\n" not in message and "Traceback" not in message, message
+
+
+def write_file(tmp_path, data: bytes):
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    return str(path)
+
+
+def mutations(document):
+    """A strategy: `document` with one value somewhere in it (or the whole) replaced by random JSON."""
+    def paths(value, here=()):
+        yield here
+        if isinstance(value, dict):
+            for key, item in value.items():
+                yield from paths(item, here + (key,))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                yield from paths(item, here + (i,))
+
+    def replaced(path, new):
+        if not path:
+            return new
+        copy = json.loads(json.dumps(document))
+        target = copy
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = new
+        return copy
+
+    extremes = st.sampled_from([10 ** 400, -(10 ** 400), 1e308, -1.0, 0, "x", [], {}, None, True, [1], {"a": 1}])
+    return st.builds(replaced, st.sampled_from(list(paths(document))), st.one_of(json_values, extremes))
+
+
+@files
+@given(data=file_bytes)
+def test_the_whole_file_reader_returns_or_says_one_line(tmp_path, data):
+    try:
+        read_json(write_file(tmp_path, data), "the file")
+    except UnreadableFile as exc:
+        one_line(exc)
+
+
+@files
+@given(data=file_bytes)
+def test_grammar_schema_and_template_files_return_or_say_one_line(tmp_path, data):
+    path = write_file(tmp_path, data)
+    for flags in ({"grammar_file": path}, {"json_schema": path}):
+        try:
+            merge(flags)
+        except InvalidRequest as exc:
+            one_line(exc)
+    for load in (load_template_file, load_messages_template):
+        try:
+            load(path)
+        except TableError as exc:
+            one_line(exc)
+
+
+TOML_VALUES = st.sampled_from(['1', '-1', '0.5', 'nan', 'inf', '"x"', '"\\u00e9"', 'true', '[1, "a"]', '{ a = 1 }',
+                               '9' * 400, '"' + 'x' * 300 + '"', '[' * 5000 + ']' * 5000, '"auto"', '"off"', '""',
+                               '[[1]]', '{}', '1979-05-27', '"16GiB"'])
+TOML_KEYS = st.sampled_from(["model", "n_parallel", "n_ctx", "temperature", "top_k", "stop", "seed", "max_memory",
+                             "prefix_store", "grammar", "json_schema", "order", "x", "models.a", "sampling.top_p"])
+toml_files = st.lists(st.tuples(st.sampled_from(["", "[run]\n", "[sampling]\n", "[chat]\n", "[models]\n", "[x]\n"]),
+                                TOML_KEYS, TOML_VALUES), max_size=6).map(
+    lambda items: "".join(f"{table}{key} = {value}\n" for table, key, value in items).encode())
+
+
+@files
+@given(data=st.one_of(toml_files, file_bytes))
+def test_the_config_file_loads_or_says_one_line(tmp_path, data):
+    try:
+        load_config(write_file(tmp_path, data))
+    except ConfigFileError as exc:
+        one_line(exc)
+
+
+MANIFEST = {
+    "format": "llamabatch-run-manifest", "version": 1, "status": "finished", "llamabatch": "1.0.0",
+    "model": {"path": "/m.gguf", "name": "m", "size": 10, "sha256": "ab" * 32},
+    "engine": {"n_parallel": 2}, "sampling": {"max_tokens": 4, "temperature": 0.0, "stop": ["\n"]},
+    "setting_sources": {"model": "flag"}, "chat_template": {"setting": None, "source": "gguf"}, "system": None,
+    "deterministic": False, "input": {"path": "/in.jsonl", "size": 5, "sha256_first_mb": "cd" * 32, "lines": 2},
+    "output": {"path": "/out.jsonl", "error_file": None},
+    "fingerprint": {"model_sha256": "ab" * 32, "sampling": {"max_tokens": 4}, "seed": None},
+    "started_at": "2025-01-01T00:00:00Z", "ended_at": "2025-01-01T00:01:00Z",
+    "counts": {"records": 2, "finish_reason": {"stop": 2}, "error_code": {}},
+    "tokens": {"prompt": 10, "cached": 0, "generated": 4}, "wall_s": 1.5, "generated_tok_s": 2.6, "ray": None,
+    "history": [{"event": "start", "started_at": "2025-01-01T00:00:00Z", "ended_at": "2025-01-01T00:01:00Z",
+                 "argv": ["run"], "wall_s": 1.5, "records_written": 2, "generated_tokens": 4, "generated_tok_s": 2.6,
+                 "status": "finished", "changed_settings": ["seed: 1 → 2"], "overridden": "x"}],
+}
+
+
+@files
+@given(data=st.one_of(mutations(MANIFEST).map(as_json).map(str.encode), file_bytes))
+def test_a_manifest_reads_or_is_one_problem_and_what_reads_is_usable(tmp_path, data):
+    try:
+        manifest = read_manifest(write_file(tmp_path, data))
+    except ManifestProblem as exc:
+        one_line(exc)
+        return
+    # what report and a resume do with a manifest they accepted
+    report_rows(manifest)
+    changes(manifest.get("fingerprint") or {}, MANIFEST["fingerprint"])
+    entry = run_record.start_event(manifest, "resume", ("run",))
+    output = tmp_path / "out.jsonl"
+    output.write_text('{"id": 1, "text": "a", "finish_reason": "stop", "usage": {"completion_tokens": 2}}\n')
+    run_record.finish(manifest, entry, status="finished", wall_s=0.5, generated=2, written=1, output=str(output),
+                      error_file=None, input_path="-")
+    json.dumps(manifest, default=str)
+
+
+@functools.lru_cache(maxsize=1)
+def bench_document() -> str:
+    """A real bench --json document, from a bench run on the fake runner (once)."""
+    import tempfile
+
+    from cli_harness import invoke
+    from test_bench_charts import slow_runner
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "bench.json")
+        result = invoke(["bench", "--pp", "16", "--tg", "4", "--parallel", "1,2", "--verbose", "--json", out],
+                        runner=slow_runner)
+        assert result.exit_code == 0, result.stderr
+        with open(out, encoding="utf-8") as f:
+            return f.read()
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_bench_from_json_draws_or_names_the_bad_field(tmp_path, data):
+    from cli_harness import invoke
+
+    document = json.loads(bench_document())
+    raw = data.draw(st.one_of(mutations(document).map(as_json).map(str.encode), file_bytes))
+    path = write_file(tmp_path, raw)
+    result = invoke(["bench", "--from-json", path, "--html", str(tmp_path / "r.html"), "--ticks", "2"])
+    if result.exit_code == 0:
+        assert "Traceback" not in result.stderr
+        return
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"llamabatch: error: --from-json {path}: "), \
+        result.stderr
+
+
+TRANSCRIPT = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                           {"role": "assistant", "content": "hello"}], "model": "m"}
+
+
+@files
+@given(data=st.one_of(mutations(TRANSCRIPT).map(as_json).map(str.encode), file_bytes))
+def test_a_chat_transcript_loads_or_says_one_line(tmp_path, data):
+    try:
+        Conversation.load(write_file(tmp_path, data))
+    except InvalidRequest as exc:
+        one_line(exc)

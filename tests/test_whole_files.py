@@ -120,3 +120,28 @@ def test_the_reader_reads_a_pipe_up_to_the_bound(tmp_path):
         assert read_text(f"/dev/fd/{read_end}", "--grammar-file") == 'root ::= "a"'
     finally:
         os.close(read_end)
+
+
+# -- the other files read whole (issue 36's pass over them) -----------------------------------
+
+
+def test_bench_prompts_from_a_device_that_never_ends_is_one_line():
+    # read line by line, /dev/zero was one line that never ended
+    from llamabatch.cli.bench.benchkit import read_prompt_file
+    from llamabatch.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="^--prompts /dev/zero: larger than 64 MiB"):
+        read_prompt_file("/dev/zero")
+
+
+def test_bench_prompts_keep_their_line_ends(tmp_path):
+    from llamabatch.cli.bench.benchkit import read_prompt_file
+
+    path = tmp_path / "p.txt"
+    path.write_bytes("one\r\ntwo\rthree\x0bstill three\n\nfour".encode())
+    assert read_prompt_file(str(path)) == [(1, "one"), (2, "two"), (3, "three\x0bstill three"), (5, "four")]
+
+
+def test_a_config_file_nested_past_the_parser_is_one_line(sandbox):
+    (sandbox / "llamabatch.toml").write_text("stop = " + "[" * 5000 + "]" * 5000 + "\n")
+    one_error_line(invoke(["config", "show"]), "llamabatch.toml: invalid TOML: arrays or tables nested too deep")

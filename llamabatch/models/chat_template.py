@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import InvalidRequest
+from ..whole_file import UnreadableFile, read_text
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -365,10 +366,9 @@ def _chosen_template(choice: str, bos_token: str, eos_token: str, tokenizer_adds
         return builtin_template(choice, formats, bos_token)
     if os.path.isfile(choice):
         try:
-            with open(choice, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"cannot read chat template file {choice}: {_one_line(exc)}") from None
+            text = read_text(choice, "chat template file")  # bounded (whole_file)
+        except UnreadableFile as exc:
+            raise InvalidRequest(f"cannot read chat template file {choice}: {exc.why}") from None
         return jinja_template(choice, text, bos_token, eos_token, tokenizer_adds_bos)
     return builtin_template(choice, formats, bos_token)  # raises: unknown, naming the choices
 

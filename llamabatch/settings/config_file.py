@@ -38,6 +38,7 @@ from ..config import KEY_RULES as ENGINE_KEY_RULES
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, seconds as _seconds, text as _text
+from ..whole_file import UnreadableFile, read_bytes
 
 CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"
@@ -164,10 +165,9 @@ def locate(explicit: str | None = None) -> Location:
 def load(path: str) -> ConfigFile:
     """Read, parse and check `path`. Raises ConfigFileError with one line."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise ConfigFileError(f"{path}: cannot read config file ({exc.strerror or exc})") from None
+        raw = read_bytes(path, "config file")  # bounded (whole_file)
+    except UnreadableFile as exc:
+        raise ConfigFileError(f"{path}: cannot read config file ({exc.why})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -181,6 +181,8 @@ def parse_text(text: str, path: str = "<config>") -> ConfigFile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError(f"{path}: invalid TOML: {_one_line(exc)}") from None
+    except RecursionError:  # `a = [[[[...` nested past the parser's stack
+        raise ConfigFileError(f"{path}: invalid TOML: arrays or tables nested too deep") from None
     return _check(path, data, key_lines(text))
 
 

@@ -18,7 +18,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from ..whole_file import UnreadableFile, read_text
 from .errors import TableError
+
+REF_BYTES = 4096  # a ref file holds one commit hash
 
 PREFIX = "hf:"
 SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "eval", "evaluation")
@@ -66,9 +69,8 @@ def _snapshots(repo: str) -> list[str]:
             named.append((rel != "main", rel, os.path.join(root, f)))
     for _not_main, _rel, path in sorted(named):
         try:
-            with open(path, encoding="utf-8") as fh:
-                commit = fh.read().strip()
-        except OSError:
+            commit = read_text(path, "hub ref", REF_BYTES).strip()  # a commit hash; a damaged ref is skipped
+        except UnreadableFile:
             continue
         if commit and commit not in order and os.path.isdir(os.path.join(snaps, commit)):
             order.append(commit)

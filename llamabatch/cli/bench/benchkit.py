@@ -33,6 +33,7 @@ import functools
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from typing import Any, Callable, Sequence
 from ...errors import InvalidRequest
 from ...params import SamplingParams
 from ...results import Delta, Result
+from ...whole_file import read_text
 from ...core.telemetry import TickRecord
 from .trace import trace_figures
 
@@ -80,13 +82,10 @@ def parse_levels(text: str) -> list[int]:
 def read_prompt_file(path: str) -> list[tuple[int, str]]:
     """One prompt per line, as (line number, text); blank lines are skipped. Raises
     InvalidRequest with one line for an unreadable, non-UTF-8 or empty file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.rstrip("\r\n") for line in f]
-    except OSError as exc:
-        raise InvalidRequest(f"--prompts {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"--prompts {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    text = read_text(path, "--prompts")  # bounded: /dev/zero is one endless line (whole_file)
+    lines = re.split(r"\r\n|\r|\n", text)  # the line ends a text-mode file reads, and no others
+    if lines[-1] == "":
+        lines.pop()
     prompts = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not prompts:
         raise InvalidRequest(f"--prompts {path}: no prompts (one prompt per line, blank lines are skipped)")

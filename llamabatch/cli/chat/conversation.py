@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from ...models.chat_template import ChatTemplate, validate_messages
 from ...errors import InvalidRequest
 from ...replaced_file import replacing
+from ...whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
 
 TRANSCRIPT_VERSION = 1
 CHAT_ROLES = ("system", "user", "assistant")
@@ -126,12 +127,11 @@ class Conversation:
         """Read a transcript; InvalidRequest (one line) when it is not one."""
         path = os.path.expanduser(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except OSError as exc:
-            raise InvalidRequest(f"cannot read {path}: {exc.strerror or exc}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"{path} is not a JSON transcript: {exc}") from None
+            data = read_json(path, "transcript")  # bounded, UTF-8, no RecursionError (whole_file)
+        except UnreadableFile as exc:
+            if exc.kind in (NOT_JSON, NOT_UTF8):
+                raise InvalidRequest(f"{path} is not a JSON transcript: {exc.why}") from None
+            raise InvalidRequest(f"cannot read {path}: {exc.why}") from None
         try:
             return cls.from_dict(data)
         except InvalidRequest as exc:

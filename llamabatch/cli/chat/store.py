@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ...errors import LlamaBatchError
+from ...json_line import BadJSON, loads
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0  # another chat's transaction takes milliseconds; wait rather than fail
@@ -330,8 +331,8 @@ def _json_or_none(text: str | None) -> Any:
     if not text:
         return None
     try:
-        return json.loads(text)
-    except ValueError:  # written by hand, or damaged: resume without it
+        return loads(text)
+    except BadJSON:  # written by hand, or damaged (too deep, a huge number...): resume without it
         return None
 
 

@@ -87,9 +87,9 @@ def _damage(data: dict[str, Any]) -> str | None:
     for key in OBJECT_FIELDS:
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f'"{key}" is {_kind(data[key])}, not an object'
-    history = data.get("history")
-    if history is None:
-        return None
+    if "history" not in data:
+        return None  # a new history starts with this run (run_record.start_event)
+    history = data["history"]
     if not isinstance(history, list):
         return f'"history" is {_kind(history)}, not a list'
     for i, entry in enumerate(history):
