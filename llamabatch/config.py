@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .llama.cpu_buffers import CHOICES as CPU_BUFFERS
+from .llama.mask_grammar import BACKENDS as GRAMMAR_BACKENDS
 from .errors import InvalidRequest
 from .memory_setting import byte_size_rule, max_memory_rule
 from .params import SEED_ALLOWED, is_seed
@@ -72,6 +73,10 @@ class EngineConfig:
     # is <cache dir>/prefix-store). Least recently used entries go past max_bytes (0 = off).
     prefix_store: str | None = None
     prefix_store_max_bytes: int = DEFAULT_PREFIX_STORE_BYTES
+    # How grammars and JSON schemas constrain sampling (llama/mask_grammar.py): "auto" and
+    # "llguidance" apply them as token masks, "llama" with llama.cpp's GBNF sampler.
+    # None = $LLAMABATCH_GRAMMAR_BACKEND, else "auto".
+    grammar_backend: str | None = None
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -169,6 +174,7 @@ KEY_RULES: dict[str, Rule] = {
     "pooling": optional(choice("mean", "cls", "last")),
     "prefix_store": _prefix_store,
     "prefix_store_max_bytes": byte_size_rule,
+    "grammar_backend": optional(choice(*GRAMMAR_BACKENDS)),
 }
 NORMALIZED_KEYS = ("prefix_store", "prefix_store_max_bytes")
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"

@@ -219,8 +219,11 @@ def test_bad_grammar_and_bad_params_are_request_errors(engine):
 def test_json_schema_constrains_the_output(family_engine):
     engine = family_engine
     schema = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
-    r = engine.submit("Describe a person as JSON:", SamplingParams(temperature=0, max_tokens=40,
-                                                                      json_schema=schema)).result(WAIT)
+    # an example first: alone, "Describe a person as JSON:" led the base model into an endless
+    # run of zeros, which llama.cpp's converter cut at 16 digits and a JSON schema does not
+    # (docs/structured-output.md)
+    r = engine.submit('A person as JSON: {"age": 31}\nAnother person as JSON:',
+                      SamplingParams(temperature=0, max_tokens=40, json_schema=schema)).result(WAIT)
     assert r.finish_reason == "stop", (r.text, r.finish_reason)
     data = json.loads(r.text)
     assert isinstance(data["age"], int)

@@ -1,4 +1,5 @@
-"""Sampling apart from the tick (llamabatch/core/apart.py) on the bundled Gemma 3 270M: the tokens are
+"""Sampling apart from the tick (llamabatch/core/apart.py) on the bundled Gemma 3 270M, with grammars in
+llama.cpp's sampler (grammar_backend llama: token masks sample inline): the tokens are
 the ones inline sampling gives, a large JSON-schema enum beside plain requests finishes, and
 the supervised child samples apart too. Kept small: one or two slots, few tokens."""
 from __future__ import annotations
@@ -22,7 +23,7 @@ def test_sampled_apart_gives_the_tokens_inline_sampling_gives(model_path):
 
     def run(apart: bool):
         # a fresh engine and one request at a time: both runs evaluate the same batches
-        with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2)) as engine:
+        with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, grammar_backend="llama")) as engine:
             assert engine.apart is not None
             if not apart:
                 engine.scheduler.sample_apart = None  # every row inline, as before apart.py
@@ -44,7 +45,7 @@ def test_a_large_enum_beside_plain_requests_finishes_and_they_finish_too(model_p
     def note(name):
         return lambda handle, item: order.append(name if not isinstance(item, Delta) else f"{name} token")
 
-    with Engine(EngineConfig(model=model_path, n_parallel=3, n_ctx=3 * 256, threads=2)) as engine:
+    with Engine(EngineConfig(model=model_path, n_parallel=3, n_ctx=3 * 256, threads=2, grammar_backend="llama")) as engine:
         enum = engine.submit("Pick one:", SamplingParams(temperature=0, max_tokens=12, json_schema={"enum": values}),
                              callback=note("enum"))
         plain = [engine.submit(f"Count to {i}:", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
@@ -56,7 +57,7 @@ def test_a_large_enum_beside_plain_requests_finishes_and_they_finish_too(model_p
 
 
 def test_the_supervised_child_samples_apart(model_path):
-    config = EngineConfig(n_parallel=2, n_ctx=512, threads=1)
+    config = EngineConfig(n_parallel=2, n_ctx=512, threads=1, grammar_backend="llama")
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     with SupervisedEngine(config, default_params=greedy, env=child_env("slow_grammar")) as engine:
         slow = engine.submit("slow: spell", greedy.replace(grammar="root ::= [a-z]+"))

@@ -48,6 +48,7 @@ SHARED_OPTIONS: dict[str, Any] = {
     "pooling": Annotated[Optional[str], _opt("--pooling", metavar="mean|cls|last", help="How embeddings pool token vectors into one [default: the GGUF's own pooling type, else mean]", panel=ENGINE)],
     "prefix_store": Annotated[Optional[str], _opt("--prefix-store", metavar="DIR|off", help="Folder of the disk prefix store: the KV of shared prompt prefixes and chat turns, restored by later runs instead of evaluated [default: <cache dir>/prefix-store for run, serve-stdin and chat; off for bench]", panel=ENGINE)],
     "prefix_store_max_bytes": Annotated[Optional[str], _opt("--prefix-store-max-bytes", metavar="SIZE", help="Most disk the prefix store may take; least recently used entries go first (0 = off) [default: 2GiB]", panel=ENGINE)],
+    "grammar_backend": Annotated[Optional[str], _opt("--grammar-backend", metavar="auto|llguidance|llama", help="How grammars and JSON schemas constrain sampling: as token masks computed by llguidance (auto, llguidance), or by llama.cpp's GBNF sampler (llama); auto takes a GBNF grammar llguidance cannot read to llama.cpp [default: auto]", panel=ENGINE)],
     "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
     "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
     "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],

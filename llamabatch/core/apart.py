@@ -46,9 +46,13 @@ SAMPLER_NICE = 10  # sampling threads yield the CPU to llama_decode's threads (L
 THREAD_NAME = "llamabatch-samp"  # sampling threads' OS-level name (Linux keeps 15 bytes)
 
 
-def wants_apart(params: SamplingParams) -> bool:
-    """Which requests are sampled apart: those with a grammar (the sampler whose cost grows
-    with the vocabulary times the grammar's alternatives). The rest sample inline, cheaply."""
+def wants_apart(params: SamplingParams, sampler: Any = None) -> bool:
+    """Which requests are sampled apart: those with a grammar in llama.cpp's sampler (whose
+    cost grows with the vocabulary times the grammar's alternatives). The rest sample inline,
+    cheaply; so do grammars applied as a token mask (llama/mask_grammar.py: tens of
+    microseconds a step), whose slots then never skip a tick waiting for their token."""
+    if getattr(sampler, "matcher", None) is not None:
+        return False
     return bool(params.grammar) or params.json_schema is not None
 
 

@@ -91,7 +91,7 @@ class Engine(SharedEngine):
                                    self.config.policy, self.config.cache_prompt and runner.can_trim,
                                    runner.token_bytes, runner.is_eog,
                                    share_min=share_min, cache_generated=not self.config.deterministic,
-                                   sample_apart=(lambda seq: wants_apart(seq.params)) if self.apart else None,
+                                   sample_apart=(lambda seq: wants_apart(seq.params, seq.sampler)) if self.apart else None,
                                    disk=self.disk)
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
@@ -475,7 +475,8 @@ class Engine(SharedEngine):
             prefill_tokens=plan.prefill_tokens, active_slots=active,
             queue_depth=len(self.scheduler.waiting), eval_ms=result.eval_ms, sample_ms=result.sample_ms,
             overhead_ms=overhead, wall_ms=wall, plan_ms=plan_ms, fill_ms=result.fill_ms,
-            after_ms=max(0.0, overhead - plan_ms - result.fill_ms), ubatches=result.ubatches))
+            after_ms=max(0.0, overhead - plan_ms - result.fill_ms), ubatches=result.ubatches,
+            forced_tokens=sum(len(tokens) for tokens in result.forced.values())))
 
     def _deliver(self, event: SeqEvent) -> None:
         seq = event.seq

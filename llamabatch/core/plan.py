@@ -168,6 +168,9 @@ class StepResult:
     # chunk's tokens (its own and its siblings') later; the slot's request waits for them.
     apart: dict[int, "SampleJob"] = field(default_factory=dict)
     restored: dict[int, bool] = field(default_factory=dict)  # slot -> whether its Restore took
+    # slot -> tokens its grammar forced after the sampled one (llama/mask_grammar.py): they
+    # join the output unsampled and are evaluated with the next tick's decode chunk
+    forced: dict[int, list[int]] = field(default_factory=dict)
 
 
 @dataclass

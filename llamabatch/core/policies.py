@@ -1,9 +1,10 @@
 """Batch-building policies: who gets how many tokens of this tick's budget.
 
-A policy is a pure function. It receives the sequences that want one decode token
-(generating) and those with prompt left to evaluate (prefilling, in admission order),
-the tick's token budget (n_batch) and the per-slot chunk cap, and returns
-[(sequence, n_tokens)]. It never looks at llama.cpp, so it is tested with plain lists.
+A policy is a pure function. It receives the sequences that want decode tokens
+(generating: one, or with tokens a grammar forced, those too) and those with prompt left to
+evaluate (prefilling, in admission order), the tick's token budget (n_batch) and the per-slot
+chunk cap, and returns [(sequence, n_tokens)]. It never looks at llama.cpp, so it is tested
+with plain lists.
 """
 from __future__ import annotations
 
@@ -26,12 +27,26 @@ def _fill_prefill(prefills: Seq[T], budget: int, chunk_size: int, remaining: Cal
     return out
 
 
+def _fill_decode(decodes: Seq[T], budget: int, chunk_size: int, remaining: Callable[[T], int]) -> Allocation:
+    """Each generating sequence its pending tokens: its last sampled one, and any its grammar
+    forced after it (llama/mask_grammar.py), as one chunk of at most chunk_size, while the
+    budget lasts. Without forced tokens that is one token each, as it always was."""
+    out: Allocation = []
+    for seq in decodes:
+        if budget <= 0:
+            break
+        n = max(1, min(remaining(seq), chunk_size, budget))
+        out.append((seq, n))
+        budget -= n
+    return out
+
+
 def decode_maximal(decodes: Seq[T], prefills: Seq[T], budget: int, chunk_size: int,
                    remaining: Callable[[T], int]) -> Allocation:
     """Every generating slot gets its token first (steady inter-token latency); prefill
     chunks fill what is left of the budget."""
-    out: Allocation = [(s, 1) for s in decodes[:budget]]
-    return out + _fill_prefill(prefills, budget - len(out), chunk_size, remaining)
+    out = _fill_decode(decodes, budget, chunk_size, remaining)
+    return out + _fill_prefill(prefills, budget - sum(n for _, n in out), chunk_size, remaining)
 
 
 def prefill_priority(decodes: Seq[T], prefills: Seq[T], budget: int, chunk_size: int,
@@ -40,7 +55,7 @@ def prefill_priority(decodes: Seq[T], prefills: Seq[T], budget: int, chunk_size:
     long prefill can pause generation for a tick."""
     out = _fill_prefill(prefills, budget, chunk_size, remaining)
     left = budget - sum(n for _, n in out)
-    return out + [(s, 1) for s in decodes[:max(left, 0)]]
+    return out + _fill_decode(decodes, left, chunk_size, remaining)
 
 
 def balanced(decodes: Seq[T], prefills: Seq[T], budget: int, chunk_size: int,
@@ -50,8 +65,8 @@ def balanced(decodes: Seq[T], prefills: Seq[T], budget: int, chunk_size: int,
     prefill_share = budget // 2
     first = _fill_prefill(prefills, prefill_share, chunk_size, remaining)
     used = sum(n for _, n in first)
-    dec = [(s, 1) for s in decodes[:budget - used]]
-    used += len(dec)
+    dec = _fill_decode(decodes, budget - used, chunk_size, remaining)
+    used += sum(n for _, n in dec)
     # second pass: prefill may take what decode did not need, continuing each sequence's chunk
     given = {id(s): n for s, n in first}
     more: Allocation = []

@@ -108,6 +108,7 @@ class Scheduler:
         self._restoring: dict[int, list[int]] = {}  # slot -> the tokens its planned Restore brings
         self._restores: list[Restore] = []  # decided, not yet handed to the runner in a plan
         self._saves: list[SaveWanted] = []  # slots holding a prefix to save, after the last update
+        self.forced_tokens = 0  # tokens grammars forced into outputs unsampled (telemetry reads it)
 
     # -- queue and admission -------------------------------------------------------------
 
@@ -409,24 +410,25 @@ class Scheduler:
             if chunk.wants_logits and chunk.slot in result.apart:
                 seq.sampling_apart = True  # no chunk for it until its token lands (accept_apart)
                 continue
-            events += self._take_row(chunk, seq, result.sampled, result.logprobs)
+            events += self._take_row(chunk, seq, result.sampled, result.logprobs, result.forced)
         self._take_waiting_saves(plan)
         return events
 
-    def accept_apart(self, chunk: Chunk, sampled: dict[int, int], logprobs: dict[int, dict]) -> list[SeqEvent]:
+    def accept_apart(self, chunk: Chunk, sampled: dict[int, int], logprobs: dict[int, dict],
+                     forced: dict[int, list[int]] | None = None) -> list[SeqEvent]:
         """Take the tokens a SampleJob sampled for `chunk`'s row (and its siblings), as `update`
         takes inline ones. The caller checks the request has not ended meanwhile."""
         seq = self.slots[chunk.slot].seq
         if seq is None or seq.request_id != chunk.request_id:
             return []
         seq.sampling_apart = False
-        return self._take_row(chunk, seq, sampled, logprobs)
+        return self._take_row(chunk, seq, sampled, logprobs, forced or {})
 
     def _take_row(self, chunk: Chunk, seq: Sequence, sampled: dict[int, int],
-                  logprobs: dict[int, dict]) -> list[SeqEvent]:
+                  logprobs: dict[int, dict], forced: dict[int, list[int]]) -> list[SeqEvent]:
         events = []
         if chunk.wants_logits and chunk.slot in sampled:
-            events.append(self._accept(seq, sampled[chunk.slot], logprobs.get(chunk.slot)))
+            events.append(self._accept(seq, sampled[chunk.slot], logprobs.get(chunk.slot), forced.get(chunk.slot)))
         for slot_id, _ in chunk.siblings:
             sample = self.slots[slot_id].seq
             if sample is None or sample.status != Status.FORKING or slot_id not in sampled:
@@ -434,10 +436,25 @@ class Scheduler:
             # Its prompt KV is sample 0's, copied by a fork before the next decode.
             self.fork(chunk.slot, slot_id, len(sample.prompt))
             sample.num_computed = sample.num_cached = len(sample.prompt)
-            events.append(self._accept(sample, sampled[slot_id], logprobs.get(slot_id)))
+            events.append(self._accept(sample, sampled[slot_id], logprobs.get(slot_id), forced.get(slot_id)))
         return events
 
-    def _accept(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:
+    def _accept(self, seq: Sequence, token: int, logprob: dict | None, forced: list[int] | None = None) -> SeqEvent:
+        """Take a sampled token, then any its grammar forced after it: each joins the output
+        (stops, max_tokens and the slot's end checked after every one), and the forced ones
+        wait in the output for the next tick's chunk to evaluate them (num_pending > 1)."""
+        event = self._accept_one(seq, token, logprob)
+        for tok in forced or ():
+            if event.finished:
+                break
+            more = self._accept_one(seq, tok, None)
+            event.tokens += more.tokens
+            event.text += more.text
+            event.finished = more.finished
+            self.forced_tokens += 1
+        return event
+
+    def _accept_one(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:
         now = time.perf_counter()
         if seq.first_token_at is None:
             seq.first_token_at = now

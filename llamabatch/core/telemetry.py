@@ -34,6 +34,7 @@ class TickRecord:
     fill_ms: float = 0.0
     after_ms: float = 0.0
     ubatches: int = 0  # graph runs llama_decode made of the tick's batch
+    forced_tokens: int = 0  # tokens grammars forced after this tick's samples (evaluated next tick, unsampled)
     at: float = field(default_factory=time.perf_counter)
 
     kind = "tick"
@@ -66,6 +67,7 @@ class Totals:
     ticks: int = 0
     decode_tokens: int = 0
     prefill_tokens: int = 0
+    forced_tokens: int = 0  # grammars' forced tokens (llama/mask_grammar.py), part of generated_tokens
     eval_ms: float = 0.0
     sample_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -129,6 +131,7 @@ class Telemetry:
         t.ticks += 1
         t.decode_tokens += record.decode_tokens
         t.prefill_tokens += record.prefill_tokens
+        t.forced_tokens += record.forced_tokens
         t.eval_ms += record.eval_ms
         t.sample_ms += record.sample_ms
         t.overhead_ms += record.overhead_ms

@@ -18,6 +18,7 @@ import functools
 import time
 from typing import Any, Iterator
 
+import numpy as np
 from llama_cpp import llama_cpp as C
 
 from . import batch_invariance as invariance
@@ -29,6 +30,7 @@ from .cpu_kernels import derive_shapes_for, kernel_path
 from .embedder import Embedder, default_pooling
 from .kv import KvCache
 from .logprobs import LogprobReporter
+from .mask_grammar import chosen_backend
 from .row_job import RowJob
 from .ubatch_split import ubatch_sizes
 from .samplers import Sampler, SamplerFactory, sample_row
@@ -98,7 +100,7 @@ class LlamaRunner:
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         # Rows may be sampled on sampling threads (apart.py); deterministic mode samples inline.
         self.can_sample_apart = not self.deterministic
-        self.samplers = SamplerFactory(self.vocab, self.slot_ctx)  # windows clamp to the final slot_ctx
+        self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
         # Embeddings run in a context of their own, made on first use (embedder.py says why).
         self.embedder = Embedder(self.model, config, self.deterministic, self.metadata,
@@ -222,11 +224,24 @@ class LlamaRunner:
         # the chunk's own sampler, then those of an n-request's other samples, which take
         # their first token from the same row (llama_sampler_sample leaves the logits as
         # they are), each with its own chain and seed
+        # A grammar's mask clears the row in place (mask_grammar.py): logprobs are the model's
+        # own, so with logprobs wanted they come from a copy taken first. Forced tokens are
+        # evaluated without being sampled, so they have no logprobs: then, and in deterministic
+        # mode (whose ticks are shaped for one decode token a slot), none are forced.
+        masked = any(getattr(s, "matcher", None) is not None for _, s in ((chunk.slot, chunk.sampler), *chunk.siblings))
+        raw = self._row_copy(row) if masked and chunk.logprobs is not None else None
+        force = chunk.logprobs is None and not self.deterministic
         for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
-            tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog, self.n_vocab)
+            tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog, self.n_vocab, force=force)
             result.sampled[slot] = tok
+            if sampler.forced:
+                result.forced[slot] = sampler.forced
             if chunk.logprobs is not None:
-                result.logprobs[slot] = self.logprobs.from_row(self.ctx, row, tok, chunk.logprobs)
+                result.logprobs[slot] = (self.logprobs.from_row(self.ctx, row, tok, chunk.logprobs) if raw is None else
+                                         self.logprobs.from_logits(raw, tok, chunk.logprobs, np.empty_like(raw), None))
+
+    def _row_copy(self, row: int) -> "np.ndarray":
+        return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).copy()
 
     def _execute_invariant(self, plan: StepPlan) -> StepResult:
         """Deterministic mode: the plan as llama_decode calls shaped by batch_invariance (the

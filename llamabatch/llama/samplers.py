@@ -15,6 +15,7 @@ from ..errors import InvalidRequest
 from ..params import SamplingParams
 from .backend import first_error, log_mark
 from .greedy_pick import GreedyPick
+from .mask_grammar import Matcher, MaskGrammars, available as mask_library_available
 from .stderr_capture import grammar_complaint, stderr_captured
 from .vocab import Vocabulary
 
@@ -28,24 +29,42 @@ class Sampler:
     for a chain that is only a logit bias and greedy, the same pick done on the row in place."""
 
     def __init__(self, chain: Any, no_eog_chain: Any, seed: int, greedy: GreedyPick | None = None,
-                 no_eog_greedy: GreedyPick | None = None):
+                 no_eog_greedy: GreedyPick | None = None, matcher: Matcher | None = None,
+                 grammar_backend: str | None = None):
         self.chain = chain
         self.no_eog_chain = no_eog_chain
         self.seed = seed
         self.greedy = greedy
         self.no_eog_greedy = no_eog_greedy
+        self.matcher = matcher  # the grammar as a token mask (mask_grammar.py), or None
+        self.grammar_backend = grammar_backend  # "llguidance" or "llama" for a constrained request
+        self.forced: list[int] = []  # tokens the grammar forced after the last sampled one
 
 
 class SamplerFactory:
     """Builds and frees chains for one model's vocabulary and slot size (penalty windows
     longer than a slot are clamped to it)."""
 
-    def __init__(self, vocab: Vocabulary, slot_ctx: int):
+    def __init__(self, vocab: Vocabulary, slot_ctx: int, grammar_backend: str = "auto"):
         self.vocab = vocab
         self.n_vocab = vocab.n_tokens
         self.slot_ctx = slot_ctx
+        self.grammar_backend = grammar_backend
+        if grammar_backend != "llama" and not mask_library_available():
+            if grammar_backend == "llguidance":
+                raise InvalidRequest("grammar_backend llguidance needs the llguidance package: pip install llguidance")
+            self.grammar_backend = "llama"
+        self.masks = MaskGrammars(vocab, self.grammar_backend) if self.grammar_backend != "llama" else None
 
     def build(self, params: SamplingParams, seed: int) -> Sampler:
+        constrained = bool(params.grammar) or params.json_schema is not None
+        matcher = self.masks.matcher_for(params.grammar, params.json_schema) if self.masks and constrained else None
+        sampler = self._build(params, seed, matcher)
+        sampler.matcher = matcher
+        sampler.grammar_backend = ("llguidance" if matcher else "llama") if constrained else None
+        return sampler
+
+    def _build(self, params: SamplingParams, seed: int, matcher: Matcher | None) -> Sampler:
         # A grammar decides where output ends: once it is complete it allows only EOG, and
         # banning EOG there (ignore_eos, min_tokens) leaves no valid token at all, which makes
         # llama.cpp's grammar throw and abort the whole process. So constrained requests
@@ -53,9 +72,10 @@ class SamplerFactory:
         constrained = bool(params.grammar) or params.json_schema is not None
         block_eog = params.ignore_eos and not constrained
         twin = params.min_tokens > 0 and not params.ignore_eos and not constrained
-        chain = self._chain(params, seed, block_eog=block_eog)
-        no_eog = self._chain(params, seed, block_eog=True) if twin else None
-        if not _only_bias_and_greedy(params):
+        masked = matcher is not None  # the grammar is the mask, not a sampler of the chain
+        chain = self._chain(params, seed, block_eog=block_eog, with_grammar=not masked)
+        no_eog = self._chain(params, seed, block_eog=True, with_grammar=not masked) if twin else None
+        if not _only_bias_and_greedy(params, masked):
             return Sampler(chain, no_eog, seed)
         return Sampler(chain, no_eog, seed, GreedyPick(self._bias(params, block_eog)),
                        GreedyPick(self._bias(params, True)) if twin else None)
@@ -73,14 +93,14 @@ class SamplerFactory:
             bias.update({t: -math.inf for t in self.vocab.eog_ids})
         return bias
 
-    def _chain(self, p: SamplingParams, seed: int, block_eog: bool) -> Any:
+    def _chain(self, p: SamplingParams, seed: int, block_eog: bool, with_grammar: bool = True) -> Any:
         sparams = C.llama_sampler_chain_default_params()
         sparams.no_perf = True
         chain = C.llama_sampler_chain_init(sparams)
         add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
         try:
-            grammar = p.grammar
-            if p.json_schema is not None:
+            grammar = p.grammar if with_grammar else None
+            if p.json_schema is not None and with_grammar:
                 schema = p.json_schema if isinstance(p.json_schema, str) else json.dumps(p.json_schema)
                 try:
                     grammar = llama_cpp.llama_grammar.json_schema_to_gbnf(schema)
@@ -153,16 +173,34 @@ class SamplerFactory:
             C.llama_sampler_free(sampler.no_eog_chain)
 
 
-def _only_bias_and_greedy(p: SamplingParams) -> bool:
-    """Whether the chain _chain builds for `p` is a logit bias (maybe none) and greedy."""
-    return (p.greedy and not p.grammar and p.json_schema is None and p.repeat_penalty == 1.0
+def _only_bias_and_greedy(p: SamplingParams, masked: bool = False) -> bool:
+    """Whether the chain _chain builds for `p` is a logit bias (maybe none) and greedy (a
+    grammar applied as a mask before it is not part of the chain)."""
+    return (p.greedy and (masked or (not p.grammar and p.json_schema is None)) and p.repeat_penalty == 1.0
             and not p.presence_penalty and not p.frequency_penalty and not p.dry_multiplier > 0)
 
 
-def sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_vocab: int) -> int:
-    """Sample the context's logits row `row` with the request's chain (or its greedy pick)."""
+def sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_vocab: int, force: bool = False) -> int:
+    """Sample the context's logits row `row` with the request's chain (or its greedy pick),
+    after its grammar's mask, if it has one, has cleared the forbidden tokens in place. With
+    `force`, the tokens the grammar then allows as the only continuation are consumed and
+    left in `sampler.forced` (the chain is told of them, as of sampled ones)."""
+    tok = _sample_row(sampler, ctx, row, suppress_eog, n_vocab)
+    sampler.forced = []
+    if sampler.matcher is not None:
+        sampler.matcher.accept(tok)
+        if force:
+            sampler.forced = sampler.matcher.forced()
+            for t in sampler.forced:
+                C.llama_sampler_accept(sampler.chain, t)
+    return tok
+
+
+def _sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_vocab: int) -> int:
     twin = suppress_eog and sampler.no_eog_chain
     pick = sampler.no_eog_greedy if twin else sampler.greedy
+    if sampler.matcher is not None:  # the logits llama_sampler_sample reads are this very row
+        sampler.matcher.mask_row(np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, row), shape=(n_vocab,)))
     if pick is not None:
         tok = pick.pick(np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, row), shape=(n_vocab,)))
         if tok is not None:  # greedy and a bias keep no state: nothing to accept
