@@ -63,7 +63,7 @@ def _check_value(data: Any, name: str, top: str = "the line") -> BadJSON | None:
                 where = surrogate_at(key)
                 if where is not None:
                     return BadJSON("invalid_request", f"a key in {path or top} {where}")
-                stack.append((item, f"{path}.{key}" if path else str(key), depth + 1))
+                stack.append((item, _key_path(path, key), depth + 1))
         elif isinstance(value, list):
             for i, item in enumerate(value):
                 stack.append((item, f"{path}[{i}]", depth + 1))
@@ -71,6 +71,15 @@ def _check_value(data: Any, name: str, top: str = "the line") -> BadJSON | None:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def _key_path(path: str, key: str) -> str:
+    """`path.key`, or `path["k\ney"]` for a key that is not a plain name: an error message
+    naming where a value is stays one line whatever the keys hold (found by test_fuzz)."""
+    if _PLAIN_KEY.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
 
 
 def surrogate_at(text: str) -> str | None:

@@ -251,3 +251,11 @@ def test_run_answers_every_line_once_whatever_it_holds(tmp_path):
     codes = {k: r["error"]["code"] for k, r in by_id.items() if r["error"]}
     assert codes == {"s1": "invalid_request", 3: "invalid_json", 4: "invalid_json", 5: "invalid_json",
                      "boom": "internal_error", "s3": "invalid_request", 8: "invalid_json", 9: "invalid_json"}
+
+
+def test_a_surrogate_under_a_key_with_a_newline_is_named_on_one_line():
+    # found by test_fuzz: the path to the bad value spelled the key "\n" raw
+    from llamabatch.json_line import find_surrogate
+
+    message = find_surrogate({"custom_id": {"\n": {"\ud800": None}}}, "line")
+    assert message is not None and "\n" not in message and 'custom_id["\\n"]' in message, message
