@@ -110,6 +110,7 @@ class FakeSampler:
     emitted: int = 0
     freed: int = 0
     prompt_text: str | None = None
+    matcher: Any = None  # grammar "STOPS": a mask-grammar request (sampled inline, as masked ones are)
 
 
 @dataclass
@@ -147,7 +148,11 @@ class FakeRunner:
                  sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True,
                  embed_status: dict[int, int] | None = None, embed_delay: float = 0.0,
                  embed_max_tokens: int = 64, embed_max_seqs: int = 8, default_pooling: str = "mean",
-                 embed_refusal: str = "", can_store: bool = True, restore_ok: Callable[[int], bool] | None = None):
+                 embed_refusal: str = "", can_store: bool = True, restore_ok: Callable[[int], bool] | None = None,
+                 force: Callable[[str], int] | None = None):
+        # A grammar's forced tokens (llama/mask_grammar.py): after each inline sample, force(the
+        # reply's text so far) says how many of the reply's next tokens come forced, unsampled.
+        self.force = force
         self.can_fork = can_fork
         # The disk prefix store: snapshot() gives the slot's fake KV as bytes, a Restore puts
         # them back; restore_ok(slot) False scripts llama.cpp refusing one (the slot is emptied).
@@ -228,7 +233,7 @@ class FakeRunner:
     def build_sampler(self, params: Any, seed: int) -> FakeSampler:
         if params.grammar == "BAD":
             raise InvalidRequest("grammar does not parse (fake: BAD)")
-        sampler = FakeSampler(params, seed)
+        sampler = FakeSampler(params, seed, matcher=object() if params.grammar == "STOPS" else None)
         with self._lock:
             self.samplers.append(sampler)
         return sampler
@@ -286,8 +291,19 @@ class FakeRunner:
                 if self.sample_delay is not None:  # inline: the whole tick waits for it
                     time.sleep(self.sample_delay(detokenize(self.kv[chunk.slot])))
                 for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):  # siblings: the same row
+                    if sampler is not None and sampler.params.grammar == "STOPS" and sampler.emitted >= 2:
+                        # a grammar that stops its answer mid-way (llguidance's limits): that request's error
+                        result.failed[slot] = ("the grammar stopped the answer: fake", "invalid_request")
+                        sampler.emitted += 1
+                        continue
                     tok = self._sample(chunk, slot, sampler)
                     result.sampled[slot] = tok
+                    if self.force is not None and tok != EOG and chunk.logprobs is None:
+                        n = self.force(detokenize(sampler.reply[:sampler.emitted]))
+                        forced = sampler.reply[sampler.emitted:sampler.emitted + n]
+                        sampler.emitted += len(forced)
+                        if forced:
+                            result.forced[slot] = forced
                     if chunk.logprobs is not None:
                         result.logprobs[slot] = fake_logprobs(tok, chunk.logprobs)
         record.sampled = dict(result.sampled)

@@ -13,7 +13,7 @@ from llamabatch.llama import samplers
 def run(model_path, cases, in_place: bool, monkeypatch):
     with monkeypatch.context() as patch:
         if not in_place:
-            patch.setattr(samplers, "_only_bias_and_greedy", lambda params: False)
+            patch.setattr(samplers, "_only_bias_and_greedy", lambda params, masked=False: False)
         with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2)) as engine:
             # one request at a time: both runs evaluate the same batches
             return [engine.submit(prompt, params).result(timeout=300) for prompt, params in cases]

@@ -22,7 +22,12 @@ from llamabatch.settings.slots import choose_slots
 from llamabatch.supervised import SupervisedEngine
 
 from cli_harness import FakeEngines, invoke, runner_for
+from llamabatch.models.packaged import is_installed
 from fake_runner import FakeRunner
+
+
+# run's default without -m: the chat-tuned model's name when installed, else None (bundled)
+DEFAULT = "smollm2" if is_installed("smollm2") else None
 
 
 @pytest.fixture(autouse=True)
@@ -179,7 +184,7 @@ def test_run_resolves_the_model_and_auto_slots_once(tmp_path, counted_models):
     factory = FakeEngines(runner_for(), [])
     result = invoke(["run", str(_lines(tmp_path, 3)), "--max-tokens", "3", "--n-ctx", "1536"], factory=factory)
     assert result.exit_code == 0, result.stderr
-    assert counted_models == [None]  # the bundled model, asked for once, before anything loads
+    assert counted_models == [DEFAULT]  # the default model, asked for once, before anything loads
     assert factory.slot_choices == [(3, 3)]  # auto, bounded by the 3 input lines, chosen once
     (engine,) = factory.engines
     assert engine.config.n_parallel == 3 and engine.slots_reason == "auto: bounded by 3 input lines"
@@ -202,7 +207,7 @@ def test_supervised_run_with_the_fake_in_the_child_resolves_once(tmp_path, count
     (engine,) = factory.engines
     assert isinstance(engine, SupervisedEngine)
     assert engine.config.n_parallel == 2 and engine.slots_reason == "auto: bounded by 2 input lines"
-    assert counted_models == [None] and factory.slot_choices == [(2, 2)]  # in this process: once each
+    assert counted_models == [DEFAULT] and factory.slot_choices == [(2, 2)]  # in this process: once each
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["text"] for r in records] == ["line 0!", "line 1!"]  # the child's fake: "<prompt>!"
     assert all(r["error"] is None for r in records)

@@ -336,6 +336,10 @@ class Engine(SharedEngine):
             self._save(wanted)
         for event in events:
             self._deliver(event)
+        for slot, (error, code) in result.failed.items():
+            seq = self.scheduler.slots[slot].seq
+            if seq is not None and not seq.finished:
+                self._end(seq, "error", error, code)
         if result.apart:
             self._launch(plan, result)
         self._record_tick(plan, result, active, t_start, t_planned)

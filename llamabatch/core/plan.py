@@ -171,6 +171,9 @@ class StepResult:
     # slot -> tokens its grammar forced after the sampled one (llama/mask_grammar.py): they
     # join the output unsampled and are evaluated with the next tick's decode chunk
     forced: dict[int, list[int]] = field(default_factory=dict)
+    # slot -> (one-line error, code) for a request whose sampling failed on its own account (its
+    # grammar stopped): that request ends with the error, the tick and the others go on
+    failed: dict[int, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass

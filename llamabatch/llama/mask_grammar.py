@@ -183,6 +183,7 @@ class Matcher:
     def mask_row(self, logits: np.ndarray) -> None:
         """Set the logits of every token the grammar forbids to -inf, in place."""
         self.matcher.unsafe_compute_mask_ptr(self.words.ctypes.data, self.words.nbytes)
+        self._check()
         bits = np.unpackbits(self.words.view(np.uint8), count=self.n_vocab, bitorder="little")
         allowed = np.flatnonzero(bits)
         if len(allowed) * 8 < self.n_vocab:  # few allowed (the usual case): keep those, clear the rest
@@ -193,13 +194,26 @@ class Matcher:
             logits[bits == 0] = -np.inf
 
     def accept(self, token: int) -> None:
-        if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar refused a token it allowed: {_one_line(self.matcher.get_error())}")
+        self.matcher.consume_token(token)
+        self._check()
 
     def forced(self) -> list[int]:
         """The tokens the grammar allows as the only continuation now (keys, quotes, braces,
         separators), consumed: they go into the sequence without being sampled."""
         tokens = self.matcher.compute_ff_tokens()
-        if tokens and not self.matcher.consume_tokens(tokens):
-            raise RuntimeError(f"the grammar refused its own forced tokens: {_one_line(self.matcher.get_error())}")
+        self._check()
+        if tokens:
+            self.matcher.consume_tokens(tokens)
+            self._check()
         return list(tokens)
+
+    def _check(self) -> None:
+        """GrammarStopped once the matcher is in its error state: a grammar past llguidance's
+        limits mid-answer (`root ::= "a" root` runs out of parser items), or a token it refused."""
+        if self.matcher.is_error():
+            raise GrammarStopped(f"the grammar stopped the answer: {_one_line(self.matcher.get_error())}")
+
+
+class GrammarStopped(InvalidRequest):
+    """The request's grammar cannot go on (its own error, not the engine's): the request ends
+    with it, the others run on."""

@@ -30,7 +30,7 @@ from .cpu_kernels import derive_shapes_for, kernel_path
 from .embedder import Embedder, default_pooling
 from .kv import KvCache
 from .logprobs import LogprobReporter
-from .mask_grammar import chosen_backend
+from .mask_grammar import GrammarStopped, chosen_backend
 from .row_job import RowJob
 from .ubatch_split import ubatch_sizes
 from .samplers import Sampler, SamplerFactory, sample_row
@@ -232,7 +232,11 @@ class LlamaRunner:
         raw = self._row_copy(row) if masked and chunk.logprobs is not None else None
         force = chunk.logprobs is None and not self.deterministic
         for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
-            tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog, self.n_vocab, force=force)
+            try:
+                tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog, self.n_vocab, force=force)
+            except GrammarStopped as exc:  # that request's grammar, not the tick: it alone ends
+                result.failed[slot] = (str(exc), exc.code)
+                continue
             result.sampled[slot] = tok
             if sampler.forced:
                 result.forced[slot] = sampler.forced

@@ -1,0 +1,161 @@
+"""Structured output as token masks (llama/mask_grammar.py) on the real models: the mask against
+llama.cpp's own GBNF sampler over fuzzed prefixes, validity over a set of schemas, forced
+tokens, deterministic mode across batch compositions, and bad grammars as their own line's error."""
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+import time
+
+import jsonschema
+import numpy as np
+import pytest
+from llama_cpp import llama_cpp as C
+
+from llamabatch import Engine, EngineConfig, SamplingParams
+from llamabatch.llama.mask_grammar import MaskGrammars
+from llamabatch.llama.vocab import Vocabulary
+
+from structured_schemas import SCHEMAS, lines
+
+WAIT = 300
+
+
+@pytest.fixture(scope="module")
+def smollm2_vocab(smollm2_path):
+    from llamabatch.llama.backend import init_backend
+
+    init_backend()
+    params = C.llama_model_default_params()
+    params.vocab_only = True
+    model = C.llama_model_load_from_file(smollm2_path.encode(), params)
+    yield Vocabulary(model)
+    C.llama_model_free(model)
+
+
+def gbnf_allowed(sampler, n_vocab: int) -> set[int]:
+    """The tokens llama.cpp's grammar sampler leaves (the rest it sets to -inf)."""
+    data = (C.llama_token_data * n_vocab)()
+    view = np.frombuffer(data, dtype=np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+    view["id"] = np.arange(n_vocab, dtype=np.int32)
+    view["logit"] = 0.0
+    C.llama_sampler_apply(sampler, ctypes.byref(C.llama_token_data_array(data, n_vocab, -1, False)))
+    return set(np.flatnonzero(view["logit"] != -np.inf).tolist())
+
+
+def mask_allowed(matcher, n_vocab: int) -> set[int]:
+    row = np.zeros(n_vocab, dtype=np.float32)
+    matcher.mask_row(row)
+    return set(np.flatnonzero(row != -np.inf).tolist())
+
+
+# Character classes and repetition: both allow exactly the same tokens. Multi-character literals:
+# llguidance allows only the tokens that spell the literal as the tokenizer would, a subset of
+# llama.cpp's set, which also takes other splits of the same text (docs/structured-output.md).
+EQUAL = ['root ::= [0-9]+ "." [0-9] [0-9]', 'root ::= [a-z]+ ("," [a-z]+)*',
+         'root ::= ("ab" | "cd")+ "!"', 'root ::= [A-Z] [a-z]{2,5} " " [0-9]{1,3}']
+SUBSET = ['root ::= " yes" | " no"', 'root ::= "{\\"a\\": " [0-9]+ ", \\"b\\": \\"" [a-z]* "\\"}"', 'root ::= "hello world" [.!?]']
+
+
+@pytest.mark.parametrize("grammar", EQUAL + SUBSET)
+def test_the_mask_is_llama_cpps_allowed_set_over_fuzzed_prefixes(smollm2_vocab, grammar):
+    vocab, n = smollm2_vocab, smollm2_vocab.n_tokens
+    masks = MaskGrammars(vocab, "llguidance")
+    rng = random.Random(grammar)
+    for _trial in range(4):
+        llama = C.llama_sampler_init_grammar(vocab.ptr, grammar.encode(), b"root")
+        matcher = masks.matcher_for(grammar, None)
+        try:
+            for _step in range(10):
+                ours, theirs = mask_allowed(matcher, n), gbnf_allowed(llama, n)
+                assert ours, "the mask allows nothing"
+                if grammar in EQUAL:
+                    assert ours == theirs, (sorted(ours - theirs)[:5], sorted(theirs - ours)[:5])
+                else:
+                    assert ours <= theirs, sorted(ours - theirs)[:5]
+                choices = sorted(ours - set(vocab.eog_ids))
+                if not choices:
+                    break
+                token = rng.choice(choices)  # a random walk through what both allow
+                C.llama_sampler_accept(llama, token)
+                matcher.accept(token)
+        finally:
+            C.llama_sampler_free(llama)
+
+
+def test_every_answer_validates_over_twenty_schemas(smollm2_path):
+    work = lines(60)  # 3 lines a schema, nested and $ref ones included
+    with Engine(EngineConfig(model=smollm2_path, n_parallel=8, n_ctx=8 * 1024, threads=2)) as engine:
+        results = engine.generate([messages for _, messages in work],
+                                  [SamplingParams(max_tokens=256, temperature=0.7, seed=i, json_schema=SCHEMAS[name])
+                                   for i, (name, _) in enumerate(work)])
+        stats = engine.stats()
+    for (name, _), result in zip(work, results):
+        assert result.finish_reason == "stop", (name, result.finish_reason, result.error, result.text)
+        jsonschema.validate(json.loads(result.text), SCHEMAS[name])
+    assert 0 < stats.forced_tokens < stats.generated_tokens  # keys, quotes and braces came forced
+
+
+def test_forced_tokens_change_no_answer_of_a_greedy_request_on_gemma(model_path):
+    # forced spans are the tokenizer's own spelling of the grammar's text, which a greedy model
+    # picks anyway on this file; the answers equal the token-by-token ones (logprobs force none)
+    work = lines(8)
+    answers = {}
+    for logprobs in (None, 0):
+        with Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=4 * 1024, threads=2)) as engine:
+            results = engine.generate([m for _, m in work], [
+                SamplingParams(max_tokens=128, temperature=0, json_schema=SCHEMAS[name], logprobs=logprobs)
+                for name, _ in work])
+            answers[logprobs] = [r.text for r in results]
+            forced = engine.stats().forced_tokens
+        assert (forced > 0) == (logprobs is None)
+    for (name, _), text in zip(work, answers[None]):
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
+    same = sum(a == b for a, b in zip(answers[None], answers[0]))
+    assert same >= len(work) - 1, list(zip(answers[None], answers[0]))
+
+
+def test_deterministic_mode_with_grammars_is_bit_identical_alone_and_in_a_batch(model_path):
+    schema = SCHEMAS["person"]
+    target = lines(1)[0][1]
+    params = SamplingParams(max_tokens=64, temperature=0.8, seed=11, json_schema=schema, logprobs=1)
+    others = [m for _, m in lines(6)[1:]]
+    with Engine(EngineConfig(model=model_path, n_parallel=6, n_ctx=6 * 512, threads=2, deterministic=True)) as engine:
+        alone = engine.generate([target], params)[0]
+        crowd = engine.generate([target, *others], [params] + [SamplingParams(max_tokens=48, temperature=0.8, seed=i,
+                                                                              json_schema=SCHEMAS["tags"])
+                                                               for i in range(len(others))])[0]
+    assert alone.token_ids == crowd.token_ids and alone.finish_reason == "stop"
+    assert [e["logprob"] for e in alone.logprobs] == [e["logprob"] for e in crowd.logprobs]
+    jsonschema.validate(json.loads(alone.text), schema)
+
+
+BAD = {
+    "invalid schema": ({"type": "no-such-type"}, None),
+    "unsupported keyword": ({"type": "string", "format": "no-such-format", "x-unknown": 1,
+                             "patternProperties": {"^a": {"type": "string"}}}, None),
+    "1 MB schema": ({"type": "string", "enum": ["x" * 1000] * 1100}, None),
+    "recursive ref": ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}, None),
+    "catastrophic regex": ({"type": "string", "pattern": "^(a+)+$" + "(a|aa)*" * 40}, None),
+    "no accepting path": (None, 'root ::= "a" root'),
+}
+
+
+def test_bad_grammars_are_their_own_lines_errors_and_the_others_run(model_path):
+    with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2)) as engine:
+        started = time.perf_counter()
+        handles = {what: engine.submit("Answer:", SamplingParams(max_tokens=16, temperature=0, json_schema=schema,
+                                                                 grammar=grammar))
+                   for what, (schema, grammar) in BAD.items()}
+        good = engine.generate(["The capital of France is"], SamplingParams(max_tokens=4, temperature=0))[0]
+        outcomes = {what: h.result(WAIT) for what, h in handles.items()}
+        took = time.perf_counter() - started
+    assert good.finish_reason == "length"
+    for what, r in outcomes.items():
+        # no accepting path: llguidance reads it, and stops the answer once its parser runs out of
+        # items; every other one is refused at submit time
+        assert r.finish_reason == "error" and r.error_code == "invalid_request", (what, r)
+        assert "\n" not in r.error and len(r.error) < 400, r.error
+    assert "no-such-format" in outcomes["unsupported keyword"].error or "format" in outcomes["unsupported keyword"].error
+    assert took < 60, f"{took:.1f}s"
