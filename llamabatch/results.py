@@ -66,6 +66,11 @@ class Result:
     # SamplingParams.store_prefix: the disk prefix store entry this request's prompt KV was
     # queued as (its name under the store folder); None when nothing was saved.
     stored_prefix: str | None = None
+    # Structured output (docs/structured-output.md): "llguidance" (token masks) or "llama"
+    # (llama.cpp's GBNF sampler) for a request with a grammar or json_schema, else None; and how
+    # many of its completion tokens the grammar forced, unsampled.
+    grammar_backend: str | None = None
+    forced_tokens: int = 0
 
     @property
     def all_logprobs(self) -> Any:

@@ -112,6 +112,12 @@ class FakeSampler:
     prompt_text: str | None = None
     matcher: Any = None  # grammar "STOPS": a mask-grammar request (sampled inline, as masked ones are)
 
+    @property
+    def grammar_backend(self) -> str | None:
+        if self.matcher is not None:
+            return "llguidance"
+        return "llama" if self.params.grammar or self.params.json_schema is not None else None
+
 
 @dataclass
 class ExecutedPlan:

@@ -37,7 +37,7 @@ def test_forced_tokens_join_the_output_and_are_evaluated_in_one_chunk():
     assert result.text == REPLY and result.finish_reason == "stop"
     assert result.usage.completion_tokens == len(REPLY)
     forced = len(REPLY) - sum(ch.isdigit() or ch in "Ad" for ch in REPLY) - 1  # all but values and the first
-    assert stats.forced_tokens == forced
+    assert stats.forced_tokens == forced == result.forced_tokens
     decode_chunks = [c for p in runner.plans for c in p.plan.chunks if c.is_decode]
     assert max(len(c.tokens) for c in decode_chunks) > 1  # a forced run went in with its decode token
     # one tick per sampled token (plus the prompt's), not one per token
@@ -99,3 +99,17 @@ def test_a_grammar_that_stops_mid_answer_ends_only_its_request():
     assert result.error == "the grammar stopped the answer: fake" and result.text == "so"
     assert [r.text for r in fine] == ["some reply", "some reply"] and after.text == "some reply"
     assert runner.violations == []
+
+
+def test_run_says_which_backend_constrained_its_structured_lines():
+    from cli_harness import invoke, runner_for
+
+    lines = ('{"id": 1, "prompt": "a", "json_schema": {"type": "object"}}\n{"id": 2, "prompt": "b"}\n'
+             '{"id": 3, "prompt": "c", "grammar": "STOPS"}\n')
+    out = invoke(["run", "-", "--n-parallel", "2"], input=lines, runner=runner_for(reply=lambda p: " x"))
+    assert out.exit_code == 0, out.stderr
+    summary = [line for line in out.stderr.splitlines() if "structured output" in line]
+    assert summary == ["llamabatch run: structured output: 1 line(s) through llama.cpp's grammar sampler, "
+                       "1 line(s) as llguidance token masks; 0 token(s) forced by the grammar"], out.stderr
+    plain = invoke(["run", "-"], input="hello\n", runner=runner_for(reply=lambda p: " x"))
+    assert "structured output" not in plain.stderr

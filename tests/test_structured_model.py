@@ -93,8 +93,10 @@ def test_every_answer_validates_over_twenty_schemas(smollm2_path):
         stats = engine.stats()
     for (name, _), result in zip(work, results):
         assert result.finish_reason == "stop", (name, result.finish_reason, result.error, result.text)
+        assert result.grammar_backend == "llguidance"
         jsonschema.validate(json.loads(result.text), SCHEMAS[name])
     assert 0 < stats.forced_tokens < stats.generated_tokens  # keys, quotes and braces came forced
+    assert stats.forced_tokens == sum(r.forced_tokens for r in results)
 
 
 def test_forced_tokens_change_no_answer_of_a_greedy_request_on_gemma(model_path):

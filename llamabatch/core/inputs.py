@@ -142,7 +142,9 @@ class InputPreparer:
             raise InvalidRequest(f"n={params.n} is more than the {self.runner.n_slots} slots (n_parallel): "
                                  "the samples of one prompt generate side by side, one slot each")
         if params.n == 1:
-            return Sequence(request_id, tokens, params, seed, self.runner.build_sampler(params, seed))
+            sampler = self.runner.build_sampler(params, seed)
+            return Sequence(request_id, tokens, params, seed, sampler,
+                            grammar_backend=getattr(sampler, "grammar_backend", None))
         if not self.runner.can_fork:
             # the samples get the prompt by a KV fork (plan.Fork), which needs the full-size SWA
             # cache (kept only while cache_prompt is on) and a model whose memory can be trimmed
@@ -161,5 +163,6 @@ class InputPreparer:
             raise
         for s in seqs:
             s.group = seqs
+            s.grammar_backend = getattr(s.sampler, "grammar_backend", None)
             s.submitted_at, s.deadline = seqs[0].submitted_at, seqs[0].deadline  # one timeout for all
         return seqs[0]

@@ -108,7 +108,6 @@ class Scheduler:
         self._restoring: dict[int, list[int]] = {}  # slot -> the tokens its planned Restore brings
         self._restores: list[Restore] = []  # decided, not yet handed to the runner in a plan
         self._saves: list[SaveWanted] = []  # slots holding a prefix to save, after the last update
-        self.forced_tokens = 0  # tokens grammars forced into outputs unsampled (telemetry reads it)
 
     # -- queue and admission -------------------------------------------------------------
 
@@ -451,7 +450,7 @@ class Scheduler:
             event.tokens += more.tokens
             event.text += more.text
             event.finished = more.finished
-            self.forced_tokens += 1
+            seq.forced_tokens += 1
         return event
 
     def _accept_one(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:

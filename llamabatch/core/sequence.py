@@ -60,6 +60,10 @@ class Sequence:
     save_at: int | None = None
     num_restored: int = 0
     stored_prefix: str | None = None
+    # Structured output (llama/mask_grammar.py): how its grammar constrains it ("llguidance"
+    # masks or llama.cpp's "llama" sampler; None unconstrained), and tokens it forced unsampled.
+    grammar_backend: str | None = None
+    forced_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.params.timeout:
@@ -117,7 +121,8 @@ class Sequence:
                       restored_tokens=self.num_restored, completion_tokens=len(self.output))
         return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
                       seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
-                      logprobs=self.logprobs, index=self.index, stored_prefix=self.stored_prefix)
+                      logprobs=self.logprobs, index=self.index, stored_prefix=self.stored_prefix,
+                      grammar_backend=self.grammar_backend, forced_tokens=self.forced_tokens)
 
     def request_result(self) -> Result:
         """The Result of the request this sequence belongs to: its own, or for an n-request
@@ -139,4 +144,5 @@ class Sequence:
                       restored_tokens=first.usage.restored_tokens, completion_tokens=sum(r.usage.completion_tokens for r in parts))
         return Result(first.request_id, first.text, first.token_ids, (bad or first).finish_reason, usage, timings,
                       seed=first.seed, error=bad.error if bad else None, error_code=bad.error_code if bad else None,
-                      stop=first.stop, logprobs=first.logprobs, samples=parts)
+                      stop=first.stop, logprobs=first.logprobs, samples=parts, grammar_backend=first.grammar_backend,
+                      forced_tokens=sum(r.forced_tokens for r in parts))

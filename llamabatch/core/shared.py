@@ -138,4 +138,5 @@ def record_outcome(telemetry: Telemetry, result: Result) -> None:
     """The telemetry of a request's one terminal Result ("exception" for errors, else "done")."""
     kind = "exception" if result.finish_reason == "error" else "done"
     telemetry.record_request(RequestRecord(kind, result.request_id, result.finish_reason, result.usage,
-                                           result.timings, result.error))
+                                           result.timings, result.error,
+                                           grammar_backend=getattr(result, "grammar_backend", None)))

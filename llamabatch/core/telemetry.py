@@ -52,6 +52,7 @@ class RequestRecord:
     timings: Any = None
     error: str | None = None
     at: float = field(default_factory=time.perf_counter)
+    grammar_backend: str | None = None  # how its grammar constrained it ("llguidance", "llama"), if it had one
 
 
 @dataclass

@@ -549,6 +549,10 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter, restarts_t
     reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}{disk}), "
                   f"generated {s.completion_tokens}, {wall:.1f}s wall, "
                   f"{s.completion_tokens / wall if wall > 0 else 0:.1f} generated tok/s")
+    if s.grammar_backends:  # which backend constrained the structured lines (docs/structured-output.md)
+        ways = {"llguidance": "as llguidance token masks", "llama": "through llama.cpp's grammar sampler"}
+        parts = ", ".join(f"{n} line(s) {ways.get(b, b)}" for b, n in sorted(s.grammar_backends.items()))
+        reporter.note(f"llamabatch run: structured output: {parts}; {s.forced_tokens} token(s) forced by the grammar")
 
 
 def _resume_hint(written: int, input_path: str, output: str | None, argv: tuple[str, ...]) -> str:

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .formats import LineError, LineRequest, build_record, failed
@@ -38,6 +38,9 @@ class WriterStats:
     cached_tokens: int = 0
     completion_tokens: int = 0
     restored_tokens: int = 0  # of cached_tokens, from the disk prefix store
+    # structured output: lines by grammar backend ("llguidance", "llama") and their forced tokens
+    grammar_backends: dict[str, int] = field(default_factory=dict)
+    forced_tokens: int = 0
 
 
 class RecordWriter:
@@ -159,6 +162,10 @@ class RecordWriter:
         s.cached_tokens += result.usage.cached_tokens
         s.restored_tokens += result.usage.restored_tokens
         s.completion_tokens += result.usage.completion_tokens
+        backend = getattr(result, "grammar_backend", None)
+        if backend:
+            s.grammar_backends[backend] = s.grammar_backends.get(backend, 0) + 1
+            s.forced_tokens += getattr(result, "forced_tokens", 0)
         if failed(result):
             s.failed += 1
             if self._failure_notes < MAX_FAILURE_NOTES + 1:  # one more to say "and more"
