@@ -150,13 +150,16 @@ def _tokenizer_of(vocab: Any) -> Any:
     from llama_cpp import llama_cpp as C
     from llguidance import LLTokenizer
 
-    buf = ctypes.create_string_buffer(16 * 1024)
+    size = 16 * 1024
+    buf = ctypes.create_string_buffer(size)
     control, user = C.LLAMA_TOKEN_ATTR_CONTROL, C.LLAMA_TOKEN_ATTR_USER_DEFINED
+    # the C functions themselves: the wrappers' checks cost more than the calls, 262,144 times
+    to_piece, get_attr, ptr = C._lib.llama_token_to_piece, C._lib.llama_vocab_get_attr, vocab.ptr
     pieces: list[bytes] = []
     for token in range(vocab.n_tokens):
-        n = C.llama_token_to_piece(vocab.ptr, token, buf, len(buf), 0, True)
-        piece = buf.raw[:max(n, 0)]
-        attr = C.llama_vocab_get_attr(vocab.ptr, token)
+        n = to_piece(ptr, token, buf, size, 0, True)
+        piece = ctypes.string_at(buf, n) if n > 0 else b""
+        attr = get_attr(ptr, token)
         # llguidance marks special tokens with a leading 0xff: they match only as themselves
         if attr & control or (attr & user and piece.startswith(b"<") and piece.endswith(b">")):
             piece = b"\xff" + piece
