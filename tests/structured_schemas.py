@@ -41,10 +41,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "short_code": obj({"code": {"type": "string", "minLength": 3, "maxLength": 3}}),
     "matrix": obj({"rows": {"type": "array", "maxItems": 2,
                             "items": {"type": "array", "maxItems": 2, "items": {"type": "integer", "minimum": 0, "maximum": 9}}}}),
-    "recursive_tree": {"$defs": {"node": obj({"label": {"type": "string", "maxLength": 8},
-                                              "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}},
-                                             required=["label"])},
-                       "$ref": "#/$defs/node"},
+    # a tree two levels deep through $refs: a recursive node has no depth bound, and a greedy
+    # model nests until max_tokens (the recursive $ref is tested to compile on its own)
+    "tree": {"$defs": {"leaf": obj({"label": {"type": "string", "maxLength": 8}}),
+                       "branch": obj({"label": {"type": "string", "maxLength": 8},
+                                      "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/leaf"}}})},
+             **obj({"label": {"type": "string", "maxLength": 8},
+                    "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/branch"}}})},
     "order": obj({"id": {"type": "integer", "minimum": 1, "maximum": 99999},
                   "status": {"enum": ["new", "paid", "shipped"]},
                   "lines": {"type": "array", "maxItems": 2,

@@ -133,6 +133,21 @@ def test_deterministic_mode_with_grammars_is_bit_identical_alone_and_in_a_batch(
     jsonschema.validate(json.loads(alone.text), schema)
 
 
+def test_a_recursive_schema_compiles_and_its_answers_validate(smollm2_path):
+    # no depth bound in the schema: max_tokens bounds the answer; the ones that end validate
+    node = {"type": "object", "properties": {"label": {"type": "string", "maxLength": 8},
+                                             "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}},
+            "required": ["label"], "additionalProperties": False}
+    schema = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
+    with Engine(EngineConfig(model=smollm2_path, n_parallel=4, n_ctx=4 * 512, threads=2)) as engine:
+        results = engine.generate([m for _, m in lines(4)], [SamplingParams(max_tokens=200, temperature=0.8, seed=i,
+                                                                            json_schema=schema) for i in range(4)])
+    ended = [r for r in results if r.finish_reason == "stop"]
+    assert ended and all(r.finish_reason in ("stop", "length") for r in results)
+    for r in ended:
+        jsonschema.validate(json.loads(r.text), schema)
+
+
 BAD = {
     "invalid schema": ({"type": "no-such-type"}, None),
     "unsupported keyword": ({"type": "string", "format": "no-such-format", "x-unknown": 1,
