@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli_harness import invoke, runner_for
-from test_run_cli import FAST, llamabatch_run, read_records, real_run, slow_lines, the_id, wait_for_lines, write_lines
+from test_run_cli import FAST, bundled_env, llamabatch_run, read_records, real_run, slow_lines, the_id, wait_for_lines, write_lines
 
 from llamabatch.models import model_digest as model_hash
 from llamabatch.cli.run.fingerprint import changes
@@ -532,14 +532,14 @@ def test_kill_9_during_retry_failed_loses_nothing_and_never_doubles_an_id(tmp_pa
     config = tmp_path / "timeout.toml"
     config.write_text("[sampling]\ntimeout = 0.001\n")
     first = subprocess.run([sys.executable, "-m", "llamabatch", "--config", str(config), "run", *args],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=300, env=bundled_env())
     assert first.returncode == 0, first.stderr
     assert {r["error"]["code"] for r in read_records(out)} == {"timeout"} and len(read_records(out)) == 8
     before = out.read_bytes()
     # the retry, killed once its journal holds an answer
     journal = Path(journal_path(str(out)))
     proc = subprocess.Popen([sys.executable, "-m", "llamabatch", "run", *args, "--resume", "--retry-failed"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bundled_env())
     try:
         got = wait_for_lines(journal, 1, proc)
     finally:
