@@ -418,8 +418,10 @@ def test_dry_run_eta_comes_from_the_calibration_with_its_basis(tmp_path):
     from llamabatch.llama import autoslots
 
     inp = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "abc", "max_tokens": 100}])
+    from llamabatch.llama.cpu_buffers import chosen
+
     model = str(tmp_path / "fake.gguf")
-    key = autoslots.cache_key(model, 2)
+    key = autoslots.cache_key(model, 2, chosen(None))  # the layout is in the key: LLAMABATCH_CPU_BUFFERS=plain runs too
     autoslots.write_cache(key, {"measured": {4: 40.0, 8: 50.0}, "kv_bytes_per_token": 1000, "at": 1796098148})
     proc = llamabatch_run(str(inp), "--threads", "2", "--n-parallel", "4", "--n-ctx", "1024", "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
