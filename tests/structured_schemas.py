@@ -1,7 +1,8 @@
 """Twenty JSON schemas and extraction prompts for structured output (issue 37): flat and nested
 objects, arrays, enum, const, anyOf, $ref/$defs, required, additionalProperties false, string
-length and pattern, number ranges. Every string, array and number is bounded, so an answer
-always ends within max_tokens and can be validated whole. Used by tests/test_structured_model.py
+length and pattern, number ranges. Every string, array and number is bounded (a number's
+fraction digits by multipleOf), so an answer always ends within max_tokens and can be validated
+whole. Used by tests/test_structured_model.py
 and benchmarks/structured.py."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "person": obj({"name": NAME, "age": AGE, "city": {"type": "string", "maxLength": 20}}),
     "sentiment": obj({"label": {"enum": ["positive", "negative", "neutral"]}}),
     "yes_no": obj({"answer": {"type": "boolean"}}),
-    "price": obj({"item": NAME, "price": {"type": "number", "minimum": 0, "maximum": 10000},
+    "price": obj({"item": NAME, "price": {"type": "number", "minimum": 0, "maximum": 10000, "multipleOf": 0.25},
                   "currency": {"enum": ["USD", "EUR", "GBP"]}}),
     "date": obj({"date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}}),
     "tags": obj({"tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3}}),
@@ -36,8 +37,10 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "email": obj({"email": {"type": "string", "pattern": "^[a-z]{1,10}@[a-z]{1,10}\\.(com|org)$"}}),
     "rating": obj({"stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": {"type": "string", "maxLength": 40}}),
     "colour": obj({"colour": {"enum": ["red", "green", "blue", "yellow"]}, "hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}}),
-    "coordinates": obj({"lat": {"type": "number", "minimum": -90, "maximum": 90},
-                        "lon": {"type": "number", "minimum": -180, "maximum": 180}}),
+    # multipleOf bounds the fraction digits too (a range alone does not: Gemma wrote 200 of them);
+    # 0.25, exact in binary: jsonschema checks multipleOf in floating point (43.4526 / 0.0001 is not whole)
+    "coordinates": obj({"lat": {"type": "number", "minimum": -90, "maximum": 90, "multipleOf": 0.25},
+                        "lon": {"type": "number", "minimum": -180, "maximum": 180, "multipleOf": 0.25}}),
     "short_code": obj({"code": {"type": "string", "minLength": 3, "maxLength": 3}}),
     "matrix": obj({"rows": {"type": "array", "maxItems": 2,
                             "items": {"type": "array", "maxItems": 2, "items": {"type": "integer", "minimum": 0, "maximum": 9}}}}),
