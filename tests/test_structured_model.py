@@ -181,3 +181,24 @@ def test_bad_grammars_are_their_own_lines_errors_and_the_others_run(model_path):
         assert "\n" not in r.error and len(r.error) < 400, r.error
     assert "no-such-format" in outcomes["unsupported keyword"].error or "format" in outcomes["unsupported keyword"].error
     assert took < 60, f"{took:.1f}s"
+
+
+def test_a_refused_schema_is_compiled_once_and_a_gbnf_llguidance_cannot_use_goes_to_llama_cpp(smollm2_vocab):
+    from llamabatch.errors import InvalidRequest
+
+    masks = MaskGrammars(smollm2_vocab, "auto")
+    bad = {"type": "array", "uniqueItems": True}
+    with pytest.raises(InvalidRequest, match='Unimplemented keys: \\["uniqueItems"\\]'):
+        masks.matcher_for(None, bad)
+    started = time.perf_counter()
+    for _ in range(100):  # 100 lines sharing the schema: refused from the cache, each at once
+        with pytest.raises(InvalidRequest, match="uniqueItems"):
+            masks.matcher_for(None, bad)
+    assert time.perf_counter() - started < 0.5
+    # GBNF llguidance cannot read (its converter) or use (its compiler): None under auto, so
+    # llama.cpp's own parser takes it and says what is wrong; under llguidance, the line's error
+    assert masks.matcher_for('root ::= "a" [', None) is None
+    assert masks.matcher_for('root ::= "a"{2,1}', None) is None
+    assert masks.matcher_for('root ::= "a" | "b"', None) is not None
+    with pytest.raises(InvalidRequest, match="grammar cannot be read by llguidance"):
+        MaskGrammars(smollm2_vocab, "llguidance").matcher_for('root ::= "a" [', None)

@@ -94,7 +94,12 @@ class MaskGrammars:
             lark = self._lark(grammar)
             if lark is None:
                 return None
-        template = self._compile(key, text if json_schema is not None else None, lark)
+        try:
+            template = self._compile(key, text if json_schema is not None else None, lark)
+        except InvalidRequest:
+            if json_schema is None and self.backend == "auto":
+                return None  # a GBNF grammar llguidance reads but cannot use: llama.cpp's sampler decides
+            raise
         return Matcher(template.deep_copy(), self.n_vocab)
 
     def _lark(self, grammar: str) -> str | None:
@@ -113,7 +118,22 @@ class MaskGrammars:
             template = self._compiled.get(key)
             if template is not None:
                 self._compiled.move_to_end(key)
+                if isinstance(template, str):  # compiled once, refused once: every line says so at once
+                    raise InvalidRequest(template)
                 return template
+        try:
+            template = self._compile_new(schema, lark)
+        except InvalidRequest as exc:
+            template = str(exc)  # the message, not the exception: its traceback would grow each raise
+        with self._compiled_lock:
+            self._compiled[key] = template
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
+        if isinstance(template, str):
+            raise InvalidRequest(template)
+        return template
+
+    def _compile_new(self, schema: str | None, lark: str | None) -> Any:
         import llguidance
 
         what = "json_schema" if schema is not None else "grammar"
@@ -127,10 +147,6 @@ class MaskGrammars:
         template = llguidance.LLMatcher(self.tokenizer(), grammar, log_level=0)
         if template.is_error():
             raise InvalidRequest(f"{what} cannot be used: {_one_line(template.get_error())}")
-        with self._compiled_lock:
-            self._compiled[key] = template
-            while len(self._compiled) > COMPILED_KEPT:
-                self._compiled.popitem(last=False)
         return template
 
     def tokenizer(self) -> Any:
