@@ -69,9 +69,17 @@ def test_generate_returns_scripted_replies_in_input_order():
 
 
 def test_each_tick_is_one_execute_mixing_decode_tokens_and_prefill_chunks():
-    runner = FakeRunner(n_slots=4, slot_ctx=200, reply=lambda p: "abcdefgh")
+    # the first tick waits until all four are submitted: on a loaded machine the submitting
+    # thread could otherwise lose the CPU between submits while a fake tick takes microseconds,
+    # and each request would run alone (seen once in a whole-suite run)
+    gate = Gate(at=1)
+    runner = FakeRunner(n_slots=4, slot_ctx=200, reply=lambda p: "abcdefgh", hook=gate)
     with make_engine(runner, n_batch=16, chunk_size=8) as engine:
-        results = engine.generate(["a" * 30, "b" * 30, "c" * 5, "d" * 5])
+        handles = [engine.submit(p) for p in ["a" * 30, "b" * 30]]
+        gate.wait_entered()
+        handles += [engine.submit(p) for p in ["c" * 5, "d" * 5]]
+        gate.release.set()
+        results = [h.result(WAIT) for h in handles]
         ticks = list(engine.telemetry.recent_ticks)
     assert all(r.text == "abcdefgh" for r in results)
     assert len(ticks) == runner.calls == len(runner.plans)
