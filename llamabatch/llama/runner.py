@@ -222,16 +222,17 @@ class LlamaRunner:
 
     def _sample_chunk(self, chunk: Any, row: int, result: StepResult) -> None:
         # the chunk's own sampler, then those of an n-request's other samples, which take
-        # their first token from the same row (llama_sampler_sample leaves the logits as
-        # they are), each with its own chain and seed
-        # A grammar's mask clears the row in place (mask_grammar.py): logprobs are the model's
-        # own, so with logprobs wanted they come from a copy taken first. Forced tokens are
-        # evaluated without being sampled, so they have no logprobs: then, and in deterministic
-        # mode (whose ticks are shaped for one decode token a slot), none are forced.
-        masked = any(getattr(s, "matcher", None) is not None for _, s in ((chunk.slot, chunk.sampler), *chunk.siblings))
+        # their first token from the same row, each with its own chain and seed. A grammar's
+        # mask clears the row in place (mask_grammar.py; the samples of one request share the
+        # grammar, so its first mask is theirs too): logprobs are the model's own, so with
+        # logprobs wanted they come from a copy taken first. Forced tokens are evaluated without
+        # being sampled, so they have no logprobs: then, and in deterministic mode (whose ticks
+        # are shaped for one decode token a slot), none are forced.
+        targets = ((chunk.slot, chunk.sampler), *chunk.siblings)
+        masked = any(sampler.matcher is not None for _, sampler in targets)
         raw = self._row_copy(row) if masked and chunk.logprobs is not None else None
         force = chunk.logprobs is None and not self.deterministic
-        for slot, sampler in ((chunk.slot, chunk.sampler), *chunk.siblings):
+        for slot, sampler in targets:
             try:
                 tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog, self.n_vocab, force=force)
             except GrammarStopped as exc:  # that request's grammar, not the tick: it alone ends

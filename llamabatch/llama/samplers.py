@@ -57,28 +57,22 @@ class SamplerFactory:
         self.masks = MaskGrammars(vocab, self.grammar_backend) if self.grammar_backend != "llama" else None
 
     def build(self, params: SamplingParams, seed: int) -> Sampler:
-        constrained = bool(params.grammar) or params.json_schema is not None
-        matcher = self.masks.matcher_for(params.grammar, params.json_schema) if self.masks and constrained else None
-        sampler = self._build(params, seed, matcher)
-        sampler.matcher = matcher
-        sampler.grammar_backend = ("llguidance" if matcher else "llama") if constrained else None
-        return sampler
-
-    def _build(self, params: SamplingParams, seed: int, matcher: Matcher | None) -> Sampler:
         # A grammar decides where output ends: once it is complete it allows only EOG, and
         # banning EOG there (ignore_eos, min_tokens) leaves no valid token at all, which makes
         # llama.cpp's grammar throw and abort the whole process. So constrained requests
         # never ban EOG; an EOG they sample ends them with "stop".
         constrained = bool(params.grammar) or params.json_schema is not None
+        matcher = self.masks.matcher_for(params.grammar, params.json_schema) if self.masks and constrained else None
+        backend = ("llguidance" if matcher else "llama") if constrained else None
         block_eog = params.ignore_eos and not constrained
         twin = params.min_tokens > 0 and not params.ignore_eos and not constrained
         masked = matcher is not None  # the grammar is the mask, not a sampler of the chain
         chain = self._chain(params, seed, block_eog=block_eog, with_grammar=not masked)
         no_eog = self._chain(params, seed, block_eog=True, with_grammar=not masked) if twin else None
         if not _only_bias_and_greedy(params, masked):
-            return Sampler(chain, no_eog, seed)
+            return Sampler(chain, no_eog, seed, matcher=matcher, grammar_backend=backend)
         return Sampler(chain, no_eog, seed, GreedyPick(self._bias(params, block_eog)),
-                       GreedyPick(self._bias(params, True)) if twin else None)
+                       GreedyPick(self._bias(params, True)) if twin else None, matcher=matcher, grammar_backend=backend)
 
     def _bias(self, p: SamplingParams, block_eog: bool) -> dict[int, float]:
         """The chain's logit bias: the request's, softened under a grammar, and EOG banned."""
