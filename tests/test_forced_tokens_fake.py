@@ -52,6 +52,9 @@ def test_stops_and_max_tokens_cut_inside_a_forced_run():
     with engine_for(runner) as engine:
         stopped, cut = engine.generate(["a", "b"], [SamplingParams(temperature=0, max_tokens=64, stop=['"age'],),
                                                    SamplingParams(temperature=0, max_tokens=4)])
+        stats = engine.stats()
+    # telemetry counts the forced tokens the requests kept, not the ones the cut dropped
+    assert stats.forced_tokens == stopped.forced_tokens + cut.forced_tokens
     assert stopped.text == '{"name": "Ada", ' and stopped.finish_reason == "stop" and stopped.stop == '"age'
     assert cut.text == REPLY[:4] and cut.finish_reason == "length" and cut.usage.completion_tokens == 4
 

@@ -342,7 +342,8 @@ class Engine(SharedEngine):
                 self._end(seq, "error", error, code)
         if result.apart:
             self._launch(plan, result)
-        self._record_tick(plan, result, active, t_start, t_planned)
+        # the forced tokens requests took: a forced run cut by a stop or max_tokens counts only its kept part
+        self._record_tick(plan, result, active, t_start, t_planned, forced=sum(e.forced for e in events))
 
     def _save(self, wanted: SaveWanted) -> None:
         """Snapshot a slot that holds exactly a prefix worth keeping, on this thread (a copy of
@@ -469,7 +470,7 @@ class Engine(SharedEngine):
                 self._end(seq, "error", str(DecodeError(why)), DecodeError.code)
 
     def _record_tick(self, plan: StepPlan, result: StepResult, active: int, t_start: float,
-                     t_planned: float) -> None:
+                     t_planned: float, forced: int = 0) -> None:
         wall = (time.perf_counter() - t_start) * 1000
         plan_ms = (t_planned - t_start) * 1000
         overhead = max(0.0, wall - result.eval_ms - result.sample_ms)
@@ -480,7 +481,7 @@ class Engine(SharedEngine):
             queue_depth=len(self.scheduler.waiting), eval_ms=result.eval_ms, sample_ms=result.sample_ms,
             overhead_ms=overhead, wall_ms=wall, plan_ms=plan_ms, fill_ms=result.fill_ms,
             after_ms=max(0.0, overhead - plan_ms - result.fill_ms), ubatches=result.ubatches,
-            forced_tokens=sum(len(tokens) for tokens in result.forced.values())))
+            forced_tokens=forced))
 
     def _deliver(self, event: SeqEvent) -> None:
         seq = event.seq

@@ -50,6 +50,7 @@ class SeqEvent:
     text: str = ""
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
+    forced: int = 0  # of `tokens`, those its grammar forced (unsampled)
 
 
 class Admission(NamedTuple):
@@ -413,15 +414,14 @@ class Scheduler:
         self._take_waiting_saves(plan)
         return events
 
-    def accept_apart(self, chunk: Chunk, sampled: dict[int, int], logprobs: dict[int, dict],
-                     forced: dict[int, list[int]] | None = None) -> list[SeqEvent]:
+    def accept_apart(self, chunk: Chunk, sampled: dict[int, int], logprobs: dict[int, dict]) -> list[SeqEvent]:
         """Take the tokens a SampleJob sampled for `chunk`'s row (and its siblings), as `update`
         takes inline ones. The caller checks the request has not ended meanwhile."""
         seq = self.slots[chunk.slot].seq
         if seq is None or seq.request_id != chunk.request_id:
             return []
         seq.sampling_apart = False
-        return self._take_row(chunk, seq, sampled, logprobs, forced or {})
+        return self._take_row(chunk, seq, sampled, logprobs, {})  # masked grammars (forced tokens) sample inline
 
     def _take_row(self, chunk: Chunk, seq: Sequence, sampled: dict[int, int],
                   logprobs: dict[int, dict], forced: dict[int, list[int]]) -> list[SeqEvent]:
@@ -450,6 +450,7 @@ class Scheduler:
             event.tokens += more.tokens
             event.text += more.text
             event.finished = more.finished
+            event.forced += 1
             seq.forced_tokens += 1
         return event
 
