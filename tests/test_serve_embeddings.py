@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llamabatch.cli.embed_vectors import decode_base64
+from llamabatch.embed_vectors import decode_base64
 from llamabatch.cli.serve.protocol import BadLine, parse_line
 from llamabatch.params import SamplingParams
 

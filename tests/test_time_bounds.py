@@ -1,10 +1,10 @@
-"""--watchdog and --drain-timeout: flag > the command's config table > the default (llamabatch/cli/time_bounds.py)."""
+"""--watchdog and --drain-timeout: flag > the command's config table > the default (llamabatch/settings/time_bounds.py)."""
 from __future__ import annotations
 
 
 import pytest
 
-from llamabatch.cli.time_bounds import DEFAULT_DRAIN_TIMEOUT_S, TimeBounds, time_bounds
+from llamabatch.settings.time_bounds import DEFAULT_DRAIN_TIMEOUT_S, TimeBounds, time_bounds
 from llamabatch.supervised.watchdog import DEFAULT_FLOOR_S
 
 from cli_harness import invoke

@@ -26,7 +26,8 @@ from .progress import Reporter, clock_duration, make_reporter
 from .batch import BatchRun, Interrupts, wait_for
 from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, refuse_resume_to_stream, stream_kind)
 from .on_ray import import_ray_pool, open_pool
-from ..time_bounds import DRAIN_HELP, WATCHDOG_HELP, time_bounds
+from ...settings.time_bounds import time_bounds
+from ..time_bound_flags import DRAIN_HELP, WATCHDOG_HELP
 from .writer import RecordWriter
 from .long_job import LongJob
 from .own_files import refuse_own_file

@@ -2,7 +2,7 @@
 
 OpenAI's /v1/embeddings response body, exactly: {"object": "list", "data": [{"object":
 "embedding", "index": i, "embedding": [floats] or base64}], "model", "usage": {"prompt_tokens",
-"total_tokens"}}; vectors as floats or base64 (cli/embed_vectors.py).
+"total_tokens"}}; vectors as floats or base64 (llamabatch/embed_vectors.py).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...results import EmbeddingResult
-from ..embed_vectors import check_encoding, decode_base64, encode  # noqa: F401  (check_encoding, decode_base64: re-exported)
+from ...embed_vectors import check_encoding, decode_base64, encode  # noqa: F401  (check_encoding, decode_base64: re-exported)
 
 # The /v1/embeddings body fields: `model` and `user` are accepted and ignored (the line runs on
 # the loaded model), as for chat and completions lines.

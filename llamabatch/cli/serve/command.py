@@ -14,7 +14,8 @@ from ...settings.file_layer import command_setting
 from ..common import fail, open_engine, resolve_options
 from ..env import Environment
 from ..options import SharedOptions, with_shared_options
-from ..time_bounds import SERVE_DRAIN_HELP, WATCHDOG_HELP, time_bounds
+from ...settings.time_bounds import time_bounds
+from ..time_bound_flags import SERVE_DRAIN_HELP, WATCHDOG_HELP
 
 
 class OnEof(str, Enum):

@@ -1,4 +1,5 @@
-"""The two time bounds `run` and `serve-stdin` share, as flags and config keys.
+"""The two time bounds `run` and `serve-stdin` share, read from their flags
+and config keys (the flags' help: cli/time_bound_flags.py).
 
 - watchdog: the supervised engine's watchdog floor (llamabatch/supervised/watchdog.py): a
   child with work in flight and no progress for max(this, 10 x the longest recent tick) is
@@ -13,20 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..supervised.watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN
-from ..settings.file_layer import command_setting
+from ..supervised.watchdog import DEFAULT_FLOOR_S
+from .file_layer import command_setting
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
-
-WATCHDOG_HELP = (f"Seconds with work in flight and no progress after which the engine process counts as hung, is "
-                 f"killed and restarted like a crash (the bound is the larger of this and {DEFAULT_MARGIN:g} x the "
-                 f"longest recent step); 0 = off \\[default: {DEFAULT_FLOOR_S:g}]")
-DRAIN_HELP = ("After SIGTERM or Ctrl-C: seconds the lines in flight may take to finish before the engine is "
-              "stopped and run exits (those lines get no record; --resume runs them) "
-              f"\\[default: {DEFAULT_DRAIN_TIMEOUT_S:g}]")
-SERVE_DRAIN_HELP = ("After SIGTERM or Ctrl-C (which cancel what is in flight): seconds the engine process gets to "
-                    "stop on its own before it is killed; the requests still running then end cancelled "
-                    f"\\[default: {DEFAULT_DRAIN_TIMEOUT_S:g}]")
 
 
 @dataclass(frozen=True)
