@@ -21,7 +21,7 @@ from llamabatch.errors import InvalidRequest
 from llamabatch.cli.run.formats import LineError, LineParser, LineRequest
 from llamabatch.json_line import BadJSON, loads, sniff_id
 from llamabatch.params import MAX_STOP_CHARS, MAX_STOPS
-from llamabatch.cli.serve.protocol import BadLine, parse_line
+from llamabatch.serve.stdin.protocol import BadLine, parse_line
 
 from fake_runner import FakeRunner
 

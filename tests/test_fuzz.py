@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from llamabatch import SamplingParams
-from llamabatch.cli.serve.loop import serve
+from llamabatch.serve.stdin.loop import serve
 from llamabatch.core.detok import IncrementalDetokenizer
 from llamabatch.errors import InvalidRequest
 from llamabatch.cli.run.formats import LineError, LineParser, LineRequest
 from llamabatch.params import FIELD_TYPES
-from llamabatch.cli.serve.protocol import BadLine, Cancel, Stats, Submit, encode, parse_line
+from llamabatch.serve.stdin.protocol import BadLine, Cancel, Stats, Submit, encode, parse_line
 
 from test_bad_input import fake_engine, run_lines
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from llamabatch.params import SamplingParams
-from llamabatch.cli.serve.protocol import (BadLine, Cancel, Stats, Submit, encode, error_event, parse_line, ready_event, stats_event, terminal_event, token_event)
+from llamabatch.serve.stdin.protocol import (BadLine, Cancel, Stats, Submit, encode, error_event, parse_line, ready_event, stats_event, terminal_event, token_event)
 from llamabatch.results import Result, Timings, Usage
 
 DEFAULTS = SamplingParams(max_tokens=32, temperature=0.5, stop=["\n\n"])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llamabatch.embed_vectors import decode_base64
-from llamabatch.cli.serve.protocol import BadLine, parse_line
+from llamabatch.serve.stdin.protocol import BadLine, parse_line
 from llamabatch.params import SamplingParams
 
 from fake_runner import FAKE_N_EMBD, fake_embedding, text_tokens

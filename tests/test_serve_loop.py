@@ -7,7 +7,7 @@ import os
 import threading
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.serve.loop import Output, _lines, serve
+from llamabatch.serve.stdin.loop import Output, _lines, serve
 
 from fake_runner import FakeRunner
 
@@ -194,7 +194,7 @@ def _result(reason: str):
 
 
 def test_every_cancel_line_gets_exactly_one_reply():
-    from llamabatch.cli.serve.loop import Server
+    from llamabatch.serve.stdin.loop import Server
 
     engine, sent = _HeldEngine(), _Sent()
     server = Server(engine, sent, threading.Event())

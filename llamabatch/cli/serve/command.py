@@ -1,5 +1,5 @@
-"""`llamabatch serve-stdin`: a JSONL co-process. The protocol is in protocol.py, the
-threads in loop.py; this module is the command line around them."""
+"""`llamabatch serve-stdin`: a JSONL co-process. The protocol and its threads are the
+library's (llamabatch/serve/stdin/); this module is the command line around them."""
 from __future__ import annotations
 
 import contextlib
@@ -57,7 +57,7 @@ def serve_stdin(
 
     Events: ready (model loaded), token, done, error, stats. Every request ends with exactly one done or error.
     """
-    from .loop import serve
+    from ...serve.stdin.loop import serve
 
     resolved = resolve_options(opts, env)
     bounds = time_bounds("serve-stdin", watchdog, drain_timeout, env.config_path)
@@ -66,7 +66,7 @@ def serve_stdin(
     eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain", env.config_path)
     resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
     in_fd, out_fd = env.fileno("stdin"), env.fileno("stdout")
-    if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (see loop.py)
+    if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (llamabatch/serve/stdin/loop.py)
         raise fail("serve-stdin needs stdin and stdout with file descriptors")
     with protocol_stdout(out_fd) as events_fd:
         engine = open_engine(resolved, env, isolated=isolate, watchdog_s=bounds.watchdog_s)
@@ -74,7 +74,7 @@ def serve_stdin(
             print(f"llamabatch serve-stdin: {engine.config.n_parallel} slots x {engine.slot_ctx} tokens "
                   f"({engine.slots_reason})", file=env.stderr, flush=True)
         try:
-            code = serve(engine, in_fd, events_fd, eof, drain_timeout=bounds.drain_timeout_s)
+            code = serve(engine, in_fd, events_fd, eof, drain_timeout=bounds.drain_timeout_s, say=env.say)
         finally:
             engine.close()  # serve closes it too; this covers a failure inside serve
     raise typer.Exit(code)

@@ -25,7 +25,6 @@ import os
 import queue
 import select
 import signal
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -314,14 +313,15 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def serve(engine: EngineAPI, in_fd: int, out_fd: int, on_eof: str = "drain",
-          max_pending: int = MAX_PENDING_EVENTS, drain_timeout: float | None = None) -> int:
+          max_pending: int = MAX_PENDING_EVENTS, drain_timeout: float | None = None,
+          say: Callable[[str], None] = lambda line: None) -> int:
     """Serve until EOF (drain or cancel what is in flight), a signal, or a broken stdout.
 
     Closes the engine (its close() cancels whatever is still running, and those requests'
     terminal events are written) and returns the exit code. Call from the main thread.
     After a signal a supervised engine gets `drain_timeout` seconds to stop on its own, then
     its process is killed and what is left ends "cancelled" (a hung engine cannot keep the
-    server alive).
+    server alive). `say` gets the lines for people (the engine's fatal error).
     """
     signals: list[int] = []
     woken = threading.Event()
@@ -363,7 +363,7 @@ def serve(engine: EngineAPI, in_fd: int, out_fd: int, on_eof: str = "drain",
     fatal = engine.fatal_error
     if fatal is not None:
         log.error("%s", fatal)
-        print(f"llamabatch: error: {fatal}", file=sys.stderr, flush=True)
+        say(f"llamabatch: error: {fatal}")
         return 1
     if output.broken or _reader_gone(out_fd):
         return EXIT_BROKEN_PIPE
