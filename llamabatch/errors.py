@@ -61,3 +61,21 @@ class DeterminismUnavailable(InvalidRequest):
     """`deterministic=True` on a build where llamabatch cannot promise it (a GPU backend)."""
 
     code = "determinism_unavailable"
+
+
+class ConversationNotFound(LlamaBatchError):
+    """A saved chat conversation asked for (by id, or the latest) is not in the conversation database."""
+
+    code = "not_found"
+
+
+class ReportFileError(LlamaBatchError):
+    """A report file asked for (bench --json, --html) cannot be written: one line naming it."""
+
+    code = "file_error"
+
+
+class StreamUnusable(LlamaBatchError):
+    """A stream a command serves over cannot be used as it needs (serve-stdin: file descriptors)."""
+
+    code = "stream_unusable"
