@@ -86,7 +86,7 @@ def chat_c(model: str, threads: int, state: Path, store: str, question: str, max
            undo: bool = True) -> ChatRun:
     """`llamabatch chat -c --verbose` with one piped question (then, with `undo`, /undo: the
     conversation stays as it was for the next run), timed from outside the process."""
-    from llamabatch.cli.chat.ollama_stats import parse_stats
+    from llamabatch.chat.ollama_stats import parse_stats
 
     cmd = llamabatch_command("chat", "-c", "--verbose", "-m", model, "--n-ctx", str(CHAT_CTX), "--threads",
                              str(threads), "--temperature", "0", "--max-tokens", str(max_tokens),
@@ -131,7 +131,7 @@ def tokens_in(stats: dict, label: str) -> int:
 
 
 def part_chat(model: str, threads: int, rounds: int, size: int) -> None:
-    from llamabatch.cli.chat.store import Store
+    from llamabatch.chat.store import Store
 
     with Engine(EngineConfig(model=model, n_parallel=1, n_ctx=CHAT_CTX, threads=threads)) as probe:
         messages = build_conversation(probe, size)

@@ -16,11 +16,12 @@ import time
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.chat.command import chat_loop, terminal_reader
-from llamabatch.cli.chat.session import ChatIO, ChatSession
+from llamabatch.chat.repl import chat_loop
+from llamabatch.cli.chat.chat_io import terminal_reader
+from llamabatch.chat.session import ChatIO, ChatSession
 from cli_harness import invoke, runner_for
 from fake_runner import FakeRunner
-from llamabatch.cli.chat.ollama_stats import go_duration, parse_stats, stats_lines
+from llamabatch.chat.ollama_stats import go_duration, parse_stats, stats_lines
 from llamabatch.results import Result, Timings, Usage
 
 CHAT = [sys.executable, "-m", "llamabatch", "chat"]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.chat.autosave import Autosave
-from llamabatch.cli.chat.command import chat_loop
-from llamabatch.cli.chat.ollama_stats import parse_stats
-from llamabatch.cli.chat.session import ChatIO, ChatSession
-from llamabatch.cli.chat.store import SCHEMA_VERSION, Store, StoreError
+from llamabatch.chat.autosave import Autosave
+from llamabatch.chat.repl import chat_loop
+from llamabatch.chat.ollama_stats import parse_stats
+from llamabatch.chat.session import ChatIO, ChatSession
+from llamabatch.chat.store import SCHEMA_VERSION, Store, StoreError
 from cli_harness import invoke, runner_for
 from fake_runner import FakeRunner
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from llamabatch.cli.chat.ollama_stats import parse_stats
+from llamabatch.chat.ollama_stats import parse_stats
 
 pytestmark = pytest.mark.model
 

@@ -10,9 +10,9 @@ import sqlite3
 import time
 from pathlib import Path
 
-from llamabatch.cli.chat.ollama_stats import parse_stats
-from llamabatch.cli.chat.store import MIGRATIONS, SCHEMA_VERSION, Store
-from llamabatch.cli.chat.turn_kv import KEEP, text_digest
+from llamabatch.chat.ollama_stats import parse_stats
+from llamabatch.chat.store import MIGRATIONS, SCHEMA_VERSION, Store
+from llamabatch.chat.turn_kv import KEEP, text_digest
 from llamabatch.prefix_store import atomic_write
 from cli_harness import invoke, runner_for
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.chat.autosave import Autosave
-from llamabatch.cli.chat.conversation import Conversation
-from llamabatch.cli.chat.ollama_stats import parse_stats
-from llamabatch.cli.chat.session import ChatIO, ChatSession
-from llamabatch.cli.chat.store import Store
+from llamabatch.chat.autosave import Autosave
+from llamabatch.chat.conversation import Conversation
+from llamabatch.chat.ollama_stats import parse_stats
+from llamabatch.chat.session import ChatIO, ChatSession
+from llamabatch.chat.store import Store
 from test_prefix_store_model import agree_up_to_near_ties
 
 pytestmark = pytest.mark.model

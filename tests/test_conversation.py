@@ -8,7 +8,7 @@ import pytest
 from fake_runner import FakeRunner, byte_tokens, text_tokens
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models.chat_template import ChatTemplate, builtin_template
-from llamabatch.cli.chat.conversation import Conversation, PromptBuilder
+from llamabatch.chat.conversation import Conversation, PromptBuilder
 from llamabatch.errors import InvalidRequest
 from llamabatch.llama.chat_formats import LlamaChatFormats
 

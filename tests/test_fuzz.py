@@ -223,7 +223,7 @@ def _read_all(fd: int) -> bytes:
 # it returns, its consumers use without a traceback.
 
 from llamabatch.cli.bench import report as bench_report  # noqa: E402
-from llamabatch.cli.chat.conversation import Conversation  # noqa: E402
+from llamabatch.chat.conversation import Conversation  # noqa: E402
 from llamabatch.cli.run import run_record  # noqa: E402
 from llamabatch.cli.run.fingerprint import changes  # noqa: E402
 from llamabatch.cli.run.manifest import ManifestProblem, read_manifest  # noqa: E402

@@ -1,1 +1,1 @@
-"""`llamabatch chat`: the multi-turn REPL."""
+"""`llamabatch chat`: the command line and the terminal around llamabatch.chat."""

@@ -13,8 +13,8 @@ import json
 import shlex
 from typing import Any
 
-from ...errors import InvalidRequest
-from ...params import SamplingParams
+from ..errors import InvalidRequest
+from ..params import SamplingParams
 
 # Ollama's name -> SamplingParams field (the fields keep their own names too)
 OLLAMA_NAMES = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",

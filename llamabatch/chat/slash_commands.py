@@ -10,7 +10,7 @@ from typing import Callable
 
 from . import parameters, show
 from .conversation import Conversation
-from ...errors import InvalidRequest
+from ..errors import InvalidRequest
 from .session import ChatSession
 
 COMMAND_LIST = "/help /system /set /show /clear /retry /undo /save /load /stats /bye"

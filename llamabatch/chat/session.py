@@ -12,8 +12,8 @@ from typing import Any, Callable
 from .autosave import Autosave
 from .conversation import Conversation, PromptBuilder, TurnPrompt
 from .store import Stored
-from ...params import SamplingParams
-from ...results import Result
+from ..params import SamplingParams
+from ..results import Result
 from .ollama_stats import stats_lines
 from .turn_kv import TurnKV, text_digest
 

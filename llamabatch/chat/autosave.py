@@ -18,7 +18,7 @@ from typing import Any, Callable
 from .conversation import Conversation
 from .store import Store, StoreError, Stored
 from .turn_kv import KEEP
-from ...results import Result
+from ..results import Result
 
 
 class Autosave:

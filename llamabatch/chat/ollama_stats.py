@@ -22,7 +22,7 @@ time; `eval rate` is the engine's rate over the tokens after it.
 """
 from __future__ import annotations
 
-from ...results import Result
+from ..results import Result
 
 LABEL_WIDTH = 22  # "prompt eval duration: " is the longest label
 
