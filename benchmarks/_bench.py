@@ -191,8 +191,8 @@ def sequential(model: str, prompts: Sequence[str], max_tokens: int, *, threads: 
     so it generates max_tokens like an engine request with ignore_eos (the ban is a Python
     logits processor, so it runs only where needed). Runs on a thread of its own: an OpenMP
     team left on the caller's thread slows the engine's ticks afterwards (see
-    llamabatch.cli.bench.baseline.run_in_own_thread)."""
-    from llamabatch.cli.bench.baseline import run_in_own_thread
+    llamabatch.bench.baseline.run_in_own_thread)."""
+    from llamabatch.bench.baseline import run_in_own_thread
 
     return run_in_own_thread(_sequential, model, list(prompts), max_tokens, threads, n_ctx, warm_up, same_length)
 

@@ -54,7 +54,7 @@ from pathlib import Path
 from _bench import kernels, machine_line, model_path, say, sky_prompts, timed_generate, workload_args
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.bench.trace import trace_figures
+from llamabatch.bench.trace import trace_figures
 from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
@@ -280,7 +280,7 @@ def batched_bench(binary: str, model: str, threads: int, levels: list[int]) -> d
 
 
 def engine_s_tg(model: str, threads: int, b: int, unified: bool = False) -> float:
-    from llamabatch.cli.bench import benchkit
+    from llamabatch.bench import benchkit
 
     config = EngineConfig(model=model, n_parallel=b, n_ctx=128 * b, threads=threads, cpu_buffers=CPU_BUFFERS,
                           kv_unified=unified)

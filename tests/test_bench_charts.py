@@ -199,8 +199,8 @@ def test_levels_listed_out_of_order_draw_left_to_right_and_deterministic_runs_be
 
 
 def test_a_long_timeline_is_drawn_as_means_of_runs_of_ticks():
-    from llamabatch.cli.bench.chartdata import STACKED, Chart, Series
-    from llamabatch.cli.bench.termplot import bucketed, render_one
+    from llamabatch.bench.chartdata import STACKED, Chart, Series
+    from llamabatch.bench.termplot import bucketed, render_one
 
     xs = [float(i) for i in range(1, 301)]
     prefill = [400.0 if i % 100 == 1 else 0.0 for i in range(1, 301)]  # a spike every 100 ticks

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from llamabatch.cli.bench.tables import (BASELINE_COLUMNS, BATCHED_COLUMNS, LATENCY_COLUMNS, SPEEDUP_COLUMN, THROUGHPUT_COLUMNS, TICK_COLUMNS)
+from llamabatch.bench.tables import (BASELINE_COLUMNS, BATCHED_COLUMNS, LATENCY_COLUMNS, SPEEDUP_COLUMN, THROUGHPUT_COLUMNS, TICK_COLUMNS)
 
 BATCHED_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")
 LATENCY_KEYS = [f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p99")]

@@ -7,7 +7,7 @@ import json
 from cli_harness import invoke
 from test_bench_cli import bench, header_row
 
-from llamabatch.cli.bench.embed import EMBED_COLUMNS
+from llamabatch.bench.embed import EMBED_COLUMNS
 
 
 def test_bench_embed_reports_each_batch_size(tmp_path, model_path):

@@ -1,11 +1,11 @@
-"""bench --verbose's trace (cli/bench/trace.py) on the fake runner: ticks grouped by kind,
+"""bench --verbose's trace (llamabatch/bench/trace.py) on the fake runner: ticks grouped by kind,
 the JSON's "trace" agrees with its ticks, and the table shows every kind that happened."""
 from __future__ import annotations
 
 import json
 
-from llamabatch.cli.bench.tables import TRACE_COLUMNS
-from llamabatch.cli.bench.trace import trace_figures
+from llamabatch.bench.tables import TRACE_COLUMNS
+from llamabatch.bench.trace import trace_figures
 
 from cli_harness import invoke, runner_for
 

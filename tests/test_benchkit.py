@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.bench.benchkit import (LevelRun, RequestTrace, baseline_figures, batched_figures, cycle_prompts, describe, latency_figures, parse_levels, percentile, read_prompt_file, run_level, speedup, synthetic_prompts, tick_summary)
+from llamabatch.bench.benchkit import (LevelRun, RequestTrace, baseline_figures, batched_figures, cycle_prompts, describe, latency_figures, parse_levels, percentile, read_prompt_file, run_level, speedup, synthetic_prompts, tick_summary)
 from llamabatch.errors import InvalidRequest
 from llamabatch.results import Result, Timings, Usage
 from llamabatch.core.telemetry import TickRecord

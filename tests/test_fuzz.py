@@ -222,7 +222,7 @@ def _read_all(fd: int) -> bytes:
 # and damaged JSON: it returns, or raises its one-line error type, never anything else; and what
 # it returns, its consumers use without a traceback.
 
-from llamabatch.cli.bench import report as bench_report  # noqa: E402
+from llamabatch.bench import report as bench_report  # noqa: E402
 from llamabatch.chat.conversation import Conversation  # noqa: E402
 from llamabatch.cli.run import run_record  # noqa: E402
 from llamabatch.cli.run.fingerprint import changes  # noqa: E402

@@ -127,7 +127,7 @@ def test_the_reader_reads_a_pipe_up_to_the_bound(tmp_path):
 
 def test_bench_prompts_from_a_device_that_never_ends_is_one_line():
     # read line by line, /dev/zero was one line that never ended
-    from llamabatch.cli.bench.benchkit import read_prompt_file
+    from llamabatch.bench.benchkit import read_prompt_file
     from llamabatch.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="^--prompts /dev/zero: larger than 64 MiB"):
@@ -135,7 +135,7 @@ def test_bench_prompts_from_a_device_that_never_ends_is_one_line():
 
 
 def test_bench_prompts_keep_their_line_ends(tmp_path):
-    from llamabatch.cli.bench.benchkit import read_prompt_file
+    from llamabatch.bench.benchkit import read_prompt_file
 
     path = tmp_path / "p.txt"
     path.write_bytes("one\r\ntwo\rthree\x0bstill three\n\nfour".encode())

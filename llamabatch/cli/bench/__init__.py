@@ -1,1 +1,1 @@
-"""`llamabatch bench`: throughput, latency and tick telemetry."""
+"""`llamabatch bench`: the command line around llamabatch.bench."""

@@ -39,11 +39,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ...errors import InvalidRequest
-from ...params import SamplingParams
-from ...results import Delta, Result
-from ...whole_file import read_text
-from ...core.telemetry import TickRecord
+from ..errors import InvalidRequest
+from ..params import SamplingParams
+from ..results import Delta, Result
+from ..whole_file import read_text
+from ..core.telemetry import TickRecord
 from .trace import trace_figures
 
 # Ordinary prose, long enough (a few hundred tokens) that prompts built from different

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ...params import SamplingParams, random_seed
+from ..params import SamplingParams, random_seed
 
 
 def sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
@@ -54,7 +54,7 @@ def run_in_own_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
 def _sequential_baseline(model_path: str, prompts: list[list[int]], max_tokens: int, *, threads: int, n_ctx: int,
                          n_batch: int, n_gpu_layers: int, params: SamplingParams,
                          on_request: Any = None, cpu_buffers: str | None = None) -> list[dict[str, Any]]:
-    from ...llama.cpu_kernels import high_level_llama
+    from ..llama.cpu_kernels import high_level_llama
 
     seed = params.seed if params.seed is not None else random_seed()
     # loaded on the engine's weight layout, so the baseline runs the engine's kernels

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ...llama.autoslots import NEAR_BEST, pick
+from ..llama.autoslots import NEAR_BEST, pick
 
 LINE = "line"  # y against B, B on a log2 axis (levels are usually powers of two)
 STACKED = "stacked"  # bars per tick, the series stacked, plus an optional line on a right axis

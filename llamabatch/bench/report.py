@@ -12,9 +12,9 @@ import os
 import shutil
 from typing import Any
 
-from ...errors import InvalidRequest
-from ...replaced_file import replacing
-from ...whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
+from ..errors import InvalidRequest, ReportFileError
+from ..replaced_file import replacing
+from ..whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
 from . import chartdata, htmlreport
 
 BATCHED_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")
@@ -176,10 +176,13 @@ def plots(document: dict[str, Any], *, color: bool, width: int) -> str:
 
 def write_html(path: str, document: dict[str, Any], last_ticks: int = 0) -> None:
     """The report, written whole: to a temporary name next to `path`, then renamed, so a
-    failure never leaves half a page behind. Raises OSError."""
+    failure never leaves half a page behind. ReportFileError (one line naming --html) when it fails."""
     text = htmlreport.render(document, last_ticks)
-    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise ReportFileError(f"--html {path}: {exc.strerror or exc}") from None
 
 
 def writable(path: str) -> bool:

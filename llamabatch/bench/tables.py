@@ -109,7 +109,7 @@ def deterministic_table(default: Sequence[dict[str, Any]], deterministic: Sequen
 
 
 def trace_table(level: dict[str, Any]) -> Table:
-    """bench --verbose: the level's ticks by kind, means per tick (cli/bench/trace.py)."""
+    """bench --verbose: the level's ticks by kind, means per tick (trace.py)."""
     table = _table(f"Trace, B={level['n_parallel']}: mean per tick, by kind", TRACE_COLUMNS, first_left=1)
     for kind, r in level["trace"].items():
         table.add_row(kind, str(r["ticks"]), f"{r['share_of_wall']:.0%}", f"{r['mean_tokens']:.1f}",

@@ -8,18 +8,58 @@ result. Inputs are --pp tokens, distinct, or the lines of --prompts.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rich.table import Table
 
-from ...errors import InvalidRequest
-from ...results import EmbeddingResult
+from ..errors import InvalidRequest
+from ..results import EmbeddingResult
+from . import benchkit
 
 EMBED_COLUMNS = ("Batch", "Inputs", "Failed", "Tokens", "Decodes", "Inputs/decode", "Time s", "Inputs/s", "Tok/s")
 DEFAULT_BATCHES = "64,128,256,512"
 DEFAULT_INPUTS = 256
+
+
+def parse_batches(text: str) -> list[int]:
+    """--embed-batch's sizes; InvalidRequest (one line) for anything but integers >= 1."""
+    try:
+        return benchkit.parse_levels(text)
+    except InvalidRequest:
+        raise InvalidRequest(f"--embed-batch must be a comma-separated list of integers >= 1, got {text!r}") from None
+
+
+def plan_configs(resolved: Any, batches: Sequence[int]) -> list[Any]:
+    """One engine config per batch size: one slot (no generation runs), n_batch = the size."""
+    return [resolved.engine.replace(n_parallel=1, n_batch=b, n_ctx=max(b, 256), max_queue=0).validate()
+            for b in batches]
+
+
+def run_levels(resolved: Any, configs: Sequence[Any], count: int, pp: int,
+               prompt_lines: list[tuple[int, str]] | None, open_engine: Callable[[Any], Any], *,
+               phase: Callable[[str], None] = lambda name: None,
+               advance: Callable[[int], None] = lambda n: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every batch size's figures (one engine each, the same inputs for each) and the model's info.
+    InvalidRequest when a batch size is below the longest input."""
+    figures: list[dict[str, Any]] = []
+    model: dict[str, Any] = {}
+    inputs: list[list[int]] = []
+    for config in configs:
+        phase(f"batch {config.n_batch}")
+        engine = open_engine(dataclasses.replace(resolved, engine=config))
+        try:
+            if not inputs:
+                model = benchkit.model_info(engine)
+                inputs = (benchkit.synthetic_prompts(engine.tokenize, count, pp) if prompt_lines is None else
+                          benchkit.cycle_prompts([engine.tokenize(t) for _, t in prompt_lines], count))
+                check_batches([c.n_batch for c in configs], inputs)
+            figures.append(run_level(engine, inputs, on_input=advance))
+        finally:
+            engine.close()
+    return figures, model
 
 
 def check_batches(levels: Sequence[int], inputs: Sequence[list[int]]) -> None:

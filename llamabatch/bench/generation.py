@@ -1,0 +1,123 @@
+"""bench's generation levels: for each level B a fresh engine with n_parallel = B (twice with
+--deterministic: the default engine first), the same prompts for every level, and
+llama-cpp-python's one-request-at-a-time baseline over them.
+
+Engines come from the caller's `open_engine(resolved)`; progress goes to its `phase` and
+`advance` callbacks (generated tokens, the baseline's included). Nothing is printed here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import InvalidRequest
+from . import benchkit
+
+OpenEngine = Callable[[Any], Any]  # resolved settings -> an open engine (EngineAPI)
+
+
+@dataclass
+class GenerationPlan:
+    """What one bench run measures, checked before any model loads."""
+
+    levels: list[int]
+    counts: list[int]  # requests per level
+    configs: list[Any]  # one EngineConfig per level
+    params: Any  # SamplingParams: --tg tokens, ignore_eos
+    pp: int
+    tg: int
+    prompt_lines: list[tuple[int, str]] | None  # --prompts FILE's (line number, text); None: synthetic
+    baseline: bool = False
+    deterministic: bool = False
+
+    @property
+    def smallest_slot(self) -> int:
+        return min(c.slot_ctx for c in self.configs)
+
+    def tokens_to_generate(self) -> int:
+        """The progress total: every level's tokens (twice with --deterministic), then the baseline's."""
+        return (sum(self.counts) * self.tg * (2 if self.deterministic else 1)
+                + (max(self.counts) * self.tg if self.baseline else 0))
+
+
+def plan_generation(resolved: Any, levels: list[int], pp: int, tg: int, requests: int | None,
+                    prompt_lines: list[tuple[int, str]] | None, baseline: bool) -> GenerationPlan:
+    """Every level's engine settings, validated; InvalidRequest when synthetic prompts of --pp
+    tokens plus --tg do not fit the smallest level's slot."""
+    configs = [resolved.engine.replace(n_parallel=b, max_queue=0).validate() for b in levels]
+    params = resolved.sampling.replace(max_tokens=tg, ignore_eos=True).validate()
+    plan = GenerationPlan(levels, [requests or b for b in levels], configs, params, pp, tg, prompt_lines,
+                          baseline, resolved.engine.deterministic)
+    if prompt_lines is None and pp + tg > plan.smallest_slot:
+        raise InvalidRequest(f"--pp {pp} + --tg {tg} = {pp + tg} tokens does not fit a slot of {plan.smallest_slot} "
+                             f"(n_ctx / n_parallel); lower them or raise --n-ctx")
+    return plan
+
+
+@dataclass
+class GenerationRun:
+    figures: list[dict[str, Any]] = field(default_factory=list)
+    default_figures: list[dict[str, Any]] = field(default_factory=list)  # --deterministic: without it
+    base: dict[str, Any] | None = None  # the baseline's figures
+    model: dict[str, Any] = field(default_factory=dict)
+    prompts: list[list[int]] = field(default_factory=list)  # token ids, the same for every level
+
+    @property
+    def errors(self) -> list[str]:
+        return [e for level in self.figures for e in level["errors"]]
+
+
+def run_generation(plan: GenerationPlan, resolved: Any, open_engine: OpenEngine, *,
+                   phase: Callable[[str], None] = lambda name: None,
+                   advance: Callable[[int], None] = lambda n: None) -> GenerationRun:
+    """Run every level (and the baseline when planned); `advance` is called on the engine thread."""
+    run = GenerationRun()
+    for b, config, count in zip(plan.levels, plan.configs, plan.counts):
+        # --deterministic: the default engine first, then the deterministic one, side by side
+        for variant in ([config.replace(deterministic=False)] if plan.deterministic else []) + [config]:
+            phase(f"B={b}" + (" deterministic" if variant.deterministic else ""))
+            level = _run_level(plan, run, open_engine(dataclasses.replace(resolved, engine=variant)), count, advance)
+            (run.figures if variant.deterministic == plan.deterministic else run.default_figures).append(level)
+    if plan.baseline:
+        phase("baseline")
+        first = plan.configs[0]
+        run.base = benchkit.run_baseline(run.model["path"], run.prompts[:max(plan.counts)], plan.tg,
+                                         threads=first.n_threads, n_batch=first.n_batch,
+                                         n_gpu_layers=first.n_gpu_layers, params=resolved.sampling,
+                                         on_request=advance, cpu_buffers=first.cpu_buffers)
+        for level in run.figures:
+            level.update(benchkit.speedup(level, run.base))
+    return run
+
+
+def _run_level(plan: GenerationPlan, run: GenerationRun, engine: Any, count: int,
+               advance: Callable[[int], None]) -> dict[str, Any]:
+    """One level's figures on `engine` (closed after); the first engine also tokenizes the prompts."""
+    try:
+        if not run.prompts:
+            run.model = benchkit.model_info(engine)
+            run.prompts = build_prompts(engine, plan.prompt_lines, max(plan.counts), plan.pp, plan.tg,
+                                        plan.smallest_slot)
+        level_prompts = run.prompts[:count]
+        level_pp = plan.pp if plan.prompt_lines is None else sum(map(len, level_prompts)) / len(level_prompts)
+        measured = benchkit.run_level(engine, level_prompts, plan.params, on_token=advance)
+    finally:
+        engine.close()
+    return benchkit.level_figures(measured, level_pp, plan.tg)
+
+
+def build_prompts(engine: Any, prompt_lines: list[tuple[int, str]] | None, count: int, pp: int, tg: int,
+                  slot_ctx: int) -> list[list[int]]:
+    """Token ids for `count` requests: synthetic, or the file's lines tokenized once (the same
+    ids go to every level and to the baseline). InvalidRequest for a line that does not fit."""
+    if prompt_lines is None:
+        return benchkit.synthetic_prompts(engine.tokenize, count, pp)
+    tokenized = []
+    for line_no, text in prompt_lines:
+        ids = engine.tokenize(text)
+        if len(ids) + tg > slot_ctx:
+            raise InvalidRequest(f"--prompts line {line_no}: {len(ids)} prompt tokens + --tg {tg} do not fit a "
+                                 f"slot of {slot_ctx} (n_ctx / n_parallel)")
+        tokenized.append(ids)
+    return benchkit.cycle_prompts(tokenized, count)
