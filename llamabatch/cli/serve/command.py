@@ -11,7 +11,8 @@ from typing import Annotated, Iterator, Optional
 import typer
 
 from ...settings.file_layer import command_setting
-from ..common import fail, open_engine, resolve_options
+from ...errors import StreamUnusable
+from ..common import open_engine, resolve_options
 from ..env import Environment
 from ..options import SharedOptions, with_shared_options
 from ...settings.time_bounds import time_bounds
@@ -67,7 +68,7 @@ def serve_stdin(
     resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
     in_fd, out_fd = env.fileno("stdin"), env.fileno("stdout")
     if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (llamabatch/serve/stdin/loop.py)
-        raise fail("serve-stdin needs stdin and stdout with file descriptors")
+        raise StreamUnusable("serve-stdin needs stdin and stdout with file descriptors")
     with protocol_stdout(out_fd) as events_fd:
         engine = open_engine(resolved, env, isolated=isolate, watchdog_s=bounds.watchdog_s)
         if engine.slots_reason:  # for people, on stderr: the ready event has the count
