@@ -50,6 +50,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from _bench import kernels, machine_line, model_path, say, sky_prompts, timed_generate, workload_args
 
@@ -343,7 +344,7 @@ def print_trace(w: Workload, traces: dict[str, list]) -> None:
     print(flush=True)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_args(ap, slots=8, threads=2, model=True, cpu_buffers=True)
     ap.add_argument("--workloads", default="a,b,c")
@@ -358,83 +359,105 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true",
                     help="per workload, the engine's ticks by kind beside the tuned server's /metrics counters")
     args = ap.parse_args()
-    layouts = [x.strip() for x in args.kv_layouts.split(",") if x.strip()]
-    if not layouts or set(layouts) - {"streams", "unified"}:
+    args.layouts = [x.strip() for x in args.kv_layouts.split(",") if x.strip()]
+    if not args.layouts or set(args.layouts) - {"streams", "unified"}:
         ap.error("--kv-layouts takes streams and/or unified")
+    return args
+
+
+def compared_systems(args: argparse.Namespace, model: str, server_bin: str,
+                     traces: dict[str, list]) -> list[tuple[str, Callable]]:
+    """(name, run one workload) per system: the tuned server, the engine per KV layout, then
+    (unless --no-defaults) the server on its defaults and the engine on auto."""
+    n = args.slots
+    systems = [("server-tuned", lambda w: run_server(server_bin, model, args.threads,
+                                                     ["-np", str(n), "-c", str(SLOT_CTX * n), "--swa-full"], w,
+                                                     traces.setdefault("server-tuned", [])))]
+    for layout in args.layouts:
+        name = f"engine {n} slots" + (f" {layout}" if len(args.layouts) > 1 else "")
+        systems.append((name, lambda w, name=name, unified=layout == "unified": run_engine(
+            model, args.threads, n, w, unified, traces.setdefault(name, []))))
+    if not args.no_defaults:
+        systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, [], w)))
+        systems.append(("engine auto", lambda w: run_engine(model, args.threads, "auto", w)))
+    return systems
+
+
+def compare_workload(w: Any, systems: list[tuple[str, Callable]], args: argparse.Namespace,
+                     traces: dict[str, list]) -> None:
+    """--repeat runs of every system on workload `w`, then its table and the ratios per pair."""
+    n_engines = len(args.layouts)
+    say(f"== ({w.key}) {w.title} {w.notes}")
+    these = systems if w.key in args.defaults_for else systems[:1 + n_engines]
+    rows = [Row(name) for name, _ in these]
+    traces.clear()
+    for rep in range(args.repeat):
+        for row, (name, fn) in zip(rows, these):
+            tok_s, note = fn(w)
+            row.runs.append(tok_s)
+            row.notes.append(note)
+            say(f"   run {rep + 1} {name}: {tok_s:.1f} tok/s ({note})")
+    print(f"## ({w.key}) {w.title}" + (f" ({w.notes})" if w.notes else "") + "\n")
+    print("| system | tok/s per run | notes |\n|---|---|---|")
+    for row in rows:
+        print(f"| {row.system} | {fmt(row.runs)} | {row.notes[0]} |")
+    print()
+    for engine_row in rows[1:1 + n_engines]:
+        print(f"- {engine_row.system} / server-tuned, per pair: {ratios(engine_row, rows[0])}")
+    if len(rows) > 1 + n_engines:
+        default, auto = rows[1 + n_engines], rows[2 + n_engines]
+        print(f"- {rows[1].system} / server-default, per pair: {ratios(rows[1], default)}")
+        print(f"- engine auto / server-default, per pair: {ratios(auto, default)}")
+    print(flush=True)
+    if args.trace:
+        print_trace(w, traces)
+
+
+def compare_decode_speed(args: argparse.Namespace, model: str, bin_dir: str, levels: list[int]) -> None:
+    """S_TG at each B: llama-batched-bench against the engine, per KV layout."""
+    say("== decode speed: llama-batched-bench vs the engine (pp 32, tg 64)")
+    print("## decode speed, S_TG t/s (pp 32, tg 64)\n")
+    print("| B | KV layout | llama-batched-bench | engine | engine / batched-bench |\n|---|---|---|---|---|")
+    ref_runs: list[dict[int, float]] = []
+    eng_runs: dict[str, list[dict[int, float]]] = {layout: [] for layout in args.layouts}
+    for rep in range(args.repeat):
+        ref_runs.append(batched_bench(str(Path(bin_dir) / "llama-batched-bench"), model, args.threads, levels))
+        for layout in args.layouts:
+            eng_runs[layout].append({b: engine_s_tg(model, args.threads, b, layout == "unified") for b in levels})
+        say(f"   run {rep + 1}: batched-bench {ref_runs[-1]}, engine {[e[-1] for e in eng_runs.values()]}")
+    for b in levels:
+        refs = [r.get(b, 0.0) for r in ref_runs]
+        for layout in args.layouts:
+            engs = [e[b] for e in eng_runs[layout]]
+            print(f"| {b} | {layout} | {fmt(refs)} | {fmt(engs)} | "
+                  f"{', '.join(f'{e / r:.2f}' for e, r in zip(engs, refs) if r)} |")
+    print()
+
+
+def main() -> int:
+    args = parse_args()
     global CPU_BUFFERS
     CPU_BUFFERS = args.cpu_buffers
 
     model = model_path(args.model)
     bin_dir = args.bin or subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
                                          check=True).stdout.strip().splitlines()[-1]
-    server_bin = str(Path(bin_dir) / "llama-server")
     with Engine(EngineConfig(model=model, n_parallel=1, n_ctx=2048, threads=args.threads)) as probe:
         tokenize = probe.tokenize
         loads = workloads(lambda text: tokenize(text), args.workloads)
     order = [k.strip() for k in args.workloads.split(",")]
     loads.sort(key=lambda w: order.index(w.key))  # in the order asked: the most wanted first
-    n = args.slots
     traces: dict[str, list] = {}  # system -> one trace per run of the current workload
-    systems = [("server-tuned", lambda w: run_server(server_bin, model, args.threads,
-                                                     ["-np", str(n), "-c", str(SLOT_CTX * n), "--swa-full"], w,
-                                                     traces.setdefault("server-tuned", [])))]
-    for layout in layouts:
-        name = f"engine {n} slots" + (f" {layout}" if len(layouts) > 1 else "")
-        systems.append((name, lambda w, name=name, unified=layout == "unified": run_engine(
-            model, args.threads, n, w, unified, traces.setdefault(name, []))))
-    n_engines = len(layouts)
-    if not args.no_defaults:
-        systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, [], w)))
-        systems.append(("engine auto", lambda w: run_engine(model, args.threads, "auto", w)))
+    systems = compared_systems(args, model, str(Path(bin_dir) / "llama-server"), traces)
 
     print(f"# llamabatch vs llama-server: {Path(model).name}, {args.threads} threads, greedy, ignore_eos, "
           f"{machine_line(model, CPU_BUFFERS)}; server flags: {' '.join(same_kernels(model)) or 'none'} "
           f"(figures are noisy: compare ratios per pair)\n")
     for w in loads:
-        say(f"== ({w.key}) {w.title} {w.notes}")
-        these = systems if w.key in args.defaults_for else systems[:1 + n_engines]
-        rows = [Row(name) for name, _ in these]
-        traces.clear()
-        for rep in range(args.repeat):
-            for row, (name, fn) in zip(rows, these):
-                tok_s, note = fn(w)
-                row.runs.append(tok_s)
-                row.notes.append(note)
-                say(f"   run {rep + 1} {name}: {tok_s:.1f} tok/s ({note})")
-        print(f"## ({w.key}) {w.title}" + (f" ({w.notes})" if w.notes else "") + "\n")
-        print("| system | tok/s per run | notes |\n|---|---|---|")
-        for row in rows:
-            print(f"| {row.system} | {fmt(row.runs)} | {row.notes[0]} |")
-        print()
-        for engine_row in rows[1:1 + n_engines]:
-            print(f"- {engine_row.system} / server-tuned, per pair: {ratios(engine_row, rows[0])}")
-        if len(rows) > 1 + n_engines:
-            default, auto = rows[1 + n_engines], rows[2 + n_engines]
-            print(f"- {rows[1].system} / server-default, per pair: {ratios(rows[1], default)}")
-            print(f"- engine auto / server-default, per pair: {ratios(auto, default)}")
-        print(flush=True)
-        if args.trace:
-            print_trace(w, traces)
-
+        compare_workload(w, systems, args, traces)
     levels = [int(x) for x in args.batched.split(",") if x.strip()]
     if levels:
-        say("== decode speed: llama-batched-bench vs the engine (pp 32, tg 64)")
-        print("## decode speed, S_TG t/s (pp 32, tg 64)\n")
-        print("| B | KV layout | llama-batched-bench | engine | engine / batched-bench |\n|---|---|---|---|---|")
-        ref_runs: list[dict[int, float]] = []
-        eng_runs: dict[str, list[dict[int, float]]] = {layout: [] for layout in layouts}
-        for rep in range(args.repeat):
-            ref_runs.append(batched_bench(str(Path(bin_dir) / "llama-batched-bench"), model, args.threads, levels))
-            for layout in layouts:
-                eng_runs[layout].append({b: engine_s_tg(model, args.threads, b, layout == "unified") for b in levels})
-            say(f"   run {rep + 1}: batched-bench {ref_runs[-1]}, engine {[e[-1] for e in eng_runs.values()]}")
-        for b in levels:
-            refs = [r.get(b, 0.0) for r in ref_runs]
-            for layout in layouts:
-                engs = [e[b] for e in eng_runs[layout]]
-                print(f"| {b} | {layout} | {fmt(refs)} | {fmt(engs)} | "
-                      f"{', '.join(f'{e / r:.2f}' for e, r in zip(engs, refs) if r)} |")
-        print()
+        compare_decode_speed(args, model, bin_dir, levels)
     return 0
 
 

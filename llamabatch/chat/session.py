@@ -278,10 +278,10 @@ class ChatSession:
         n = len(messages) - 1
         text = self.template.render(messages[:n], add_generation_prompt=True)
         if resume.get("prompt_sha256") != text_digest(text):
-            return  # rendered otherwise now (dropped exchanges, another template): evaluate as before
+            return  # it renders otherwise (dropped exchanges, another template): evaluated in full
         tokens = self.kv.tokens_of(stored.kv_entries[-1])
         if not tokens:
-            return  # evicted, or not this model's: evaluate as before
+            return  # evicted, or not this model's: evaluated in full
         reply_tokens = resume.get("reply_tokens")
         if not (isinstance(reply_tokens, list) and all(isinstance(t, int) for t in reply_tokens)):
             reply_tokens = None
