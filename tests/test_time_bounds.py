@@ -1,10 +1,12 @@
 """--watchdog and --drain-timeout: flag > the command's config table > the default (llamabatch/settings/time_bounds.py)."""
 from __future__ import annotations
 
+import inspect
 
 import pytest
 
 from llamabatch.settings.time_bounds import DEFAULT_DRAIN_TIMEOUT_S, TimeBounds, time_bounds
+from llamabatch.supervised.engine import SupervisedEngine
 from llamabatch.supervised.watchdog import DEFAULT_FLOOR_S
 
 from cli_harness import invoke
@@ -16,7 +18,9 @@ def clean_env(settings_sandbox):
 
 
 def test_defaults_then_the_commands_table_then_the_flag(clean_env):
-    assert time_bounds("run", None, None) == TimeBounds(DEFAULT_FLOOR_S, DEFAULT_DRAIN_TIMEOUT_S)
+    # set nowhere: None, which the supervised engine takes as its own default floor
+    assert time_bounds("run", None, None) == TimeBounds(None, DEFAULT_DRAIN_TIMEOUT_S)
+    assert inspect.signature(SupervisedEngine).parameters["watchdog_s"].default == DEFAULT_FLOOR_S
     (clean_env / "llamabatch.toml").write_text('[run]\nwatchdog = 15\ndrain_timeout = 2.5\n'
                                                '[serve-stdin]\nwatchdog = 0\n')
     assert time_bounds("run", None, None) == TimeBounds(15.0, 2.5)

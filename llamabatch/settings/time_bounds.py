@@ -3,7 +3,8 @@ and config keys (the flags' help: cli/time_bound_flags.py).
 
 - watchdog: the supervised engine's watchdog floor (llamabatch/supervised/watchdog.py): a
   child with work in flight and no progress for max(this, 10 x the longest recent tick) is
-  killed and counts as a crash. 0 turns it off.
+  killed and counts as a crash. 0 turns it off; None (set nowhere) is the engine's own default,
+  which engines.open_engine applies (the default is the supervised layer's, above this one).
 - drain_timeout: after SIGTERM or Ctrl-C, how long in-flight work may take to finish
   before the engine is stopped (run: the lines left get no record, --resume runs them;
   serve-stdin: they end "cancelled"); the command then exits 143 (130 for Ctrl-C).
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..supervised.watchdog import DEFAULT_FLOOR_S
 from .file_layer import command_setting
 
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
@@ -22,7 +22,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 30.0
 
 @dataclass(frozen=True)
 class TimeBounds:
-    watchdog_s: float
+    watchdog_s: float | None  # None: the supervised engine's default floor
     drain_timeout_s: float
 
 
@@ -31,7 +31,7 @@ def time_bounds(command: str, watchdog: float | None, drain_timeout: float | Non
     """The flags' values, else the command's config table's (the file --config, `config_path`,
     names, or the default one), else the defaults."""
     if watchdog is None:
-        watchdog = command_setting(command, "watchdog", DEFAULT_FLOOR_S, config_path)
+        watchdog = command_setting(command, "watchdog", None, config_path)
     if drain_timeout is None:
         drain_timeout = command_setting(command, "drain_timeout", DEFAULT_DRAIN_TIMEOUT_S, config_path)
-    return TimeBounds(float(watchdog), float(drain_timeout))
+    return TimeBounds(None if watchdog is None else float(watchdog), float(drain_timeout))
