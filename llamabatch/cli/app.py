@@ -24,6 +24,7 @@ from .run.command import run_command
 from .run.report import report_command
 from .run.on_ray import with_bare_ray_flag
 from .serve.command import serve_stdin
+from .serve_http import serve_command
 
 app = typer.Typer(
     name="llamabatch",
@@ -62,6 +63,7 @@ def root(
 app.command("run")(run_command)
 app.command("report")(report_command)
 app.command("serve-stdin")(serve_stdin)
+app.command("serve")(serve_command)
 app.command("chat")(chat_command)
 app.command("bench")(bench_command)
 app.command("models")(models_command)

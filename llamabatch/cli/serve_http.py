@@ -1,0 +1,69 @@
+"""`llamabatch serve`: OpenAI's Files and Batches API and online completions over HTTP. The
+service is the library's (llamabatch/serve/http/); this module is its command line: flags,
+the engine, one line saying where it listens, and the exit."""
+from __future__ import annotations
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import InvalidRequest
+from .common import open_engine, resolve_options
+from .env import Environment
+from .options import SharedOptions, with_shared_options
+
+API_KEY_ENV = "LLAMABATCH_API_KEY"
+SERVE_EXTRA = "llamabatch serve needs the serve extra (Starlette, uvicorn, python-multipart): pip install 'llamabatch[serve]'"
+
+
+@with_shared_options
+def serve_command(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but a loopback address "
+                                                     "needs --api-key")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: a free one, printed)")] = 8080,
+    data_dir: Annotated[Optional[str], typer.Option(
+        "--data-dir", metavar="DIR", show_default=False,
+        help="Where files, batches and their catalogue are kept \\[default: $XDG_DATA_HOME/llamabatch/serve, "
+             "else ~/.local/share/llamabatch/serve]")] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", metavar="KEY", show_default=False,
+        help=f"Requests must send 'Authorization: Bearer KEY' (also ${API_KEY_ENV}) \\[default: none, "
+             "loopback only]")] = None,
+    online_slots: Annotated[int, typer.Option(
+        "--online-slots", min=0, help="Slots batch lines leave free for online requests")] = 1,
+    isolate: Annotated[bool, typer.Option(
+        "--isolate/--no-isolate",
+        help="Run llama.cpp in a supervised child process: a crash costs a restart, not the server")] = False,
+    *,
+    opts: SharedOptions,
+    env: Environment,
+) -> None:
+    """Serve OpenAI's Files and Batches API and /v1/chat/completions, /v1/completions and
+    /v1/embeddings on one engine: batches run one at a time, in order, and survive restarts;
+    online requests go ahead of batch lines. Until Ctrl-C or SIGTERM."""
+    try:
+        from ..serve.http.app import build_app
+        from ..serve.http.server import check_bind, listen
+        from ..serve.http.service import Service
+        from ..serve.http.data_dir import default_data_dir
+    except ImportError as exc:
+        raise InvalidRequest(f"{SERVE_EXTRA} ({exc.name} is missing)") from None
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+    check_bind(host, key)
+    folder = data_dir or default_data_dir()
+    resolved = resolve_options(opts, env)
+    engine = open_engine(resolved, env, isolated=isolate)
+    try:
+        service = Service(engine, folder, online_slots=online_slots)
+        try:
+            listening = listen(build_app(service, key), host, port)
+            service.start()
+            shown = f"[{host}]" if ":" in host else host
+            env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
+                    f"({engine.stats().n_parallel} slots, data in {service.data.root})")
+            listening.run()
+        finally:
+            service.close(timeout=30)
+    finally:
+        engine.close()

@@ -1,0 +1,177 @@
+"""The ASGI app: OpenAI's routes on Starlette, each a few lines over Service.
+
+Security, in the order a request meets it: the Bearer check (auth.py) before any body is
+read; a JSON body read in chunks and refused past MAX_BODY_BYTES, then parsed with a depth
+bound; an upload streamed through its line check and refused past OpenAI's limits; ids
+checked before lookup (object_ids.py). No CORS middleware: browsers' cross-origin requests
+get no Access-Control-Allow-Origin header, so a web page cannot read the API. Errors of every
+kind leave in OpenAI's error body.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Awaitable, Callable
+
+from anyio import to_thread
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ...jobs.line_shapes import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
+from ...json_line import BadJSON, loads
+from .api_errors import ApiError, bad_request
+from .auth import BearerAuth
+from .limits import MAX_BODY_BYTES
+from .service import Service
+from .upload_check import too_large
+
+log = logging.getLogger("llamabatch.serve.http")
+_MULTIPART_SLACK = 1 << 20  # form framing and the purpose field around an upload's bytes
+
+
+def build_app(service: Service, api_key: str | None = None) -> Starlette:
+    def path(request: Request, name: str) -> str:
+        return request.path_params[name]
+
+    routes = [
+        Route("/v1/models", _async(lambda r: _json(_models(service))), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", _async(lambda r: _model(service, path(r, "model_id"))), methods=["GET"]),
+        Route("/v1/files", _async(lambda r: _upload(service, r)), methods=["POST"]),
+        Route("/v1/files", _async(lambda r: _json(service.files(**_query(r, "after", "limit", "order", "purpose")))),
+              methods=["GET"]),
+        Route("/v1/files/{file_id}", _async(lambda r: _json(service.file(path(r, "file_id")).to_api())),
+              methods=["GET"]),
+        Route("/v1/files/{file_id}", _async(lambda r: _json(service.delete_file(path(r, "file_id")))),
+              methods=["DELETE"]),
+        Route("/v1/files/{file_id}/content", _async(lambda r: _content(service, path(r, "file_id"))),
+              methods=["GET"]),
+        Route("/v1/batches", _async(lambda r: _create_batch(service, r)), methods=["POST"]),
+        Route("/v1/batches", _async(lambda r: _json(service.batches(**_query(r, "after", "limit")))),
+              methods=["GET"]),
+        Route("/v1/batches/{batch_id}", _async(lambda r: _json(service.batch(path(r, "batch_id")).to_api())),
+              methods=["GET"]),
+        Route("/v1/batches/{batch_id}/cancel",
+              _async(lambda r: _json(service.cancel_batch(path(r, "batch_id")).to_api())), methods=["POST"]),
+        Route(CHAT_URL, _async(lambda r: _online(service, CHAT_URL, r)), methods=["POST"]),
+        Route(COMPLETIONS_URL, _async(lambda r: _online(service, COMPLETIONS_URL, r)), methods=["POST"]),
+        Route(EMBEDDINGS_URL, _async(lambda r: _online(service, EMBEDDINGS_URL, r)), methods=["POST"]),
+    ]
+    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _server_error}
+    return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
+                     middleware=[Middleware(BearerAuth, api_key=api_key)])
+
+
+def _async(handler: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Response]]:
+    """A route's handler as the coroutine Starlette awaits (a plain function would be sent to a
+    thread): catalogue calls take microseconds; what blocks runs in to_thread inside handlers."""
+    async def endpoint(request: Request) -> Response:
+        out = handler(request)
+        return await out if inspect.isawaitable(out) else out
+    return endpoint
+
+
+def _json(value: Any) -> Response:
+    return JSONResponse(value)
+
+
+def _query(request: Request, *names: str) -> dict[str, Any]:
+    return {name: request.query_params.get(name) for name in names}
+
+
+def _models(service: Service) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_object(service)]}
+
+
+def _model_object(service: Service) -> dict[str, Any]:
+    return {"id": service.model_name, "object": "model", "created": 0, "owned_by": "llamabatch"}
+
+
+async def _model(service: Service, model_id: str) -> Response:
+    if model_id != service.model_name:
+        raise ApiError(404, f"The model '{model_id[:200]}' does not exist; this server runs "
+                            f"'{service.model_name}'.", param="model", code="model_not_found")
+    return JSONResponse(_model_object(service))
+
+
+async def _body(request: Request) -> Any:
+    """The JSON body, read in chunks up to MAX_BODY_BYTES and parsed with json_line's bounds."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise _too_large()
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > MAX_BODY_BYTES:
+            raise _too_large()
+    try:
+        return loads(bytes(data).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"the request body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except BadJSON as bad:
+        raise bad_request(f"the request body is not usable JSON: {bad.message}", code=bad.code) from None
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, f"the request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB",
+                    code="request_too_large")
+
+
+async def _upload(service: Service, request: Request) -> Response:
+    length = request.headers.get("content-length")
+    most = service.upload_limits.max_bytes
+    if length is not None and length.isdigit() and int(length) > most + _MULTIPART_SLACK:
+        raise too_large(most)
+    upload = service.new_upload(request.headers.get("content-type"))
+    try:
+        async for chunk in request.stream():
+            await to_thread.run_sync(upload.write, chunk)
+        record = await to_thread.run_sync(service.store_upload, upload)
+    except BaseException:
+        upload.discard()
+        raise
+    return JSONResponse(record.to_api())
+
+
+async def _content(service: Service, file_id: str) -> Response:
+    return FileResponse(service.file_path(file_id), media_type="application/octet-stream")
+
+
+async def _create_batch(service: Service, request: Request) -> Response:
+    body = await _body(request)
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return JSONResponse(service.create_batch(body).to_api())
+
+
+async def _online(service: Service, url: str, request: Request) -> Response:
+    prepared = service.online.prepare(url, await _body(request))
+    if prepared.stream:
+        return StreamingResponse(service.online.stream(prepared), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return JSONResponse(await service.online.answer(prepared))
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"Unknown request URL: {request.method} {request.url.path}."
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed on {request.url.path}."
+    else:
+        message = str(exc.detail)
+    return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    log.exception("request %s %s failed", request.method, request.url.path, exc_info=exc)
+    body = ApiError(500, f"the server failed to answer: {type(exc).__name__}: {exc}").body()
+    return JSONResponse(body, status_code=500)

@@ -1,0 +1,198 @@
+"""The batch queue: one thread runs the unfinished batches one at a time, oldest first, each as
+a job of llamabatch.jobs (`start`, below) on the service's engine.
+
+A batch's job writes its records beside a manifest, so a batch survives the server: at start
+the queue picks up every batch the catalogue says is unfinished, and a batch that was
+in_progress is resumed (resume=True on the same output), which runs exactly the lines that have
+no record yet. The status follows the job: validating (queued) -> in_progress -> finalizing ->
+completed; cancel -> cancelling (no line starts, lines in flight end) -> cancelled, with the
+records written so far as its output and error files; past expires_at -> expired, the same way.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from ...errors import LlamaBatchError
+from ...jobs import Done, LineFinished
+from .api_errors import bad_request
+from .batch_files import BatchPaths, batch_paths, register_outputs, whole_lines
+from .catalogue import Catalogue
+from .data_dir import DataDir
+from .records import (CANCELLED, CANCELLING, COMPLETED, ENDED, EXPIRED, FAILED, FINALIZING, IN_PROGRESS,
+                      UNFINISHED, VALIDATING, BatchRecord)
+
+log = logging.getLogger("llamabatch.serve.http")
+
+# start(input, output, error_file, resume) -> a started llamabatch.jobs.Job
+JobStart = Callable[[str, str, str, bool], Any]
+COUNTS_EVERY_S = 0.5  # how often a running batch's request_counts reach the catalogue
+POLL_S = 0.2  # how often the runner looks for cancel, expiry and shutdown while no event comes
+
+
+class BatchQueue:
+    def __init__(self, catalogue: Catalogue, data: DataDir, start: JobStart, clock: Callable[[], float] = time.time):
+        self.catalogue = catalogue
+        self.data = data
+        self.start_job = start
+        self.clock = clock
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._running: tuple[str, Any] | None = None  # (batch id, its Job)
+        self._thread = threading.Thread(target=self._loop, name="llamabatch-batches", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """A batch was created: look at the queue."""
+        self._wake.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop: the running job's lines in flight are cancelled (no record; the next start
+        resumes the batch), its files closed whole; queued batches stay queued."""
+        self._closing.set()
+        self._wake.set()
+        with self._lock:
+            running = self._running
+        if running is not None:
+            running[1].cancel(in_flight=True)
+        self._thread.join(timeout)
+
+    @property
+    def running_id(self) -> str | None:
+        with self._lock:
+            return self._running[0] if self._running else None
+
+    def cancel(self, batch_id: str) -> BatchRecord:
+        """POST /v1/batches/{id}/cancel for a batch that exists."""
+        now = int(self.clock())
+        with self._lock:
+            batch = self.catalogue.batch(batch_id)
+            assert batch is not None
+            if batch.status in ENDED or batch.status == CANCELLING:
+                if batch.status in (CANCELLED, CANCELLING):
+                    return batch
+                raise bad_request(f"Cannot cancel a batch with status '{batch.status}'.", code="batch_not_cancellable")
+            if batch.status == VALIDATING:  # not started: nothing to stop or to write
+                self.catalogue.update_batch(batch_id, now, status=CANCELLING)
+                self.catalogue.update_batch(batch_id, now, status=CANCELLED)
+            else:
+                self.catalogue.update_batch(batch_id, now, status=CANCELLING)
+                if self._running is not None and self._running[0] == batch_id:
+                    self._running[1].cancel()
+        return self.catalogue.batch(batch_id)  # type: ignore[return-value]
+
+    # -- the queue's thread ---------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            batch = next(iter(self.catalogue.batches_in(UNFINISHED)), None)
+            if batch is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            try:
+                self._run(batch)
+            except Exception as exc:  # a bug must cost this batch, never the queue
+                log.exception("batch %s failed", batch.id)
+                self._fail(batch.id, "internal_error", f"{type(exc).__name__}: {exc}")
+
+    def _run(self, batch: BatchRecord) -> None:
+        input_file = self.catalogue.file(batch.input_file_id)
+        if input_file is None:
+            self._fail(batch.id, "input_file_missing", f"input file {batch.input_file_id} was deleted")
+            return
+        paths = batch_paths(self.data, batch, input_file.path)
+        if batch.status == FINALIZING:  # the server stopped while finishing it: finish it again
+            self._finish(batch, cancelled=bool(batch.times.get("cancelling_at")), expired=False, paths=paths)
+            return
+        if not self._begin(batch.id):
+            return
+        resume = os.path.exists(paths.output)
+        try:
+            job = self.start_job(paths.input, paths.output, paths.errors, resume)
+        except LlamaBatchError as exc:
+            self._fail(batch.id, exc.code, str(exc))
+            return
+        with self._lock:
+            self._running = (batch.id, job)
+            # a cancel that came before the job existed (or before a restart) stops it now
+            if self.catalogue.batch(batch.id).status == CANCELLING:  # type: ignore[union-attr]
+                job.cancel()
+        try:
+            expired = self._follow(batch, job, paths, resume)
+            report = job.wait()
+        finally:
+            with self._lock:
+                self._running = None
+        if self._closing.is_set():
+            return  # stays in_progress (or cancelling): the next start resumes it
+        if report.error is not None and not report.cancelled:
+            self._fail(batch.id, "job_failed", report.error)
+            return
+        cancelled = self.catalogue.batch(batch.id).status == CANCELLING  # type: ignore[union-attr]
+        self._finish(batch, cancelled=cancelled, expired=expired, paths=paths)
+
+    def _begin(self, batch_id: str) -> bool:
+        """validating -> in_progress (under the lock: a cancel may be deciding meanwhile);
+        False when the batch is not to run (cancelled while queued, or expired in the queue)."""
+        with self._lock:
+            batch = self.catalogue.batch(batch_id)
+            if batch is None or batch.status in ENDED:
+                return False
+            if batch.status == VALIDATING:
+                if self.clock() >= batch.expires_at:
+                    self.catalogue.update_batch(batch_id, int(self.clock()), status=EXPIRED)
+                    return False
+                self.catalogue.update_batch(batch_id, int(self.clock()), status=IN_PROGRESS)
+        return True
+
+    def _follow(self, batch: BatchRecord, job: Any, paths: BatchPaths, resume: bool) -> bool:
+        """Count the job's records into the catalogue until it ends; True when it expired."""
+        ok = whole_lines(paths.output) if resume else 0
+        failed = whole_lines(paths.errors) if resume else 0
+        shown, expired, stopped = time.monotonic(), False, False
+        while True:
+            event = job.next_event(POLL_S)
+            if isinstance(event, LineFinished):
+                ok, failed = (ok + 1, failed) if event.ok else (ok, failed + 1)
+            elif isinstance(event, Done) or (event is None and _ended(job)):
+                break
+            if not stopped and self._closing.is_set():
+                job.cancel(in_flight=True)
+                stopped = True
+            if not stopped and self.clock() >= batch.expires_at:
+                job.cancel()
+                stopped = expired = True
+            if time.monotonic() - shown >= COUNTS_EVERY_S:
+                shown = time.monotonic()
+                self.catalogue.update_batch(batch.id, completed=ok, failed=failed)
+        return expired
+
+    def _finish(self, batch: BatchRecord, *, cancelled: bool, expired: bool, paths: BatchPaths) -> None:
+        now = int(self.clock())
+        if self.catalogue.batch(batch.id).status != FINALIZING:  # type: ignore[union-attr]
+            self.catalogue.update_batch(batch.id, now, status=FINALIZING)
+        register_outputs(self.catalogue, self.catalogue.batch(batch.id), paths)  # type: ignore[arg-type]
+        final = EXPIRED if expired else CANCELLED if cancelled else COMPLETED
+        self.catalogue.update_batch(batch.id, int(self.clock()), status=final)
+
+    def _fail(self, batch_id: str, code: str, message: str) -> None:
+        self.catalogue.update_batch(batch_id, int(self.clock()), status=FAILED,
+                                    errors=[{"code": code, "message": message, "param": None, "line": None}])
+
+
+def _ended(job: Any) -> bool:
+    """Whether the job's thread is over (it ended without a Done when it raised: wait() says what)."""
+    try:
+        job.wait(0)
+    except TimeoutError:
+        return False
+    except Exception:
+        return True
+    return True

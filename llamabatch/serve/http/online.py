@@ -1,0 +1,127 @@
+"""The online endpoints: one request body -> one engine request, answered in OpenAI's shape.
+
+A body is read by the same line parser a batch line goes through (llamabatch.jobs.line_shapes:
+the same fields, checks and errors), as the batch line {"custom_id", "url", "body"} it would be;
+`stream` and `stream_options` are the only fields read here. The answer is the `body` of the
+record a batch would have written for that line, so online and batch answers have one shape.
+Waiting never blocks the event loop: the engine's callback hands results to it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from ...api import EngineAPI
+from ...errors import EngineClosed, LlamaBatchError, QueueFull
+from ...jobs.line_shapes import CHAT_URL, EMBEDDINGS_URL, LineError, LineParser, LineRequest, build_record
+from ...results import Delta
+from .api_errors import ApiError, bad_request
+from .sse import DONE, StreamShape
+
+_LINE_PREFIX = re.compile(r"^line 1(: | )")
+
+
+@dataclass
+class OnlineRequest:
+    item: LineRequest
+    stream: bool
+    include_usage: bool
+
+
+class Online:
+    def __init__(self, engine: EngineAPI):
+        self.engine = engine
+
+    def prepare(self, url: str, body: Any) -> OnlineRequest:
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        body = dict(body)
+        stream = body.pop("stream", None) or False
+        options = body.pop("stream_options", None)
+        if not isinstance(stream, bool):
+            raise bad_request("stream must be true or false", param="stream")
+        if stream and url == EMBEDDINGS_URL:
+            raise bad_request(f"{EMBEDDINGS_URL} does not stream", param="stream")
+        if stream and body.get("logprobs"):
+            raise bad_request("logprobs are not streamed: ask without stream", param="logprobs")
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        line = json.dumps({"custom_id": "online", "method": "POST", "url": url, "body": body}, ensure_ascii=False)
+        item = LineParser(self.engine.default_params, input_format="jsonl").parse(line, 1)
+        if isinstance(item, LineError) or item is None:
+            message = _LINE_PREFIX.sub("", item.message) if item is not None else "empty request"
+            raise bad_request(message, code=item.code if item is not None else None)
+        return OnlineRequest(item, stream, include_usage)
+
+    async def answer(self, request: OnlineRequest) -> dict[str, Any]:
+        """The whole response body of a request that does not stream."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def on_event(_handle: Any, event: Any) -> None:
+            if not isinstance(event, Delta):
+                loop.call_soon_threadsafe(_settle, done, event)
+
+        item = request.item
+        handle = self._submit(item, on_event, stream=False)
+        try:
+            result = await done
+        finally:
+            handle.cancel()  # a no-op once it ended; stops it when the caller went away
+        record = build_record(item, result, self.engine.model_name)
+        if record["error"] is not None:
+            raise _failed(record)
+        return record["response"]["body"]
+
+    async def stream(self, request: OnlineRequest) -> AsyncIterator[bytes]:
+        """Server-sent events: the deltas as chunks, the finish reasons, usage if asked, [DONE]."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        handle = self._submit(request.item,
+                              lambda _h, event: loop.call_soon_threadsafe(events.put_nowait, event), stream=True)
+        shape = StreamShape(request.item.url or CHAT_URL, self.engine.model_name, max(1, request.item.params.n))
+        try:
+            opening = shape.opening()
+            if opening:
+                yield opening
+            while True:
+                event = await events.get()
+                if isinstance(event, Delta):
+                    if event.text:
+                        yield shape.delta(event)
+                    continue
+                record = build_record(request.item, event, self.engine.model_name)
+                if record["error"] is not None:
+                    yield shape.error(_failed(record).body())
+                else:
+                    yield shape.ending(event, request.include_usage)
+                yield DONE
+                return
+        finally:
+            handle.cancel()
+
+    def _submit(self, item: LineRequest, callback: Any, *, stream: bool) -> Any:
+        try:
+            if item.embed is not None:
+                return self.engine.submit_embedding(item.embed.inputs, dimensions=item.embed.dimensions,
+                                                    callback=callback)
+            return self.engine.submit(item.prompt, item.params, stream=stream, callback=callback)
+        except QueueFull as exc:
+            raise ApiError(429, str(exc), code="queue_full") from None
+        except EngineClosed as exc:
+            raise ApiError(503, str(exc), code="engine_closed") from None
+        except LlamaBatchError as exc:
+            raise bad_request(str(exc), code=exc.code) from None
+
+
+def _settle(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _failed(record: dict[str, Any]) -> ApiError:
+    """The error of a record that failed, with the status a batch record gives it."""
+    status = record["response"]["status_code"]
+    return ApiError(status, record["error"]["message"], code=record["error"]["code"])

@@ -1,0 +1,80 @@
+"""Listening: the address rule, the socket, and uvicorn running the app.
+
+A server on a loopback address (127.0.0.1 by default, ::1, localhost) can be reached only from
+this machine; any other address needs an API key, or it is refused before anything listens.
+The socket is bound here (port 0 picks a free one) and handed to uvicorn, so the caller knows
+the port before the first request.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import InvalidRequest
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Raise InvalidRequest (one line) for a non-loopback host without an API key."""
+    if not api_key and not is_loopback(host):
+        raise InvalidRequest(f"refusing to listen on {host} without an API key: anyone who can reach it could "
+                             "use the model and read every file; give --api-key KEY (or LLAMABATCH_API_KEY), "
+                             "or listen on 127.0.0.1")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    return sock
+
+
+@dataclass
+class Listening:
+    server: Any  # uvicorn.Server
+    sock: socket.socket
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM (in the main thread) or stop()."""
+        self.server.run(sockets=[self.sock])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+    def run_in_thread(self) -> threading.Thread:
+        """Serve from a thread (tests, benchmarks); returns once the server accepts requests."""
+        thread = threading.Thread(target=self.run, name="llamabatch-http", daemon=True)
+        thread.start()
+        while not self.server.started and thread.is_alive():
+            threading.Event().wait(0.01)
+        return thread
+
+
+def listen(app: Any, host: str, port: int) -> Listening:
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", server_header=False,
+                            timeout_graceful_shutdown=5)
+    return Listening(uvicorn.Server(config), bind(host, port))

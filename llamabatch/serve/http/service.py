@@ -1,0 +1,154 @@
+"""What the HTTP layer calls: files, batches and the online requests over one engine, with
+everything that persists in the data dir. No HTTP here: app.py maps routes onto these methods,
+and ApiError carries a refusal's status and message."""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Callable
+
+from ...api import EngineAPI
+from ...jobs import JobHost, start_job
+from .api_errors import ApiError, bad_request, not_found
+from .batch_queue import BatchQueue
+from .batch_requests import new_batch
+from .catalogue import Catalogue
+from .data_dir import DataDir
+from .limits import DEFAULT_LIST_LIMIT, MAX_FILES_LIST_LIMIT, MAX_LIST_LIMIT, UploadLimits
+from .object_ids import BATCH, FILE, checked, new_id, shown
+from .online import Online
+from .records import UNFINISHED, BatchRecord, FileRecord
+from .upload_check import UploadCheck
+from .uploads import MultipartUpload
+
+
+def batch_inflight(n_parallel: int, online_slots: int) -> int:
+    """Lines of a batch in the engine at once: the slots less those kept for online requests.
+    The batch then never queues lines in the engine, so an online request waits behind none of
+    them: it takes a kept slot, or the next slot a batch line leaves (scheduling in docs/serve.md)."""
+    return max(1, n_parallel - online_slots)
+
+
+class Service:
+    def __init__(self, engine: EngineAPI, data_dir: str, *, online_slots: int = 1,
+                 clock: Callable[[], float] = time.time, job_settings: dict[str, Any] | None = None,
+                 upload_limits: UploadLimits = UploadLimits()):
+        self.engine = engine
+        self.upload_limits = upload_limits
+        self.clock = clock
+        self.data = DataDir(data_dir)
+        self.catalogue = Catalogue(self.data.catalogue)
+        self.online = Online(engine)
+        self.inflight = batch_inflight(engine.stats().n_parallel, online_slots)
+        self.job_settings = dict(job_settings or {})
+        self.queue = BatchQueue(self.catalogue, self.data, self._start_job, clock)
+
+    def start(self) -> None:
+        self.queue.start()
+
+    def close(self, timeout: float | None = None) -> None:
+        self.queue.close(timeout)
+        self.catalogue.close()
+
+    def _start_job(self, input: str, output: str, errors: str, resume: bool) -> Any:
+        # order="completion": OpenAI's output files are in no particular order, and records written
+        # as lines finish make request_counts move at once and hold nothing back in memory
+        return start_job(input, output, engine=self.engine, error_file=errors, resume=resume, input_format="jsonl",
+                         order="completion", max_inflight=self.inflight, host=JobHost(argv=("llamabatch", "serve")),
+                         **self.job_settings)
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    # -- files ----------------------------------------------------------------------------
+
+    def new_upload(self, content_type: str | None) -> MultipartUpload:
+        return MultipartUpload(content_type, self.data.files, UploadCheck(self.engine.default_params, self.upload_limits))
+
+    def store_upload(self, upload: MultipartUpload) -> FileRecord:
+        """Finish an upload fed to the end: check it, place it, catalogue it (or discard it)."""
+        try:
+            purpose, filename, check = upload.finish()
+            if purpose != "batch":
+                raise bad_request(f"purpose must be 'batch' (the files this service runs), got {purpose!r}",
+                                  param="purpose")
+            file_id = new_id(FILE)
+            rel = self.data.upload_path(file_id)
+            upload.place(self.data.absolute(rel))
+        except BaseException:
+            upload.discard()
+            raise
+        record = FileRecord(file_id, filename, "batch", check.bytes, int(self.clock()), rel, check.lines,
+                            sorted(check.urls))
+        self.catalogue.add_file(record)
+        return record
+
+    def file(self, raw_id: Any) -> FileRecord:
+        file_id = checked(raw_id, FILE)
+        record = self.catalogue.file(file_id) if file_id else None
+        if record is None:
+            raise not_found("file", shown(raw_id))
+        return record
+
+    def file_path(self, raw_id: Any) -> str:
+        return self.data.absolute(self.file(raw_id).path)
+
+    def files(self, *, after: Any, limit: Any, order: Any, purpose: Any) -> dict[str, Any]:
+        n = _limit(limit, MAX_FILES_LIST_LIMIT, MAX_FILES_LIST_LIMIT)
+        if order not in (None, "asc", "desc"):
+            raise bad_request("order must be 'asc' or 'desc'", param="order")
+        rows, more = self.catalogue.files(after=after, limit=n, ascending=order == "asc", purpose=purpose)
+        return _page([r.to_api() for r in rows], more)
+
+    def delete_file(self, raw_id: Any) -> dict[str, Any]:
+        record = self.file(raw_id)
+        readers = self.catalogue.batches_reading(record.id, UNFINISHED)
+        if readers:
+            raise bad_request(f"file {record.id} is the input of batch {readers[0]}, which has not ended; cancel it "
+                              "first", code="file_in_use")
+        path = self.data.absolute(record.path)
+        self.catalogue.delete_file(record.id)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return {"id": record.id, "object": "file", "deleted": True}
+
+    # -- batches --------------------------------------------------------------------------
+
+    def create_batch(self, body: dict[str, Any]) -> BatchRecord:
+        record = new_batch(body, self.catalogue, int(self.clock()))
+        self.catalogue.add_batch(record)
+        self.queue.wake()
+        return record
+
+    def batch(self, raw_id: Any) -> BatchRecord:
+        batch_id = checked(raw_id, BATCH)
+        record = self.catalogue.batch(batch_id) if batch_id else None
+        if record is None:
+            raise not_found("batch", shown(raw_id))
+        return record
+
+    def batches(self, *, after: Any, limit: Any) -> dict[str, Any]:
+        rows, more = self.catalogue.batches(after=after, limit=_limit(limit, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT))
+        return _page([r.to_api() for r in rows], more)
+
+    def cancel_batch(self, raw_id: Any) -> BatchRecord:
+        return self.queue.cancel(self.batch(raw_id).id)
+
+
+def _limit(value: Any, default: int, most: int) -> int:
+    if value is None:
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if not 1 <= n <= most:
+        raise ApiError(400, f"limit must be an integer from 1 to {most}", param="limit")
+    return n
+
+
+def _page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": more}

@@ -1,0 +1,59 @@
+"""Streamed answers as server-sent events, in OpenAI's chunk shapes: `chat.completion.chunk`
+(a `delta` with the role first, then content) or `text_completion` (a `text` piece), one
+`data:` event each, the finish reasons in a last chunk, usage in one more when the request
+asked with stream_options.include_usage, then `data: [DONE]`."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from ...jobs.line_shapes import CHAT_URL
+from ...results import Delta, Result
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+class StreamShape:
+    def __init__(self, url: str, model: str, samples: int):
+        self.chat = url == CHAT_URL
+        self.model = model
+        self.samples = samples
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return event({"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                      "created": self.created, "model": self.model, "choices": choices, **extra})
+
+    def _choice(self, index: int, piece: Any, finish_reason: str | None) -> dict[str, Any]:
+        if self.chat:
+            return {"index": index, "delta": piece, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": piece, "logprobs": None, "finish_reason": finish_reason}
+
+    def opening(self) -> bytes:
+        """Chat's first chunk names the role (with empty content), as OpenAI's does."""
+        if not self.chat:
+            return b""
+        return self._chunk([self._choice(i, {"role": "assistant", "content": ""}, None) for i in range(self.samples)])
+
+    def delta(self, delta: Delta) -> bytes:
+        return self._chunk([self._choice(delta.index, {"content": delta.text} if self.chat else delta.text, None)])
+
+    def ending(self, result: Result, include_usage: bool) -> bytes:
+        samples = result.samples if result.samples is not None else [result]
+        out = self._chunk([self._choice(i, {} if self.chat else "", r.finish_reason) for i, r in enumerate(samples)])
+        if include_usage:
+            usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
+                     "total_tokens": result.usage.total_tokens}
+            out += self._chunk([], usage=usage)
+        return out
+
+    def error(self, body: dict[str, Any]) -> bytes:
+        """A request that failed after the stream began: OpenAI's error object as one event."""
+        return event(body)

@@ -1,0 +1,92 @@
+"""`llamabatch serve` killed with SIGKILL in the middle of a batch, then started again on the
+same data dir: the batch finishes, and every line has exactly one record across the output and
+error files. Real processes (tests/fake_cli.py: the command line with the registered "slow" fake
+runner, 50 ms a step), driven with the openai SDK."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from openai import OpenAI
+
+import fake_cli
+from child_tools import child_env, fake_gguf
+from http_server import CHAT, ended, records, wait_batch
+
+READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
+
+
+def start_server(tmp_path, data_dir) -> tuple[subprocess.Popen, OpenAI]:
+    args = ["serve", "--port", "0", "--data-dir", str(data_dir), "-m", fake_gguf(tmp_path), "--n-parallel", "4",
+            "--n-ctx", "1024", "--threads", "1", "--temperature", "0", "--max-tokens", "8",
+            "--prefix-store", "off"]
+    proc = subprocess.Popen([sys.executable, fake_cli.PATH, "slow", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=child_env())
+    killer = threading.Timer(60, proc.kill)  # a server that never says where it listens
+    killer.start()
+    try:
+        for line in proc.stderr:
+            found = READY.search(line)
+            if found:
+                break
+        else:
+            raise AssertionError(f"the server ended before listening (exit {proc.wait()})")
+    finally:
+        killer.cancel()
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # never let a full pipe stop it
+    client = OpenAI(base_url=f"http://127.0.0.1:{found.group(1)}/v1", api_key="unused", max_retries=0, timeout=30)
+    return proc, client
+
+
+def lines_file(n: int) -> bytes:
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": CHAT,
+              "body": {"model": "any", "messages": [{"role": "user", "content": f"question {i}"}]}} for i in range(n)]
+    lines[5]["body"]["top_logprobs"] = 3  # without logprobs: this line's error record
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def test_kill_9_mid_batch_then_restart_finishes_every_line_exactly_once(tmp_path):
+    data_dir = tmp_path / "data"
+    proc, client = start_server(tmp_path, data_dir)
+    try:
+        f = client.files.create(file=("in.jsonl", lines_file(40)), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+        wait_batch(client, batch.id, lambda b: b.request_counts.completed >= 6)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc, client = start_server(tmp_path, data_dir)
+        done = wait_batch(client, batch.id, ended, timeout=120)
+        outputs, errors = records(client, done.output_file_id), records(client, done.error_file_id)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    ids = [r["custom_id"] for r in outputs + errors]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(40))  # every line, none twice
+    assert [r["custom_id"] for r in errors] == ["r5"]
+    assert (done.status, done.request_counts.completed, done.request_counts.failed) == ("completed", 39, 1)
+
+
+def test_sigterm_stops_the_server_and_a_restart_resumes_the_batch(tmp_path):
+    data_dir = tmp_path / "data"
+    proc, client = start_server(tmp_path, data_dir)
+    try:
+        f = client.files.create(file=("in.jsonl", lines_file(30)), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+        wait_batch(client, batch.id, lambda b: b.request_counts.completed >= 4)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 143
+        started = time.monotonic()
+        proc, client = start_server(tmp_path, data_dir)
+        assert client.batches.retrieve(batch.id).status == "in_progress"
+        done = wait_batch(client, batch.id, ended, timeout=120)
+        outputs, errors = records(client, done.output_file_id), records(client, done.error_file_id)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert sorted(r["custom_id"] for r in outputs + errors) == sorted(f"r{i}" for i in range(30))
+    assert time.monotonic() - started < 120
