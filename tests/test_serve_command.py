@@ -228,7 +228,7 @@ def test_eof_drains_and_on_eof_cancel_cancels_from_the_flag_or_the_config_file(t
 
 def test_the_command_gives_back_fd_1_when_it_ends():
     # serve-stdin points fd 1 at stderr while it serves, so stray writes cannot corrupt the
-    # protocol stream; it used to leave it there, and an embedding caller lost its stdout.
+    # protocol stream; afterwards fd 1 must be the caller's stdout again (an embedding caller keeps it).
     from llamabatch.cli.serve.command import protocol_stdout
 
     before = os.fstat(1)
@@ -237,3 +237,11 @@ def test_the_command_gives_back_fd_1_when_it_ends():
         assert os.fstat(events_fd).st_ino == before.st_ino  # events go where stdout went
     after = os.fstat(1)
     assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+
+
+def test_streams_without_file_descriptors_are_one_line_and_exit_1():
+    stderr = io.StringIO()
+    env = Environment(io.StringIO('{"prompt": "hi"}\n'), io.StringIO(), stderr,
+                      engine_factory=fake_factory(runner_for(), []))
+    assert main(["serve-stdin", "--n-parallel", "1"], env) == 1
+    assert stderr.getvalue() == "llamabatch: error: serve-stdin needs stdin and stdout with file descriptors\n"
