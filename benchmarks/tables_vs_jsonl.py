@@ -14,8 +14,8 @@ table run that see every row: reading (read_rows over a Parquet file and a CSV o
 row templated) and writing (the table made from a records file of N records, as `run` does at
 its end, for Parquet and CSV). Each is one process per (part, format, N); the figure is
 VmHWM (the process's peak RSS; ru_maxrss would carry the parent's peak
-across fork and exec). With --fake-run, also the whole `run` (reader, engine, writer, records
-file, table) on the test suite's scripted fake runner (tests/fake_runner.py), JSONL -> JSONL and
+across fork and exec). With --fake-run, also a whole job (llamabatch.jobs.run_job: reader,
+engine, writer, records file, table) on the test suite's scripted fake runner (tests/fake_runner.py), JSONL -> JSONL and
 Parquet -> Parquet, marked run*: the model itself is too slow on a small machine for a million
 rows. The rest of `run` (the engine, the reorder window, the writer) is the JSONL path's,
 whose memory is bounded by --max-inflight, except the seen-ids set (16 bytes an id, docs/long-jobs).
@@ -110,8 +110,8 @@ print(n, ok, [l.split()[1] for l in open("/proc/self/status") if l.startswith("V
 
 WRITE = """
 import sys
-from llamabatch.cli.run.table_layout import Layout
-from llamabatch.cli.run.table_output import finalize
+from llamabatch.jobs.table_layout import Layout
+from llamabatch.jobs.table_output import finalize
 from llamabatch.tables.arrow_import import use_system_allocator
 records, table, kind = sys.argv[1:4]
 if kind == "parquet":
@@ -123,26 +123,22 @@ print(n, n, [l.split()[1] for l in open("/proc/self/status") if l.startswith("Vm
 
 FAKE_RUN = """
 import sys
-sys.path.insert(0, sys.argv[1])  # tests/: the scripted fake runner and the in-process CLI harness
+sys.path.insert(0, sys.argv[1])  # tests/: the scripted fake runner
 import collections
-from cli_harness import invoke, runner_for
+from fake_runner import FakeRunner
+from llamabatch import Engine, EngineConfig, SamplingParams
+from llamabatch.jobs import run_job
 src, out = sys.argv[2:4]
-args = ["run", src, "-o", out, "--max-tokens", "1", "--n-parallel", "16", "-q"]
-if src.endswith(".parquet"):
-    args += ["--template", "{text}"]
-fake = runner_for()
-
-def bounded(config):
-    # the fake runner logs every plan, job and sampler for the tests to inspect; keep the last
-    # few, or the fake's own logs would be what grows with the row count
-    runner = fake(config)
-    for name in ("plans", "jobs", "samplers", "trims", "forks"):
-        setattr(runner, name, collections.deque(maxlen=256))
-    return runner
-
-result = invoke(args, runner=bounded)
-if result.exit_code != 0:
-    raise SystemExit(result.stderr)
+config = EngineConfig(n_parallel=16)
+runner = FakeRunner(n_slots=16, slot_ctx=config.slot_ctx, n_batch=config.n_batch)
+# the fake runner logs every plan, job and sampler for the tests to inspect; keep the last few,
+# or the fake's own logs would be what grows with the row count
+for name in ("plans", "jobs", "samplers", "trims", "forks"):
+    setattr(runner, name, collections.deque(maxlen=256))
+with Engine(config, runner=runner, default_params=SamplingParams(max_tokens=1)) as engine:
+    report = run_job(src, out, engine=engine, template="{text}" if src.endswith(".parquet") else None)
+if report.error is not None:
+    raise SystemExit(report.error)
 print(0, 0, [l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM")][0])
 """
 

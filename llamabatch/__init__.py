@@ -5,6 +5,10 @@
     with Engine(EngineConfig(n_parallel=8)) as engine:
         for r in engine.generate(["Once upon a time"], SamplingParams(max_tokens=32)):
             print(r.text)
+
+    from llamabatch import run_job, run_frame   # batch jobs (llamabatch.jobs, docs/library.md)
+
+    report = run_job("prompts.jsonl", "results.jsonl")
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from .params import SamplingParams
 from .results import Delta, Result, Timings, Usage
 from .core.telemetry import EngineStats, RequestRecord, TickRecord
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # A library logs; the application decides where it goes (the CLI shows it with --debug).
 logging.getLogger("llamabatch").addHandler(logging.NullHandler())
@@ -26,5 +30,18 @@ logging.getLogger("llamabatch").addHandler(logging.NullHandler())
 __all__ = [
     "Engine", "EngineConfig", "EngineStats", "RequestHandle", "SamplingParams", "Result", "Delta", "Usage",
     "Timings", "TickRecord", "RequestRecord", "LlamaBatchError", "InvalidRequest", "ContextOverflow", "QueueFull",
-    "ModelLoadError", "DecodeError", "EngineClosed", "DeterminismUnavailable", "__version__",
+    "ModelLoadError", "DecodeError", "EngineClosed", "DeterminismUnavailable", "__version__", "run_job", "run_frame",
 ]
+
+
+def __getattr__(name: str):
+    # `import llamabatch` stays the engine alone: the jobs package loads when a job is first run
+    if name == "run_job":
+        from .jobs.job import run_job
+
+        return run_job
+    if name == "run_frame":
+        from .jobs.frames import run_frame
+
+        return run_frame
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

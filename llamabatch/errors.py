@@ -63,6 +63,19 @@ class DeterminismUnavailable(InvalidRequest):
     code = "determinism_unavailable"
 
 
+class JobFileError(LlamaBatchError):
+    """A job's INPUT, OUTPUT or a file it keeps beside OUTPUT (error file, manifest, lock, retry
+    journal, a table) cannot be used: one line naming the file; nothing else is wrong."""
+
+    code = "file_error"
+
+
+class ClusterStartError(LlamaBatchError):
+    """The Ray engines of a job could not be started (no cluster, no resources): before any work."""
+
+    code = "cluster_start_error"
+
+
 class ConversationNotFound(LlamaBatchError):
     """A saved chat conversation asked for (by id, or the latest) is not in the conversation database."""
 

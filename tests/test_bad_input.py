@@ -13,12 +13,13 @@ import threading
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.cli.run.batch import BatchRun, Interrupts, wait_for
-from llamabatch.cli.run.files import Source, open_output
-from llamabatch.cli.run.writer import RecordWriter
-from llamabatch.cli.run.progress import make_reporter
+from llamabatch.jobs.batch_loop import BatchLoop
+from llamabatch.jobs.batch_watch import StopRequests, watch
+from llamabatch.jobs.input_source import Source
+from llamabatch.jobs.output_sink import open_output
+from llamabatch.jobs.record_writer import RecordWriter
 from llamabatch.errors import InvalidRequest
-from llamabatch.cli.run.formats import LineError, LineParser, LineRequest
+from llamabatch.jobs.line_shapes import LineError, LineParser, LineRequest
 from llamabatch.json_line import BadJSON, loads, sniff_id
 from llamabatch.params import MAX_STOP_CHARS, MAX_STOPS
 from llamabatch.serve.stdin.protocol import BadLine, parse_line
@@ -226,10 +227,10 @@ def run_lines(tmp_path, data: bytes, input_format: str = "auto", max_inflight: i
     parser = LineParser(engine.default_params, input_format=input_format)
     window = threading.Semaphore(64)
     writer = RecordWriter(sink, engine.model_name, "input", window)
-    run = BatchRun(engine, parser, Source("in", io.BytesIO(data), False), writer, window, max_inflight=max_inflight)
+    run = BatchLoop(engine, parser, Source("in", io.BytesIO(data), False), writer, window, max_inflight=max_inflight)
     try:
         run.start()
-        wait_for(run, make_reporter(True, 1000, live_ok=False), Interrupts(), None)
+        watch(run, StopRequests(), lambda _event: None, None)
     finally:
         writer.close()
         sink.close()

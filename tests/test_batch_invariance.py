@@ -11,14 +11,15 @@ from cli_harness import invoke
 from llamabatch.llama import batch_invariance as inv
 from llamabatch.settings.layers import merge
 from llamabatch.cli.run.progress import PlainReporter
-from llamabatch.cli.run.command import _verified
+from llamabatch.cli.run.job_summary import verified
+from llamabatch.jobs.job_running import verify_sample
 from llamabatch.config import EngineConfig
 from llamabatch.settings.config_file import parse_text
 from llamabatch.errors import DeterminismUnavailable
 from llamabatch.params import SamplingParams
 from llamabatch.core.plan import Chunk
 from llamabatch.results import Result, Timings, Usage
-from llamabatch.cli.run.verify import Reservoir, rerun_alone
+from llamabatch.jobs.verify import Reservoir, rerun_alone
 
 
 def prefill(slot: int, n: int, start: int = 0, last: bool = True) -> Chunk:
@@ -175,10 +176,10 @@ def test_verify_report_lists_the_ids_that_differ_and_fails():
     for key, tokens in answers.items():
         r.offer(key, key, SamplingParams(), ok(tokens))
     out = io.StringIO()
-    assert _verified(PlantedDifference(answers, "a"), r, PlainReporter(out), deterministic=True) is False
+    assert verified(verify_sample(PlantedDifference(answers, "a"), r, deterministic=True), PlainReporter(out)) is False
     assert "verify: 1 of 2 differ: 'a'" in out.getvalue()
     out = io.StringIO()
-    assert _verified(PlantedDifference(answers, None), r, PlainReporter(out), deterministic=True) is True
+    assert verified(verify_sample(PlantedDifference(answers, None), r, deterministic=True), PlainReporter(out)) is True
     assert "verified 2/2 identical" in out.getvalue()
 
 
@@ -229,9 +230,9 @@ def test_deterministic_turns_cross_slot_prefix_sharing_off_and_keeps_n_forks():
     from fake_runner import FakeRunner
 
     with Engine(EngineConfig(deterministic=True), runner=FakeRunner(n_slots=4)) as e:
-        assert e.scheduler.share_min == 0 and not e.scheduler.cache_generated
+        assert e.scheduler.fork_min_tokens == 0 and not e.scheduler.cache_generated
         # n samples still fork sample 0's prompt KV (FakeRunner checks every fork it applies)
         r = e.generate(["hello"], SamplingParams(n=2, max_tokens=3, temperature=0.8, seed=5))[0]
         assert r.ok and len(r.samples) == 2
     with Engine(EngineConfig(), runner=FakeRunner(n_slots=4)) as e:
-        assert e.scheduler.share_min == EngineConfig().share_prefix_min
+        assert e.scheduler.fork_min_tokens == EngineConfig().share_prefix_min

@@ -24,7 +24,7 @@ import typer
 from typer.exceptions import TyperException  # Typer's own click: usage errors derive from it
 
 from llamabatch.cli.app import app
-from llamabatch.cli.run.on_ray import with_bare_ray_flag
+from llamabatch.cli.run.ray_flag import with_bare_ray_flag
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -20,7 +20,7 @@ from llamabatch import SamplingParams
 from llamabatch.serve.stdin.loop import serve
 from llamabatch.core.detok import IncrementalDetokenizer
 from llamabatch.errors import InvalidRequest
-from llamabatch.cli.run.formats import LineError, LineParser, LineRequest
+from llamabatch.jobs.line_shapes import LineError, LineParser, LineRequest
 from llamabatch.params import FIELD_TYPES
 from llamabatch.serve.stdin.protocol import BadLine, Cancel, Stats, Submit, encode, parse_line
 
@@ -224,9 +224,9 @@ def _read_all(fd: int) -> bytes:
 
 from llamabatch.bench import report as bench_report  # noqa: E402
 from llamabatch.chat.conversation import Conversation  # noqa: E402
-from llamabatch.cli.run import run_record  # noqa: E402
-from llamabatch.cli.run.fingerprint import changes  # noqa: E402
-from llamabatch.cli.run.manifest import ManifestProblem, read_manifest  # noqa: E402
+from llamabatch.jobs import manifest_fields  # noqa: E402
+from llamabatch.jobs.fingerprint import changes  # noqa: E402
+from llamabatch.jobs.manifest import ManifestProblem, read_manifest  # noqa: E402
 from llamabatch.cli.run.report import rows as report_rows  # noqa: E402
 from llamabatch.settings.config_file import ConfigFileError, load as load_config  # noqa: E402
 from llamabatch.settings.layers import merge  # noqa: E402
@@ -348,10 +348,10 @@ def test_a_manifest_reads_or_is_one_problem_and_what_reads_is_usable(tmp_path, d
     # what report and a resume do with a manifest they accepted
     report_rows(manifest)
     changes(manifest.get("fingerprint") or {}, MANIFEST["fingerprint"])
-    entry = run_record.start_event(manifest, "resume", ("run",))
+    entry = manifest_fields.start_event(manifest, "resume", ("run",))
     output = tmp_path / "out.jsonl"
     output.write_text('{"id": 1, "text": "a", "finish_reason": "stop", "usage": {"completion_tokens": 2}}\n')
-    run_record.finish(manifest, entry, status="finished", wall_s=0.5, generated=2, written=1, output=str(output),
+    manifest_fields.finish(manifest, entry, status="finished", wall_s=0.5, generated=2, written=1, output=str(output),
                       error_file=None, input_path="-")
     json.dumps(manifest, default=str)
 

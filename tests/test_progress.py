@@ -7,7 +7,7 @@ from llamabatch.cli.run.progress import RATE_WINDOW_S, PlainReporter, Snapshot
 
 
 def test_progress_names_the_window_its_rate_is_measured_over():
-    # cli/run/batch.py measures tok/s over the last RATE_WINDOW_S seconds; the line must not
+    # jobs/batch_loop.py measures tok/s over the last RATE_WINDOW_S seconds; the line must not
     # pass that off as the run's average (it used to say "since the run started")
     out = io.StringIO()
     reporter = PlainReporter(out, every=0)

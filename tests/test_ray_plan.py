@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from llamabatch.cli.run.on_ray import with_bare_ray_flag
+from llamabatch.cli.run.ray_flag import with_bare_ray_flag
 from llamabatch.cluster.plan import Node, PlacementError, WorkerTally, place_workers
 
 A, B = Node("a", "10.0.0.1", 8), Node("b", "10.0.0.2", 4)

@@ -408,7 +408,7 @@ def test_second_ctrl_c_cancels_in_flight_lines(tmp_path, bundled_model):
 
 
 def test_resume_hint_repeats_the_command_line_main_was_given():
-    from llamabatch.cli.run.command import _resume_hint
+    from llamabatch.cli.run.job_summary import resume_hint as _resume_hint
 
     typed = ("--config", "c.toml", "run", "in.jsonl", "-o", "out.jsonl", "--n-parallel", "4")
     hint = _resume_hint(3, "in.jsonl", "out.jsonl", typed)

@@ -13,13 +13,14 @@ import threading
 import time
 
 from llamabatch import Engine, EngineConfig
-from llamabatch.cli.run.batch import STREAM_LINGER_S, BatchRun, Interrupts, wait_for
-from llamabatch.cli.run.files import Source, open_output
-from llamabatch.cli.run.formats import EmbedLine, LineParser, LineRequest
-from llamabatch.cli.run.progress import make_reporter
+from llamabatch.jobs.batch_loop import STREAM_LINGER_S, BatchLoop
+from llamabatch.jobs.batch_watch import StopRequests, watch
+from llamabatch.jobs.input_source import Source
+from llamabatch.jobs.output_sink import open_output
+from llamabatch.jobs.line_shapes import EmbedLine, LineParser, LineRequest
 from llamabatch.common_prefix import common_prefix
-from llamabatch.cli.run.start_order import MIN_SHARED, StartOrder, prompt_key
-from llamabatch.cli.run.writer import RecordWriter
+from llamabatch.jobs.start_order import MIN_SHARED, StartOrder, prompt_key
+from llamabatch.jobs.record_writer import RecordWriter
 from llamabatch.params import SamplingParams
 
 from cli_harness import FakeEngines, invoke, runner_for
@@ -372,7 +373,7 @@ def test_lines_from_a_slow_stream_start_without_waiting_for_the_window_to_fill(t
     sink.start_fresh()
     window = threading.Semaphore(64 + 16)
     writer = RecordWriter(sink, engine.model_name, "input", window)
-    run = BatchRun(engine, LineParser(engine.default_params, input_format="jsonl"),
+    run = BatchLoop(engine, LineParser(engine.default_params, input_format="jsonl"),
                    Source("-", os.fdopen(r, "rb"), False), writer, window, max_inflight=16, reorder_window=16,
                    slots=4)
     try:
@@ -410,13 +411,13 @@ def test_a_full_writer_window_does_not_wait_for_the_start_order_to_fill(tmp_path
     window = threading.Semaphore(3)
     writer = RecordWriter(sink, engine.model_name, "input", window)
     source = Source("in", io.BytesIO(data.encode()), True)  # a regular file: no stream linger
-    run = BatchRun(engine, LineParser(engine.default_params, input_format="jsonl"), source, writer, window,
+    run = BatchLoop(engine, LineParser(engine.default_params, input_format="jsonl"), source, writer, window,
                    max_inflight=2, reorder_window=16, slots=2)
     done = threading.Event()
     try:
         run.start()
-        waiter = threading.Thread(target=lambda: (wait_for(run, make_reporter(True, 1000, live_ok=False),
-                                                           Interrupts(), None), done.set()), daemon=True)
+        waiter = threading.Thread(target=lambda: (watch(run, StopRequests(), lambda _event: None,
+                                                        None), done.set()), daemon=True)
         waiter.start()
         assert done.wait(20), "the run waited forever"
     finally:

@@ -22,7 +22,7 @@ from .env import Environment
 from .models.command import models_command
 from .run.command import run_command
 from .run.report import report_command
-from .run.on_ray import with_bare_ray_flag
+from .run.ray_flag import with_bare_ray_flag
 from .serve.command import serve_stdin
 from .serve_http import serve_command
 

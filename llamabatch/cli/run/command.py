@@ -1,41 +1,24 @@
-"""`llamabatch run INPUT [-o OUTPUT]`: every line of a prompts file through the engine.
-
-This module is the command line around the pieces beside it: line shapes in formats.py,
-files in files.py, the reader/callback loop in batch.py, the writer in writer.py,
-progress in progress.py.
+"""`llamabatch run INPUT [-o OUTPUT]`: every line of a prompts file (or row of a table) through
+the engine, as a job of llamabatch.jobs: the flags become the job's settings, its events
+progress on stderr (job_view.py), its report the last lines and the exit status
+(job_summary.py).
 """
 from __future__ import annotations
 
-import dataclasses
-import shlex
-import threading
-from dataclasses import dataclass
+import json
 from enum import Enum
 from typing import Any, Optional
 
 import typer
 
-from .formats import LineParser
-from ...llama import autoslots
-from ...models.default_model import why as model_why
-from ..common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, fail, open_engine, resolve_options
-from .verify import Reservoir, rerun_alone
+from ...jobs import JobHost, estimate_job, start_job
+from ..common import EXIT_OK, EXIT_USAGE, fail, open_engine
 from ..env import Environment
 from ..options import SharedOptions, with_shared_options
-from .progress import Reporter, clock_duration, make_reporter
-from .batch import BatchRun, Interrupts, wait_for
-from .files import (LineCounter, RunFileError, Sink, Source, count_lines, open_input, open_output, refuse_resume_to_stream, stream_kind)
-from .on_ray import import_ray_pool, open_pool
-from ...settings.time_bounds import time_bounds
 from ..time_bound_flags import DRAIN_HELP, WATCHDOG_HELP
-from .writer import RecordWriter
-from .long_job import LongJob
-from .own_files import refuse_own_file
-from .table_plan import TablePlan, plan_tables
-from .table_input import TableOptions
-
-# Finished lines that may wait behind a slow one in --order input, per --max-inflight.
-REORDER_WINDOW_FACTOR = 8
+from .estimate_lines import estimate_lines
+from .job_summary import exit_status
+from .job_view import follow
 
 
 class Order(str, Enum):
@@ -52,63 +35,6 @@ class InputFormat(str, Enum):
 class CsvFormulas(str, Enum):
     escape = "escape"
     raw = "raw"
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """`run`'s own options (the shared ones are in the Resolved settings), as given."""
-
-    input_path: str
-    output: str | None = None
-    input_format: str = "auto"
-    system: str | None = None
-    order: str | None = None  # None: the config file's [run] order, else "input" (_with_config_keys)
-    max_inflight: int | None = None
-    reorder_window: int | None = None
-    resume: bool = False
-    echo: bool = False
-    embed: bool = False
-    fail_on_error: bool = False
-    isolate: bool = True
-    watchdog: float | None = None
-    drain_timeout: float | None = None
-    quiet: bool = False
-    progress_every: float = 10.0
-    ray: str | None = None
-    ray_workers: int | None = None
-    ray_cpus_per_worker: int | None = None
-    ray_gpus_per_worker: float | None = None
-    verify: int | None = None
-    dry_run: bool = False  # long jobs (docs/long-jobs.md)
-    as_json: bool = False
-    error_file: str | None = None
-    retry_failed: bool = False
-    allow_changed_settings: bool = False
-    tables: TableOptions = TableOptions()  # docs/tables.md
-    logprobs: int | None = None
-
-
-@dataclass
-class RunJob:
-    """Everything the batch loop (`_run`) works with once the files are open and the
-    engine is built: what used to be its 15 positional parameters."""
-
-    parser: LineParser
-    source: Source
-    sink: Sink
-    reporter: Reporter
-    options: RunOptions
-    inflight: int
-    argv: tuple[str, ...]  # the command line as typed, for the resume hint
-    reorder_window: int = 1  # lines read ahead to choose the next line to start from (start_order.py)
-    answered: Any = None  # with --resume: what OUTPUT already answers
-    cluster: Any = None  # with --ray: the RayPool (also the engine)
-    deterministic: bool = False
-    drain_timeout: float | None = None
-    route: Any = None  # which file each record goes to (--error-file, --retry-failed: error_file.Routes)
-    on_end: Any = None  # called with (BatchRun, RecordWriter) once the files are closed (long_job.py)
-    counter: Any = None  # the progress total of a table INPUT (table_input.TableCounter)
-    model_why: str = ""  # for the header: why this model (models.default_model.why)
 
 
 @with_shared_options
@@ -259,313 +185,36 @@ def run_command(
     or hf:datasets/OWNER/NAME\\[/CONFIG][:SPLIT] (rows through --template); -o *.csv, *.tsv,
     *.parquet, *.sqlite or *.db writes a table (docs/tables.md).
     """
-    run(RunOptions(input_path=input_path, output=output, input_format=input_format.value, system=system,
-                   order=order.value if order is not None else None, max_inflight=max_inflight, reorder_window=reorder_window, resume=resume,
-                   echo=echo, embed=embed, fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout,
-                   quiet=quiet, progress_every=progress_every, ray=ray, ray_workers=ray_workers,
-                   ray_cpus_per_worker=ray_cpus_per_worker, ray_gpus_per_worker=ray_gpus_per_worker,
-                   verify=verify, dry_run=dry_run, as_json=as_json, error_file=error_file,
-                   retry_failed=retry_failed, allow_changed_settings=allow_changed_settings,
-                   tables=TableOptions(template=template, template_file=template_file,
-                                       messages_template=messages_template, id_column=id_column,
-                                       keep_columns=keep_columns, delimiter=delimiter,
-                                       embed_column=embed_column, csv_formulas=csv_formulas.value),
-                   logprobs=logprobs),
-        opts, env)
+    own = dict(input_format=input_format.value, system=system, order=order.value if order is not None else None,
+               max_inflight=max_inflight, reorder_window=reorder_window, resume=resume, echo=echo, embed=embed,
+               fail_on_error=fail_on_error, isolate=isolate, watchdog=watchdog, drain_timeout=drain_timeout, ray=ray,
+               ray_workers=ray_workers, ray_cpus_per_worker=ray_cpus_per_worker,
+               ray_gpus_per_worker=ray_gpus_per_worker, verify=verify, error_file=error_file,
+               retry_failed=retry_failed, allow_changed_settings=allow_changed_settings, template=template,
+               template_file=template_file, messages_template=messages_template, id_column=id_column,
+               keep_columns=keep_columns, delimiter=delimiter, embed_column=embed_column,
+               csv_formulas=csv_formulas.value, logprobs=logprobs)
+    settings = {**opts.values, **{key: value for key, value in own.items() if value is not None}}
+    raise typer.Exit(run(input_path, output, settings, env, quiet=quiet, progress_every=progress_every,
+                         dry_run=dry_run, as_json=as_json))
 
 
-CONFIG_KEYS = ("order", "max_inflight", "reorder_window", "error_file")  # run's own keys in [run]
-
-
-def _with_config_keys(o: RunOptions, env: Environment) -> RunOptions:
-    """`o` with run's own keys read from the config file's [run] table where no flag set them
-    (a flag wins; docs/config.md), once, before anything reads them; order defaults to input."""
-    from ...settings.file_layer import command_setting
-
-    found = {key: command_setting("run", key, None, env.config_path) for key in CONFIG_KEYS if getattr(o, key) is None}
-    o = dataclasses.replace(o, **{key: value for key, value in found.items() if value is not None})
-    return o if o.order is not None else dataclasses.replace(o, order="input")
-
-
-def run(o: RunOptions, opts: SharedOptions, env: Environment) -> None:
-    """The command's body: `o` its own options, `opts` the shared ones, `env` where it runs."""
-    o = _with_config_keys(o, env)
-    ray_pool = import_ray_pool(o.ray) if o.ray is not None else None  # no Ray: exit 2 before anything
-    resolved = resolve_options(opts, env)
-    bounds = time_bounds("run", o.watchdog, o.drain_timeout, env.config_path)
-    if o.resume and o.output in (None, "-"):
-        raise fail("--resume reads back OUTPUT: give it with -o FILE", EXIT_USAGE)
-    if o.resume:
-        try:
-            refuse_resume_to_stream(o.output)
-        except RunFileError as exc:
-            raise fail(str(exc), EXIT_USAGE) from None
-    if o.logprobs is not None:
-        resolved.sampling = dataclasses.replace(resolved.sampling, logprobs=o.logprobs)
-    # INPUT a table, or OUTPUT one: checked and opened before the model loads (table_plan.py)
-    tables = plan_tables(o, resolved.sampling)
-    fmt = o.input_format
-    if fmt == "auto":
-        fmt = format_for_path(o.input_path)
-    parser = tables.parser if tables.reads_table else LineParser(resolved.sampling, input_format=fmt,
-                                                                 system=o.system, echo=o.echo,
-                                                                 embed=o.embed)
-    try:
-        _prepared(o, resolved, parser, tables, bounds, ray_pool, env)
-    finally:
-        tables.close()
-
-
-def _prepared(o: RunOptions, resolved, parser, tables: TablePlan, bounds, ray_pool, env: Environment) -> None:
-    error_file = o.error_file
-    if error_file is not None:  # never one of the run's own files, however spelled (own_files.py)
-        refuse_own_file(error_file, tables.output, tables.records_output, o.input_path)
-    if o.as_json and not o.dry_run:
+def run(input_path: str, output: str | None, settings: dict[str, Any], env: Environment, *, quiet: bool = False,
+        progress_every: float = 10.0, dry_run: bool = False, as_json: bool = False) -> int:
+    """The command's body: the job's settings (run's options and the shared ones), then how
+    it shows; returns the exit status. Typed errors end it through app.main (exit_code_for)."""
+    if as_json and not dry_run:
         raise fail("--json goes with --dry-run (the records are JSON already; `llamabatch report OUTPUT --json` "
                    "prints the manifest)", EXIT_USAGE)
-    if o.dry_run:
-        from .dry_run import dry_run_command
-
-        raise typer.Exit(dry_run_command(resolved, parser, o.input_path, tables.records_output, resume=o.resume,
-                                         retry_failed=o.retry_failed, error_file=error_file, as_json=o.as_json,
-                                         stdin=env.stdin, write=env.out,
-                                         open_tokenizer=lambda r: open_engine(r, env, isolated=False),
-                                         table_source=tables.source,
-                                         table_rows=tables.rows_up_to(1 << 62) if tables.reads_table else None))
-    job = LongJob(resolved, o.input_path, tables.records_output, error_file=error_file, resume=o.resume,
-                  retry_failed=o.retry_failed, allow_changed=o.allow_changed_settings, system=o.system,
-                  argv=env.argv, say=env.say, table=tables.identity)
-    try:
-        job.prepare()
-        _run_job(job, o, resolved, parser, bounds, ray_pool, env, tables)
-    finally:
-        job.release()
-
-
-def _run_job(job: LongJob, o: RunOptions, resolved, parser: LineParser, bounds, ray_pool, env: Environment,
-             tables: TablePlan) -> None:
-    # INPUT and OUTPUT are checked before the model loads: a typo costs nothing.
-    try:
-        source = tables.source if tables.reads_table else open_input(o.input_path, env.stdin)
-        sink = open_output(tables.records_output, o.input_path, env.stdout)
-    except RunFileError as exc:
-        raise fail(str(exc), EXIT_ERROR) from None
-    try:
-        job.open_files()
-    except BaseException:
-        sink.discard()
-        raise
-    answered = None
-    if o.resume:
-        try:
-            answered, torn = job.read_back(sink)
-        except RunFileError as exc:
-            sink.discard()
-            job.discard()
-            raise fail(str(exc), EXIT_ERROR) from None
-    try:  # Ctrl-C while the model loads: exit 130 (app.main), no traceback, no OUTPUT left
-        # auto never opens more slots than lines (locally, and on each Ray worker)
-        cap = max(autoslots.CANDIDATES) + 1
-        lines = count_lines(source, cap) if source.is_file else tables.rows_up_to(cap)
-        if ray_pool is None:
-            engine = open_engine(resolved, env, max_slots=lines, isolated=o.isolate, watchdog_s=bounds.watchdog_s)
-            cluster = None
-        else:
-            engine = cluster = open_pool(ray_pool, resolved, o.ray, o.ray_workers, o.ray_cpus_per_worker,
-                                         o.ray_gpus_per_worker, note=(lambda _m: None) if o.quiet else env.say,
-                                         max_slots=lines, watchdog_s=bounds.watchdog_s, debug=env.debug)
-    except BaseException:
-        sink.discard()
-        job.discard()
-        raise
-    # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
-    inflight = o.max_inflight or (cluster.inflight_cap if cluster else 4 * engine.config.n_parallel)
-    reorder_window = o.reorder_window
-    if reorder_window is None:  # as many lines to choose from as the engine(s) hold at once by default
-        reorder_window = cluster.inflight_cap if cluster else 4 * engine.config.n_parallel
-    reporter = make_reporter(o.quiet, o.progress_every, env.stderr, live_ok=not sink.is_terminal,
-                             stream_isatty=env.stderr_isatty)
-    if tables.empty_note:
-        reporter.note(tables.empty_note)
-    if o.resume:
-        reporter.note(f"llamabatch run: resuming: {answered.records} record(s) already in {tables.records_output}"
-                      + (f"; cut off a torn last line ({torn} bytes)" if torn else ""))
-    finished: list[bool] = []  # whether every INPUT entry got its record (set when the loop ends)
-    try:
-        if not o.resume:
-            try:
-                sink.start_fresh()
-                job.start_fresh()
-            except RunFileError as exc:
-                raise fail(str(exc), EXIT_ERROR) from None
-        try:
-            job.begin(engine.model_name)
-        except BaseException:
-            sink.close()
-            job.discard()
-            raise
-
-        def ended(run: BatchRun, writer: RecordWriter) -> None:
-            complete = not run.stopping and run.read_error is None and writer.error is None
-            finished.append(complete)
-            job.end(complete=complete, wall_s=run.elapsed(), written=writer.stats.written,
-                    generated=writer.stats.completion_tokens, ray=cluster.describe() if cluster else None,
-                    input_ids=run.seen_ids if complete else None)
-
-        code = _run(engine, RunJob(parser=parser, source=source, sink=sink, reporter=reporter, options=o,
-                                   inflight=inflight, reorder_window=reorder_window, argv=env.argv,
-                                   answered=answered, cluster=cluster,
-                                   deterministic=resolved.engine.deterministic,
-                                   model_why=model_why(resolved.sources.get("model")),
-                                   drain_timeout=bounds.drain_timeout_s, route=job.routes(sink), on_end=ended,
-                                   counter=tables.counter()))
-    finally:
-        engine.close()
-        source.close()
-    if tables.kind is not None:  # the table from the records file, finished or not (table_output.py)
-        code = tables.finalize(code, o.order, complete=bool(finished and finished[0]), quiet=o.quiet,
-                               say=env.say)
-    raise typer.Exit(code)
-
-
-def format_for_path(path: str) -> str:
-    """The input format a file's name implies; "auto" lets its first line decide."""
-    name = path.lower()
-    if name.endswith(".txt"):
-        return "text"
-    if name.endswith((".jsonl", ".ndjson")):
-        return "jsonl"  # a line that is not JSON there is damage, not a prompt
-    return "auto"
-
-
-def _run(engine, job: RunJob) -> int:
-    """`engine` is an Engine, or with --ray the RayPool (`job.cluster` too), which takes lines the same way."""
-    parser, source, sink, reporter, cluster = job.parser, job.source, job.sink, job.reporter, job.cluster
-    input_path, output, order, argv = job.options.input_path, job.options.output, job.options.order, job.argv
-    inflight, deterministic = job.inflight, job.deterministic
-    why = f" ({engine.slots_reason})" if engine.slots_reason else ""
-    kernels = f", {engine.kernels}" if engine.kernels else ""
-    model = f"{engine.model_name} ({job.model_why})" if job.model_why else engine.model_name
-    what = cluster.describe() if cluster else (f"{model}, {engine.config.n_parallel} slots x "
-                                               f"{engine.slot_ctx} tokens{why}{kernels}")
-    reporter.note(f"llamabatch run: {what}, {input_path} -> {output or 'stdout'}")
-    resumable = sink.is_regular_file  # asked now: the sink is closed before the end is told
-    # Admitted lines not yet written: those in the engine, those waiting to start (reorder
-    # window), and in input order the finished ones waiting behind a slow one.
-    waiting = max(1, job.reorder_window)
-    window = threading.Semaphore((inflight * REORDER_WINDOW_FACTOR if order == "input" else inflight) + waiting)
-    writer = RecordWriter(sink, engine.model_name, order, window, deterministic=deterministic, route=job.route)
-    reservoir = Reservoir(job.options.verify) if job.options.verify else None
-    run = BatchRun(engine, parser, source, writer, window, max_inflight=inflight, answered=job.answered,
-                   reorder_window=job.reorder_window,
-                   # a Ray worker holds 2 x its slots (cluster/pool.py): the pool's slots, near enough
-                   slots=max(1, cluster.inflight_cap // 2) if cluster else engine.config.n_parallel,
-                   on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))
-                   if reservoir else None)
-    counter = LineCounter(source.name) if source.is_file else job.counter
-    interrupts = Interrupts()
-    try:
-        with interrupts.installed():
-            run.start()
-            wait_for(run, reporter, interrupts, counter, cluster, drain_timeout=job.drain_timeout)
-    finally:
-        reporter.close()
-        writer.close()
-        sink.close()
-        if job.on_end is not None:  # the manifest's end, the --retry-failed merge (long_job.py)
-            job.on_end(run, writer)
-    _summary(reporter, run, writer, restarts_told=cluster is not None)  # the pool tells its workers' restarts
-    if cluster is not None:
-        for line in cluster.summary_lines():
-            reporter.note(line)
-        if cluster.fatal_error is not None:
-            reporter.say(f"llamabatch: error: {cluster.fatal_error}")
-            reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
-            return EXIT_ERROR
-    if run.read_note is not None:
-        reporter.say(f"llamabatch run: {run.read_note}")
-    if writer.error is not None:
-        reporter.say(f"llamabatch: error: {writer.error}")
-        if resumable:  # every record in it is whole (a torn last one is cut on resume)
-            reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
-        return EXIT_ERROR
-    fatal = engine.fatal_error
-    if fatal is not None:  # the engine process died and could not be restarted
-        reporter.say(f"llamabatch: error: {fatal}")
-        reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
-        return EXIT_ERROR
-    if run.read_error is not None:
-        reporter.say(f"llamabatch: error: {run.read_error}")
-        reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
-        return EXIT_ERROR
-    if run.stopping:
-        reporter.say(_resume_hint(writer.stats.written, input_path, output, argv))
-        return 128 + interrupts.first if interrupts.first else EXIT_INTERRUPTED
-    if reservoir is not None and not _verified(engine, reservoir, reporter, deterministic):
-        return EXIT_ERROR
-    if job.options.fail_on_error and writer.stats.failed:
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def _verified(engine, reservoir: Reservoir, reporter: Reporter, deterministic: bool) -> bool:
-    """--verify: re-run the sampled lines alone; say what came out (always, even with -q)."""
-    samples = reservoir.samples
-    if not samples:
-        reporter.say("llamabatch run: verify: no finished line to re-run")
-        return True
-    reporter.note(f"llamabatch run: verify: re-running {len(samples)} of {reservoir.seen} finished line(s) "
-                  "one at a time")
-    differences = rerun_alone(engine, samples)
-    if not differences:
-        reporter.say(f"llamabatch run: verified {len(samples)}/{len(samples)} identical")
-        return True
-    reporter.say(f"llamabatch run: verify: {len(differences)} of {len(samples)} differ: "
-                 + ", ".join(repr(d.key) for d in differences))
-    for d in differences:
-        reporter.say(f"llamabatch run: verify: id {d.key!r}: {d.why}")
-    if not deterministic:
-        reporter.say("llamabatch run: verify: without --deterministic, output may depend on the batch")
-    return False
-
-
-def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter, restarts_told: bool = False) -> None:
-    s = writer.stats
-    wall = run.elapsed()
-    line = f"llamabatch run: {s.written} {run.unit}(s) in {clock_duration(wall)}: {s.ok} ok, {s.failed} failed"
-    if run.skipped:
-        line += f"; {run.skipped} already in OUTPUT"
-    if writer.skipped:
-        stuck = f"; {run.abandoned} of them still running when the drain time ran out" if run.abandoned else ""
-        line += f"; {writer.skipped} cancelled (not written{stuck})"
-    reporter.note(line)
-    if run.restarts and not restarts_told:
-        isolated = ", ".join(repr(i) for i in run.isolated) or "none"
-        hangs = run.engine.hangs
-        hung = f" ({hangs} of them hung: killed by the watchdog)" if hangs else ""
-        reporter.note(f"llamabatch run: the engine process crashed and was restarted {run.restarts} time(s){hung}; "
-                      f"isolated: {isolated}")
-    share = f"{100 * s.cached_tokens / s.prompt_tokens:.0f}%" if s.prompt_tokens else "0%"
-    disk = f"; {s.restored_tokens} of them from the disk prefix store" if s.restored_tokens else ""
-    reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}{disk}), "
-                  f"generated {s.completion_tokens}, {wall:.1f}s wall, "
-                  f"{s.completion_tokens / wall if wall > 0 else 0:.1f} generated tok/s")
-    if s.grammar_backends:  # which backend constrained the structured lines (docs/structured-output.md)
-        ways = {"llguidance": "as llguidance token masks", "llama": "through llama.cpp's grammar sampler"}
-        parts = ", ".join(f"{n} line(s) {ways.get(b, b)}" for b, n in sorted(s.grammar_backends.items()))
-        reporter.note(f"llamabatch run: structured output: {parts}; {s.forced_tokens} token(s) forced by the grammar")
-
-
-def _resume_hint(written: int, input_path: str, output: str | None, argv: tuple[str, ...]) -> str:
-    if output in (None, "-"):
-        return (f"llamabatch run: stopped early; {written} record(s) went to stdout. To finish the rest, "
-                f"run again with -o FILE (the file stdout went to) and --resume")
-    if stream_kind(output) is not None:  # a pipe or FIFO cannot be read back: the same advice as stdout
-        return (f"llamabatch run: stopped early; {written} record(s) went to {output}. To finish the rest, "
-                f"run again with -o FILE (the file they were saved to) and --resume")
-    args = list(argv)
-    if "run" in args:  # the command as typed, with every option kept
-        command = shlex.join(["llamabatch", *args] + ([] if "--resume" in args else ["--resume"]))
-    else:
-        command = shlex.join(["llamabatch", "run", input_path, "-o", output, "--resume"])
-    return f"llamabatch run: stopped early; {written} record(s) written to {output} this run. Resume with:\n  {command}"
+    host = JobHost(stdin=env.stdin, stdout=env.stdout, config_path=env.config_path, argv=env.argv,
+                   open_engine=lambda resolved, **kw: open_engine(resolved, env, **kw),
+                   tell=lambda line: env.say(f"llamabatch: {line}"), debug=env.debug)
+    if dry_run:
+        estimate = estimate_job(input_path, output, host=host, **settings)
+        for line in [json.dumps(estimate, ensure_ascii=False)] if as_json else estimate_lines(estimate):
+            env.out(line)
+        return EXIT_OK
+    job = start_job(input_path, output, host=host, **settings)
+    report, reporter, interrupts = follow(job, quiet=quiet, progress_every=progress_every, env=env)
+    return exit_status(report, reporter, interrupts, input_path=input_path, output=output, argv=env.argv,
+                       fail_on_error=bool(settings.get("fail_on_error")))

@@ -1,32 +1,16 @@
-"""Progress of a batch run on stderr: a rich bar on a terminal, plain periodic lines when
+"""Progress of a job on stderr: a rich bar on a terminal, plain periodic lines when
 stderr is a file or pipe (CI logs, `2> log`), nothing with --quiet.
 
-Reporters only format what they are given (a Snapshot); they never look at the engine.
+Reporters only format what they are given (a Snapshot from the job's Progress events).
 All calls come from the main thread.
 """
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from typing import TextIO
 
-# The generated-tokens rate shown is measured over this many seconds (the current speed,
-# not the run's average); batch.py keeps its samples for this window.
-RATE_WINDOW_S = 5.0
-
-
-@dataclass
-class Snapshot:
-    done: int  # lines with a record (this run and, with --resume, earlier ones)
-    total: int | None  # non-blank INPUT lines, once counted (None for stdin / not yet)
-    failed: int
-    tok_s: float  # generated tokens per second over the last RATE_WINDOW_S seconds
-    active: int  # slots prefilling or generating
-    n_parallel: int
-    eta_s: float | None
-    extra: str = ""  # run --ray: per-worker lines/s and tok/s
-    unit: str = "lines"  # what INPUT is counted in: "rows" for a table
+from ...jobs.progress import RATE_WINDOW_S, Snapshot
 
 
 def clock_duration(seconds: float | None) -> str:

@@ -8,8 +8,7 @@ from typing import Any
 import typer
 
 from ..options import environment_of
-from ..common import EXIT_ERROR, fail
-from .manifest import ManifestProblem, manifest_path, read_manifest, SUFFIX
+from ...jobs.manifest import manifest_path, read_manifest, SUFFIX
 
 
 def report_command(
@@ -24,10 +23,7 @@ def report_command(
 
 def show_report(output: str, as_json: bool, stdout: Any) -> None:
     path = output if output.endswith(SUFFIX) else manifest_path(output)
-    try:
-        manifest = read_manifest(path)
-    except ManifestProblem as exc:
-        raise fail(str(exc), EXIT_ERROR) from None
+    manifest = read_manifest(path)  # ManifestProblem, a JobFileError: one line, exit 1
     if as_json:
         print(json.dumps(manifest, ensure_ascii=False, indent=2), file=stdout, flush=True)
         return

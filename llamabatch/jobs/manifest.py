@@ -3,7 +3,7 @@
 Written when a run starts (status "running") and again when it ends, always whole: the
 new text goes to a temporary file in the same folder, is fsynced, and is renamed over the
 old one, so a reader (or a kill -9) only ever sees the previous manifest or the new one.
-This module reads and writes the file; what goes into it is run_record.py's job.
+This module reads and writes the file; what goes into it is manifest_fields.py's job.
 """
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
-from ...replaced_file import replacing, sync_folder
-from ...whole_file import MISSING, NOT_JSON, NOT_UTF8, UnreadableFile, read_json
+from ..errors import JobFileError
+from ..replaced_file import replacing, sync_folder
+from ..whole_file import MISSING, NOT_JSON, NOT_UTF8, UnreadableFile, read_json
 
 FORMAT = "llamabatch-run-manifest"
 VERSION = 1  # bumped when a field changes meaning; a newer file is refused on --resume
 SUFFIX = ".manifest.json"
 
 
-class ManifestProblem(Exception):
+class ManifestProblem(JobFileError):
     """The manifest beside OUTPUT can't be used to check a resume (missing, torn, newer)."""
 
 
@@ -88,7 +89,7 @@ def _damage(data: dict[str, Any]) -> str | None:
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f'"{key}" is {_kind(data[key])}, not an object'
     if "history" not in data:
-        return None  # a new history starts with this run (run_record.start_event)
+        return None  # a new history starts with this run (manifest_fields.start_event)
     history = data["history"]
     if not isinstance(history, list):
         return f'"history" is {_kind(history)}, not a list'

@@ -4,7 +4,7 @@ renamed over them and those lines had no record anywhere).
 
 Beside a regular OUTPUT a run writes: OUTPUT itself (or, for a table OUTPUT, the table and
 its records file), OUTPUT.manifest.json (manifest.py), OUTPUT.lock (output_lock.py),
-OUTPUT.retry.jsonl (retry.py), and the temporary files of every write-then-rename
+OUTPUT.retry.jsonl (retry_journal.py), and the temporary files of every write-then-rename
 (replaced_file.py: `.NAME.PID.tmp` beside NAME, plus SQLite's -journal/-wal/-shm beside a
 table's). Paths are compared resolved (symlinks followed, `./x` and `/abs/x` alike), so no
 other spelling of one of them gets through. INPUT is refused too: the run never writes it,
@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import re
 
-from ..common import EXIT_USAGE, fail
+from ..errors import InvalidRequest
 from .manifest import manifest_path
 from .output_lock import SUFFIX as LOCK_SUFFIX
-from .retry import journal_path
+from .retry_journal import journal_path
 
 
 def own_files(output: str, records_output: str) -> list[tuple[str, str]]:
@@ -34,7 +34,7 @@ def own_files(output: str, records_output: str) -> list[tuple[str, str]]:
 
 
 def refuse_own_file(error_file: str, output: str | None, records_output: str | None, input_path: str) -> None:
-    """Raise a usage error (one line, exit 2) when --error-file names INPUT or any file the run
+    """Raise InvalidRequest (one line) when --error-file names INPUT or any file the run
     writes, however it is spelled."""
     if output in (None, "-") or records_output is None or error_file == "-":
         return  # open_error_file says what --error-file needs then
@@ -44,11 +44,11 @@ def refuse_own_file(error_file: str, output: str | None, records_output: str | N
         named.append((input_path, "INPUT"))
     for path, what in named:
         if target == os.path.realpath(path):
-            raise fail(f"--error-file {error_file} is {what} ({path}); give the error file a name of its own",
-                       EXIT_USAGE)
+            raise InvalidRequest(f"--error-file {error_file} is {what} ({path}); give the error file a name of "
+                                 "its own")
         if what != "INPUT" and _temporary_of(target, path):
-            raise fail(f"--error-file {error_file} is a temporary file's name the run writes beside {what} "
-                       f"({path}); give the error file a name of its own", EXIT_USAGE)
+            raise InvalidRequest(f"--error-file {error_file} is a temporary file's name the run writes beside "
+                                 f"{what} ({path}); give the error file a name of its own")
 
 
 def _temporary_of(target: str, path: str) -> bool:

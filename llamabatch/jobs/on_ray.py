@@ -1,58 +1,39 @@
-"""The --ray side of `llamabatch run`: reaching Ray and starting the engines on it.
+"""A job on Ray (`ray=`, `llamabatch run --ray`): reaching Ray and starting the engines on it.
 
-Everything else (reader, writer, --resume, progress, Ctrl-C) is run's own code: the pool
-from llamabatch/ray_pool.py stands where the Engine stands in a local run.
+Everything else (reader, writer, resume, progress, stopping) is the job's own code: the pool
+from llamabatch/cluster/pool.py stands where the Engine stands in a local job.
 """
 from __future__ import annotations
 
 import os
-import re
 from typing import Callable
 
-from ...settings.resolved import Resolved
-from ..common import EXIT_ERROR, EXIT_USAGE, fail
+from ..settings.resolved import Resolved
+from ..errors import ClusterStartError, InvalidRequest
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'llamabatch[ray]'"
 LOCAL = "local"  # --ray without an ADDRESS: start a Ray instance on this machine
 
-# What --ray accepts as its optional ADDRESS; anything else after a bare --ray is the next argument.
-_ADDRESS = re.compile(r"^(auto|local|ray://\S+|\[[0-9a-fA-F:]+\]:\d+|[\w.-]+:\d+)$")
-
-
-def with_bare_ray_flag(argv: list[str]) -> list[str]:
-    """Typer has no options with an optional value, so a bare `--ray` is spelled `--ray=local`
-    here before parsing. `--ray ADDRESS` keeps its value only when it looks like an address
-    (auto, HOST:PORT, ray://HOST:PORT), so `run --ray prompts.jsonl` still means the file."""
-    out = []
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            return out + argv[i:]
-        if arg == "--ray" and (i + 1 == len(argv) or not _ADDRESS.match(argv[i + 1])):
-            out.append(f"--ray={LOCAL}")
-        else:
-            out.append(arg)
-    return out
-
 
 def import_ray_pool(address: str):
-    """The ray_pool module, or exit 2 with how to install Ray."""
+    """The ray_pool module; InvalidRequest saying how to install Ray when it is missing."""
     if address == LOCAL:
         # A Ray instance of our own serves this machine only: Ray then gives its node the
         # loopback address instead of the machine's network one (read when ray is imported).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
-        from ...cluster import pool as ray_pool
+        from ..cluster import pool as ray_pool
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "ray":
             raise
-        raise fail(INSTALL_HINT, EXIT_USAGE) from None
+        raise InvalidRequest(INSTALL_HINT) from None
     return ray_pool
 
 
 def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, cpus: int | None,
               gpus: float | None, note: Callable[[str], None], max_slots: int | None = None,
               watchdog_s: float | None = None, debug: bool = False):
-    """Start the engines on Ray; anything that stops them is one line and exit 1, before any work.
+    """Start the engines on Ray; anything that stops them is one ClusterStartError line, before any work.
     With n_parallel "auto" (the default) each worker measures or reuses its own node's choice,
     bounded by `max_slots` (the input's line count); the header names each worker's.
     `debug` (--debug): workers' logs reach the driver, and a start failure keeps its traceback."""
@@ -67,4 +48,4 @@ def open_pool(ray_pool, resolved: Resolved, address: str, workers: int | None, c
     except ray_pool.RayStartError as exc:
         if debug:
             raise
-        raise fail(str(exc), EXIT_ERROR) from None
+        raise ClusterStartError(str(exc)) from None

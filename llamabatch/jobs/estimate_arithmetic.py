@@ -10,8 +10,8 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...config import DEFAULT_CTX_PER_SLOT, EngineConfig
-from ...llama import autoslots
+from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
+from ..llama import autoslots
 
 RECENT = 8  # prompts a new one is compared with for prefix reuse (about what the slots hold)
 
@@ -89,7 +89,7 @@ def planned_slots(config: EngineConfig, model_path: str, lines: int | None) -> t
     """(slot count the run would use, calibration {slots: decode tok/s}, where it comes from).
     An explicit n_parallel is itself; "auto" is what autoslots would pick from its cache
     (None when this model, thread count and machine were never calibrated)."""
-    from ...llama.cpu_buffers import chosen
+    from ..llama.cpu_buffers import chosen
 
     key = autoslots.cache_key(model_path, config.n_threads, chosen(config.cpu_buffers))
     entry = autoslots.read_cache(key)

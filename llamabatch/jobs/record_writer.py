@@ -1,4 +1,4 @@
-"""The output side of `llamabatch run`: one thread that turns finished lines into records and
+"""The output side of a job: one thread that turns finished lines into records and
 writes them, in input order (a bounded reorder buffer) or as they finish.
 
 It has its own thread so the engine thread's callbacks never wait on the disk. Every
@@ -7,7 +7,6 @@ record is written whole with its newline and flushed at once; fsync runs at most
 """
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import queue
@@ -16,17 +15,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .formats import LineError, LineRequest, build_record, failed
-from ...results import Result
-from .files import Sink
+from .line_shapes import LineError, LineRequest, build_record, failed
+from ..results import Result
+from .output_sink import Sink
 
-log = logging.getLogger("llamabatch.cli.run")
+log = logging.getLogger("llamabatch.jobs")
 
 ORDERS = ("input", "completion")
 _SKIP = object()  # a line that gets no record in this run (cancelled: --resume runs it again)
 _UNSTARTED = object()  # likewise, a line read ahead that the run stopped before starting
 _CLOSE = object()
-MAX_FAILURE_NOTES = 10
 
 
 @dataclass
@@ -52,7 +50,8 @@ class RecordWriter:
 
     def __init__(self, sink: Sink, model: str, order: str, window: threading.Semaphore, sync_every: float = 2.0,
                  deterministic: bool = False,
-                 route: Callable[[LineRequest | LineError, Result], Sink] | None = None):
+                 route: Callable[[LineRequest | LineError, Result], Sink] | None = None,
+                 on_record: Callable[[LineRequest | LineError, Result, bool], None] | None = None):
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.sink = sink
@@ -66,8 +65,7 @@ class RecordWriter:
         self.handled = 0  # lines written or skipped
         self.skipped = 0  # lines that got no record (cancelled)
         self.error: str | None = None  # set when OUTPUT can't be written: the run must stop
-        self.failures: collections.deque = collections.deque()  # (line_no, id, code, message) for notes
-        self._failure_notes = 0
+        self.on_record = on_record  # told (line, result, failed) of each record written, on this thread
         self._window = window
         self._sync_every = sync_every
         self._queue: queue.Queue = queue.Queue()
@@ -166,14 +164,13 @@ class RecordWriter:
         if backend:
             s.grammar_backends[backend] = s.grammar_backends.get(backend, 0) + 1
             s.forced_tokens += getattr(result, "forced_tokens", 0)
-        if failed(result):
+        bad = failed(result)
+        if bad:
             s.failed += 1
-            if self._failure_notes < MAX_FAILURE_NOTES + 1:  # one more to say "and more"
-                self._failure_notes += 1
-                self.failures.append((item.line_no, item.id, result.error_code or result.finish_reason,
-                                      result.error or f"finish_reason {result.finish_reason}"))
         else:
             s.ok += 1
+        if self.on_record is not None:
+            self.on_record(item, result, bad)
 
     def _sync(self) -> None:
         if self._dirty:

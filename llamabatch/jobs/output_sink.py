@@ -1,9 +1,6 @@
-"""INPUT and OUTPUT of `llamabatch run`: opened and checked before the model loads, read
-back for --resume, and INPUT's lines counted in the background for the progress total.
-
-INPUT is read as bytes, line by line (a million-line file is never held in memory);
-each line is decoded on its own so one bad byte spoils one line, not the run.
-OUTPUT is opened for appending: nothing in it is destroyed before the model has loaded.
+"""OUTPUT of a job: opened and checked before the model loads, written one whole record at a
+time, and read back on resume. OUTPUT is opened for appending: nothing in it is destroyed
+before the model has loaded.
 """
 from __future__ import annotations
 
@@ -11,88 +8,15 @@ import json
 import os
 import stat
 import sys
-import threading
-from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator, TextIO
+from typing import BinaryIO, TextIO
 
-from .formats import record_error_code, record_id
-from .ids import Answered
-
-
-class RunFileError(Exception):
-    """INPUT or OUTPUT can't be used: one line for the user, exit 1."""
+from ..errors import InvalidRequest, JobFileError
+from .line_shapes import record_error_code, record_id
+from .id_sets import Answered
 
 
 def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
-
-
-@dataclass
-class Source:
-    name: str  # the path, or "-" for stdin
-    stream: BinaryIO
-    is_file: bool  # a regular file: its lines can be counted ahead
-    read_bytes: int = 0  # how far the lines read so far reach
-
-    def __post_init__(self) -> None:
-        # What the file was when opened, to notice it being cut short or replaced under the run.
-        self._opened: os.stat_result | None = None
-        if self.is_file:
-            try:
-                self._opened = os.fstat(self.stream.fileno())
-            except (OSError, ValueError):
-                pass
-
-    def lines(self) -> Iterator[tuple[int, bytes]]:
-        """(1-based line number, raw line) pairs, read lazily."""
-        for number, raw in enumerate(self.stream, start=1):
-            self.read_bytes += len(raw)
-            yield number, raw
-
-    def changed(self) -> tuple[str | None, str | None]:
-        """After the last line: (error, note) about INPUT changing while it was read.
-        Cut short (truncated, or overwritten with less) is an error: lines were never read.
-        Replaced (a new file renamed over it) is a note: this run read the file it opened, whole."""
-        if self._opened is None:
-            return None, None
-        error = note = None
-        if self.read_bytes < self._opened.st_size:
-            error = (f"INPUT {self.name} was cut short while it was read: it had {self._opened.st_size} bytes "
-                     f"when the run started, only {self.read_bytes} could be read; the lines after that did not run")
-        try:
-            now = os.stat(self.name)
-        except OSError:
-            now = None
-        if now is None or (now.st_dev, now.st_ino) != (self._opened.st_dev, self._opened.st_ino):
-            note = (f"INPUT {self.name} was {'removed' if now is None else 'replaced'} while it was read; "
-                    "this run read the file as it was when the run started")
-        return error, note
-
-    def close(self) -> None:
-        if self.name != "-":  # stdin's copy stays open: the reader may still block on it
-            self.stream.close()
-
-
-def open_input(path: str, stdin: TextIO | None = None) -> Source:
-    """INPUT: `path`, or for "-" the command's stdin (default: the process's)."""
-    if path == "-":
-        stdin = stdin if stdin is not None else sys.stdin
-        # A private reader on a copy of its fd: if Ctrl-C leaves the reader thread blocked in
-        # a read, interpreter shutdown must not wait for sys.stdin's lock.
-        try:
-            return Source("-", os.fdopen(os.dup(stdin.fileno()), "rb"), False)
-        except (OSError, ValueError, AttributeError):  # no fd (an in-memory stream), or fd 0 closed
-            pass
-        if stdin is None or getattr(stdin, "buffer", None) is None:  # `llamabatch run - <&-`
-            raise RunFileError("cannot read INPUT -: stdin is closed")
-        return Source("-", stdin.buffer, False)
-    if os.path.isdir(path):
-        raise RunFileError(f"cannot read INPUT {path}: is a directory")
-    try:
-        stream = open(path, "rb")
-    except OSError as exc:
-        raise RunFileError(f"cannot read INPUT {path}: {_why(exc)}") from None
-    return Source(path, stream, stat.S_ISREG(os.fstat(stream.fileno()).st_mode))
 
 
 class Sink:
@@ -138,14 +62,14 @@ class Sink:
             pass  # a pipe or terminal: nothing to sync
 
     def start_fresh(self) -> None:
-        """Empty the file (a run without --resume replaces OUTPUT). Raises RunFileError."""
+        """Empty the file (a run without --resume replaces OUTPUT). Raises JobFileError."""
         if self.is_stdout:
             return
         try:
             if stat.S_ISREG(os.fstat(self.stream.fileno()).st_mode):  # /dev/full, a FIFO: nothing to empty
                 self.stream.truncate(0)
         except OSError as exc:
-            raise RunFileError(f"cannot write {self.label}: {_why(exc)}") from None
+            raise JobFileError(f"cannot write {self.label}: {_why(exc)}") from None
 
     def close(self) -> None:
         try:
@@ -185,14 +109,14 @@ def open_output(path: str | None, input_path: str, stdout: TextIO | None = None)
             return _stdout_sink()
         return Sink("-", stdout.buffer, False, owned=False)  # an embedding caller's stream: not ours to close
     if os.path.isdir(path):
-        raise RunFileError(f"cannot write OUTPUT {path}: is a directory")
+        raise JobFileError(f"cannot write OUTPUT {path}: is a directory")
     if input_path != "-" and os.path.exists(path):
         try:
             same = os.path.samefile(path, input_path)
         except OSError:
             same = False
         if same:
-            raise RunFileError(f"OUTPUT {path} is the INPUT file; write the results somewhere else")
+            raise JobFileError(f"OUTPUT {path} is the INPUT file; write the results somewhere else")
     kind = stream_kind(path)
     if kind is not None:
         # A pipe, a FIFO, /dev/stdout or a terminal: there is nothing to append to or read back
@@ -201,13 +125,13 @@ def open_output(path: str | None, input_path: str, stdout: TextIO | None = None)
         try:
             fd = os.open(path, os.O_WRONLY)
         except OSError as exc:
-            raise RunFileError(f"cannot write OUTPUT {path}: {_why(exc)} ({kind})") from None
+            raise JobFileError(f"cannot write OUTPUT {path}: {_why(exc)} ({kind})") from None
         return Sink(path, os.fdopen(fd, "wb"), False)
     created = not os.path.exists(path)
     try:
         stream = open(path, "a+b")  # checks we may write, destroys nothing
     except OSError as exc:
-        raise RunFileError(f"cannot write OUTPUT {path}: {_why(exc)}") from None
+        raise JobFileError(f"cannot write OUTPUT {path}: {_why(exc)}") from None
     return Sink(path, stream, created)
 
 
@@ -220,17 +144,17 @@ def stream_kind(path: str) -> str | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    from ...models.gguf_header import file_kind
+    from ..models.gguf_header import file_kind
 
     return "a pipe" if stat.S_ISFIFO(mode) and path.startswith(("/dev/", "/proc/")) else file_kind(mode)
 
 
 def refuse_resume_to_stream(path: str) -> None:
     """--resume reads OUTPUT back and appends to it: refuse a stream before opening it (a
-    FIFO's open would wait for a reader first). Raises RunFileError."""
+    FIFO's open would wait for a reader first). Raises InvalidRequest."""
     kind = stream_kind(path)
     if kind is not None:
-        raise RunFileError(f"cannot resume: OUTPUT {path} is {kind}, not a regular file; --resume reads OUTPUT "
+        raise InvalidRequest(f"cannot resume: OUTPUT {path} is {kind}, not a regular file; --resume reads OUTPUT "
                            "back, so give it the file the earlier run wrote")
 
 
@@ -245,7 +169,7 @@ def _stdout_sink() -> Sink:
         os.dup2(2, 1)
     except OSError:  # no real fd 1 (an embedding host): write where sys.stdout writes
         if sys.stdout is None:  # `llamabatch run ... >&-`
-            raise RunFileError("cannot write stdout: it is closed") from None
+            raise JobFileError("cannot write stdout: it is closed") from None
         return Sink("-", sys.stdout.buffer, False, owned=False)
     sink = Sink("-", os.fdopen(private, "wb"), False)
     sink.restore_fd = saved
@@ -263,7 +187,7 @@ def read_back(sink: Sink, answered: Answered | None = None) -> tuple[Answered, i
     except (OSError, ValueError):
         regular = False
     if not regular:  # /dev/full reads as endless NUL bytes, a FIFO as whatever comes: nothing to resume
-        raise RunFileError(f"cannot resume: OUTPUT {sink.name} is not a regular file")
+        raise JobFileError(f"cannot resume: OUTPUT {sink.name} is not a regular file")
     f.seek(0)
     good_end = 0
     line_no = 0
@@ -275,11 +199,11 @@ def read_back(sink: Sink, answered: Answered | None = None) -> tuple[Answered, i
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
-                raise RunFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} is not valid JSON "
+                raise JobFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} is not valid JSON "
                                    "(only its last line may be torn); fix or remove that line") from None
             line_id = record_id(record)
             if line_id is None:
-                raise RunFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} has no id or custom_id "
+                raise JobFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} has no id or custom_id "
                                    "(is it a llamabatch run output?)")
             answered.add(line_id, record_error_code(record))
         good_end += len(raw)
@@ -290,48 +214,3 @@ def read_back(sink: Sink, answered: Answered | None = None) -> tuple[Answered, i
         f.flush()
         sink.sync()
     return answered, torn
-
-
-def count_lines(source: Source, cap: int) -> int | None:
-    """INPUT's non-blank lines, counting no further than `cap` (enough to bound the slot
-    count); None when the file cannot be read again."""
-    return _count_nonblank(source.name, cap)
-
-
-def _count_nonblank(path: str, cap: int | None = None) -> int | None:
-    n = 0
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                if raw.strip():
-                    n += 1
-                    if cap is not None and n >= cap:
-                        break
-    except OSError:
-        return None
-    return n
-
-
-class BackgroundCount:
-    """A progress total counted on a background thread: None until it is known, and for good
-    when counting fails (the run itself reports read errors)."""
-
-    def __init__(self, count: Callable[[], int | None]):
-        self.total: int | None = None
-        self._thread = threading.Thread(target=self._run, args=(count,), name="llamabatch-count", daemon=True)
-        self._thread.start()
-
-    def _run(self, count: Callable[[], int | None]) -> None:
-        self.total = count()
-
-    def wait(self, timeout: float) -> int | None:
-        """The total, waiting up to `timeout` seconds for it (the run's last progress line)."""
-        self._thread.join(timeout)
-        return self.total
-
-
-class LineCounter(BackgroundCount):
-    """Counts INPUT's non-blank lines (the progress bar's total)."""
-
-    def __init__(self, path: str):
-        super().__init__(lambda: _count_nonblank(path))

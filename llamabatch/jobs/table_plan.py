@@ -8,13 +8,13 @@ always was.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
-from ...params import SamplingParams
-from ...tables import TableError
-from ...tables.arrow_import import pyarrow_modules, use_system_allocator
-from ...tables.csv_table import CsvTable
-from ..common import EXIT_ERROR, EXIT_USAGE, fail
+from ..params import SamplingParams
+from ..tables import TableError
+from ..tables.arrow_import import pyarrow_modules, use_system_allocator
+from ..tables.csv_table import CsvTable
+from ..errors import InvalidRequest, JobFileError
 from .table_input import (TableCounter, TableParser, TableSource, open_table_input, output_inside_input,
                           reads_table)
 from .sqlite_output import NotOurDatabase, refuse_foreign
@@ -38,7 +38,7 @@ class TablePlan:
         self.csv_formulas = csv_formulas  # --csv-formulas: escape or raw (table_writers.formula_safe)
         self.empty_note: str | None = None
         if source is not None and source.empty:
-            self.empty_note = f"llamabatch run: INPUT {source.name} has no data rows: nothing to run"
+            self.empty_note = f"INPUT {source.name} has no data rows: nothing to run"
 
     @property
     def identity(self) -> dict[str, Any] | None:
@@ -75,23 +75,18 @@ class TablePlan:
     def counter(self) -> TableCounter | None:
         return TableCounter(self.input_path, self.delimiter) if self.source is not None else None
 
-    def finalize(self, code: int, order: str, *, complete: bool, quiet: bool, say: Callable[[str], None]) -> int:
-        """Write the table from the records file (finished or stopped); a failure is exit 1 with
-        the records kept for the next --resume."""
+    def write_table(self, order: str) -> int | None:
+        """Write the table from the records file (finished or stopped): the rows written, None
+        when there is no records file. Raises JobFileError, the records kept for the next resume."""
         records = self.records_output
         if not os.path.exists(records):
-            return code
+            return None
         try:
-            n = finalize(records, self.output, self.kind, self.layout, in_input_order=order == "input",
-                         csv_formulas=self.csv_formulas)
+            return finalize(records, self.output, self.kind, self.layout, in_input_order=order == "input",
+                            csv_formulas=self.csv_formulas)
         except Exception as exc:
-            say(f"llamabatch: error: cannot write the table {self.output}: {getattr(exc, 'strerror', None) or exc}; "
-                f"the answers are kept in {records}, and --resume writes the table again")
-            return EXIT_ERROR
-        if not quiet:
-            what = "complete" if complete else "the rows answered so far; --resume completes it"
-            say(f"llamabatch run: wrote {n} row(s) to {self.output} ({what}; from {records})")
-        return code
+            raise JobFileError(f"cannot write the table {self.output}: {getattr(exc, 'strerror', None) or exc}; "
+                               f"the answers are kept in {records}, and --resume writes the table again") from None
 
     def close(self) -> None:
         if self.source is not None:
@@ -99,29 +94,29 @@ class TablePlan:
 
 
 def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
-    """Check and open what the table flags ask for. Raises CliError (one line) before anything loads."""
+    """Check and open what the table flags ask for. Raises InvalidRequest or JobFileError (one line) before anything loads."""
     t = o.tables
     kind = table_kind(o.output)
     is_table = o.input_format == "auto" and reads_table(o.input_path, t)
     if not is_table and t.given:
-        raise fail(f"{', '.join(t.given)} read a table INPUT (.csv, .tsv, .parquet, .arrow, .feather, a folder of "
-                   f"Parquet shards, hf:datasets/...); {o.input_path} is read as a prompts file", EXIT_USAGE)
+        raise InvalidRequest(f"{', '.join(t.given)} read a table INPUT (.csv, .tsv, .parquet, .arrow, .feather, a "
+                             f"folder of Parquet shards, hf:datasets/...); {o.input_path} is read as a prompts file")
     if is_table and o.input_path != "-" and output_inside_input(o.output, o.input_path):
-        raise fail(f"OUTPUT {o.output} is the INPUT {'file' if not os.path.isdir(o.input_path) else 'folder'} "
-                   "or inside it; write the results somewhere else", EXIT_ERROR)
+        raise JobFileError(f"OUTPUT {o.output} is the INPUT {'file' if not os.path.isdir(o.input_path) else 'folder'} "
+                           "or inside it; write the results somewhere else")
     if kind is not None and o.output is not None and os.path.isdir(o.output):
-        raise fail(f"cannot write OUTPUT {o.output}: is a directory", EXIT_ERROR)
+        raise JobFileError(f"cannot write OUTPUT {o.output}: is a directory")
     if kind == "sqlite" and o.output is not None:
         try:
             refuse_foreign(o.output)  # another program's database is not ours to replace
         except NotOurDatabase as exc:
-            raise fail(str(exc), EXIT_USAGE) from None
+            raise InvalidRequest(str(exc)) from None
     if kind == "parquet":
         try:
             pyarrow_modules(f"writing Parquet ({o.output})")
             use_system_allocator()
         except TableError as exc:
-            raise fail(str(exc), EXIT_ERROR) from None
+            raise JobFileError(str(exc)) from None
     logprobs = sampling.logprobs is not None
     if not is_table:
         layout = Layout((), logprobs, rows=False) if kind is not None else None
@@ -131,12 +126,12 @@ def plan_tables(o: Any, sampling: SamplingParams) -> TablePlan:
         if not isinstance(reader.table, CsvTable):
             use_system_allocator()  # flat memory over big row groups (arrow_import.py)
     except TableError as exc:
-        raise fail(str(exc), EXIT_ERROR) from None
+        raise JobFileError(str(exc)) from None
     layout = Layout(tuple(reader.keep), logprobs, rows=True)
     clash = layout.clashes(fold_case=kind == "sqlite") if kind is not None else []
     if clash:  # a table with a name twice is unreadable (Parquet) or cannot be made (SQLite)
         reader.close()
-        raise fail(_clash_message(clash, layout, kind, o.output), EXIT_ERROR)
+        raise JobFileError(_clash_message(clash, layout, kind, o.output))
     try:
         source = TableSource(reader)
     except BaseException:

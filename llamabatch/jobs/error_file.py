@@ -5,33 +5,34 @@ line), so OUTPUT holds only successes (finish_reason stop or length) and the err
 what OpenAI's `error_file_id` would. Without the flag every record stays in OUTPUT.
 
 `Routes` is the writer's choice of file per record: a retried line (--retry-failed) goes
-to the retry journal (retry.py merges it), a failure to the error file, the rest to OUTPUT.
+to the retry journal (retry_journal.py merges it), a failure to the error file, the rest to OUTPUT.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from ...results import Result
-from .files import RunFileError, Sink, open_output, stream_kind
-from .formats import LineError, LineRequest, failed
-from .ids import IdSet
+from ..results import Result
+from ..errors import JobFileError
+from .output_sink import Sink, open_output, stream_kind
+from .line_shapes import LineError, LineRequest, failed
+from .id_sets import IdSet
 
 
 def open_error_file(path: str, output: str | None, input_path: str) -> Sink:
-    """The --error-file sink, checked like OUTPUT before the model loads. Raises RunFileError."""
+    """The --error-file sink, checked like OUTPUT before the model loads. Raises JobFileError."""
     if path == "-" or output in (None, "-"):
-        raise RunFileError("--error-file needs OUTPUT to be a file (-o FILE) and is a file itself, not -")
+        raise JobFileError("--error-file needs OUTPUT to be a file (-o FILE) and is a file itself, not -")
     if stream_kind(path) is not None:
-        raise RunFileError(f"--error-file {path} is {stream_kind(path)}, not a regular file")
+        raise JobFileError(f"--error-file {path} is {stream_kind(path)}, not a regular file")
     if os.path.exists(path) and os.path.exists(output):
         try:
             if os.path.samefile(path, output):
-                raise RunFileError(f"--error-file {path} is OUTPUT; give the error file a name of its own")
+                raise JobFileError(f"--error-file {path} is OUTPUT; give the error file a name of its own")
         except OSError:
             pass
     elif os.path.abspath(path) == os.path.abspath(output):
-        raise RunFileError(f"--error-file {path} is OUTPUT; give the error file a name of its own")
+        raise JobFileError(f"--error-file {path} is OUTPUT; give the error file a name of its own")
     sink = open_output(path, input_path)
     return sink
 

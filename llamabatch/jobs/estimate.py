@@ -1,11 +1,11 @@
-"""`llamabatch run INPUT --dry-run [--json]`: what the run would cost, before running it.
+"""What a job would cost, before running it (`estimate_job`, `llamabatch run --dry-run`).
 
 Every line goes through the same parser as a real run (same errors), chat lines through
 the model's chat template, and every prompt through the tokenizer; nothing is generated and
 nothing is written (OUTPUT, the manifest and the retry journal are only read). The model is
 loaded in this process with one small slot: only its tokenizer and template are used.
 Memory stays constant however long INPUT is: ids in 8-byte fingerprints, lengths in a
-histogram, prefix reuse over the last few prompts (estimate.py).
+histogram, prefix reuse over the last few prompts (estimate_arithmetic.py).
 
 With --resume: lines OUTPUT (and the error file) already answer are left out of the totals,
 --retry-failed counts the retryable errors back in, and OUTPUT ids that are not in INPUT
@@ -14,20 +14,19 @@ are reported (a resume never silently keeps them).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections import Counter
 from typing import Any, Callable
 
-from ...errors import InvalidRequest, LlamaBatchError
-from ..common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, fail
-from ..options import Resolved
-from .estimate import LengthStats, PrefixReuse, RECENT, eta, planned_slots, slot_ctx
-from .files import RunFileError, _count_nonblank, open_input, stream_kind
-from .formats import LineError, LineParser, duplicate_id_error, record_id
-from .ids import Answered, IdSet
-from .retry import is_retryable, journal_path, whole_records
-from .run_record import not_in_input
+from ..errors import InvalidRequest, LlamaBatchError
+from ..settings.resolved import Resolved
+from .estimate_arithmetic import LengthStats, PrefixReuse, RECENT, eta, planned_slots, slot_ctx
+from .input_source import count_nonblank, open_input
+from .output_sink import stream_kind
+from .line_shapes import LineError, LineParser, duplicate_id_error, record_id
+from .id_sets import Answered, IdSet
+from .retry_journal import is_retryable, journal_path, whole_records
+from .manifest_fields import not_in_input
 
 SHOWN_ERRORS = 5
 SHOWN_FOREIGN = 5
@@ -46,7 +45,7 @@ def _prompt_tokens(engine: Any, prompt: Any) -> list[int]:
 def _embed_tokens(engine: Any, inputs: Any) -> list[int]:
     """An embeddings line's tokens, all its inputs together (each is checked as the engine
     checks it: core/embedding.py; an input too long for n_batch is the engine's to say)."""
-    from ...core.embedding import split_inputs
+    from ..core.embedding import split_inputs
 
     tokens: list[int] = []
     for i, item in enumerate(split_inputs(inputs)):
@@ -74,25 +73,24 @@ class _OutputSide:
                 if is_retryable(record):
                     self.retryable.add(line_id)
 
-def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, output: str | None, *,
-                    resume: bool, retry_failed: bool, error_file: str | None, as_json: bool, stdin: Any,
-                    write: Callable[[str], None], open_tokenizer: Callable[[Resolved], Any],
-                    table_source: Any = None, table_rows: int | None = None) -> int:
-    """`write` prints a line on stdout; `open_tokenizer(resolved)` builds an in-process engine.
-    A table INPUT comes opened (`table_source`, table_input.TableSource, with `table_rows` when its
-    row count is known) and `parser` is its TableParser; `output` is then the records file."""
+def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, output: str | None, *,
+                   resume: bool, retry_failed: bool, error_file: str | None, stdin: Any,
+                   open_tokenizer: Callable[[Resolved], Any], table_source: Any = None,
+                   table_rows: int | None = None) -> dict[str, Any]:
+    """The estimate as a JSON-ready dict (what `run --dry-run --json` prints).
+    `open_tokenizer(resolved)` builds an in-process engine. A table INPUT comes opened
+    (`table_source`, table_input.TableSource, with `table_rows` when its row count is known)
+    and `parser` is its TableParser; `output` is then the records file. Raises InvalidRequest
+    (a resume without OUTPUT, OUTPUT a stream) or JobFileError (INPUT cannot be read)."""
     if resume and output in (None, "-"):
-        raise fail("--dry-run --resume reads OUTPUT back: give it with -o FILE", EXIT_USAGE)
+        raise InvalidRequest("--dry-run --resume reads OUTPUT back: give it with -o FILE")
     for path in (output, error_file) if resume else ():
         if path not in (None, "-") and stream_kind(path) is not None:  # reading a FIFO would wait for a writer
-            raise fail(f"cannot resume: {path} is {stream_kind(path)}, not a regular file", EXIT_USAGE)
-    try:
-        source = table_source if table_source is not None else open_input(input_path, stdin)
-    except RunFileError as exc:
-        raise fail(str(exc), EXIT_ERROR) from None
+            raise InvalidRequest(f"cannot resume: {path} is {stream_kind(path)}, not a regular file")
+    source = table_source if table_source is not None else open_input(input_path, stdin)
     side = _OutputSide([p for p in (output, error_file) if p]) if resume else None
     config = resolved.engine
-    lines = _count_nonblank(input_path) if source.is_file else table_rows
+    lines = count_nonblank(input_path) if source.is_file else table_rows
     slots, measured, at = planned_slots(config, config.model or "", lines)
     ctx = slot_ctx(config, slots)
     tokenizer = resolved.engine.replace(n_parallel=1, n_ctx=TOKENIZER_CTX)
@@ -111,12 +109,7 @@ def dry_run_command(resolved: Resolved, parser: LineParser, input_path: str, out
     if resume:
         journal = journal_path(output)
         report["resume"]["pending_retry_merge"] = os.path.exists(journal)
-    if as_json:
-        write(json.dumps(report, ensure_ascii=False))
-    else:
-        for line in _human(report):
-            write(line)
-    return EXIT_OK
+    return report
 
 
 def _scan(engine: Any, parser: LineParser, source, side: _OutputSide | None, retry_failed: bool,
@@ -181,40 +174,3 @@ def _scan(engine: Any, parser: LineParser, source, side: _OutputSide | None, ret
         report["resume"] = {"already_answered": answered, "retried": retried, "records": side.answered.records,
                             "not_in_input": foreign, "not_in_input_ids": shown}
     return report
-
-
-def _clock(seconds: float | None) -> str:
-    from .progress import clock_duration
-
-    return clock_duration(seconds)
-
-
-def _human(r: dict[str, Any]) -> list[str]:
-    p = r["prompt_tokens"]
-    lines = [f"llamabatch run --dry-run: {r['input']}",
-             f"  lines          {r['lines']} ({r['to_run']} to run: {r['valid']} valid, {r['invalid']} invalid)"]
-    if r.get("resume"):
-        s = r["resume"]
-        lines.append(f"  resume         {s['already_answered']} already answered, {s['retried']} to retry"
-                     + (", a retry merge is pending (the next --resume finishes it)"
-                        if s.get("pending_retry_merge") else ""))
-        if s["not_in_input"]:
-            lines.append(f"  not in INPUT   {s['not_in_input']} record(s) in OUTPUT answer no INPUT line: "
-                         + ", ".join(json.dumps(i) for i in s["not_in_input_ids"])
-                         + (", ..." if s["not_in_input"] > len(s["not_in_input_ids"]) else ""))
-    for code, n in r["invalid_by_code"].items():
-        lines.append(f"  invalid        {n} {code}")
-    for e in r["first_errors"]:
-        lines.append(f"    {e}")
-    lines.append(f"  prompt tokens  {p['total']} total, max {p['max']}, p50 {p['p50']}, p95 {p['p95']}")
-    lines.append(f"  prefix reuse   ~{r['prefix_reuse_tokens']} prompt tokens served from the cache (estimate)")
-    lines.append(f"  output tokens  at most {r['max_output_tokens']} (max_tokens of every line)")
-    s = r["slots"]
-    lines.append(f"  slots          {s['n_parallel'] if s['n_parallel'] else '?'} x "
-                 f"{s['slot_ctx'] if s['slot_ctx'] else '?'} tokens ({s['source']})")
-    e = r["eta"]
-    if e["low_s"] is None:
-        lines.append(f"  ETA            unknown: {e['basis']}")
-    else:
-        lines.append(f"  ETA            {_clock(e['low_s'])} to {_clock(e['high_s'])} ({e['basis']})")
-    return lines

@@ -1,7 +1,7 @@
 """`run` over a table (.csv, .tsv, .parquet, .arrow, .feather, a folder of Parquet shards, an
 hf: dataset): the table's rows in the places where a prompts file's lines go.
 
-The batch loop (batch.py) reads `source.lines()` and hands each entry to `parser.parse`;
+The batch loop (batch_loop.py) reads `source.lines()` and hands each entry to `parser.parse`;
 TableSource yields (row number, tables.Row) pairs and TableParser turns a Row into the
 LineRequest or LineError a line would become, so admission, ordering, ids, --resume, the
 writer and crash safety are the ones JSONL input has. Everything that can fail for the
@@ -14,12 +14,12 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from ...params import SamplingParams
-from ...tables import (PromptTemplate, Row, RowReader, TableError, is_table_input, load_messages_template,
+from ..params import SamplingParams
+from ..tables import (PromptTemplate, Row, RowReader, TableError, is_table_input, load_messages_template,
                        load_template_file, open_table)
 from .embed_records import EmbedLine
-from .files import BackgroundCount
-from .formats import LineError, LineRequest
+from .input_source import BackgroundCount
+from .line_shapes import LineError, LineRequest
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ...errors import InvalidRequest
-from ...json_line import BadJSON, loads, sniff_id
-from ...params import FIELD_TYPES, SamplingParams
-from ...request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
-from ...results import EmbeddingResult, Result, Timings, Usage
+from ..errors import InvalidRequest
+from ..json_line import BadJSON, loads, sniff_id
+from ..params import FIELD_TYPES, SamplingParams
+from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
+from ..results import EmbeddingResult, Result, Timings, Usage
 from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedding_body, plain_embedding_record)
 from .logprob_shapes import chat_logprobs, completion_logprobs
 

@@ -14,15 +14,15 @@ import os
 from collections import Counter
 from typing import Any
 
-from ... import __version__
-from ...llama.machine_verdicts import llama_cpp_version
-from ..options import Resolved
-from .files import _count_nonblank
+from ..version import __version__
+from ..llama.machine_verdicts import llama_cpp_version
+from ..settings.resolved import Resolved
+from .input_source import count_nonblank
 from .fingerprint import json_safe, template_identity
-from .formats import record_error_code, record_id
+from .line_shapes import record_error_code, record_id
 from .manifest import FORMAT, VERSION, now_iso
-from ...models.file_hash import sha256_file
-from .retry import whole_records
+from ..models.file_hash import sha256_file
+from .retry_journal import whole_records
 
 FIRST_MB = 1 << 20
 # what a resume sets anew: the settings of its own invocation (the history keeps what changed)
@@ -168,7 +168,7 @@ def finish(manifest: dict[str, Any], entry: dict[str, Any], *, status: str, wall
     manifest["status"] = status
     manifest["ended_at"] = entry["ended_at"]
     if input_path != "-":
-        manifest["input"]["lines"] = _count_nonblank(input_path)
+        manifest["input"]["lines"] = count_nonblank(input_path)
     manifest["counts"], manifest["tokens"] = file_counts(output, error_file)
     runs = [h for h in manifest.get("history", []) if isinstance(h.get("wall_s"), (int, float))]
     manifest["wall_s"] = round(sum(h["wall_s"] for h in runs), 3)

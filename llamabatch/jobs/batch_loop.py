@@ -1,4 +1,4 @@
-"""The batch loop of `llamabatch run`.
+"""The batch loop of a job (`run_job`, `llamabatch run`).
 
 Four threads, one job each:
   - the reader (here) parses INPUT line by line and numbers the lines it admits: at most
@@ -8,45 +8,41 @@ Four threads, one job each:
   - the starter (here) starts waiting lines, at most `max_inflight` in the engine, the next
     one chosen so that lines sharing a prompt prefix start together;
   - the engine thread runs requests and calls back with each Result;
-  - the writer (writer.py) writes records.
-The main thread waits, shows progress and handles Ctrl-C: the first stops admitting and
-lets in-flight lines finish, the second cancels them (their lines get no record, so
---resume runs them again). The wait after the first is bounded (`drain_timeout`, and
-CANCEL_GRACE_S after the second): then the lines still in flight are abandoned (no record)
-and the engine is stopped, so a hung engine cannot keep the command alive.
+  - the writer (record_writer.py) writes records.
+The job's thread watches it (batch_watch.py): progress, and stopping when asked: the first
+request stops admitting and lets in-flight lines finish, the second cancels them (their
+lines get no record, so a resume runs them again); the drain is bounded, then the lines
+still in flight are abandoned (no record) and the engine is stopped.
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import logging
-import signal
 import threading
 import time
 from typing import Any, Callable, Iterator
 
-from ...api import EngineAPI
-from ...core.handle import RequestHandle
-from ...errors import LlamaBatchError
-from .formats import LineError, LineParser, LineRequest, duplicate_id_error, error_result
-from ...results import EmbeddingResult, Result
-from ...supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
-from .progress import RATE_WINDOW_S, Reporter, Snapshot
-from .ids import Answered, IdSet
-from .files import BackgroundCount, Source
+from ..api import EngineAPI
+from ..core.handle import RequestHandle
+from ..errors import LlamaBatchError
+from .line_shapes import LineError, LineParser, LineRequest, duplicate_id_error, error_result
+from ..results import EmbeddingResult, Result
+from ..supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
+from .progress import RATE_WINDOW_S, Snapshot
+from .id_sets import Answered, IdSet
+from .input_source import BackgroundCount, Source
 from .start_order import StartOrder
-from .writer import MAX_FAILURE_NOTES, RecordWriter
+from .record_writer import RecordWriter
 
-log = logging.getLogger("llamabatch.cli.run")
+log = logging.getLogger("llamabatch.jobs")
 
-CANCEL_GRACE_S = 5.0  # after the second Ctrl-C / SIGTERM, cancelled lines get this long to end
 # A line read from a stream (a pipe, a terminal) starts at most this long after it arrives, even
 # when the start order is not full: the next lines may be minutes away.
 STREAM_LINGER_S = 0.05
 
 
-class BatchRun:
+class BatchLoop:
     def __init__(self, engine: EngineAPI, parser: LineParser, source: Source, writer: RecordWriter,
                  window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None,
                  on_result: Callable[[LineRequest, Result], None] | None = None, reorder_window: int = 1,
@@ -348,99 +344,3 @@ class BatchRun:
             if self.on_result is not None and isinstance(event, Result):  # --verify reruns generation only
                 self.on_result(item, event)
             self.writer.put(seq, item, event)
-
-
-class Interrupts:
-    """Counts Ctrl-C presses and SIGTERMs (what service managers and `timeout` send: handled
-    the same way); the main loop acts on them (a handler must not touch the display)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first: int | None = None  # the first signal's number: the exit code is 128 + it
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        if self.first is None:
-            self.first = signum
-
-    @property
-    def word(self) -> str:
-        return "terminated" if self.first == signal.SIGTERM else "interrupted"
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator["Interrupts"]:
-        previous = {sig: signal.signal(sig, self._handler) for sig in self.SIGNALS}
-        try:
-            yield self
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-FINAL_COUNT_WAIT_S = 2.0  # the most the end of a run waits for INPUT's count (a huge file: it says n/?)
-
-
-def wait_for(run: BatchRun, reporter: Reporter, interrupts: Interrupts, counter: BackgroundCount | None,
-             cluster: Any = None, drain_timeout: float | None = None) -> None:
-    """The main thread's loop: progress, failure notes, Ctrl-C, until every admitted line is handled.
-
-    `cluster` (run --ray: the RayPool) adds per-worker rates to progress and can stop the run
-    (`fatal_error`: every worker gone; the lines it could not answer get no record).
-    `drain_timeout`: seconds after the first signal before the lines still in flight are
-    abandoned and the engine stopped (None: no bound)."""
-    acted_on = 0
-    notes = 0
-    deadline: float | None = None  # when in-flight lines are abandoned
-    while not run.finished:
-        if cluster is not None and cluster.fatal_error is not None and not run.stopping:
-            run.stop_admitting()
-        if interrupts.count > acted_on:
-            acted_on += 1
-            now = time.monotonic()
-            if acted_on == 1:
-                n = run.stop_admitting()
-                bound = ""
-                if drain_timeout is not None:
-                    deadline = now + drain_timeout
-                    bound = f" for at most {drain_timeout:g}s"
-                reporter.say(f"llamabatch run: {interrupts.word}: reading no further; finishing {n} in-flight "
-                             f"line(s){bound} (Ctrl-C again cancels them)")
-            else:
-                n = run.cancel_inflight()
-                grace = now + CANCEL_GRACE_S
-                deadline = grace if deadline is None else min(deadline, grace)
-                reporter.say(f"llamabatch run: cancelling {n} in-flight line(s)")
-        if deadline is not None and time.monotonic() >= deadline:
-            deadline = None
-            n = run.abandon_inflight()
-            reporter.say(f"llamabatch run: {n} line(s) still in flight after the drain time; stopping the engine "
-                         "(they get no record; --resume runs them)")
-        if run.writer.error is not None and not run.cancelled:
-            run.cancel_inflight()
-        notes = _failure_notes(run, reporter, notes)
-        reporter.update(_snapshot(run, counter, cluster))
-        time.sleep(0.05)
-    _failure_notes(run, reporter, notes)
-    if counter is not None:
-        counter.wait(FINAL_COUNT_WAIT_S)  # the last line says n/TOTAL, not n/? on a busy machine
-    reporter.update(_snapshot(run, counter, cluster))
-
-
-def _snapshot(run: BatchRun, counter: BackgroundCount | None, cluster: Any) -> Snapshot:
-    snap = run.snapshot(counter)
-    if cluster is not None:
-        snap.extra = cluster.progress()
-    return snap
-
-
-def _failure_notes(run: BatchRun, reporter: Reporter, notes: int) -> int:
-    while run.writer.failures:
-        line_no, line_id, code, message = run.writer.failures.popleft()
-        notes += 1
-        if notes <= MAX_FAILURE_NOTES:
-            reporter.note(f"llamabatch run: {run.unit} {line_no} (id {line_id!r}) failed: {code}: {message}")
-        else:
-            reporter.note(f"llamabatch run: more {run.unit}s failed; their records in OUTPUT say why")
-    return notes

@@ -11,10 +11,12 @@ from __future__ import annotations
 import fcntl
 import os
 
+from ..errors import JobFileError
+
 SUFFIX = ".lock"
 
 
-class OutputLocked(Exception):
+class OutputLocked(JobFileError):
     """Another run holds OUTPUT's lock: one line for the user."""
 
 

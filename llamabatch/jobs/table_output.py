@@ -22,9 +22,9 @@ import re
 from array import array
 from typing import Any, Iterator
 
-from .formats import record_error_code, record_id
+from .line_shapes import record_error_code, record_id
 from .table_layout import Layout
-from ...replaced_file import replacing
+from ..replaced_file import replacing
 from .sqlite_output import refuse_foreign
 from .table_writers import WRITERS
 
@@ -43,7 +43,8 @@ def records_path(table: str) -> str:
     return table + RECORDS_SUFFIX
 
 
-def _response(record: dict) -> str | None:
+def response_text(record: dict) -> str | None:
+    """A record's answer as a table cell: the text, or an embeddings line's vector as JSON text."""
     if "embeddings" in record:  # an embeddings line: its vector (one input) as JSON text
         vectors = record["embeddings"]
         return json.dumps(vectors[0] if len(vectors) == 1 else vectors)
@@ -63,7 +64,7 @@ def table_row(record: dict, layout: Layout) -> list[Any]:
     out: list[Any] = [record.get("row")] if layout.rows else []
     out.append(record_id(record))
     out += [kept.get(c) for c in layout.keep]
-    out += [_response(record) if error is None else None, record.get("finish_reason"),
+    out += [response_text(record) if error is None else None, record.get("finish_reason"),
             record_error_code(record), error.get("message") if error else None,
             usage.get("prompt_tokens"), usage.get("completion_tokens")]
     if layout.logprobs:

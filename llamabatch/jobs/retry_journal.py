@@ -33,9 +33,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ...replaced_file import replacing, sync_folder
-from .formats import record_error_code, record_id
-from .ids import Answered, IdSet, id_key
+from ..replaced_file import replacing, sync_folder
+from .line_shapes import record_error_code, record_id
+from .id_sets import Answered, IdSet, id_key
 
 RETRYABLE = frozenset({"timeout", "engine_crashed", "engine_unavailable", "engine_error", "decode_error",
                        "queue_full", "engine_closed"})

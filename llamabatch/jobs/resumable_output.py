@@ -1,8 +1,8 @@
-"""The long-job parts of one `llamabatch run` invocation, around the batch loop: the lock on
-OUTPUT, finishing a retry merge a kill left undone, the fingerprint check on --resume, the
-error file and the retry journal, and the manifest (docs/long-jobs.md).
+"""What makes a job's OUTPUT resumable, around the batch loop: the lock on OUTPUT, finishing a
+retry merge a kill left undone, the fingerprint check on resume, the error file and the
+retry journal, and the manifest (docs/long-jobs.md).
 
-command.py calls these in order: `prepare` (before INPUT is read and the model loads),
+The job (job.py) calls these in order: `prepare` (before INPUT is read and the model loads),
 `read_back` (with --resume), `begin` (the model loaded), `routes`/`answered` for the loop,
 then `end` (always, once the loop is over).
 """
@@ -10,27 +10,27 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
-from ..common import EXIT_ERROR, EXIT_USAGE, fail
-from ..options import Resolved
+from ..errors import InvalidRequest, JobFileError
+from ..settings.resolved import Resolved
 from .error_file import Routes, open_error_file
-from .files import RunFileError, Sink, open_output, read_back, stream_kind
+from .output_sink import Sink, open_output, read_back, stream_kind
 from .fingerprint import changes, fingerprint
 from .manifest import ManifestProblem, manifest_path, read_manifest, write_manifest
-from ...models.model_digest import model_sha256
-from .output_lock import OutputLock, OutputLocked
-from .retry import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
-from . import run_record
-from .run_record import not_in_input
+from ..models.model_digest import model_sha256
+from .output_lock import OutputLock
+from .retry_journal import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
+from . import manifest_fields
+from .manifest_fields import not_in_input
 
 OVERRIDE_FLAG = "--allow-changed-settings"
 
 
-class LongJob:
+class ResumableOutput:
     def __init__(self, resolved: Resolved, input_path: str, output: str | None, *, error_file: str | None,
                  resume: bool, retry_failed: bool, allow_changed: bool, system: str | None,
-                 argv: tuple[str, ...], say, table: dict[str, Any] | None = None):
+                 argv: tuple[str, ...], tell: Callable[[str], None], table: dict[str, Any] | None = None):
         self.resolved = resolved
         self.input_path = input_path
         self.output = output
@@ -41,7 +41,7 @@ class LongJob:
         self.system = system
         self.table = table  # a table INPUT's template and id column, for the fingerprint
         self.argv = argv
-        self.say = say
+        self.tell = tell  # a line for people (the CLI shows it even with --quiet)
         # a manifest, lock and journal only beside a regular OUTPUT file (not stdout, not a pipe)
         self.on_file = output not in (None, "-") and stream_kind(output) is None
         self.lock = OutputLock(output) if self.on_file else None
@@ -57,17 +57,15 @@ class LongJob:
     # -- before the model loads ----------------------------------------------------------
 
     def prepare(self) -> None:
-        """Lock OUTPUT, finish an interrupted merge, check the fingerprint. Raises CliError."""
+        """Lock OUTPUT, finish an interrupted merge, check the fingerprint. Raises InvalidRequest (a usage problem) or JobFileError."""
         if self.retry_failed and not self.resume:
-            raise fail("--retry-failed reruns failed lines of an earlier run: use it with --resume", EXIT_USAGE)
+            raise InvalidRequest("--retry-failed reruns failed lines of an earlier run: use it with --resume")
         if self.error_file is not None and not self.on_file:
-            raise fail("--error-file needs OUTPUT to be a regular file (-o FILE)", EXIT_USAGE)
+            raise InvalidRequest("--error-file needs OUTPUT to be a regular file (-o FILE)")
         if self.lock is None:
             return
         try:
-            self.lock.acquire()
-        except OutputLocked as exc:
-            raise fail(str(exc), EXIT_ERROR) from None
+            self.lock.acquire()  # OutputLocked (a JobFileError) when another run holds it
         except OSError:
             # no folder, or one we may not write: opening OUTPUT says so in its own words next
             self.lock = None
@@ -77,10 +75,10 @@ class LongJob:
         try:
             merged = merge_journal(self.output, self.error_file)
         except OSError as exc:
-            raise fail(f"cannot finish the interrupted retry merge of {journal_path(self.output)}: "
-                       f"{exc.strerror or exc}", EXIT_ERROR) from None
+            raise JobFileError(f"cannot finish the interrupted retry merge of {journal_path(self.output)}: "
+                               f"{exc.strerror or exc}") from None
         if merged is not None:
-            self.say(f"llamabatch run: finished an interrupted --retry-failed: {merged.replaced} record(s) "
+            self.tell(f"finished an interrupted --retry-failed: {merged.replaced} record(s) "
                      f"replaced, {merged.appended} added")
         self._check_fingerprint()
 
@@ -96,27 +94,23 @@ class LongJob:
             self.manifest = read_manifest(path)
         except ManifestProblem as exc:
             if not self.allow_changed:
-                raise fail(f"cannot check the settings of this resume: {exc}; {OVERRIDE_FLAG} resumes "
-                           "anyway (and records that in a new manifest)", EXIT_USAGE) from None
+                raise InvalidRequest(f"cannot check the settings of this resume: {exc}; {OVERRIDE_FLAG} resumes "
+                                     "anyway (and records that in a new manifest)") from None
             self.overridden = str(exc)
             self.manifest = None
             return
         changed = changes(self.manifest.get("fingerprint") or {}, now)
         if changed and not self.allow_changed:
-            raise fail(f"cannot resume: the settings differ from the run that wrote {self.output}: "
-                       + "; ".join(changed) + f" ({OVERRIDE_FLAG} resumes anyway and records the change)",
-                       EXIT_USAGE)
+            raise InvalidRequest(f"cannot resume: the settings differ from the run that wrote {self.output}: "
+                                 + "; ".join(changed) + f" ({OVERRIDE_FLAG} resumes anyway and records the change)")
         if changed:
             self.changed = changed
 
     def open_files(self) -> None:
-        """The error file (checked before the model loads). Raises CliError."""
+        """The error file (checked before the model loads). Raises JobFileError."""
         if self.error_file is None:
             return
-        try:
-            self.errors = open_error_file(self.error_file, self.output, self.input_path)
-        except RunFileError as exc:
-            raise fail(str(exc), EXIT_ERROR) from None
+        self.errors = open_error_file(self.error_file, self.output, self.input_path)
 
     def read_back(self, sink: Sink) -> tuple[Any, int]:
         """--resume: what OUTPUT and the error file answer; with --retry-failed less the
@@ -153,36 +147,36 @@ class LongJob:
     # -- the model loaded ---------------------------------------------------------------
 
     def begin(self, model_name: str) -> None:
-        """Write the manifest's start (before any record). Raises CliError when it cannot be written."""
+        """Write the manifest's start (before any record). Raises JobFileError when it cannot be written."""
         if not self.on_file:
             return
         if self.manifest is None:
             model_path = self.resolved.engine.model
-            self.manifest = run_record.new_manifest(
-                resolved=self.resolved, model=run_record.model_facts(model_path, model_name,
+            self.manifest = manifest_fields.new_manifest(
+                resolved=self.resolved, model=manifest_fields.model_facts(model_path, model_name,
                                                                      model_sha256(model_path or "")),
                 input_path=self.input_path, output=self.output, error_file=self.error_file,
                 fingerprint=self._fingerprint(), system=self.system)
         else:
             # the settings of this invocation from now on (a timeout may change freely; a change in the
             # fingerprint got here only with --allow-changed-settings, and the history says so)
-            fresh = run_record.new_manifest(
+            fresh = manifest_fields.new_manifest(
                 resolved=self.resolved, model=self.manifest.get("model") or {}, input_path=self.input_path,
                 output=self.output, error_file=self.error_file, fingerprint=self._fingerprint(), system=self.system)
-            for key in run_record.SETTINGS_KEYS:
+            for key in manifest_fields.SETTINGS_KEYS:
                 self.manifest[key] = fresh[key]
             if self.changed or self.overridden:
                 model_path = self.resolved.engine.model
-                self.manifest["model"] = run_record.model_facts(model_path, model_name,
+                self.manifest["model"] = manifest_fields.model_facts(model_path, model_name,
                                                                 model_sha256(model_path or ""))
         event = "retry-failed" if self.retry_failed else "resume" if self.resume else "start"
-        self.entry = run_record.start_event(self.manifest, event, self.argv, self.changed, self.overridden)
+        self.entry = manifest_fields.start_event(self.manifest, event, self.argv, self.changed, self.overridden)
         try:
             write_manifest(manifest_path(self.output), self.manifest)
         except OSError as exc:
             # no record is written without a manifest: a resume could not check what wrote them
-            raise fail(f"cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}; "
-                       "nothing was run", EXIT_ERROR) from None
+            raise JobFileError(f"cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}; "
+                       "nothing was run") from None
 
     def routes(self, sink: Sink) -> Routes | None:
         if self.errors is None and self.journal is None:
@@ -202,22 +196,22 @@ class LongJob:
             try:
                 merged = merge_journal(self.output, self.error_file)
             except OSError as exc:
-                self.say(f"llamabatch run: error: cannot merge the retried records: {exc.strerror or exc}; "
+                self.tell(f"error: cannot merge the retried records: {exc.strerror or exc}; "
                          "they are kept in " + journal_path(self.output) + " and merged by the next --resume")
                 merged = None
             if merged is not None:
                 n = self.retry_count
-                self.say(f"llamabatch run: retried {n} line(s); {merged.replaced} record(s) replaced in place")
+                self.tell(f"retried {n} line(s); {merged.replaced} record(s) replaced in place")
         foreign = None
         if self.on_file and complete and input_ids is not None:
             foreign, shown = not_in_input(input_ids, self.output, self.error_file)
             if foreign:
-                self.say(f"llamabatch run: {foreign} record(s) in {self.output} answer no INPUT line (ids "
+                self.tell(f"{foreign} record(s) in {self.output} answer no INPUT line (ids "
                          + ", ".join(json.dumps(i) for i in shown) + (", ..." if foreign > len(shown) else "")
                          + "): kept as they are; a different INPUT?")
         if self.manifest is not None and self.entry is not None:
             self.manifest["not_in_input"] = foreign
-            run_record.finish(self.manifest, self.entry, status="finished" if complete else "stopped",
+            manifest_fields.finish(self.manifest, self.entry, status="finished" if complete else "stopped",
                               wall_s=wall_s, generated=generated, written=written, output=self.output,
                               error_file=self.error_file, input_path=self.input_path, ray=ray)
             self._write()
@@ -230,7 +224,7 @@ class LongJob:
         try:
             write_manifest(manifest_path(self.output), self.manifest)
         except OSError as exc:
-            self.say(f"llamabatch run: cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}")
+            self.tell(f"cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}")
 
     def release(self) -> None:
         if self.lock is not None:

@@ -1,0 +1,30 @@
+"""Batch jobs: lines and tables in, records and tables out, resumable (docs/library.md).
+
+    from llamabatch.jobs import run_job
+
+    report = run_job("prompts.jsonl", "results.jsonl", temperature=0, max_tokens=64)
+    print(report.ok, report.failed, report.output)
+
+`llamabatch run` is this package behind a command line.
+"""
+from __future__ import annotations
+
+from .events import Abandoned, Done, JobEvent, LineFinished, Notice, Progress, Started, Stopping
+from .job import Job, estimate_job, run_job, start_job
+from .job_report import JobReport, Tokens, VerifyOutcome
+from .job_spec import JobHost, JobSpec
+from .progress import Snapshot
+
+__all__ = [
+    "run_job", "start_job", "estimate_job", "run_frame", "Job", "JobReport", "JobHost", "JobSpec", "JobEvent",
+    "Started", "Progress", "LineFinished", "Stopping", "Abandoned", "Notice", "Done", "Snapshot", "Tokens",
+    "VerifyOutcome",
+]
+
+
+def __getattr__(name: str):
+    if name == "run_frame":  # frames.py: imported when first used
+        from .frames import run_frame
+
+        return run_frame
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,82 @@
+"""`run_frame`: a pandas or polars DataFrame through a job, one answer per row, in order.
+
+The frame goes to the job as an Arrow table (the frame's own library converts it: neither
+pandas nor polars is a dependency; pyarrow comes from the `tables` extra), so its rows are a
+table INPUT exactly as `llamabatch run rows.arrow` reads them: `template` is the same Python
+str.format template over the row's columns (docs/tables.md). The records are read back by
+row number into two new columns: the answer, and `error` (None for a row that was answered).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Callable
+
+from ..errors import InvalidRequest
+from ..tables.arrow_import import pyarrow_modules
+from .job import run_job
+from .table_output import records, response_text
+
+ERROR_COLUMN = "error"
+NOT_RUN = "not run: the job stopped before this row (cancelled or interrupted)"
+
+
+def _library(frame: Any) -> str:
+    """"pandas" or "polars": which library the frame is of (by its type's module, so neither is imported here)."""
+    module = type(frame).__module__.split(".")[0]
+    if module in ("pandas", "polars") and type(frame).__name__ == "DataFrame":
+        return module
+    raise InvalidRequest(f"run_frame takes a pandas or polars DataFrame, got {type(frame).__module__}."
+                         f"{type(frame).__name__}")
+
+
+def _to_arrow(frame: Any, library: str) -> Any:
+    pyarrow, _parquet, _ipc = pyarrow_modules("run_frame")
+    if library == "pandas":
+        return pyarrow.Table.from_pandas(frame, preserve_index=False)
+    return frame.to_arrow()
+
+
+def _with_answers(frame: Any, library: str, column: str, answers: list, errors: list) -> Any:
+    if library == "pandas":
+        out = frame.copy()
+        out[column] = answers
+        out[ERROR_COLUMN] = errors
+        return out
+    import polars
+
+    return frame.with_columns(polars.Series(column, answers, dtype=polars.Utf8),
+                              polars.Series(ERROR_COLUMN, errors, dtype=polars.Utf8))
+
+
+def run_frame(frame: Any, template: str | None = None, column: str = "answer", *, engine: Any = None,
+              on_event: Callable[[Any], None] | None = None, **settings: Any) -> Any:
+    """A new frame of the same library: `frame`'s columns, then `column` (each row's answer,
+    in row order) and `error` (why a row has no answer; None when it has one). `template`:
+    a str.format template whose fields are column names, e.g. "Classify: {review}" (None: the
+    frame's "prompt" column as it is). Settings are run_job's (model, temperature, ...)."""
+    library = _library(frame)
+    for name in (column, ERROR_COLUMN):
+        if name in frame.columns:
+            raise InvalidRequest(f"the frame has a column {name!r} already: name the answers' column with column=, "
+                                 "or rename it")
+    for key in ("resume", "output", "error_file", "retry_failed", "keep_columns", "echo", "id_column"):
+        if settings.get(key):
+            raise InvalidRequest(f"run_frame writes no files of its own: {key} is not one of its settings")
+    table = _to_arrow(frame, library)
+    _pyarrow, _parquet, ipc = pyarrow_modules("run_frame")
+    with tempfile.TemporaryDirectory(prefix="llamabatch-frame-") as folder:
+        rows = os.path.join(folder, "rows.arrow")
+        with ipc.new_file(rows, table.schema) as writer:
+            writer.write_table(table)
+        out = os.path.join(folder, "records.jsonl")
+        run_job(rows, out, engine=engine, on_event=on_event, template=template, **settings)
+        answers: list = [None] * table.num_rows
+        errors: list = [NOT_RUN] * table.num_rows
+        for record in records(out, in_input_order=True):
+            row = record.get("row")
+            error = record.get("error")
+            if isinstance(row, int) and 1 <= row <= table.num_rows:
+                answers[row - 1] = response_text(record) if not isinstance(error, dict) else None
+                errors[row - 1] = f"{error.get('code')}: {error.get('message')}" if isinstance(error, dict) else None
+    return _with_answers(frame, library, column, answers, errors)

@@ -1,0 +1,211 @@
+"""Opening a job, in the caller's thread, in the order that makes a mistake cheap: settings,
+then INPUT, OUTPUT and the files beside it (lock, manifest check, error file, read back on
+resume), then the engine (the model loads last: a typo costs nothing). Whatever fails undoes
+what was opened before it: no OUTPUT is left behind by a job that never started.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import InvalidRequest
+from ..llama import autoslots
+from ..models.default_model import why as model_why
+from ..settings.resolved import Resolved
+from ..settings.time_bounds import TimeBounds, time_bounds
+from .events import JobEvent, Notice, Started
+from .input_source import count_lines, open_input
+from .line_shapes import LineParser
+from .on_ray import LOCAL, import_ray_pool, open_pool
+from .output_sink import Sink, open_output, refuse_resume_to_stream
+from .resumable_output import ResumableOutput
+from .job_spec import COMMAND, JobHost, JobSpec
+from .table_plan import TablePlan, plan_tables
+from .written_files import refuse_own_file
+
+
+@dataclass
+class OpenedJob:
+    """Everything a job runs with once it is open (job_running.py runs it)."""
+
+    spec: JobSpec
+    resolved: Resolved
+    host: JobHost
+    tables: TablePlan
+    parser: Any  # LineParser, or a table INPUT's TableParser
+    files: ResumableOutput
+    source: Any  # input_source.Source, or a table INPUT's TableSource
+    sink: Sink
+    bounds: TimeBounds
+    engine: Any = None
+    cluster: Any = None  # run on Ray: the RayPool (also the engine)
+    owns_engine: bool = True  # the job closes it at the end (not a shared engine)
+    answered: Any = None  # resume: what OUTPUT already answers
+    inflight: int = 1
+    reorder_window: int = 1
+    early_events: list[JobEvent] = field(default_factory=list)  # told before the Job could take them
+    publish: Callable[[JobEvent], None] | None = None  # the Job's queue, once it exists
+
+    def tell(self, event: JobEvent) -> None:
+        (self.publish or self.early_events.append)(event)
+
+
+def format_for_path(path: str) -> str:
+    """The input format a file's name implies; "auto" lets its first line decide."""
+    name = path.lower()
+    if name.endswith(".txt"):
+        return "text"
+    if name.endswith((".jsonl", ".ndjson")):
+        return "jsonl"  # a line that is not JSON there is damage, not a prompt
+    return "auto"
+
+
+def line_parser(spec: JobSpec, resolved: Resolved, tables: TablePlan) -> Any:
+    if tables.reads_table:
+        return tables.parser
+    fmt = format_for_path(spec.input) if spec.input_format == "auto" else spec.input_format
+    return LineParser(resolved.sampling, input_format=fmt, system=spec.system, echo=spec.echo, embed=spec.embed)
+
+
+def checked_tables(spec: JobSpec, resolved: Resolved) -> TablePlan:
+    """The resume checks, then the table plan (docs/tables.md): nothing opened yet before them."""
+    if spec.resume and spec.output in (None, "-"):
+        raise InvalidRequest("--resume reads back OUTPUT: give it with -o FILE")
+    if spec.resume:
+        refuse_resume_to_stream(spec.output)
+    if spec.logprobs is not None:
+        resolved.sampling = dataclasses.replace(resolved.sampling, logprobs=spec.logprobs)
+    # INPUT a table, or OUTPUT one: checked and opened before the model loads (table_plan.py)
+    return plan_tables(spec, resolved.sampling)
+
+
+def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: Any = None) -> OpenedJob:
+    """Open everything, or raise (typed) with nothing left open."""
+    ray_pool = import_ray_pool(spec.ray) if spec.ray is not None else None  # no Ray: fails before anything
+    bounds = time_bounds(COMMAND, spec.watchdog, spec.drain_timeout, host.config_path)
+    tables = checked_tables(spec, resolved)
+    try:
+        parser = line_parser(spec, resolved, tables)
+        if spec.error_file is not None:  # never one of the job's own files, however spelled (written_files.py)
+            refuse_own_file(spec.error_file, tables.output, tables.records_output, spec.input)
+        opened = _open_files(spec, resolved, host, tables, parser, bounds)
+    except BaseException:
+        tables.close()
+        raise
+    try:
+        _open_engine(opened, engine, ray_pool)
+    except BaseException:
+        opened.sink.discard()
+        opened.files.discard()
+        _close_input(opened)
+        raise
+    _begin(opened)
+    return opened
+
+
+def _open_files(spec: JobSpec, resolved: Resolved, host: JobHost, tables: TablePlan, parser: Any,
+                bounds: TimeBounds) -> OpenedJob:
+    early: list[JobEvent] = []
+    files = ResumableOutput(resolved, spec.input, tables.records_output, error_file=spec.error_file,
+                            resume=spec.resume, retry_failed=spec.retry_failed,
+                            allow_changed=spec.allow_changed_settings, system=spec.system, argv=host.argv,
+                            tell=lambda line: early.append(Notice(line, always=True)), table=tables.identity)
+    try:
+        files.prepare()
+        source = tables.source if tables.reads_table else open_input(spec.input, host.stdin)
+    except BaseException:
+        files.release()
+        raise
+    try:
+        sink = open_output(tables.records_output, spec.input, host.stdout)
+    except BaseException:
+        if not tables.reads_table:
+            source.close()
+        files.release()
+        raise
+    opened = OpenedJob(spec, resolved, host, tables, parser, files, source, sink, bounds, early_events=early)
+    files.tell = lambda line: opened.tell(Notice(line, always=True))
+    try:
+        files.open_files()
+        if spec.resume:
+            opened.answered, torn = files.read_back(sink)
+            early.append(Notice(f"resuming: {opened.answered.records} record(s) already in {tables.records_output}"
+                                + (f"; cut off a torn last line ({torn} bytes)" if torn else "")))
+    except BaseException:
+        sink.discard()
+        files.discard()
+        if not tables.reads_table:
+            source.close()
+        raise
+    return opened
+
+
+def _open_engine(opened: OpenedJob, engine: Any, ray_pool: Any) -> None:
+    """The shared engine, or the job's own (auto never opens more slots than lines, locally
+    and on each Ray worker); how many lines run at once and are read ahead."""
+    spec, host = opened.spec, opened.host
+    if engine is not None:
+        opened.engine, opened.owns_engine = engine, False
+    else:
+        cap = max(autoslots.CANDIDATES) + 1
+        lines = count_lines(opened.source, cap) if opened.source.is_file else opened.tables.rows_up_to(cap)
+        if ray_pool is None:
+            opener = host.open_engine or default_opener(lambda line: opened.tell(Notice(line, always=True)))
+            opened.engine = opener(opened.resolved, max_slots=lines, isolated=spec.isolate,
+                                   watchdog_s=opened.bounds.watchdog_s)
+        else:
+            note = (lambda line: opened.tell(Notice(line.removeprefix("llamabatch run: "))))
+            opened.engine = opened.cluster = open_pool(
+                ray_pool, opened.resolved, spec.ray or LOCAL, spec.ray_workers, spec.ray_cpus_per_worker,
+                spec.ray_gpus_per_worker, note=note, max_slots=lines, watchdog_s=opened.bounds.watchdog_s,
+                debug=host.debug)
+    # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
+    held = opened.cluster.inflight_cap if opened.cluster else 4 * opened.engine.config.n_parallel
+    opened.inflight = spec.max_inflight or held
+    # as many lines to choose from as the engine(s) hold at once by default
+    opened.reorder_window = spec.reorder_window if spec.reorder_window is not None else held
+
+
+def _close_input(opened: OpenedJob) -> None:
+    if not opened.tables.reads_table:  # a table's source is the plan's to close
+        opened.source.close()
+    opened.tables.close()
+
+
+def default_opener(tell: Callable[[str], None]) -> Callable[..., Any]:
+    """How a job opens its engine when its host names no way: the settings' factory, the
+    engine's notices (a chat-template fallback) told as `tell(line)`."""
+    from ..engines import EngineFactory
+
+    def open_engine(resolved: Resolved, **kw: Any) -> Any:
+        engine = EngineFactory().open(resolved, **kw)
+        engine.on_notice = tell
+        return engine
+    return open_engine
+
+
+def _begin(opened: OpenedJob) -> None:
+    """OUTPUT emptied (a job without resume replaces it) and the manifest's start written,
+    before any record; the Started event."""
+    engine, files = opened.engine, opened.files
+    try:
+        if not opened.spec.resume:
+            opened.sink.start_fresh()
+            files.start_fresh()
+        files.begin(engine.model_name)
+    except BaseException:
+        opened.sink.close()
+        files.discard()
+        if opened.owns_engine:
+            engine.close()
+        _close_input(opened)
+        raise
+    if opened.tables.empty_note:
+        opened.tell(Notice(opened.tables.empty_note))
+    cluster = opened.cluster
+    opened.tell(Started(
+        model=engine.model_name, why_model=model_why(opened.resolved.sources.get("model")) if opened.owns_engine else "",
+        n_parallel=engine.config.n_parallel, slot_ctx=engine.slot_ctx, slots_reason=engine.slots_reason,
+        kernels=engine.kernels, cluster=cluster.describe() if cluster else None, input=opened.spec.input,
+        output=opened.spec.output if opened.spec.output != "-" else None))
