@@ -15,7 +15,7 @@ import pytest
 from llamabatch import InvalidRequest
 from llamabatch.cli.app import app
 from llamabatch.settings.file_layer import command_setting, command_setting_source, file_values_for, resolve_settings
-from llamabatch.cli.options import SHARED_OPTIONS
+from llamabatch.cli.engine_options import ENGINE_OPTIONS
 from llamabatch.settings.config_file import ConfigFileError, key_lines, parse_text
 
 from cli_harness import invoke
@@ -327,7 +327,7 @@ def test_config_show_table_names_every_source(clean_env, monkeypatch):
     assert rows["top_k"] == ["top_k", "20", f"{path}:8"]
     assert rows["n_batch"] == ["n_batch", "512", "default"]
     assert rows["order"] == ["order", "completion", f"{path}:14"]
-    assert set(SHARED_OPTIONS) <= set(rows)  # every shared setting is listed
+    assert set(ENGINE_OPTIONS) <= set(rows)  # every shared setting is listed
     assert f"config file: {path} (from current directory)" in result.stderr
 
 

@@ -16,7 +16,7 @@ from .. import __version__
 from .bench.command import bench_command
 from .chat.command import chat_command
 from .common import exit_code_for, setup_logging, sigterm_raises
-from .options import environment_of
+from .engine_options import environment_of
 from .config.command import config_app
 from .env import Environment
 from .models.command import models_command

@@ -16,7 +16,7 @@ from ..prefix_store.folder_check import unusable_because
 from ..settings.file_layer import resolve_layers, resolve_settings
 from ..settings.resolved import Resolved
 from .env import Environment
-from .options import SharedOptions
+from .engine_options import EngineOptions
 
 if TYPE_CHECKING:
     from ..core.engine import Engine
@@ -79,7 +79,7 @@ def exit_code_for(exc: BaseException) -> tuple[int, str] | None:
     return None
 
 
-def resolve_options(opts: SharedOptions, environment: Environment) -> Resolved:
+def resolve_options(opts: EngineOptions, environment: Environment) -> Resolved:
     """Flags > LLAMABATCH_* env > config file (--config from `environment`) > defaults, the
     model named by them resolved (settings.file_layer.resolve_settings), once, before any
     input is read. Bad values raise InvalidRequest (exit 2); an unknown model name is a

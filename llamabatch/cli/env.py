@@ -4,8 +4,8 @@ builds an engine, and the global flags.
 `main()` builds the real one from sys.stdin/stdout/stderr. Tests build their own (httpie's
 `Environment` idea): text streams over bytes, terminal flags of their choosing and an engine
 factory over the scripted fake runner (settings/factory.py), so run, serve-stdin and chat
-run in milliseconds. Commands receive it (options.with_shared_options passes it as `env`)
-(commands without shared options take it from their click context: options.environment_of)
+run in milliseconds. Commands receive it (engine_options.with_engine_options passes it as `env`)
+(commands without engine options take it from their click context: engine_options.environment_of)
 and never reach for sys.std* or a module global: they write with `env.say` and `env.out`.
 """
 from __future__ import annotations

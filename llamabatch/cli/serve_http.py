@@ -11,13 +11,13 @@ import typer
 from ..errors import InvalidRequest
 from .common import open_engine, resolve_options
 from .env import Environment
-from .options import SharedOptions, with_shared_options
+from .engine_options import EngineOptions, with_engine_options
 
 API_KEY_ENV = "LLAMABATCH_API_KEY"
 SERVE_EXTRA = "llamabatch serve needs the serve extra (Starlette, uvicorn, python-multipart): pip install 'llamabatch[serve]'"
 
 
-@with_shared_options
+@with_engine_options
 def serve_command(
     host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but a loopback address "
                                                      "needs --api-key")] = "127.0.0.1",
@@ -36,7 +36,7 @@ def serve_command(
         "--isolate/--no-isolate",
         help="Run llama.cpp in a supervised child process: a crash costs a restart, not the server")] = False,
     *,
-    opts: SharedOptions,
+    opts: EngineOptions,
     env: Environment,
 ) -> None:
     """Serve OpenAI's Files and Batches API and /v1/chat/completions, /v1/completions and

@@ -18,10 +18,10 @@ from ...bench.generation import plan_generation, run_generation
 from ...bench.tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table, trace_table)
 from ..common import EXIT_ERROR, open_engine, resolve_options
 from ..env import Environment
-from ..options import SharedOptions, with_shared_options
+from ..engine_options import EngineOptions, with_engine_options
 
 
-@with_shared_options
+@with_engine_options
 def bench_command(
     parallel: Annotated[str, typer.Option("--parallel", metavar="LIST",
                                           help="Concurrency levels B, comma-separated; each level gets its own engine with n_parallel = B.")] = "1,2,4,8,16",
@@ -43,7 +43,7 @@ def bench_command(
                                                      help="Write one self-contained HTML report (no script, nothing fetched): a machine/model/settings header, the --plot charts as inline SVG, and the tables.")] = None,
     from_json: Annotated[Optional[str], typer.Option("--from-json", metavar="FILE", show_default=False,
                                                      help="Run nothing: print the tables of a recorded --json document, and its --plot and --html. No model is loaded.")] = None,
-    opts: SharedOptions = None,  # type: ignore[assignment]
+    opts: EngineOptions = None,  # type: ignore[assignment]
     env: Environment = None,  # type: ignore[assignment]
 ) -> None:
     """Measure throughput, request latency and tick telemetry at several concurrency levels.
@@ -82,7 +82,7 @@ def bench_command(
 
 def _bench_generation(levels: list[int], prompt_lines: list[tuple[int, str]] | None, pp: int, tg: int,
                       requests: int | None, prompts: str | None, baseline: bool, json_file: str | None, ticks: int,
-                      verbose: bool, plot: bool, html_file: str | None, opts: SharedOptions, env: Environment) -> None:
+                      verbose: bool, plot: bool, html_file: str | None, opts: EngineOptions, env: Environment) -> None:
     """The generation levels (llamabatch/bench/generation.py), their tables, JSON and drawings."""
     if opts["n_parallel"] is not None:
         env.say("llamabatch: note: --n-parallel is ignored; bench sets n_parallel per level from --parallel")
@@ -114,7 +114,7 @@ def _bench_generation(levels: list[int], prompt_lines: list[tuple[int, str]] | N
 
 
 def _bench_embed(embed_batch: str, pp: int, requests: int | None, prompt_lines: list[tuple[int, str]] | None,
-                 prompts: str | None, json_file: str | None, opts: SharedOptions, env: Environment) -> None:
+                 prompts: str | None, json_file: str | None, opts: EngineOptions, env: Environment) -> None:
     """bench --embed (llamabatch/bench/embed.py): one engine per batch size, the same inputs for each."""
     batches = embed_bench.parse_batches(embed_batch)
     opts.values["n_parallel"] = 1  # no generation runs: one slot, the smallest context

@@ -20,11 +20,11 @@ from ...chat.store import Store, default_path
 from ...errors import InvalidRequest
 from ..common import EXIT_ERROR, open_engine, resolve_options
 from ..env import Environment
-from ..options import SharedOptions, with_shared_options
+from ..engine_options import EngineOptions, with_engine_options
 from .chat_io import pipe_io, terminal_io
 
 
-@with_shared_options
+@with_engine_options
 def chat_command(
     prompt: Annotated[Optional[str], typer.Argument(
         metavar="PROMPT", show_default=False,
@@ -38,7 +38,7 @@ def chat_command(
     search: Annotated[Optional[str], typer.Option("--search", metavar="TEXT", help="List the saved conversations with messages containing every word of TEXT, and exit.")] = None,
     no_save: Annotated[bool, typer.Option("--no-save", help="Do not record this chat in the conversation database, nor its KV in the disk prefix store (unless --prefix-store is given).")] = False,
     *,
-    opts: SharedOptions,
+    opts: EngineOptions,
     env: Environment,
 ) -> None:
     """Chat with the model: a multi-turn REPL that evaluates only what is new each turn.

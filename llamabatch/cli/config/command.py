@@ -12,7 +12,7 @@ from ...settings.file_layer import config_location, file_values_for, resolve_lay
 from ...settings.in_effect import command_rows, setting_rows, value_text
 from ..common import EXIT_ERROR
 from ..env import Environment
-from ..options import SharedOptions, environment_of, with_shared_options
+from ..engine_options import EngineOptions, environment_of, with_engine_options
 
 config_app = typer.Typer(
     help="The config file and the settings in effect.",
@@ -27,27 +27,26 @@ def _complete_command(incomplete: str) -> list[str]:
 
 
 @config_app.command("show")
-@with_shared_options
+@with_engine_options
 def show_command(
     command: Annotated[Optional[str], typer.Option(
         "--command", metavar="COMMAND", autocompletion=_complete_command,
         help=f"Apply this command's table too: {', '.join(COMMANDS)} \\[default: none]")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object instead of a table.")] = False,
     *,
-    opts: SharedOptions,
+    opts: EngineOptions,
     env: Environment,
 ) -> None:
     """Show the effective settings and where each came from: flag, env, file:line, default.
 
-    Shared options given here count as flags, so you can check what a command line would use.
+    Engine and sampling options given here count as flags, so you can check what a command line would use.
     """
     if command is not None and command not in COMMANDS:
         raise InvalidRequest(f"--command must be one of {', '.join(COMMANDS)}, got {command!r}")
-    shared = SharedOptions(opts.values, command or "")
     location = config_location(env.config_path)
     file_values = file_values_for(command or "", env.config_path)
-    resolved = resolve_layers(shared.values, shared.command, env.config_path)
-    rows = setting_rows(resolved, shared.values, file_values)
+    resolved = resolve_layers(opts.values, command or "", env.config_path)
+    rows = setting_rows(resolved, opts.values, file_values)
     rows += command_rows(command, env.config_path)
     _say_location(location, env)
     if as_json:

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from ..env import Environment
-from ..options import environment_of
+from ..engine_options import environment_of
 
 
 def models_command(

@@ -14,7 +14,7 @@ import typer
 from ...jobs import JobHost, estimate_job, start_job
 from ..common import EXIT_OK, EXIT_USAGE, fail, open_engine
 from ..env import Environment
-from ..options import SharedOptions, with_shared_options
+from ..engine_options import EngineOptions, with_engine_options
 from ..time_bound_flags import DRAIN_HELP, WATCHDOG_HELP
 from .estimate_lines import estimate_lines
 from .job_summary import exit_status
@@ -37,9 +37,9 @@ class CsvFormulas(str, Enum):
     raw = "raw"
 
 
-@with_shared_options
+@with_engine_options
 def run_command(
-    # Default-value style, not Annotated: with_shared_options hands Typer a signature whose
+    # Default-value style, not Annotated: with_engine_options hands Typer a signature whose
     # annotations are still strings (from __future__ import annotations).
     input_path: str = typer.Argument(..., metavar="INPUT", show_default=False,
                                      help="Prompts file (.jsonl, .txt), or - for stdin."),
@@ -163,7 +163,7 @@ def run_command(
                                                 "not ask themselves; a table OUTPUT gets a logprobs column "
                                                 "(JSON text)."),
     *,
-    opts: SharedOptions,
+    opts: EngineOptions,
     env: Environment,
 ) -> None:
     """Run every prompt in INPUT concurrently and write one JSON line per input line.

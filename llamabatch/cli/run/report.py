@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from ..options import environment_of
+from ..engine_options import environment_of
 from ...jobs.manifest import manifest_path, read_manifest, SUFFIX
 
 

@@ -14,7 +14,7 @@ from ...settings.file_layer import command_setting
 from ...errors import StreamUnusable
 from ..common import open_engine, resolve_options
 from ..env import Environment
-from ..options import SharedOptions, with_shared_options
+from ..engine_options import EngineOptions, with_engine_options
 from ...settings.time_bounds import time_bounds
 from ..time_bound_flags import SERVE_DRAIN_HELP, WATCHDOG_HELP
 
@@ -24,7 +24,7 @@ class OnEof(str, Enum):
     cancel = "cancel"
 
 
-@with_shared_options
+@with_engine_options
 def serve_stdin(
     # None = not given: the config file's [serve-stdin] table may set these, then the defaults apply.
     max_queue: Annotated[Optional[int], typer.Option(
@@ -45,7 +45,7 @@ def serve_stdin(
         "--drain-timeout", min=0.0, metavar="SECONDS", show_default=False,
         help=SERVE_DRAIN_HELP)] = None,
     *,
-    opts: SharedOptions,
+    opts: EngineOptions,
     env: Environment,
 ) -> None:
     """Serve requests from stdin as a JSON-lines co-process: requests in, events out, one per line.

@@ -1,6 +1,7 @@
-"""The options every command shares, declared once as Typer flags.
+"""The engine and sampling options every engine-running command takes (run, serve-stdin,
+serve, chat, bench, config show), declared once as Typer flags.
 
-Each shared option defaults to None ("not given on the command line") so settings can be
+Each defaults to None ("not given on the command line") so settings can be
 layered: flags > LLAMABATCH_* environment > config file > built-in defaults. The layering
 itself is the settings layer's (llamabatch/settings/): a command hands `opts` to
 `common.resolve_options`, which returns the one Resolved value it runs with.
@@ -16,8 +17,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from ..core.policies import POLICIES
-from ..settings.layers import SHARED_KEYS, env_name  # noqa: F401  (env_name: config show's words)
-from ..settings.resolved import Resolved  # noqa: F401  (re-exported: what resolve_options returns)
+from ..settings.layers import SHARED_KEYS
 from .env import Environment
 
 ENGINE = "Engine"
@@ -30,7 +30,7 @@ def _opt(*decls: str, help: str, panel: str, **kw: Any) -> Any:
 
 
 # name -> (annotation, where the value goes). Keys are the config-file / env spelling.
-SHARED_OPTIONS: dict[str, Any] = {
+ENGINE_OPTIONS: dict[str, Any] = {
     "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF file or folder[:QUANT], hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[:QUANT] or a [models] alias (`llamabatch models` lists them); gemma = the bundled Gemma 3 270M base, smollm2 = SmolLM2-135M-Instruct [default: run, serve-stdin, chat: smollm2 when installed, else gemma; bench: gemma]", panel=ENGINE)],
     "n_parallel": Annotated[Optional[str], _opt("--n-parallel", metavar="N|auto", help="Slots: sequences decoded together; auto = measure the fastest count on this machine (cached) [default: auto; chat: 1]", panel=ENGINE)],
     "n_ctx": Annotated[Optional[int], _opt("--n-ctx", help="Total context, split evenly between slots [default: 4096 per slot]", panel=ENGINE)],
@@ -61,13 +61,13 @@ SHARED_OPTIONS: dict[str, Any] = {
     "json_schema": Annotated[Optional[str], _opt("--json-schema", help="JSON schema (inline JSON or a file) constraining output", panel=SAMPLING)],
 }
 
-if tuple(SHARED_OPTIONS) != SHARED_KEYS:  # a key added on one side only would be silently ignored
-    raise ImportError("cli/options.py declares one flag per settings.layers.SHARED_KEYS key, in that order")
+if tuple(ENGINE_OPTIONS) != SHARED_KEYS:  # a key added on one side only would be silently ignored
+    raise ImportError("cli/engine_options.py declares one flag per settings.layers.SHARED_KEYS key, in that order")
 
 
 @dataclass
-class SharedOptions:
-    """The shared options as given on the command line (None = not given)."""
+class EngineOptions:
+    """The engine and sampling options as given on the command line (None = not given)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     command: str = ""
@@ -76,8 +76,8 @@ class SharedOptions:
         return self.values.get(key)
 
 
-def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Add every shared option to a Typer command; the command receives them as `opts`, and
+def with_engine_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add every engine and sampling option to a Typer command; the command receives them as `opts`, and
     the Environment it runs in (the root command's context object) as `env`."""
     sig = inspect.signature(func)
     # With `from __future__ import annotations` the command's own annotations are strings, and
@@ -87,7 +87,7 @@ def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
     own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
            if p.name not in ("opts", "env")]
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
-             for name, ann in SHARED_OPTIONS.items()]
+             for name, ann in ENGINE_OPTIONS.items()]
     extra.append(inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
 
     # The command's name, which picks its config-file table: run_command -> "run", serve_stdin -> "serve-stdin".
@@ -95,11 +95,11 @@ def with_shared_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        shared = {name: kwargs.pop(name, None) for name in SHARED_OPTIONS}
-        if shared.get("stop") == []:
-            shared["stop"] = None  # a list option with nothing given is "not given"
+        given = {name: kwargs.pop(name, None) for name in ENGINE_OPTIONS}
+        if given.get("stop") == []:
+            given["stop"] = None  # a list option with nothing given is "not given"
         env = environment_of(kwargs.pop(_CONTEXT))
-        return func(*args, opts=SharedOptions(shared, command), env=env, **kwargs)
+        return func(*args, opts=EngineOptions(given, command), env=env, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
     wrapper.config_command = command  # type: ignore[attr-defined]
