@@ -62,7 +62,7 @@ def plain_run(engine: Engine, args: argparse.Namespace, with_enum: bool) -> dict
     if slow is not None:
         slow.cancel()
         slow.result(timeout=3600)
-        while engine.apart is not None and engine.apart.busy:  # its sampling thread stops within a slice
+        while engine.sampling_threads is not None and engine.sampling_threads.busy:  # its sampling thread stops within a slice
             time.sleep(0.05)
     decode = [r.timings.decode_ms / 1000 for r in results]
     return {"mean": statistics.mean(decode), "worst": max(decode), "last": last, "enum_tokens": enum_done,

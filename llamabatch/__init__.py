@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from .config import EngineConfig
-from .core.engine import Engine
+from .engines import Engine
 from .core.handle import RequestHandle
 from .errors import (ContextOverflow, DecodeError, DeterminismUnavailable, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError, QueueFull)
 from .params import SamplingParams

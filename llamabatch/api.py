@@ -6,21 +6,23 @@ an engine, whichever of the three runs the requests:
   restarted when llama.cpp takes it down (supervised/engine.py);
 - `llamabatch.cluster.pool.RayPool`: engines on Ray workers behind one submit (cluster/pool.py).
 
-The behaviour they share is written once, in core/shared.py; tests/test_engine_contract.py
+The behaviour they share is written once, in core/engine_base.py; tests/test_engine_contract.py
 runs one contract over all three. Callers type against `EngineAPI` and never probe for
 attributes: an engine that cannot restart says `restarts == 0`, one that cannot fail as a
 whole says `fatal_error is None`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Protocol, Sequence, runtime_checkable
 
 from .config import EngineConfig
-from .core.handle import EventCallback
-from .core.inputs import Prompt
-from .core.telemetry import EngineStats, Telemetry
 from .params import SamplingParams
 from .results import Delta, Embedding, Result
+
+if TYPE_CHECKING:  # annotations only: the protocol describes the engines, it imports none of them
+    from .core.handle import EventCallback
+    from .core.inputs import Prompt
+    from .core.telemetry import EngineStats, Telemetry
 
 
 @runtime_checkable

@@ -12,13 +12,16 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .llama.cpu_buffers import CHOICES as CPU_BUFFERS
-from .llama.mask_grammar import BACKENDS as GRAMMAR_BACKENDS
 from .errors import InvalidRequest
 from .memory_setting import byte_size_rule, max_memory_rule
 from .params import SEED_ALLOWED, is_seed
-from .core.policies import POLICIES
 from .rules import Rule, boolean, choice, integer, optional, text
+
+# The names these settings may hold. The code behind each name lives with the engine
+# (core/policies.py, llama/cpu_buffers.py, llama/mask_grammar.py) and takes its names from here.
+POLICY_NAMES = ("decode-maximal", "prefill-priority", "balanced")
+CPU_BUFFERS = ("auto", "plain", "repack")
+GRAMMAR_BACKENDS = ("auto", "llguidance", "llama")
 
 DEFAULT_CTX_PER_SLOT = 4096
 DEFAULT_PREFIX_STORE_BYTES = 2 << 30
@@ -160,7 +163,7 @@ KEY_RULES: dict[str, Rule] = {
     "n_batch": integer(1, "an integer >= 1"),
     "chunk_size": integer(1, "an integer >= 1"),
     "threads": optional(integer(1, "an integer >= 1")),
-    "policy": choice(*POLICIES),
+    "policy": choice(*POLICY_NAMES),
     "cache_prompt": boolean,
     "n_gpu_layers": integer(-1, "an integer >= -1 (-1 = all)"),
     "max_queue": integer(0, "an integer >= 0 (0 = unbounded)"),

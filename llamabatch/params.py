@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import InvalidRequest
-from .llama.grammar_guard import nul_only_position
+from .grammar_guard import nul_only_position
 from .json_line import find_surrogate
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")

@@ -9,9 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from llamabatch.supervised.child import RUNNER_ENV
-
-RUNNERS = Path(__file__).with_name("supervised_child_runner.py")
+TESTS = str(Path(__file__).resolve().parent)  # where the child imports the registered runners from
 
 
 def fake_gguf(folder: Path) -> str:
@@ -20,11 +18,17 @@ def fake_gguf(folder: Path) -> str:
     return str(path)
 
 
-def child_env(runner: str = "fake", **extra: str) -> dict[str, str]:
+def with_tests_on_path(env: dict[str, str]) -> dict[str, str]:
+    """`env` with tests/ first in PYTHONPATH: a child imports supervised_child_runner from there."""
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (TESTS, env.get("PYTHONPATH", "")) if p)}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a supervised child (or of a process that starts one) running a
+    registered runner (supervised_child_runner.choice): no LLAMABATCH_MODEL, tests/ importable."""
     env = {k: v for k, v in os.environ.items() if k != "LLAMABATCH_MODEL"}
-    env[RUNNER_ENV] = f"{RUNNERS}:{runner}"
     env.update(extra)
-    return env
+    return with_tests_on_path(env)
 
 
 def children_of(pid: int) -> list[int]:
@@ -61,7 +65,7 @@ def engine_children(pid: int) -> list[int]:
     found = []
     for child in children_of(pid):
         try:
-            if b"llamabatch.supervised.child" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"llamabatch.cli.engine_child" in Path(f"/proc/{child}/cmdline").read_bytes():
                 found.append(child)
         except OSError:
             pass

@@ -20,9 +20,10 @@ from llamabatch import Engine
 from llamabatch.cli.app import main
 from llamabatch.cli.env import Environment
 from llamabatch.llama import autoslots
-from llamabatch.settings.factory import EngineFactory
-from llamabatch.supervised.child import RUNNER_ENV
+from llamabatch.engines import EngineFactory
 
+import supervised_child_runner
+from child_tools import with_tests_on_path
 from fake_runner import FakeRunner
 
 
@@ -41,7 +42,6 @@ class Outcome:
 # What the fake chooser "measures" for n_parallel auto (decode tok/s per slot count): 16 slots
 # win (the smallest count within 5% of the best), unless something bounds them lower.
 FAKE_MEASURED = {4: 100.0, 8: 170.0, 16: 190.0, 24: 195.0, 32: 150.0}
-CHILD_RUNNERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervised_child_runner.py")
 
 
 class FakeEngines(EngineFactory):
@@ -50,8 +50,9 @@ class FakeEngines(EngineFactory):
     Everything else is the real factory's: the settings the command resolved, the model
     check, n_parallel "auto" chosen by autoslots' own bounds and pick (over FAKE_MEASURED:
     nothing is measured or cached), and with `supervise` a real SupervisedEngine whose
-    child runs `child_runner` (tests/supervised_child_runner.py) instead of loading the
-    model. Without `supervise`, --isolate engines run in this process (milliseconds)."""
+    child runs the runner registered as `child_runner` (tests/supervised_child_runner.py)
+    instead of loading the model. Without `supervise`, --isolate engines run in this
+    process (milliseconds)."""
 
     def __init__(self, make_runner: Callable[..., FakeRunner], engines: list, *, supervise: bool = False,
                  child_runner: str = "fake"):
@@ -88,8 +89,11 @@ class FakeEngines(EngineFactory):
         # for that model, so records name the fake, as they would name whatever really loaded.
         return super().in_process(resolved.replace(engine=resolved.engine.replace(model_name=None)))
 
+    def runner_choice(self):
+        return supervised_child_runner.choice(self.child_runner)
+
     def child_environment(self):
-        return {**os.environ, RUNNER_ENV: f"{CHILD_RUNNERS}:{self.child_runner}"}
+        return with_tests_on_path(dict(os.environ))
 
 
 def fake_factory(make_runner: Callable[..., FakeRunner], engines: list, **kw) -> FakeEngines:

@@ -1,16 +1,20 @@
-"""Runners for the supervised engine's child in unit tests (LLAMABATCH_TEST_CHILD_RUNNER=this file:NAME).
+"""Runners for engines in other processes in unit tests: the supervised engine's child and Ray
+workers run the one a test names with `choice(NAME)` (llamabatch/engines/runners.py).
 
-The child imports this file by path, so it puts tests/ on sys.path for fake_runner.
+Importing this module registers every runner below under its function's name. The child and
+the workers import it by name, so their sys.path must hold tests/ (child_tools.child_env puts
+it in PYTHONPATH).
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llamabatch.engines import RunnerChoice, register_runner
 
-from fake_runner import FakeRunner  # noqa: E402
+from fake_runner import FakeRunner
+
+MODULE = "supervised_child_runner"
 
 
 def fake(config):
@@ -61,3 +65,12 @@ def slow_load(config):
     """The fake after a 60 s "model load" that reads no stdin meanwhile (as llama.cpp's load does not)."""
     time.sleep(60)
     return fake(config)
+
+
+def choice(name: str = "fake") -> RunnerChoice:
+    """What an engine in another process is told to run: the runner `name` of this module."""
+    return RunnerChoice(name, MODULE)
+
+
+for _runner in (fake, always_aborts, slow_grammar, slow, hangs_on_prompt, aborts_after_two_steps, slow_load):
+    register_runner(_runner.__name__, _runner)

@@ -10,7 +10,7 @@ import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.embedding import MAX_INPUTS, EmbedQueue, EmbedJob, split_inputs
-from llamabatch.core.shared import EmbeddingFailed
+from llamabatch.core.engine_base import EmbeddingFailed
 from llamabatch.errors import InvalidRequest
 from llamabatch.results import EmbeddingResult
 

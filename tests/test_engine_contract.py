@@ -4,7 +4,7 @@
 - "supervised": the SupervisedEngine with the same fake runner in its child (the model is a
   file that only starts like a GGUF: the child never opens it);
 - "ray": the Ray pool (one worker) on a local Ray instance, the fake runner in the worker
-  (named by the same test hook as the child's), when Ray is installed.
+  (the same registered runner as the child's), when Ray is installed.
 
 Every engine here has 2 slots of 1024 tokens, and its fake runner takes 5 ms per step, so
 a LONG request (400 tokens) runs for seconds and can be cancelled, timed out or closed on.
@@ -22,12 +22,10 @@ import pytest
 from llamabatch import Delta, EngineConfig, EngineStats, RequestRecord, Result, SamplingParams
 from llamabatch.api import ChatEngine, EngineAPI, Handle
 from llamabatch.errors import EngineClosed, QueueFull
-from llamabatch.core.engine import Engine
+from llamabatch.engines import Engine
 from llamabatch.supervised import SupervisedEngine
-from llamabatch.supervised.child import RUNNER_ENV
-
 import supervised_child_runner
-from child_tools import RUNNERS, child_env, fake_gguf
+from child_tools import TESTS, child_env, fake_gguf
 from fake_runner import N_VOCAB
 
 # One xdist worker runs the whole module: its engines (and Ray) start once, not once per worker.
@@ -46,7 +44,7 @@ def model_file(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def ray_session():
-    """A local Ray instance for the module: its workers build the fake runner (RUNNER_ENV)."""
+    """A local Ray instance for the module: its workers can import the registered fake runner."""
     import ray
 
     # Ray's processes inherit the environment ray.init sees (restored right after). Not
@@ -54,7 +52,7 @@ def ray_session():
     # instead of taking one Ray started beforehand.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        mp.setenv(RUNNER_ENV, f"{RUNNERS}:fake")
+        mp.setenv("PYTHONPATH", TESTS)
         mp.delenv("LLAMABATCH_MODEL", raising=False)
         for attempt in (1, 2):
             try:
@@ -73,11 +71,13 @@ def open_engine(kind: str, model_file: str, request: pytest.FixtureRequest, max_
     if kind == "engine":
         return Engine(config, runner=supervised_child_runner.fake(config), default_params=SHORT)
     if kind == "supervised":
-        return SupervisedEngine(config, default_params=SHORT, env=child_env("fake"), watchdog_s=0)
+        return SupervisedEngine(config, default_params=SHORT, env=child_env(), runner=supervised_child_runner.choice(),
+                                watchdog_s=0)
     request.getfixturevalue("ray_session")
     from llamabatch.cluster.pool import RayPool
 
-    return RayPool.start(config, SHORT, address=None, workers=1, cpus_per_worker=1, gpus_per_worker=0)
+    return RayPool.start(config, SHORT, address=None, workers=1, cpus_per_worker=1, gpus_per_worker=0,
+                         runner=supervised_child_runner.choice())
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -245,7 +245,7 @@ def test_a_chat_engine_renders_chat_messages_with_its_models_template(shared):
 
 def test_embeddings_are_served_or_refused_in_one_line(shared, kind):
     from fake_runner import fake_embedding, text_tokens
-    from llamabatch.core.shared import EmbeddingFailed
+    from llamabatch.core.engine_base import EmbeddingFailed
     from llamabatch.results import EmbeddingResult
 
     events = Events()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import InvalidRequest, SamplingParams
-from llamabatch.llama.grammar_guard import nul_only_position
+from llamabatch.grammar_guard import nul_only_position
 
 
 @pytest.mark.parametrize("grammar,found", [

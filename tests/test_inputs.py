@@ -7,6 +7,7 @@ import pytest
 from llamabatch import ContextOverflow, InvalidRequest, SamplingParams
 from llamabatch.core.inputs import InputPreparer, is_chat
 from llamabatch.core.sequence import Status
+from llamabatch.engines.engine_parts import GgufChatTemplates
 
 from fake_runner import FakeRunner, text_tokens
 
@@ -15,7 +16,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
 def preparer(**kw) -> tuple[InputPreparer, FakeRunner]:
     runner = FakeRunner(n_slots=1, slot_ctx=kw.pop("slot_ctx", 64), metadata=kw.pop("metadata", None))
-    return InputPreparer(runner, runner.slot_ctx, GREEDY, **kw), runner
+    return InputPreparer(runner, runner.slot_ctx, GREEDY, chat_templates=GgufChatTemplates(), **kw), runner
+
+
+def test_without_chat_templates_chat_messages_are_one_request_error():
+    runner = FakeRunner(n_slots=1, slot_ctx=64)
+    bare = InputPreparer(runner, runner.slot_ctx, GREEDY)
+    assert bare.prepare(1, "plain text", None).prompt == text_tokens("plain text")
+    with pytest.raises(InvalidRequest, match="chat messages need a chat template"):
+        bare.prepare(2, [{"role": "user", "content": "hi"}], None)
 
 
 def test_text_and_token_ids_become_a_waiting_sequence_with_its_sampler():

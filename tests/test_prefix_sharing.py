@@ -21,9 +21,9 @@ WAIT = 10
 SHARED = "You label each item as A or B. Think of the examples. "  # 54 characters = 54 fake tokens
 
 
-def make_scheduler(n_slots=4, share_min=8, chunk_size=16, n_batch=64) -> Scheduler:
+def make_scheduler(n_slots=4, fork_min_tokens=8, chunk_size=16, n_batch=64) -> Scheduler:
     return Scheduler(n_slots, 1000, n_batch, chunk_size, "decode-maximal", True, token_piece, lambda t: t == EOG,
-                     share_min=share_min)
+                     fork_min_tokens=fork_min_tokens)
 
 
 _ids = iter(range(10**6))
@@ -53,7 +53,7 @@ def step(sched: Scheduler):
 # -- the fork primitive ----------------------------------------------------------------------
 
 def test_fork_copies_the_bookkeeping_and_rides_on_the_next_plan():
-    sched = make_scheduler(n_slots=2, share_min=0)
+    sched = make_scheduler(n_slots=2, fork_min_tokens=0)
     a = make_seq("abcdefghij")
     sched.add(a)
     admit(sched)
@@ -69,7 +69,7 @@ def test_fork_copies_the_bookkeeping_and_rides_on_the_next_plan():
 
 @pytest.mark.parametrize("src,dst,n", [(0, 0, 3), (0, 1, 0), (0, 1, 11), (1, 0, 1)])
 def test_impossible_forks_are_refused(src, dst, n):
-    sched = make_scheduler(n_slots=2, share_min=0)
+    sched = make_scheduler(n_slots=2, fork_min_tokens=0)
     sched.add(make_seq("abcdefghij"))
     admit(sched)
     step(sched)  # slot 0 holds 10 tokens, slot 1 none
@@ -78,7 +78,7 @@ def test_impossible_forks_are_refused(src, dst, n):
 
 
 def test_a_fork_target_cannot_be_forked_again_or_used_as_a_source_in_the_same_tick():
-    sched = make_scheduler(n_slots=3, share_min=0)
+    sched = make_scheduler(n_slots=3, fork_min_tokens=0)
     sched.add(make_seq("abcdefghij"))
     admit(sched)
     step(sched)
@@ -92,7 +92,7 @@ def test_a_fork_target_cannot_be_forked_again_or_used_as_a_source_in_the_same_ti
 # -- admission that waits for a shared prefix -----------------------------------------------
 
 def test_requests_sharing_a_prefix_wait_for_it_and_then_fork_it():
-    sched = make_scheduler(n_slots=4, share_min=8, chunk_size=16)
+    sched = make_scheduler(n_slots=4, fork_min_tokens=8, chunk_size=16)
     seqs = [make_seq(SHARED + item) for item in ("cat", "dog", "eel")]
     for s in seqs:
         sched.add(s)
@@ -120,7 +120,7 @@ def test_requests_sharing_a_prefix_wait_for_it_and_then_fork_it():
 
 
 def test_a_request_that_shares_nothing_goes_ahead_of_one_that_waits():
-    sched = make_scheduler(n_slots=3, share_min=8)
+    sched = make_scheduler(n_slots=3, fork_min_tokens=8)
     owner, waiter, other = make_seq(SHARED + "one"), make_seq(SHARED + "two"), make_seq("unrelated prompt")
     for s in (owner, waiter, other):
         sched.add(s)
@@ -129,7 +129,7 @@ def test_a_request_that_shares_nothing_goes_ahead_of_one_that_waits():
 
 
 def test_below_the_threshold_prompts_are_evaluated_in_their_own_slots():
-    sched = make_scheduler(n_slots=2, share_min=60)  # SHARED is 54 tokens
+    sched = make_scheduler(n_slots=2, fork_min_tokens=60)  # SHARED is 54 tokens
     seqs = [make_seq(SHARED + "one"), make_seq(SHARED + "two")]
     for s in seqs:
         sched.add(s)
@@ -138,7 +138,7 @@ def test_below_the_threshold_prompts_are_evaluated_in_their_own_slots():
 
 
 def test_a_prefix_already_in_a_busy_slot_is_forked_at_once():
-    sched = make_scheduler(n_slots=2, share_min=8, chunk_size=256)
+    sched = make_scheduler(n_slots=2, fork_min_tokens=8, chunk_size=256)
     owner = make_seq(SHARED + "one")
     sched.add(owner)
     admit(sched)
@@ -151,7 +151,7 @@ def test_a_prefix_already_in_a_busy_slot_is_forked_at_once():
 
 
 def test_owner_cancelled_mid_evaluation_hands_its_work_to_a_waiter():
-    sched = make_scheduler(n_slots=3, share_min=8, chunk_size=16)
+    sched = make_scheduler(n_slots=3, fork_min_tokens=8, chunk_size=16)
     owner, w1, w2 = make_seq(SHARED + "one"), make_seq(SHARED + "two"), make_seq(SHARED + "six")
     for s in (owner, w1, w2):
         sched.add(s)

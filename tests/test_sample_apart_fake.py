@@ -8,7 +8,7 @@ import threading
 import time
 
 from llamabatch import Delta, SamplingParams
-from llamabatch.core.apart import ApartSampling
+from llamabatch.core.apart import SamplingThreads
 from llamabatch.core.plan import SampleStopped
 
 from fake_runner import FakeRunner
@@ -213,7 +213,7 @@ def test_every_request_ends_once_in_a_mix_of_slow_grammars_cancels_and_timeouts(
 
 
 def test_where_the_decode_takes_every_core_a_job_waits_at_its_checkpoint_until_the_decode_ends():
-    apart = ApartSampling(threading.Condition(), 1, yield_to_decode=True)
+    apart = SamplingThreads(threading.Condition(), 1, yield_to_decode=True)
     steps: list[float] = []
 
     class Job:

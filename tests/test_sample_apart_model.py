@@ -9,7 +9,8 @@ import json
 from llamabatch import Delta, Engine, EngineConfig, SamplingParams
 from llamabatch.supervised import SupervisedEngine
 
-from test_supervised import child_env
+from child_tools import child_env
+from supervised_child_runner import choice
 
 WAIT = 600  # generous: the large enum's tokens cost seconds each on a busy 2-core machine
 
@@ -24,7 +25,7 @@ def test_sampled_apart_gives_the_tokens_inline_sampling_gives(model_path):
     def run(apart: bool):
         # a fresh engine and one request at a time: both runs evaluate the same batches
         with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, grammar_backend="llama")) as engine:
-            assert engine.apart is not None
+            assert engine.sampling_threads is not None
             if not apart:
                 engine.scheduler.sample_apart = None  # every row inline, as before apart.py
             return [engine.submit(p, sp).result(timeout=WAIT) for p, sp in cases]
@@ -59,7 +60,7 @@ def test_a_large_enum_beside_plain_requests_finishes_and_they_finish_too(model_p
 def test_the_supervised_child_samples_apart(model_path):
     config = EngineConfig(n_parallel=2, n_ctx=512, threads=1, grammar_backend="llama")
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    with SupervisedEngine(config, default_params=greedy, env=child_env("slow_grammar")) as engine:
+    with SupervisedEngine(config, default_params=greedy, env=child_env(), runner=choice("slow_grammar")) as engine:
         slow = engine.submit("slow: spell", greedy.replace(grammar="root ::= [a-z]+"))
         plain = [engine.submit(f"plain {i}") for i in range(4)]
         assert [h.result(timeout=60).text for h in plain] == [f"plain {i}"[:6] for i in range(4)]

@@ -13,7 +13,8 @@ import pytest
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models import resolve as model_resolve
 from llamabatch.models.stores import ModelRef
-from llamabatch.settings import loading
+from llamabatch.engines.preparing import prepare
+from llamabatch.settings.given import settings_for
 from llamabatch.settings.file_layer import resolve_settings
 from llamabatch.settings.layers import merge
 from llamabatch.settings.model import choose_model
@@ -117,9 +118,9 @@ def test_choose_model_applies_a_store_default_stop_only_when_unset(monkeypatch):
 def test_library_settings_resolve_the_model_the_same_way(monkeypatch):
     calls: list = []
     _store_ref(monkeypatch, calls)
-    resolved = loading.settings_for(EngineConfig(model="ollama:x", n_parallel=2), SamplingParams(max_tokens=3))
+    resolved = settings_for(EngineConfig(model="ollama:x", n_parallel=2), SamplingParams(max_tokens=3))
     assert resolved.sampling.stop == ["<end>"] and resolved.sampling.max_tokens == 3
-    own = loading.settings_for(EngineConfig(model="ollama:x", n_parallel=2), SamplingParams(stop=["."]))
+    own = settings_for(EngineConfig(model="ollama:x", n_parallel=2), SamplingParams(stop=["."]))
     assert own.sampling.stop == ["."]
     assert len(calls) == 2
 
@@ -157,7 +158,7 @@ def test_prepare_checks_the_model_file_before_measuring(tmp_path):
     chooser = CountingChooser()
     resolved = choose_model(Resolved(EngineConfig(model=str(bad), n_parallel="auto"), SamplingParams()))
     with pytest.raises(Exception, match="not a GGUF file"):
-        loading.prepare(resolved, chooser=chooser)
+        prepare(resolved, chooser=chooser)
     assert chooser.calls == []
 
 

@@ -17,9 +17,10 @@ import pytest
 
 from llamabatch import Delta, EngineConfig, ModelLoadError, SamplingParams
 from llamabatch.supervised import ENGINE_CRASHED, SupervisedEngine
-from llamabatch.supervised.child import CRASH_AT_LOAD_ENV, CRASH_PROMPT_ENV, RUNNER_ENV
+from llamabatch.supervised.child import CRASH_AT_LOAD_ENV, CRASH_PROMPT_ENV
 
-RUNNERS = Path(__file__).with_name("supervised_child_runner.py")
+from child_tools import child_env
+from supervised_child_runner import choice
 
 DOOMED = "this prompt makes the child abort"
 CONFIG = EngineConfig(n_parallel=4, n_ctx=1024, threads=1)
@@ -31,15 +32,9 @@ def _bundled_model(model_path):
     """The parent resolves the bundled model before starting a child (assembled once)."""
 
 
-def child_env(runner: str = "fake", **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "LLAMABATCH_MODEL"}
-    env[RUNNER_ENV] = f"{RUNNERS}:{runner}"
-    env.update(extra)
-    return env
-
-
 def test_planted_crash_isolates_the_one_request_and_the_others_finish():
-    with SupervisedEngine(CONFIG, default_params=GREEDY, env=child_env(**{CRASH_PROMPT_ENV: DOOMED})) as engine:
+    with SupervisedEngine(CONFIG, default_params=GREEDY, env=child_env(**{CRASH_PROMPT_ENV: DOOMED}),
+                          runner=choice()) as engine:
         prompts = [f"Count from {i}:" for i in range(10)]
         prompts.insert(5, DOOMED)
         streamed: dict[int, list[str]] = {}
@@ -77,7 +72,7 @@ def test_planted_crash_isolates_the_one_request_and_the_others_finish():
 
 def test_a_child_that_dies_at_load_is_one_model_load_error():
     with pytest.raises(ModelLoadError) as info:
-        SupervisedEngine(CONFIG, env=child_env(**{CRASH_AT_LOAD_ENV: "1"}))
+        SupervisedEngine(CONFIG, env=child_env(**{CRASH_AT_LOAD_ENV: "1"}), runner=choice())
     message = str(info.value)
     assert "died 3 times" in message and "SIGABRT" in message and CRASH_AT_LOAD_ENV in message
     assert "\n" not in message

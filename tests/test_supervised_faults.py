@@ -23,7 +23,7 @@ from llamabatch.supervised.child import CRASH_PROMPT_ENV
 from llamabatch.supervised.engine import MAX_FRUITLESS_CRASHES
 
 from child_tools import child_env, engine_children, fake_gguf, is_gone, wait_for_engine_child, wait_gone
-from supervised_child_runner import HANG
+from supervised_child_runner import HANG, choice
 
 LONG = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)  # ~1 s per line with the "slow" runner
 DOOMED = "this prompt makes the child abort"
@@ -35,7 +35,8 @@ def config(tmp_path) -> EngineConfig:
 
 
 def test_a_stopped_child_is_killed_by_the_watchdog_and_every_request_finishes(config):
-    with SupervisedEngine(config, default_params=LONG, env=child_env("slow"), watchdog_s=2.0) as engine:
+    with SupervisedEngine(config, default_params=LONG, env=child_env(), runner=choice("slow"),
+                          watchdog_s=2.0) as engine:
         prompts = [f"line {i}" for i in range(6)]
         handles = [engine.submit(p, stream=False) for p in prompts]
         first = wait_for_engine_child(os.getpid())
@@ -53,7 +54,8 @@ def test_a_stopped_child_is_killed_by_the_watchdog_and_every_request_finishes(co
 
 def test_a_request_that_hangs_the_child_is_isolated_and_the_others_finish(config):
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    with SupervisedEngine(config, default_params=params, env=child_env("hangs_on_prompt"), watchdog_s=1.0) as engine:
+    with SupervisedEngine(config, default_params=params, env=child_env(), runner=choice("hangs_on_prompt"),
+                          watchdog_s=1.0) as engine:
         prompts = [f"line {i}" for i in range(5)]
         prompts.insert(2, HANG)
         results = [h.result(timeout=120) for h in [engine.submit(p) for p in prompts]]
@@ -66,7 +68,7 @@ def test_a_request_that_hangs_the_child_is_isolated_and_the_others_finish(config
 
 
 def test_a_child_that_crashes_whatever_it_runs_is_an_engine_error_not_the_lines(config):
-    with SupervisedEngine(config, env=child_env("always_aborts"), watchdog_s=0) as engine:
+    with SupervisedEngine(config, env=child_env(), runner=choice("always_aborts"), watchdog_s=0) as engine:
         results = [h.result(timeout=120) for h in [engine.submit(f"line {i}") for i in range(10)]]
         assert {r.error_code for r in results} == {ENGINE_UNAVAILABLE}  # none blamed as engine_crashed
         assert engine.isolated == []
@@ -82,14 +84,14 @@ def test_a_poison_line_run_first_is_still_the_lines_fault(config):
     """The canary clears the engine: the line that crashed every child it ran in is the one blamed."""
     params = SamplingParams(max_tokens=4, temperature=0)
     env = child_env(**{CRASH_PROMPT_ENV: DOOMED})
-    with SupervisedEngine(config, default_params=params, env=env, watchdog_s=0) as engine:
+    with SupervisedEngine(config, default_params=params, env=env, runner=choice(), watchdog_s=0) as engine:
         bad = engine.submit(DOOMED).result(timeout=120)
         assert bad.error_code == ENGINE_CRASHED and engine.fatal_error is None
         assert engine.generate(["fine"])[0].text == "fine"
 
 
 def test_close_with_a_stopped_child_is_bounded_and_ends_every_request(config):
-    engine = SupervisedEngine(config, default_params=LONG, env=child_env("slow"), watchdog_s=0)
+    engine = SupervisedEngine(config, default_params=LONG, env=child_env(), runner=choice("slow"), watchdog_s=0)
     handles = [engine.submit(f"line {i}", stream=False) for i in range(4)]
     child = wait_for_engine_child(os.getpid())
     time.sleep(0.3)
@@ -105,7 +107,9 @@ PARENT = textwrap.dedent("""
     import sys, time
     from llamabatch import EngineConfig, SamplingParams
     from llamabatch.supervised import SupervisedEngine
-    engine = SupervisedEngine(EngineConfig(model=sys.argv[1], n_parallel=2, n_ctx=256, threads=1), watchdog_s=0)
+    from supervised_child_runner import choice
+    engine = SupervisedEngine(EngineConfig(model=sys.argv[1], n_parallel=2, n_ctx=256, threads=1), watchdog_s=0,
+                              runner=choice("slow"))
     handle = engine.submit("a long one", SamplingParams(max_tokens=100000, ignore_eos=True))
     next(iter(handle))  # generating
     print("generating", flush=True)
@@ -116,7 +120,7 @@ PARENT = textwrap.dedent("""
 @pytest.mark.parametrize("child_state", ["running", "stopped"])
 def test_kill_9_of_the_parent_leaves_no_child(tmp_path, child_state):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, fake_gguf(tmp_path)], stdout=subprocess.PIPE,
-                              text=True, env=child_env("slow"), cwd=os.path.dirname(__file__))
+                              text=True, env=child_env(), cwd=os.path.dirname(__file__))
     try:
         assert parent.stdout.readline().strip() == "generating"
         child = engine_children(parent.pid)[0]
@@ -134,7 +138,7 @@ def test_kill_9_of_the_parent_leaves_no_child(tmp_path, child_state):
 def test_crashes_in_a_row_after_steps_ran_stop_the_engine(config):
     """Steps finish, so the canary is not the judge; crashes with no request finishing still stop it."""
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    with SupervisedEngine(config, default_params=params, env=child_env("aborts_after_two_steps"),
+    with SupervisedEngine(config, default_params=params, env=child_env(), runner=choice("aborts_after_two_steps"),
                           watchdog_s=0) as engine:
         results = [h.result(timeout=120) for h in [engine.submit(f"line {i}") for i in range(10)]]
         assert ENGINE_UNAVAILABLE in {r.error_code for r in results}

@@ -1,7 +1,8 @@
 """`run` and `serve-stdin` when the engine child hangs, is stopped, or crashes on everything.
 
-Real processes (the installed CLI, its supervised child) with the scripted fake runner in
-the child and a file that only starts like a GGUF, so no model loads: fast-suite tests.
+Real processes (the CLI's main in a process of its own, tests/fake_cli.py, and its supervised
+child) with the scripted fake runner in the child and a file that only starts like a GGUF, so
+no model loads: fast-suite tests.
 The "slow" runner takes 50 ms a step, so a 20-token line lasts about a second.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 
+import fake_cli
 from child_tools import child_env, fake_gguf, wait_for_engine_child, wait_gone
 from test_run_cli import read_records, slow_lines, wait_for_lines, write_lines
 
@@ -22,8 +24,8 @@ FAST = ["--n-parallel", "2", "--n-ctx", "256", "--threads", "1", "--temperature"
 
 
 def start(args: list[str], runner: str, stdin=subprocess.DEVNULL) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "llamabatch", *args], stdin=stdin, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=child_env(runner))
+    return subprocess.Popen([sys.executable, fake_cli.PATH, runner, *args], stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env())
 
 
 def finish(proc: subprocess.Popen, timeout: float, more: str | None = None) -> tuple[str, str]:

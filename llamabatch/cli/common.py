@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Iterator, TextIO
 import typer
 
 from ..errors import InvalidRequest, LlamaBatchError
-from ..prefix_store.folder_check import unusable_because
-from ..settings.file_layer import resolve_layers, resolve_settings
+from .. import engines
+from ..settings.file_layer import resolve_command_settings
 from ..settings.resolved import Resolved
 from .env import Environment
 from .engine_options import EngineOptions
 
 if TYPE_CHECKING:
-    from ..core.engine import Engine
+    from ..api import EngineAPI
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143: what service managers and `timeout` expect after SIGTERM
@@ -81,41 +81,22 @@ def exit_code_for(exc: BaseException) -> tuple[int, str] | None:
 
 def resolve_options(opts: EngineOptions, environment: Environment) -> Resolved:
     """Flags > LLAMABATCH_* env > config file (--config from `environment`) > defaults, the
-    model named by them resolved (settings.file_layer.resolve_settings), once, before any
-    input is read. Bad values raise InvalidRequest (exit 2); an unknown model name is a
-    ModelLoadError (one line, exit 1); a store's default stops (Ollama's) become the default
-    `stop` when no layer sets one. A model named nowhere is the command's own default: for
-    run, serve-stdin and chat the chat-tuned one when installed (models.default_model)."""
-    from ..models.default_model import default_model
-
-    default = None
-    if resolve_layers(opts.values, opts.command, environment.config_path).sources.get("model") == "default":
-        default = default_model(opts.command, lambda line: environment.say(f"llamabatch: {line}"))
-    if default is None:
-        return resolve_settings(opts.values, opts.command, environment.config_path)
-    # passed as the flag would be, so that the other layers and the model's resolution stay
-    # settings'; the source then says where it really came from
-    resolved = resolve_settings({**opts.values, "model": default}, opts.command, environment.config_path)
-    resolved.sources["model"] = "default (chat-tuned)"
-    return resolved
+    model named by them resolved (settings.file_layer.resolve_command_settings), once, before
+    any input is read. Bad values raise InvalidRequest (exit 2); an unknown model name is a
+    ModelLoadError (one line, exit 1)."""
+    return resolve_command_settings(opts.values, opts.command, environment.config_path,
+                                    lambda line: environment.say(f"llamabatch: {line}"))
 
 
 def open_engine(resolved: Resolved, environment: Environment, max_slots: int | None = None, *,
-                isolated: bool = False, watchdog_s: float | None = None) -> "Engine":
-    """Build the command's engine with the environment's factory (loads the model;
-    ModelLoadError is one line and exit 1): n_parallel "auto" measured, bounded by
-    `max_slots` (e.g. the number of input lines); `isolated`: in a supervised child process;
-    `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off).
-    A chat-template fallback is said once on stderr, when chat messages first need it, and a
-    prefix store folder that can never work (a file, a device) before the engine opens."""
-    store = resolved.engine.prefix_store
-    why = unusable_because(store) if store and resolved.engine.prefix_store_max_bytes else None
-    if why:  # the store would fail every save in silence: say so, and run without it
-        environment.say(f"llamabatch: warning: prefix store {store} can't be used ({why}): running without it")
-        resolved = resolved.replace(engine=resolved.engine.replace(prefix_store=None))
-    engine = environment.engine_factory.open(resolved, max_slots=max_slots, isolated=isolated, watchdog_s=watchdog_s)
-    engine.on_notice = lambda line: environment.say(f"llamabatch: {line}")
-    return engine
+                isolated: bool = False, watchdog_s: float | None = None) -> "EngineAPI":
+    """The command's engine, from the environment's factory (llamabatch.engines.open_engine:
+    the model loaded, n_parallel "auto" decided, bounded by `max_slots`; `isolated`: in a
+    supervised child process; `watchdog_s`: its watchdog floor). Its notices (a chat-template
+    fallback, an unusable prefix store) are lines on stderr."""
+    return engines.open_engine(resolved, factory=environment.engine_factory, max_slots=max_slots,
+                               isolated=isolated, watchdog_s=watchdog_s,
+                               on_notice=lambda line: environment.say(f"llamabatch: {line}"))
 
 
 def setup_logging(debug: bool, stream: TextIO) -> None:

@@ -3,7 +3,7 @@ builds an engine, and the global flags.
 
 `main()` builds the real one from sys.stdin/stdout/stderr. Tests build their own (httpie's
 `Environment` idea): text streams over bytes, terminal flags of their choosing and an engine
-factory over the scripted fake runner (settings/factory.py), so run, serve-stdin and chat
+factory over the scripted fake runner (engines/factory.py), so run, serve-stdin and chat
 run in milliseconds. Commands receive it (engine_options.with_engine_options passes it as `env`)
 (commands without engine options take it from their click context: engine_options.environment_of)
 and never reach for sys.std* or a module global: they write with `env.say` and `env.out`.
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from ..settings.factory import EngineFactory
+from ..engines import EngineFactory
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..core.poison import PoisonRule
 from .plan import WorkerTally
-from ..core.shared import ended_result, error_result
+from ..core.engine_base import ended_result, error_result
 from ..results import Result
 
 READY, RESTARTING, GONE = "ready", "restarting", "gone"

@@ -42,16 +42,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..config import EngineConfig
 from ..core.engine import Engine, EngineStats
 from ..core.handle import EventCallback, RequestHandle
-from ..core.shared import SharedEngine, check_room, record_outcome
+from ..core.engine_base import EngineBase, check_room, record_outcome
 from ..core.telemetry import Telemetry
-from ..errors import EngineClosed, LlamaBatchError
+from ..errors import ClusterStartError, EngineClosed, LlamaBatchError
+from ..engines.runners import RunnerChoice
 from ..params import SamplingParams
-from ..llama.autoslots import CANDIDATES
+from ..settings.slots import most_slots
 from .describe import header, slots_note
 from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, cancelled_result, crashed_result
 from .plan import Node, PlacementError, WorkerTally, place_workers
 from ..results import Delta, Result
-from ..supervised.child import runner_from_env
 from ..supervised.watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, RECENT_TICKS, Watchdog
 from ..core.telemetry import TickRecord
 
@@ -63,7 +63,7 @@ POLL_S = 0.05  # how long the watcher waits for results before looking again
 PROGRESS_EVERY_S = 1.0  # how often the watcher asks a busy worker how many steps its engine finished
 
 
-class RayStartError(LlamaBatchError):
+class RayStartError(ClusterStartError):
     """Ray can't be reached, the cluster can't hold the engines, or a worker can't load the model."""
 
     code = "ray_start_error"
@@ -75,10 +75,12 @@ class EngineWorker:
     """One engine in a Ray actor. Lines come in as `generate` calls, several at a time (a
     threaded actor), and join the engine's running batch like any other submit."""
 
-    def __init__(self, config: EngineConfig, default_params: SamplingParams, max_slots: int | None = None):
+    def __init__(self, config: EngineConfig, default_params: SamplingParams, max_slots: int | None = None,
+                 runner: RunnerChoice | None = None):
         self._config = config
         self._defaults = default_params
         self._max_slots = max_slots  # n_parallel "auto": never more slots than the run has lines
+        self._runner = runner  # a registered runner instead of the model (tests)
         self._engine: Engine | None = None
         self._handles: dict[int, Any] = {}
         self._cancelled: set[int] = set()
@@ -91,17 +93,14 @@ class EngineWorker:
         info = {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
         if self._engine is None:
             try:
-                # The settings layer resolves the model (the same absolute path on every node) and
-                # n_parallel "auto" here, on this worker's node: its CPUs, its memory, its threads
+                # The model is resolved (the same absolute path on every node) and n_parallel
+                # "auto" decided here, on this worker's node: its CPUs, its memory, its threads
                 # (the calibration cache is per machine), bounded by the run's line count.
-                from ..settings.loading import open_runner, settings_for
+                from ..engines.worker_engine import open_worker_engine
+                from ..settings.given import settings_for
 
-                resolved = settings_for(self._config, self._defaults)
-                runner = runner_from_env(resolved.engine)  # a test's fake runner (as in the supervised child)
-                if runner is None:
-                    resolved, runner = open_runner(resolved, max_slots=self._max_slots)
-                self._engine = Engine(resolved.engine, runner=runner, default_params=resolved.sampling,
-                                      slots_reason=resolved.slots_reason)
+                self._engine = open_worker_engine(settings_for(self._config, self._defaults), self._runner,
+                                                  self._max_slots)
             except LlamaBatchError as exc:
                 return {**info, "error": str(exc)}
             self._engine.subscribe(self._on_record)
@@ -152,7 +151,7 @@ _RemoteWorker = ray.remote(EngineWorker)
 
 # -- the driver side ----------------------------------------------------------------------------
 
-class RayPool(SharedEngine):
+class RayPool(EngineBase):
     """Engines on Ray workers behind one submit() (llamabatch.api.EngineAPI). Build it with
     `RayPool.start(...)`.
 
@@ -199,7 +198,7 @@ class RayPool(SharedEngine):
               workers: int | None, cpus_per_worker: int | None, gpus_per_worker: float,
               inflight_per_worker: int | None = None, log_to_driver: bool = False,
               note: Callable[[str], None] = lambda _m: None, max_slots: int | None = None,
-              watchdog_s: float = DEFAULT_FLOOR_S) -> "RayPool":
+              watchdog_s: float = DEFAULT_FLOOR_S, runner: RunnerChoice | None = None) -> "RayPool":
         """Connect to (or start) Ray, place the engines, load the model on every one.
 
         Raises RayStartError before any line runs: no cluster, no room, a node without the model.
@@ -223,7 +222,7 @@ class RayPool(SharedEngine):
         _raylet_messages_to_log()
         try:
             pool = cls._start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
-                                      gpus_per_worker, inflight_per_worker, note, max_slots, watchdog_s)
+                                      gpus_per_worker, inflight_per_worker, note, max_slots, watchdog_s, runner)
         except BaseException:
             if not joined:
                 ray.shutdown()
@@ -235,7 +234,7 @@ class RayPool(SharedEngine):
     def _start_workers(cls, config: EngineConfig, default_params: SamplingParams, owns: bool, address: str,
                        workers: int | None, cpus: int | None, gpus: float, inflight: int | None,
                        note: Callable[[str], None], max_slots: int | None = None,
-                       watchdog_s: float = DEFAULT_FLOOR_S) -> "RayPool":
+                       watchdog_s: float = DEFAULT_FLOOR_S, runner: RunnerChoice | None = None) -> "RayPool":
         nodes = [Node(n["NodeID"], n["NodeManagerAddress"], int(n["Resources"].get("CPU", 0)),
                       float(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n.get("Alive")]
         try:
@@ -244,7 +243,7 @@ class RayPool(SharedEngine):
             raise RayStartError(str(exc)) from None
         # With "auto" each worker chooses its slot count when it starts; until then plan for the
         # most it may choose (the actor's thread count is fixed when it is created).
-        most = max(CANDIDATES) if config.n_parallel == "auto" else config.n_parallel
+        most = most_slots(config)
         cap = inflight or 2 * most
         if config.model is not None:  # the same absolute path on every node, not the driver's cwd
             config = config.replace(model=os.path.abspath(os.path.expanduser(config.model)))
@@ -256,7 +255,7 @@ class RayPool(SharedEngine):
                 num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=MAX_RESTARTS, max_task_retries=0,
                 max_concurrency=cap + 4,  # room for cancel calls beside `cap` generate calls
                 scheduling_strategy=NodeAffinitySchedulingStrategy(p.node.node_id, soft=False),
-            ).remote(config.replace(threads=p.cpus), default_params, max_slots)
+            ).remote(config.replace(threads=p.cpus), default_params, max_slots, runner)
             w = WorkerState(WorkerTally(f"w{i}", p.node.address, 0, p.cpus), cap, most,
                             actor=actor, start_ref=actor.start.remote())
             states.append(w)
@@ -285,7 +284,7 @@ class RayPool(SharedEngine):
         return cls(states, infos[0]["model_name"], min(w.slot_ctx for w in states), owns, address, watchdog_s,
                    pool_config, default_params)
 
-    # -- the engine API (generate and the context manager: core/shared.py) ------------------------
+    # -- the engine API (generate and the context manager: core/engine_base.py) ------------------------
 
     @property
     def fatal_error(self) -> str | None:  # type: ignore[override]

@@ -57,8 +57,9 @@ def wants_apart(params: SamplingParams, sampler: Any = None) -> bool:
 
 
 @dataclass(eq=False)
-class Flight:
-    """One SampleJob in flight for `seq` (an engine Sequence), from launch to landing."""
+class SampleJobRun:
+    """One SampleJob run for `seq` (an engine Sequence) on a sampling thread: from launch
+    until it lands with its outcome (or error) and the engine takes it."""
 
     seq: Any
     chunk: Chunk
@@ -86,7 +87,7 @@ def _prepare_thread() -> None:
         pass
 
 
-class ApartSampling:
+class SamplingThreads:
     """Runs SampleJobs on sampling threads; lands their results for the engine thread.
 
     `cond` is the engine's condition: a landing job notifies it, so an engine waiting for
@@ -99,17 +100,17 @@ class ApartSampling:
         self._quiet.set()
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_threads), thread_name_prefix="llamabatch-sample",
                                         initializer=_prepare_thread)
-        self._flying: dict[Any, Flight] = {}  # seq -> its flight (a slot has one token in flight at most)
-        self._landed: list[Flight] = []
-        self._orphans: set[int] = set()  # ids of sampler chains whose request ended mid-flight
+        self._flying: dict[Any, SampleJobRun] = {}  # seq -> its run (a slot has one token in run at most)
+        self._landed: list[SampleJobRun] = []
+        self._orphans: set[int] = set()  # ids of sampler chains whose request ended mid-run
         self._closed = False
 
-    def launch(self, seq: Any, chunk: Chunk, job: SampleJob) -> Flight:
-        flight = Flight(seq, chunk, job)
+    def launch(self, seq: Any, chunk: Chunk, job: SampleJob) -> SampleJobRun:
+        run = SampleJobRun(seq, chunk, job)
         with self._cond:
-            self._flying[seq] = flight
-        self._pool.submit(self._run, flight)
-        return flight
+            self._flying[seq] = run
+        self._pool.submit(self._run, run)
+        return run
 
     @contextlib.contextmanager
     def decoding(self) -> Iterator[None]:
@@ -123,43 +124,43 @@ class ApartSampling:
         finally:
             self._quiet.set()
 
-    def _checkpoint(self, flight: Flight) -> bool:
+    def _checkpoint(self, run: SampleJobRun) -> bool:
         """A job's `stop()`: True when it should give up; holds it while a decode runs."""
-        while not flight.stop and not self._quiet.is_set():
+        while not run.stop and not self._quiet.is_set():
             self._quiet.wait(0.05)  # a cancel meanwhile is seen within this
-        return flight.stop
+        return run.stop
 
-    def _run(self, flight: Flight) -> None:
+    def _run(self, run: SampleJobRun) -> None:
         try:
-            flight.outcome = flight.job.run(lambda: self._checkpoint(flight))
+            run.outcome = run.job.run(lambda: self._checkpoint(run))
         except SampleStopped:
             pass
         except BaseException as exc:  # this request's failure, never the sampling thread's end
-            log.exception("sampling apart failed for request %s", flight.chunk.request_id)
-            flight.error = exc
+            log.exception("sampling apart failed for request %s", run.chunk.request_id)
+            run.error = exc
         with self._cond:
-            flight.landed = True
-            self._landed.append(flight)
+            run.landed = True
+            self._landed.append(run)
             self._cond.notify_all()
 
-    def wait(self, flights: list[Flight], seconds: float) -> float:
-        """Wait (engine thread) until `flights` have landed or `seconds` pass; the time waited."""
+    def wait(self, runs: list[SampleJobRun], seconds: float) -> float:
+        """Wait (engine thread) until `runs` have landed or `seconds` pass; the time waited."""
         start = time.perf_counter()
         until = start + seconds
         with self._cond:
-            while not all(f.landed for f in flights):
+            while not all(f.landed for f in runs):
                 left = until - time.perf_counter()
                 if left <= 0:
                     break
                 self._cond.wait(left)
         return time.perf_counter() - start
 
-    def take_landed(self) -> list[Flight]:
-        """The flights that landed since the last call, in landing order."""
+    def take_landed(self) -> list[SampleJobRun]:
+        """The runs that landed since the last call, in landing order."""
         with self._cond:
             out, self._landed = self._landed, []
-            for flight in out:
-                self._flying.pop(flight.seq, None)
+            for run in out:
+                self._flying.pop(run.seq, None)
         return out
 
     @property
@@ -171,7 +172,7 @@ class ApartSampling:
         return bool(self._flying)
 
     def holds(self, sampler: Any) -> bool:
-        """Whether a job in flight (landed or not, until taken) uses `sampler`."""
+        """Whether a job in run (landed or not, until taken) uses `sampler`."""
         with self._cond:
             return any(sampler is s for f in self._flying.values() for s in f.job.samplers)
 
@@ -180,23 +181,23 @@ class ApartSampling:
         chain when the job lands (`orphans_of`), never under a running job."""
         with self._cond:
             self._orphans.add(id(sampler))
-            for flight in self._flying.values():
-                if any(sampler is s for s in flight.job.samplers):
-                    flight.stop = True
+            for run in self._flying.values():
+                if any(sampler is s for s in run.job.samplers):
+                    run.stop = True
 
-    def orphans_of(self, flight: Flight) -> list[Any]:
-        """The chains of a landed flight whose request has ended: now safe to free."""
-        out = [s for s in flight.job.samplers if id(s) in self._orphans]
+    def orphans_of(self, run: SampleJobRun) -> list[Any]:
+        """The chains of a landed run whose request has ended: now safe to free."""
+        out = [s for s in run.job.samplers if id(s) in self._orphans]
         for s in out:
             self._orphans.discard(id(s))
         return out
 
-    def close(self) -> list[Flight]:
+    def close(self) -> list[SampleJobRun]:
         """Stop every job, wait for the sampling threads (each stops within one slice of its
-        work), and return the flights not yet taken, for their chains to be freed."""
+        work), and return the runs not yet taken, for their chains to be freed."""
         with self._cond:
             self._closed = True
-            for flight in self._flying.values():
-                flight.stop = True
+            for run in self._flying.values():
+                run.stop = True
         self._pool.shutdown(wait=True)
         return self.take_landed()

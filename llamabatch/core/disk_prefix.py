@@ -8,11 +8,8 @@ exactly the shared part of two prompts (Scheduler._mark_save cuts a prefill ther
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
-
-log = logging.getLogger("llamabatch.prefix_store")
 
 # A prefix shorter than this is not worth a file: evaluating it takes about as long as
 # reading it back (Gemma 3 270M: ~16 KB of KV per token).
@@ -68,23 +65,3 @@ class DiskPrefixes:
         """Let queued writes finish, at most `timeout` seconds (a write cut short leaves only a
         temporary file, never a loadable entry)."""
         self.store.close(timeout)
-
-
-def open_disk_prefixes(config: Any, runner: Any) -> DiskPrefixes | None:
-    """The store `config.prefix_store` names, for this runner's KV; None when it is off, the
-    runner cannot restore slots exactly (deterministic mode, a memory that cannot be cut), or
-    the folder cannot be used (said once in the log: generation does not need it)."""
-    if not config.prefix_store or not config.prefix_store_max_bytes or not config.cache_prompt:
-        return None
-    if not runner.can_store:
-        return None
-    from ..prefix_store import FORMAT_VERSION, PrefixStore
-
-    # the file format's version too: another version's entries then live in a folder of their own
-    fingerprint = {**runner.kv_fingerprint, "store_format": str(FORMAT_VERSION)}
-    try:
-        store = PrefixStore(config.prefix_store, fingerprint, config.prefix_store_max_bytes)
-    except OSError as exc:
-        log.warning("prefix store %s is not usable (%s): running without it", config.prefix_store, exc)
-        return None
-    return DiskPrefixes(store)

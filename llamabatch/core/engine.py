@@ -18,80 +18,77 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence as Seq
 
-from .apart import GRACE, ApartSampling, Flight, wants_apart
+from .apart import GRACE, SampleJobRun, SamplingThreads, wants_apart
 from .embedding import EmbedJob, EmbedQueue, EmbedRequest, prepare_job
 from ..config import EngineConfig
 from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError, QueueFull
 from .handle import EventCallback, RequestHandle
-from .inputs import InputPreparer, Prompt
-from ..models.resolve import model_display_name
+from .inputs import ChatTemplates, InputPreparer, Prompt
 from ..params import SamplingParams
 from .plan import EmbedBatch, StepPlan, StepResult
 from ..results import Delta, EmbeddingResult
-from .disk_prefix import open_disk_prefixes
+from .disk_prefix import DiskPrefixes
 from .scheduler import SaveWanted, Scheduler, SeqEvent
 from .sequence import Sequence, Status
-from .shared import SharedEngine, check_room, error_result, record_outcome
+from .engine_base import EngineBase, check_room, error_result, record_outcome
 from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 
 log = logging.getLogger("llamabatch.engine")
 
-# Re-exported: these lived here before the split, and callers import them from here.
+# Callers that hold an engine import the types of its API from here.
 __all__ = ["Engine", "EngineStats", "RequestHandle", "Prompt", "EventCallback"]
 
 
-class Engine(SharedEngine):
+class Engine(EngineBase):
     """A continuous-batching engine over one model, in this process (llamabatch.api.EngineAPI).
     Use it as a context manager."""
 
-    def __init__(self, config: EngineConfig | None = None, *, runner: Any = None,
+    def __init__(self, config: EngineConfig | None = None, *, runner: Any,
                  default_params: SamplingParams | None = None,
-                 on_notice: Callable[[str], None] | None = None, slots_reason: str = ""):
-        """An engine over `runner` with `config` (resolved settings: settings/factory.py builds
-        engines this way). `Engine(EngineConfig(...))` with no runner, as library users write
-        it, asks the settings layer for the runner: it resolves the model and the slot count
-        and loads the model, the one way every engine gets them (settings/loading.py)."""
-        if runner is None:
-            from ..settings.loading import open_runner, settings_for
-
-            resolved, runner = open_runner(settings_for(config, default_params))
-            config, default_params, slots_reason = resolved.engine, resolved.sampling, resolved.slots_reason
+                 on_notice: Callable[[str], None] | None = None, slots_reason: str = "",
+                 chat_templates: ChatTemplates | None = None, disk: DiskPrefixes | None = None):
+        """An engine over `runner` (loaded, with its slots) with `config`, whose settings are
+        decided already: the model and n_parallel are the runner's. What comes from the layers
+        above is handed in: `chat_templates` (None: chat messages are refused), `disk` (the
+        disk prefix store opened for this runner, or None). llamabatch.engines builds engines
+        this way; `llamabatch.Engine(EngineConfig(...))` is that builder's class."""
         self.config = (config or EngineConfig()).validate()
-        if self.config.n_parallel == "auto":  # a given runner has its slots already
-            self.config = self.config.replace(n_parallel=runner.n_slots).validate()
+        if self.config.n_parallel == "auto":
+            raise ValueError('n_parallel "auto" is decided before an engine starts (llamabatch.engines)')
         params = (default_params or SamplingParams()).validate()
         self.slots_reason = slots_reason  # why this many slots, when n_parallel="auto" chose them
         self.model_path = runner.model_path
-        self._model_name = self.config.model_name or model_display_name(self.model_path)
+        self._model_name = self.config.model_name or self.model_path
         self.runner = runner
         self.kernels = runner.kernel_text  # for the header line: which CPU kernels run, and why
         self.slot_ctx = runner.slot_ctx
         self.inputs = InputPreparer(runner, runner.slot_ctx, params, default_seed=self.config.seed,
-                                    chat_template=self.config.chat_template,
+                                    chat_template=self.config.chat_template, chat_templates=chat_templates,
                                     on_notice=on_notice or (lambda line: log.warning("%s", line)))
         # Prefix sharing across slots forks KV between slots: only where the runner can.
-        share_min = self.config.share_prefix_min if self.config.cache_prompt and runner.can_fork else 0
+        fork_min_tokens = self.config.share_prefix_min if self.config.cache_prompt and runner.can_fork else 0
         if self.config.deterministic:
             # Cross-slot prefix sharing is off in deterministic mode: the invariance tests do not
             # cover it, so it is not promised. An n-request's forks stay (the runner applies them
             # in _execute_invariant too): they copy sample 0's prefill-computed prompt KV, bit for bit.
-            share_min = 0
+            fork_min_tokens = 0
         self.telemetry = Telemetry()
         # Everything below is shared between callers and the engine thread, under _cond.
         self._cond = threading.Condition()
         # Requests with a grammar are sampled on sampling threads, so one slow grammar does not
         # set every slot's pace (apart.py). Deterministic mode keeps inline sampling.
         # Where llama_decode's threads take every core, the sampling threads pause while it runs.
-        self.apart = (ApartSampling(self._cond, runner.n_slots,
-                                    yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
-                      if runner.can_sample_apart and not self.config.deterministic else None)
-        self.disk = open_disk_prefixes(self.config, runner)  # the disk prefix store, or None
+        self.sampling_threads = (SamplingThreads(self._cond, runner.n_slots,
+                                                 yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
+                                 if runner.can_sample_apart and not self.config.deterministic else None)
+        self.disk = disk  # the disk prefix store, or None
         # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
                                    self.config.policy, self.config.cache_prompt and runner.can_trim,
                                    runner.token_bytes, runner.is_eog,
-                                   share_min=share_min, cache_generated=not self.config.deterministic,
-                                   sample_apart=(lambda seq: wants_apart(seq.params, seq.sampler)) if self.apart else None,
+                                   fork_min_tokens=fork_min_tokens, cache_generated=not self.config.deterministic,
+                                   sample_apart=((lambda seq: wants_apart(seq.params, seq.sampler))
+                                                 if self.sampling_threads else None),
                                    disk=self.disk)
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
@@ -106,7 +103,7 @@ class Engine(SharedEngine):
         self._thread = threading.Thread(target=self._loop, name="llamabatch-engine", daemon=True)
         self._thread.start()
 
-    # -- public API (llamabatch.api.EngineAPI; generate and the context manager: shared.py) -----
+    # -- public API (llamabatch.api.EngineAPI; generate and the context manager: engine_base.py)
 
     @property
     def default_params(self) -> SamplingParams:
@@ -190,7 +187,7 @@ class Engine(SharedEngine):
         return handle
 
     def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
-        """Queue one embeddings request (shared.py's submit_embedding); bad input ends the
+        """Queue one embeddings request (engine_base.py's submit_embedding); bad input ends the
         handle with 'error', on the engine thread, as submit does."""
         with self._cond:
             if self._closing:
@@ -268,7 +265,7 @@ class Engine(SharedEngine):
                 with self._cond:
                     while not (self._inbox or self._rejected or self._cancels or self._closing
                                or self.scheduler.has_work() or self.embeds.has_work()
-                               or (self.apart and self.apart.has_landed)):
+                               or (self.sampling_threads and self.sampling_threads.has_landed)):
                         # Nothing to run: sleep until something arrives, a token sampled apart
                         # lands (it notifies), or the next deadline passes (a request whose
                         # token is in flight must still time out).
@@ -316,7 +313,7 @@ class Engine(SharedEngine):
             self._end(seq, "timeout")
         for job in self.embeds.expired(t_start):
             self._end_embed(job, "timeout")
-        self._land()
+        self._take_threaded_samples()
         self._admit()
         plan = self.scheduler.schedule()
         t_planned = time.perf_counter()
@@ -329,7 +326,7 @@ class Engine(SharedEngine):
 
     def _generate(self, plan: StepPlan, t_start: float, t_planned: float) -> None:
         active = len(self.scheduler.running)
-        with self.apart.decoding() if self.apart else contextlib.nullcontext():
+        with self.sampling_threads.decoding() if self.sampling_threads else contextlib.nullcontext():
             plan, result = self._execute(plan)
         events = self.scheduler.update(plan, result)
         for wanted in self.scheduler.take_saves():  # before any event ends a request and frees its slot
@@ -403,36 +400,36 @@ class Engine(SharedEngine):
     def _launch(self, plan: StepPlan, result: StepResult) -> None:
         """Start the tick's SampleJobs, then wait a little: a cheap grammar's token still makes
         this tick, a slow one's slot skips ticks until it lands (see apart.py)."""
-        assert self.apart is not None
-        flights = []
+        assert self.sampling_threads is not None
+        runs = []
         for chunk in plan.chunks:
             job = result.apart.get(chunk.slot)
             if job is not None:
-                flights.append(self.apart.launch(self.scheduler.slots[chunk.slot].seq, chunk, job))
-        waited = self.apart.wait(flights, GRACE * result.eval_ms / 1000)
+                runs.append(self.sampling_threads.launch(self.scheduler.slots[chunk.slot].seq, chunk, job))
+        waited = self.sampling_threads.wait(runs, GRACE * result.eval_ms / 1000)
         result.sample_ms += waited * 1000
-        self._land()
+        self._take_threaded_samples()
 
-    def _land(self) -> None:
+    def _take_threaded_samples(self) -> None:
         """Take the tokens sampled apart since the last look; free the chains of requests that
-        ended while their token was in flight."""
-        if self.apart is None:
+        ended while their token was in run."""
+        if self.sampling_threads is None:
             return
-        for flight in self.apart.take_landed():
-            self._land_one(flight)
+        for run in self.sampling_threads.take_landed():
+            self._apply_threaded_sample(run)
 
-    def _land_one(self, flight: Flight) -> None:
-        for sampler in self.apart.orphans_of(flight):  # type: ignore[union-attr]
+    def _apply_threaded_sample(self, run: SampleJobRun) -> None:
+        for sampler in self.sampling_threads.orphans_of(run):  # type: ignore[union-attr]
             self.runner.free_sampler(sampler)
-        seq = flight.seq
-        if seq.finished or flight.outcome is None and flight.error is None:
-            return  # ended (cancel, timeout, close) while its token was in flight
-        if flight.error is not None:
-            self._end(seq, "error", str(InternalError(f"sampling failed: {type(flight.error).__name__}: "
-                                                       f"{flight.error}")), InternalError.code)
+        seq = run.seq
+        if seq.finished or run.outcome is None and run.error is None:
+            return  # ended (cancel, timeout, close) while its token was in run
+        if run.error is not None:
+            self._end(seq, "error", str(InternalError(f"sampling failed: {type(run.error).__name__}: "
+                                                       f"{run.error}")), InternalError.code)
             return
-        sampled, logprobs = flight.outcome  # type: ignore[misc]
-        for event in self.scheduler.accept_apart(flight.chunk, sampled, logprobs):
+        sampled, logprobs = run.outcome  # type: ignore[misc]
+        for event in self.scheduler.accept_apart(run.chunk, sampled, logprobs):
             self._deliver(event)
 
     def _admit(self) -> None:
@@ -512,8 +509,8 @@ class Engine(SharedEngine):
         job and free the chain when it lands (freeing it under a running job would crash)."""
         if sampler is None:
             return
-        if self.apart is not None and self.apart.holds(sampler):
-            self.apart.release_later(sampler)
+        if self.sampling_threads is not None and self.sampling_threads.holds(sampler):
+            self.sampling_threads.release_later(sampler)
         else:
             self.runner.free_sampler(sampler)
 
@@ -555,9 +552,9 @@ class Engine(SharedEngine):
                 self._end(seq, "cancelled")
         for job in list(self.embeds.jobs):
             self._end_embed(job, "cancelled")
-        if self.apart is not None:  # the sampling threads use chains and the vocabulary: stop them first
-            for flight in self.apart.close():
-                for sampler in self.apart.orphans_of(flight):
+        if self.sampling_threads is not None:  # the sampling threads use chains and the vocabulary: stop them first
+            for run in self.sampling_threads.close():
+                for sampler in self.sampling_threads.orphans_of(run):
                     self.runner.free_sampler(sampler)
         if not self._closed:
             self._closed = True

@@ -9,7 +9,7 @@ an engine thread.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence as Seq, Union
+from typing import Any, Callable, Protocol, Sequence as Seq, Union
 
 from ..errors import ContextOverflow, InvalidRequest
 from ..json_line import find_surrogate, surrogate_at
@@ -25,18 +25,32 @@ def is_chat(prompt: Any) -> bool:
     return isinstance(prompt, (list, tuple)) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
 
 
+class ChatTemplates(Protocol):
+    """Where an engine's chat template comes from and how chat messages are checked
+    (engines/chat_templates.py, over models/chat_template.py); core only renders with them."""
+
+    def choose(self, runner: Runner, choice: str | None, has_token: Callable[[str], bool]) -> Any:
+        """The template for this runner's model: `choice` (a built-in name or a Jinja file),
+        else the GGUF's own, else a fallback whose `fallback_reason` says why."""
+
+    def validate(self, messages: Seq[dict]) -> list[dict]:
+        """The messages, checked (InvalidRequest for a bad one)."""
+
+
 class InputPreparer:
     """Turns (prompt, params) into a Sequence for one runner.
 
     `default_params` fill in for a request that gives none; `default_seed` (EngineConfig.seed)
     for params without a seed, else a random one; `chat_template` is the engine's choice
-    (a built-in name or a Jinja file; None = the GGUF's own or a fallback).
+    (a built-in name or a Jinja file; None = the GGUF's own or a fallback), `chat_templates`
+    where templates come from (None: chat messages are refused, one request at a time).
     """
 
     def __init__(self, runner: Runner, slot_ctx: int, default_params: SamplingParams, *,
                  default_seed: int | None = None, chat_template: str | None = None,
-                 on_notice: Callable[[str], None] | None = None):
+                 on_notice: Callable[[str], None] | None = None, chat_templates: ChatTemplates | None = None):
         self.runner = runner
+        self.chat_templates = chat_templates
         self.slot_ctx = slot_ctx
         self.default_params = default_params.validate()
         self.default_seed = default_seed
@@ -60,12 +74,13 @@ class InputPreparer:
         return self._template
 
     def _choose_template(self):
-        from ..models.chat_template import from_gguf
+        return self._templates().choose(self.runner, self._template_choice, self._is_one_token)
 
-        meta = self.runner.metadata
-        return from_gguf(meta.get("tokenizer.chat_template"), meta,
-                         bos_token=self.runner.bos_text, eos_token=self.runner.eos_text,
-                         choice=self._template_choice, formats=self.runner.chat_formats, has_token=self._is_one_token)
+    def _templates(self) -> ChatTemplates:
+        if self.chat_templates is None:
+            raise InvalidRequest("chat messages need a chat template, and this engine has none: "
+                                 "build it with llamabatch.engines (or llamabatch.Engine)")
+        return self.chat_templates
 
     def _is_one_token(self, text: str) -> bool:
         """Whether `text` is one (special) token of the vocabulary, as chat markers are."""
@@ -76,9 +91,8 @@ class InputPreparer:
             return False
 
     def render_chat(self, messages: Seq[dict]) -> str:
-        from ..models.chat_template import validate_messages
-
-        return self.chat_template.render(validate_messages(messages), add_generation_prompt=True)
+        checked = self._templates().validate(messages)
+        return self.chat_template.render(checked, add_generation_prompt=True)
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

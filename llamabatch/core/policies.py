@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence as Seq, TypeVar
 
+from ..config import POLICY_NAMES
+
 T = TypeVar("T")
 Allocation = list[tuple[T, int]]
 Policy = Callable[[Seq[T], Seq[T], int, int, Callable[[T], int]], Allocation]
@@ -85,8 +87,5 @@ def balanced(decodes: Seq[T], prefills: Seq[T], budget: int, chunk_size: int,
     return [(s, n) for s, n in merged.values()] + dec
 
 
-POLICIES: dict[str, Policy] = {
-    "decode-maximal": decode_maximal,
-    "prefill-priority": prefill_priority,
-    "balanced": balanced,
-}
+# Keyed by the names EngineConfig accepts (config.POLICY_NAMES), in that order.
+POLICIES: dict[str, Policy] = dict(zip(POLICY_NAMES, (decode_maximal, prefill_priority, balanced)))

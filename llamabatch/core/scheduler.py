@@ -79,7 +79,7 @@ class SaveWanted:
 class Scheduler:
     def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
                  cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
-                 share_min: int = 0, cache_generated: bool = True,
+                 fork_min_tokens: int = 0, cache_generated: bool = True,
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
@@ -98,7 +98,7 @@ class Scheduler:
         self._timed: list[Sequence] = []  # unfinished sequences with a deadline
         # Prefix sharing across slots: a prompt sharing at least this many tokens with what
         # another slot holds (or is evaluating) gets them by a KV fork. 0 = off.
-        self.share_min = share_min
+        self.fork_min_tokens = fork_min_tokens
         self._forks: list[Fork] = []  # decided, not yet handed to the runner in a plan
         self._trims: list[Trim] = []  # likewise; a plan applies its trims before its forks
         # Which requests' rows are sampled apart from the tick (apart.py); None: all inline.
@@ -153,9 +153,9 @@ class Scheduler:
         caller then calls `start` for each Admission.
 
         With prefix sharing on, a request whose prompt shares a prefix with what another
-        busy slot holds gets it by a fork when that saves at least `share_min` tokens over
+        busy slot holds gets it by a fork when that saves at least `fork_min_tokens` tokens over
         the best idle slot's own cache. If another slot is still evaluating a prompt that
-        shares more (by at least `share_min` over the idle slot's cache), the request stays
+        shares more (by at least `fork_min_tokens` over the idle slot's cache), the request stays
         in the queue (requests behind it may go first) and is admitted by a fork once that
         part is evaluated, instead of evaluating it a second time.
 
@@ -178,17 +178,17 @@ class Scheduler:
             if reuse < self.slots[slot_id].floor:
                 reuse = 0  # it cannot be cut back that far: emptied and evaluated
             fork = None
-            if self.share_min:
+            if self.fork_min_tokens:
                 busy = [s for s in self.slots if s.seq is not None]
                 src, n = longest_shared(seq.prompt, [(s.slot_id, s.cached) for s in busy if s.slot_id not in fresh])
                 if src is not None and n < self.slots[src].floor:
                     src, n = None, 0  # its copy could not be cut back to n
                 maker, coming = longest_shared(seq.prompt, [(s.slot_id, s.seq.prompt) for s in busy])
-                if coming > n and coming - reuse >= self.share_min:
+                if coming > n and coming - reuse >= self.fork_min_tokens:
                     self._mark_save(self.slots[maker].seq, coming)  # type: ignore[arg-type]
                     held.append(seq)  # another slot is evaluating our prefix: wait for all of it
                     continue
-                if src is not None and n - reuse >= self.share_min:
+                if src is not None and n - reuse >= self.fork_min_tokens:
                     fork, reuse = self.fork(src, slot_id, n), n
             hit = self.disk.lookup(seq.prompt, longer_than=reuse) if fork is None and self.disk is not None else None
             slot = self.slots[slot_id]

@@ -26,7 +26,7 @@ from .resources import available_memory, kv_bytes_per_token  # noqa: F401  (kv_b
 log = logging.getLogger("llamabatch.autoslots")
 
 CANDIDATES = (4, 8, 16, 24, 32)  # multiples of the CPU kernels' 4-row tile, ~2-3 s to measure all
-REFERENCE = 8  # the old constant default, which the header line compares against
+REFERENCE = 8  # a fixed count to compare the choice against in the header line ("1.40x over 8")
 NEAR_BEST = 0.95  # the smallest count within 5% of the best wins: fewer slots, less memory
 KV_MEMORY_SHARE = 0.5  # at most this share of available memory goes to the KV cache
 CALIBRATION_CTX = 64  # tokens per slot while calibrating: a short prompt and a few decode steps

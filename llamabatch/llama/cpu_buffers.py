@@ -27,9 +27,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..config import CPU_BUFFERS
 from . import machine_verdicts
 
-CHOICES = ("auto", "plain", "repack")
+CHOICES = CPU_BUFFERS  # what EngineConfig.cpu_buffers may hold
 REPACK = "CPU_REPACK"  # ggml-cpu's names for its extra buffer types
 AMX = "AMX"
 PROBE_TIMEOUT = 120.0  # seconds: a probe that hangs is a "no" too
@@ -95,9 +96,10 @@ def amx_verdict(model_path: str, run_probe: Callable[[str], tuple[bool, str]] | 
 
 
 def probe_amx(model_path: str, command: Sequence[str] | None = None, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
-    """Run the AMX probe (llamabatch.llama.amx_probe) in a throwaway subprocess. Whatever happens to
-    the child — SIGILL, abort, a hang — is the answer "no", never an error of the caller."""
-    cmd = list(command or [sys.executable, "-m", "llamabatch.llama.amx_probe", model_path])
+    """Run the AMX probe (llama/amx_probe.py, through its process entry cli/amx_probe.py) in a
+    throwaway subprocess. Whatever happens to the child — SIGILL, abort, a hang — is the
+    answer "no", never an error of the caller."""
+    cmd = list(command or [sys.executable, "-m", "llamabatch.cli.amx_probe", model_path])
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               timeout=timeout, start_new_session=True)

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from ..config import GRAMMAR_BACKENDS
 from ..errors import InvalidRequest
 
-BACKENDS = ("auto", "llguidance", "llama")
+BACKENDS = GRAMMAR_BACKENDS  # what EngineConfig.grammar_backend may hold
 BACKEND_ENV = "LLAMABATCH_GRAMMAR_BACKEND"
 COMPILED_KEPT = 256  # compiled grammars kept per model (a file's lines mostly share a few schemas)
 MAX_GRAMMAR_BYTES = 512 * 1024  # a grammar or schema's text; a 10,000-string enum is ~200 KB

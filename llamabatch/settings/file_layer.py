@@ -8,7 +8,7 @@ InvalidRequest), which the CLI turns into one line and exit 2.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import InvalidRequest
 from .config_file import COMMAND_RULES, ConfigFile, ConfigFileError, Location, load, locate
@@ -71,6 +71,25 @@ def resolve_settings(flags: Mapping[str, Any], command: str = "", config_path: s
     config = current_config(config_path)
     aliases = {name: s.value for name, s in config.models.items()} if config else {}
     return choose_model(resolved, aliases, config.path if config else None)
+
+
+def resolve_command_settings(flags: Mapping[str, Any], command: str, config_path: str | None = None,
+                             notice: Callable[[str], None] = lambda _line: None) -> Resolved:
+    """What `command` runs with (resolve_settings), where a model named by no layer is the
+    command's own default: for run, serve-stdin and chat the chat-tuned one when installed
+    (models.default_model; `notice` gets one line when it is not)."""
+    from ..models.default_model import default_model
+
+    default = None
+    if resolve_layers(flags, command, config_path).sources.get("model") == "default":
+        default = default_model(command, notice)
+    if default is None:
+        return resolve_settings(flags, command, config_path)
+    # passed as the flag would be, so that the other layers and the model's resolution stay
+    # the same; the source then says where it really came from
+    resolved = resolve_settings({**flags, "model": default}, command, config_path)
+    resolved.sources["model"] = "default (chat-tuned)"
+    return resolved
 
 
 def command_setting(command: str, key: str, default: Any = None, config_path: str | None = None) -> Any:

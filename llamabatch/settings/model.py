@@ -1,8 +1,8 @@
 """The one place a model setting becomes a file: `choose_model`.
 
-Before this, the CLI's config layer, the CLI's auto-slot code, Engine and SupervisedEngine
-each turned the model's spelling into a file (and two of them applied a store's default
-stops); now the Resolved value carries the answer and nothing downstream asks again.
+The Resolved value carries the answer (the file, the name records use, a store's default
+stops), so nothing downstream turns the model's spelling into a file again: one resolution,
+one answer, whichever engine loads it.
 """
 from __future__ import annotations
 

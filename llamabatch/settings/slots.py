@@ -22,6 +22,16 @@ def measure_on_model(config: EngineConfig, model_path: str, max_slots: int | Non
     return choose(config, model_path, max_slots=max_slots)
 
 
+def most_slots(config: EngineConfig) -> int:
+    """The most slots an engine with `config` may open: its n_parallel, or with "auto" the
+    largest count the measure may choose (what a caller sizes for before the choice)."""
+    if config.n_parallel != "auto":
+        return int(config.n_parallel)
+    from ..llama.autoslots import CANDIDATES
+
+    return max(CANDIDATES)
+
+
 def choose_slots(resolved: Resolved, max_slots: int | None = None,
                  chooser: SlotChooser = measure_on_model) -> Resolved:
     """`resolved` with n_parallel an integer and `slots_reason` saying why (auto only).

@@ -1,4 +1,5 @@
-"""The child process of the supervised engine: `python -m llamabatch.supervised.child`.
+"""The child process of the supervised engine: what `python -m llamabatch.cli.engine_child`
+runs (`serve_parent`; that module only turns its outcome into the exit status).
 
 It runs an ordinary in-process Engine and speaks frames (the dataclasses in wire.py) with its parent:
 
@@ -17,9 +18,9 @@ also exits when its stdin closes.
 
 Test-only hooks (environment): LLAMABATCH_TEST_CRASH_PROMPT=TEXT makes the child call
 os.abort() when a request whose prompt is exactly TEXT produces its first token;
-LLAMABATCH_TEST_CRASH_AT_LOAD=1 makes it abort before loading the model;
-LLAMABATCH_TEST_CHILD_RUNNER=FILE.py:FUNCTION builds the runner with FUNCTION(config) instead
-of loading the model (the supervisor's unit tests run the scripted fake runner this way).
+LLAMABATCH_TEST_CRASH_AT_LOAD=1 makes it abort before loading the model. The runner is the
+model, loaded, unless Init names a registered one (engines/runners.py: the supervisor's unit
+tests run the scripted fake runner this way).
 """
 from __future__ import annotations
 
@@ -38,13 +39,12 @@ from ..core.engine import Engine
 from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
 from ..results import Delta, Result
-from ..core.shared import error_result
+from ..core.engine_base import error_result
 from ..core.telemetry import RequestRecord, TickRecord
 from . import wire
 
 CRASH_PROMPT_ENV = "LLAMABATCH_TEST_CRASH_PROMPT"
 CRASH_AT_LOAD_ENV = "LLAMABATCH_TEST_CRASH_AT_LOAD"
-RUNNER_ENV = "LLAMABATCH_TEST_CHILD_RUNNER"
 STRAY_FLUSH_S = 0.002  # events outside a tick (a submit that failed, a cancel) wait this long to be sent
 
 
@@ -186,31 +186,13 @@ def _log_llama_cpp_to_stderr() -> None:
     runner_log.propagate = False
 
 
-def _open_engine(config: Any, default_params: Any) -> Engine:
-    """The parent resolved the settings (settings/loading.py): the child takes the model file
-    as it is and only measures n_parallel "auto" (on its own process) and loads the runner."""
-    from ..settings.loading import from_parent, load_runner, prepare
+def _open_engine(init: wire.Init) -> Engine:
+    """The parent resolved the settings: the child takes the model file as it is, decides
+    n_parallel "auto" (on its own process) and loads the runner (engines/worker_engine.py)."""
+    from ..engines.worker_engine import open_worker_engine
+    from ..settings.given import from_parent
 
-    resolved = from_parent(config, default_params)
-    runner = runner_from_env(config)
-    if runner is None:
-        resolved = prepare(resolved)
-        runner = load_runner(resolved.engine)
-    return Engine(resolved.engine, runner=runner, default_params=resolved.sampling, slots_reason=resolved.slots_reason)
-
-
-def runner_from_env(config: Any) -> Any:
-    """The runner named by RUNNER_ENV (a test hook; the Ray worker uses it too), else None."""
-    spec = os.environ.get(RUNNER_ENV)
-    if not spec:
-        return None  # the real one: Engine loads the model
-    import importlib.util
-
-    path, name = spec.rsplit(":", 1)
-    loader = importlib.util.spec_from_file_location("llamabatch_test_child_runner", path)
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    return getattr(module, name)(config)
+    return open_worker_engine(from_parent(init.config, init.default_params), init.runner)
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -220,7 +202,8 @@ def die_with_parent() -> bool:
     """Ask the kernel for SIGKILL when the parent's thread that started us ends: the parent
     exiting in any way (kill -9 included) then ends this process even while it is stopped or
     busy inside llama.cpp (not reading stdin, so the EOF tie alone would not end it).
-    Linux only; elsewhere stdin's EOF is the only tie. Returns whether it is armed."""
+    Linux only; elsewhere stdin's EOF is the only tie. Returns whether it is armed; raises
+    ParentGone when the parent is already gone."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -235,11 +218,20 @@ def die_with_parent() -> bool:
 
     expected = os.environ.get(PARENT_PID_ENV, "")
     if expected.isdigit() and os.getppid() != int(expected):
-        os._exit(0)
+        raise ParentGone(f"the parent (pid {expected}) ended before this child started")
     return True
 
 
-def main() -> int:
+class ParentGone(LlamaBatchError):
+    """The parent ended before the child could tie itself to it: there is no one to serve."""
+
+    code = "parent_gone"
+
+
+def serve_parent() -> int:
+    """Load the engine the parent's Init asks for, then serve its frames until it closes or
+    goes away. Returns the process's exit status: 0 done, 1 the engine did not load (the
+    parent got a LoadError frame). Raises ParentGone before anything else when it is gone."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     out_fd = os.dup(1)
@@ -254,7 +246,7 @@ def main() -> int:
         os.write(2, f"llamabatch test hook: {CRASH_AT_LOAD_ENV}=1; calling os.abort()\n".encode())
         os.abort()
     try:
-        engine = _open_engine(init.config, init.default_params)
+        engine = _open_engine(init)
     except LlamaBatchError as exc:
         wire.send(out_fd, wire.LoadError(type(exc).__name__, str(exc)))
         return 1
@@ -265,7 +257,3 @@ def main() -> int:
         n_vocab=runner.n_vocab, metadata=runner.metadata, bos_text=runner.bos_text, eos_text=runner.eos_text))
     Link(engine, out_fd).serve(0)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

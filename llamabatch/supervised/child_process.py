@@ -24,14 +24,14 @@ class StartFailed(Exception):
 
 
 class ChildProcess:
-    def __init__(self, config: Any, default_params: Any, env: dict[str, str] | None = None):
+    def __init__(self, config: Any, default_params: Any, env: dict[str, str] | None = None, runner: Any = None):
         # A new session: Ctrl-C in the terminal reaches the parent only, which decides what it
         # means. The child still ends with the parent: it asks the kernel for SIGKILL when the
         # thread that started it ends (child.py; kill -9 of the parent included, and a stopped
         # child too), and it exits when its stdin closes.
         env = dict(os.environ if env is None else env)
         env[PARENT_PID_ENV] = str(os.getpid())
-        self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch.supervised.child"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch.cli.engine_child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                      env=env)
         self.kill_reason: str | None = None  # set when the parent killed it on purpose (watchdog, load bound)
@@ -40,7 +40,7 @@ class ChildProcess:
         self._send_lock = threading.Lock()
         self._stderr = threading.Thread(target=self._read_stderr, name="llamabatch-child-stderr", daemon=True)
         self._stderr.start()
-        self.send(wire.Init(config, default_params))
+        self.send(wire.Init(config, default_params, runner))
 
     # -- talking ------------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from ..core.inputs import Prompt
 from ..errors import EngineClosed, LlamaBatchError, ModelLoadError
 from ..params import SamplingParams, random_seed
 from ..core.poison import MAX_CRASHES, PoisonRule
-from ..core.shared import SharedEngine, check_room, ended_result, error_result, record_outcome
+from ..core.engine_base import EngineBase, check_room, ended_result, error_result, record_outcome
 from ..results import Delta, EmbeddingResult, Result
 from ..core.telemetry import EngineStats, RequestRecord, Telemetry
 from . import wire
@@ -52,6 +52,7 @@ from .child_process import ChildProcess, StartFailed
 from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog, load_bound
 
 if TYPE_CHECKING:
+    from ..engines.runners import RunnerChoice
     from ..settings.resolved import Resolved
 
 log = logging.getLogger("llamabatch.supervised")
@@ -96,7 +97,7 @@ class _Flight:
         return Delta(text, list(tokens)) if text or tokens else None
 
 
-class SupervisedEngine(SharedEngine):
+class SupervisedEngine(EngineBase):
     """A continuous-batching engine whose llama.cpp runs in a supervised child process
     (llamabatch.api.EngineAPI).
 
@@ -112,13 +113,15 @@ class SupervisedEngine(SharedEngine):
     def __init__(self, config: EngineConfig | None = None, *, default_params: SamplingParams | None = None,
                  max_crashes: int = MAX_CRASHES, env: dict[str, str] | None = None,
                  watchdog_s: float = DEFAULT_FLOOR_S, watchdog_margin: float = DEFAULT_MARGIN,
-                 settings: "Resolved | None" = None):
+                 settings: "Resolved | None" = None, runner: "RunnerChoice | None" = None):
         """`watchdog_s`: the watchdog's floor in seconds (0 = no watchdog); a child with work in
         flight and no progress for max(watchdog_s, watchdog_margin x the longest recent tick)
         is killed as a crash. A restart's model load is bounded too (watchdog.load_bound).
-        `settings`: resolved settings (the engine factory's, settings/factory.py), used as they
-        are; without them `config` and `default_params` are resolved here, the way Engine does."""
-        from ..settings.loading import check_model, settings_for
+        `settings`: resolved settings (the engine factory's, engines/factory.py), used as they
+        are; without them `config` and `default_params` are resolved here, the way Engine does.
+        `runner`: a registered runner the child runs instead of loading the model (tests)."""
+        from ..engines.preparing import check_model
+        from ..settings.given import settings_for
 
         resolved = settings if settings is not None else settings_for(config, default_params)
         check_model(resolved)  # before any child starts; the child only ever sees the file
@@ -133,6 +136,7 @@ class SupervisedEngine(SharedEngine):
 
         resources.check(self._child_config, self.model_path)
         self._env = env
+        self._runner = runner
         self.telemetry = Telemetry()
         self.rule: PoisonRule[int] = PoisonRule(max_crashes=max_crashes)
         self.restarts = 0
@@ -184,7 +188,7 @@ class SupervisedEngine(SharedEngine):
         self._slot_counts = (self.n_slots, 0, 0, 0)
         self._watchdog.start()
 
-    # -- the engine API (llamabatch.api.EngineAPI; generate and the context manager: shared.py) ----
+    # -- the engine API (llamabatch.api.EngineAPI; generate and the context manager: engine_base.py)
 
     @property
     def model_name(self) -> str:
@@ -239,7 +243,7 @@ class SupervisedEngine(SharedEngine):
         return self._admit(handle, prompt, checked)
 
     def _submit_embed(self, request: EmbedRequest, callback: EventCallback | None) -> RequestHandle:
-        """Queue one embeddings request (shared.py's submit_embedding): it travels to the child
+        """Queue one embeddings request (engine_base.py's submit_embedding): it travels to the child
         as the request's prompt and is retried after a crash like any other request; its
         timeout rides in the params, so a retry gets what is left of it."""
         handle = self._new_handle(False, callback)
@@ -422,7 +426,7 @@ class SupervisedEngine(SharedEngine):
             if self._closing:
                 raise EngineClosed("the engine is closed")
             started = time.monotonic()
-            child = ChildProcess(self._child_config, self.default_params, self._env)
+            child = ChildProcess(self._child_config, self.default_params, self._env, self._runner)
             with self._lock:
                 self._starting = child
                 closing = self._closing

@@ -19,7 +19,7 @@ QUEUE_FULL_WAIT_S = 1.0  # generate(): how long it waits on its oldest pending r
 QUEUE_FULL_NAP_S = 0.01  # ... and when none of its own is pending (someone else's requests fill the queue)
 
 
-class SharedEngine:
+class EngineBase:
     """The part of the engine API every engine has the same way. The defaults say "an engine
     in this process": no restarts, nothing isolated, never failed as a whole."""
 

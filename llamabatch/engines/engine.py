@@ -1,0 +1,45 @@
+"""`llamabatch.Engine`: the in-process engine as library users and the factory build it.
+
+The core engine (core/engine.py) runs over a runner it is given and imports nothing above it.
+This class stands between: without a runner it resolves the settings (settings/given.py),
+decides the model and the slots once (preparing.prepare) and loads the model (runners.py);
+it hands the core what lives in higher layers: the chat templates, the disk prefix store,
+and the name records give the model.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..config import EngineConfig
+from ..core.engine import Engine as CoreEngine
+from ..params import SamplingParams
+from ..settings.given import settings_for
+from .engine_parts import GgufChatTemplates, open_disk_prefixes
+from .preparing import prepare
+from .runners import load_model
+
+
+class Engine(CoreEngine):
+    """A continuous-batching engine over one model, in this process (llamabatch.api.EngineAPI).
+    Use it as a context manager.
+
+    `runner`: run this runner instead of loading the model; its slots are the engine's
+    (n_parallel "auto" becomes runner.n_slots)."""
+
+    def __init__(self, config: EngineConfig | None = None, *, runner: Any = None,
+                 default_params: SamplingParams | None = None,
+                 on_notice: Callable[[str], None] | None = None, slots_reason: str = ""):
+        if runner is None:
+            resolved = prepare(settings_for(config, default_params))
+            runner = load_model(resolved.engine)
+            config, default_params, slots_reason = resolved.engine, resolved.sampling, resolved.slots_reason
+        config = (config or EngineConfig()).validate()
+        if config.n_parallel == "auto":
+            config = config.replace(n_parallel=runner.n_slots).validate()
+        if not config.model_name:
+            from ..models.resolve import model_display_name
+
+            config = config.replace(model_name=model_display_name(runner.model_path))
+        super().__init__(config, runner=runner, default_params=default_params, on_notice=on_notice,
+                         slots_reason=slots_reason, chat_templates=GgufChatTemplates(),
+                         disk=open_disk_prefixes(config, runner))

@@ -1,0 +1,183 @@
+"""The layers of llamabatch, as rules read from the source with `ast` (as test_import_graph.py
+reads the import graph: lazy imports count, `if TYPE_CHECKING:` ones do not).
+
+From the bottom up (../shared/design.md and issue 39's target tree):
+
+    value types   the top-level modules (config, params, results, errors, api, ...)
+    core          scheduler, plan, sequences, the tick loop
+    llama         LlamaRunner and the llama.cpp boundary
+    models, prefix_store, tables
+    settings      flags > env > file > defaults, resolved once
+    engines, supervised, cluster    the only builders of engines
+    jobs          run_job and what a batch job keeps on disk
+    chat, bench, serve              the libraries behind those commands
+    cli           Typer: argv in, exit status out
+
+A module imports from its own layer or below. Only cli/ imports typer or ends the process;
+only engines/ builds an engine; benchmarks use the library, never the CLI's modules (and
+inside llamabatch/ nothing but cli/ and __main__ imports the CLI: test_import_graph.py).
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_import_graph import ROOT, _type_checking_nodes, all_modules, external_imports, import_graph
+
+BENCHMARKS = ROOT.parent / "benchmarks"
+LAYERS: dict[str, int] = {
+    "core": 1, "llama": 2, "models": 3, "prefix_store": 3, "tables": 3, "settings": 4,
+    "engines": 5, "supervised": 5, "cluster": 5, "jobs": 6, "chat": 7, "bench": 7, "serve": 7, "cli": 8,
+}
+VALUE_TYPES = 0  # a module directly under llamabatch/
+PUBLIC_SURFACE = ("llamabatch", "llamabatch.__main__")  # the package root and the console entry: above every layer
+ENGINE_CLASSES = ("Engine", "SupervisedEngine", "RayPool")
+
+
+def layer_of(module: str) -> int:
+    """The layer of a module of llamabatch; an unknown subpackage is a failure, not a guess."""
+    parts = module.split(".")
+    if len(parts) == 2 and not (ROOT / parts[1]).is_dir():
+        return VALUE_TYPES
+    assert parts[1] in LAYERS, f"{module}: llamabatch/{parts[1]}/ has no layer; add it to LAYERS"
+    return LAYERS[parts[1]]
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[1] if module.count(".") >= 1 else ""
+
+
+def upward_imports() -> list[str]:
+    found = []
+    for name, deps in sorted(import_graph().items()):
+        if name in PUBLIC_SURFACE:
+            continue
+        for dep in sorted(deps):
+            if dep not in PUBLIC_SURFACE and layer_of(dep) > layer_of(name):
+                found.append(f"{name} (layer {layer_of(name)}) imports {dep} (layer {layer_of(dep)})")
+    return found
+
+
+def test_layer_of_knows_every_package_and_the_value_types():
+    assert layer_of("llamabatch.config") == VALUE_TYPES and layer_of("llamabatch.errors") == VALUE_TYPES
+    assert layer_of("llamabatch.core.engine") < layer_of("llamabatch.settings.layers") < layer_of("llamabatch.cli.app")
+    for name in all_modules():
+        if name not in PUBLIC_SURFACE:
+            layer_of(name)
+
+
+def test_imports_point_down_the_layers():
+    found = upward_imports()
+    assert not found, "imports that climb a layer:\n" + "\n".join(found)
+
+
+def test_core_imports_nothing_from_the_layers_that_build_or_run_engines():
+    banned = ("settings", "engines", "jobs", "cli", "supervised", "cluster")
+    for name, deps in import_graph().items():
+        if package_of(name) == "core":
+            reached = sorted(d for d in deps if package_of(d) in banned)
+            assert not reached, (name, reached)
+
+
+def test_value_types_import_no_engine_layer():
+    for name, deps in import_graph().items():
+        if name not in PUBLIC_SURFACE and layer_of(name) == VALUE_TYPES:
+            reached = sorted(d for d in deps if layer_of(d) != VALUE_TYPES)
+            assert not reached, (name, reached)
+
+
+# -- ending the process, typer ------------------------------------------------------------------
+
+def _ends_the_process(node: ast.AST) -> bool:
+    if isinstance(node, ast.Raise) and node.exc is not None:
+        exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+        return isinstance(exc, ast.Name) and exc.id == "SystemExit"
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            return (func.value.id, func.attr) in (("sys", "exit"), ("os", "_exit"))
+        return isinstance(func, ast.Name) and func.id in ("exit", "quit")
+    return False
+
+
+def process_enders(path: Path) -> list[int]:
+    """Lines of `path` that end the process: sys.exit, os._exit, exit(), raise SystemExit."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if _ends_the_process(node)]
+
+
+def test_the_process_enders_scan_finds_each_kind():
+    samples = ["import sys\nsys.exit(1)\n", "import os\nos._exit(0)\n", "raise SystemExit(2)\n",
+               "raise SystemExit\n", "exit(3)\n"]
+    for text in samples:
+        assert any(_ends_the_process(n) for n in ast.walk(ast.parse(text))), text
+    assert not any(_ends_the_process(n) for n in ast.walk(ast.parse("raise ValueError()\nx.exit()\n")))
+
+
+def test_only_the_cli_ends_the_process():
+    found = [f"{name}:{line}" for name, path in sorted(all_modules().items())
+             if package_of(name) != "cli" and name != "llamabatch.__main__" for line in process_enders(path)]
+    assert not found, "outside llamabatch/cli/: " + ", ".join(found)
+
+
+def test_only_the_cli_imports_typer():
+    importers = sorted(name for name, path in all_modules().items() if "typer" in external_imports(path))
+    assert importers, "the scan found no importer of typer at all"
+    assert all(package_of(name) == "cli" for name in importers), importers
+
+
+# -- building engines ---------------------------------------------------------------------------
+
+def engine_constructions(path: Path) -> list[str]:
+    """`Engine(...)`, `SupervisedEngine(...)`, `RayPool(...)` and `RayPool.start(...)` calls
+    in `path`, spelled `X(...)` or `module.X(...)`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_nodes(tree)
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "start" and isinstance(func.value, (ast.Name, ast.Attribute)):
+            func = func.value  # RayPool.start(...)
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if name in ENGINE_CLASSES:
+            found.append(f"{name}(...) at line {node.lineno}")
+    return found
+
+
+def test_the_construction_scan_sees_each_spelling(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("Engine(c)\ncore.Engine(c, runner=r)\nSupervisedEngine(c)\nRayPool.start(c)\n"
+                      "pool.RayPool(x)\nEngineConfig(x)\nengine.start()\n", encoding="utf-8")
+    assert [f.split("(")[0] for f in engine_constructions(sample)] == [
+        "Engine", "Engine", "SupervisedEngine", "RayPool", "RayPool"]
+
+
+def test_only_engines_builds_engines():
+    found = [f"{name}: {call}" for name, path in sorted(all_modules().items())
+             if package_of(name) != "engines" for call in engine_constructions(path)]
+    assert not found, "engines built outside llamabatch/engines/:\n" + "\n".join(found)
+
+
+# -- who may import the CLI (inside llamabatch/: test_import_graph.py) ---------------------------
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def test_benchmarks_use_the_library_never_the_cli():
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    assert scripts, "no benchmark scripts found"
+    found = {path.name: sorted(m for m in _imported_modules(path) if m == "llamabatch.cli"
+                                or m.startswith("llamabatch.cli."))
+             for path in scripts}
+    found = {name: mods for name, mods in found.items() if mods}
+    assert not found, found
