@@ -4,6 +4,7 @@ cancel, lists and their pages, and the SDK's exception classes for 400, 401 and 
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
@@ -80,6 +81,24 @@ def test_a_queued_batch_cancelled_before_it_starts_never_runs(tmp_path):
         wait_batch(client, first.id, ended)
         gone = client.batches.retrieve(second.id)
         assert gone.status == "cancelled" and gone.in_progress_at is None and gone.output_file_id is None
+
+
+def test_a_batch_past_its_completion_window_expires_with_what_it_did(tmp_path):
+    late = [0.0]
+    with serving(tmp_path / "data", step_delay=0.02, clock=lambda: time.time() + late[0]) as server:
+        client = server.client()
+        f = client.files.create(file=("in.jsonl", batch_file(60)), purpose="batch")
+        running = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+        queued = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+        assert running.expires_at == running.created_at + 24 * 3600
+        wait_batch(client, running.id, lambda b: b.request_counts.completed >= 3)
+        late[0] = 24 * 3600 + 1
+        expired = wait_batch(client, running.id, ended)
+        never_ran = wait_batch(client, queued.id, ended)
+        outputs = records(client, expired.output_file_id)
+    assert expired.status == "expired" and expired.expired_at and 3 <= len(outputs) < 60
+    assert expired.request_counts.completed == len(outputs)
+    assert never_ran.status == "expired" and never_ran.in_progress_at is None
 
 
 def test_lists_page_newest_first_with_after_and_limit(tmp_path):

@@ -1,7 +1,8 @@
-"""`llamabatch serve` killed with SIGKILL in the middle of a batch, then started again on the
-same data dir: the batch finishes, and every line has exactly one record across the output and
-error files. Real processes (tests/fake_cli.py: the command line with the registered "slow" fake
-runner, 50 ms a step), driven with the openai SDK."""
+"""`llamabatch serve` stopped in the middle of a batch (SIGKILL, SIGTERM), then started again on
+the same data dir: the batch finishes, and every line has exactly one record across the output
+and error files. Real processes (tests/fake_cli.py: the command line with the registered "slow"
+fake runner, 50 ms a step), driven with the openai SDK; and in-process servers left with batches
+in each unfinished status."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,10 @@ from openai import OpenAI
 
 import fake_cli
 from child_tools import child_env, fake_gguf
-from http_server import CHAT, ended, records, wait_batch
+from llamabatch.serve.http.batch_files import cut_torn_tail
+from llamabatch.serve.http.catalogue import Catalogue
+
+from http_server import CHAT, batch_file, ended, records, serving, wait_batch
 
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 
@@ -90,3 +94,47 @@ def test_sigterm_stops_the_server_and_a_restart_resumes_the_batch(tmp_path):
         proc.wait(10)
     assert sorted(r["custom_id"] for r in outputs + errors) == sorted(f"r{i}" for i in range(30))
     assert time.monotonic() - started < 120
+
+
+def test_a_stopped_server_resumes_in_progress_and_finishes_cancelling_and_finalizing_batches(tmp_path):
+    data = tmp_path / "data"
+    with serving(data, step_delay=0.02) as server:  # in this process: stopped by closing it
+        client = server.client()
+        f = client.files.create(file=("in.jsonl", batch_file(60)), purpose="batch")
+        stopped = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h").id
+        wait_batch(client, stopped, lambda b: b.request_counts.completed >= 3)
+    with serving(data, step_delay=0.02) as server:
+        client = server.client()
+        assert client.batches.retrieve(stopped).status in ("in_progress", "completed")
+        done = wait_batch(client, stopped, ended)
+        outputs = records(client, done.output_file_id)
+        assert done.status == "completed" and sorted(r["custom_id"] for r in outputs) == sorted(
+            f"q{i}" for i in range(60))
+        small = client.files.create(file=("in.jsonl", batch_file(3)), purpose="batch")
+        finished = wait_batch(client, client.batches.create(input_file_id=small.id, endpoint=CHAT,
+                                                            completion_window="24h").id, ended)
+        cancelled = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h").id
+        wait_batch(client, cancelled, lambda b: b.request_counts.completed >= 3)
+    catalogue = Catalogue(str(data / "catalogue.sqlite3"))  # as a server killed at those moments leaves them
+    catalogue.update_batch(finished.id, 0, status="finalizing", output_file_id=None)
+    catalogue.update_batch(cancelled, int(time.time()), status="cancelling")
+    catalogue.close()
+    with serving(data) as server:
+        client = server.client()
+        again = wait_batch(client, finished.id, ended)
+        stopped_late = wait_batch(client, cancelled, ended)
+        assert again.status == "completed" and again.output_file_id is not None
+        assert len(records(client, again.output_file_id)) == 3
+        partial = records(client, stopped_late.output_file_id)
+    assert stopped_late.status == "cancelled" and 3 <= len(partial) < 60
+    assert len({r["custom_id"] for r in partial}) == len(partial) == stopped_late.request_counts.completed
+
+
+def test_a_torn_last_record_is_cut_back_to_whole_records(tmp_path):
+    path = tmp_path / "output.jsonl"
+    for content, whole in ((b'{"a": 1}\n{"b": 2}\n{"c":', b'{"a": 1}\n{"b": 2}\n'), (b'{"a": 1}\n', b'{"a": 1}\n'),
+                           (b'{"torn', b""), (b"x" * (3 << 20) + b"\n" + b"y" * (3 << 20), b"x" * (3 << 20) + b"\n")):
+        path.write_bytes(content)
+        cut_torn_tail(str(path))
+        assert path.read_bytes() == whole
+    cut_torn_tail(str(tmp_path / "missing.jsonl"))  # nothing written yet: nothing to cut

@@ -43,6 +43,29 @@ def whole_lines(path: str) -> int:
         return 0
 
 
+def cut_torn_tail(path: str) -> None:
+    """Drop a last line without its newline (a record torn by a kill -9), so that what is left
+    is whole records; the job's resume does the same when it reopens a file."""
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
+        return
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        pos = end
+        while pos > 0:
+            start = max(0, pos - _CHUNK)
+            f.seek(start)
+            found = f.read(pos - start).rfind(b"\n")
+            if found >= 0:
+                pos = start + found + 1
+                break
+            pos = start
+        if pos < end:
+            f.truncate(pos)
+            os.fsync(f.fileno())
+
+
 def register_outputs(catalogue: Catalogue, batch: BatchRecord, paths: BatchPaths) -> tuple[int, int]:
     """Name the batch's output and error files (those with records) in its row and add their File
     rows; return (records in output, records in the error file)."""

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ...errors import LlamaBatchError
 from ...jobs import Done, LineFinished
 from .api_errors import bad_request
-from .batch_files import BatchPaths, batch_paths, register_outputs, whole_lines
+from .batch_files import BatchPaths, batch_paths, cut_torn_tail, register_outputs, whole_lines
 from .catalogue import Catalogue
 from .data_dir import DataDir
 from .records import (CANCELLED, CANCELLING, COMPLETED, ENDED, EXPIRED, FAILED, FINALIZING, IN_PROGRESS,
@@ -110,6 +110,11 @@ class BatchQueue:
         paths = batch_paths(self.data, batch, input_file.path)
         if batch.status == FINALIZING:  # the server stopped while finishing it: finish it again
             self._finish(batch, cancelled=bool(batch.times.get("cancelling_at")), expired=False, paths=paths)
+            return
+        if batch.status == CANCELLING:  # cancelled while no job ran it (a stop came between): no line starts
+            for path in (paths.output, paths.errors):
+                cut_torn_tail(path)
+            self._finish(batch, cancelled=True, expired=False, paths=paths)
             return
         if not self._begin(batch.id):
             return
