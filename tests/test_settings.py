@@ -234,7 +234,8 @@ def test_the_shared_cli_layer_imports_no_command_folder_and_settings_no_cli():
     graph = import_graph()
     shared = [name for name in graph if name.startswith("llamabatch.cli.") and name.count(".") == 2
               and name.split(".")[2] not in COMMAND_FOLDERS and name != "llamabatch.cli.app"]  # app registers them
-    assert "llamabatch.cli.engine_options" in shared and "llamabatch.cli.common" in shared
+    assert "llamabatch.cli.engine_options" in shared and "llamabatch.cli.exit_status" in shared
+    assert "llamabatch.cli.engine_setup" in shared
     for name in shared:
         folders = {d.split(".")[2] for d in graph[name] if d.startswith("llamabatch.cli.") and d.count(".") >= 3}
         assert not folders & set(COMMAND_FOLDERS), (name, folders)

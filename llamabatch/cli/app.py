@@ -1,13 +1,14 @@
 """The `llamabatch` command: a thin Typer front end over the engine.
 
 Commands are plain functions in their own subpackages (cli/run/, cli/serve/, cli/chat/,
-cli/bench/, cli/config/, cli/models/); this module registers them, so nothing imports back from here.
-`main()` is the one place exceptions become exit codes.
+cli/bench/, cli/config/, cli/models/) and serve_http.py; this module registers them, so nothing
+imports back from here. `main()` is the one place exceptions become exit codes (exit_status.py).
 """
 from __future__ import annotations
 
+import logging
 import sys
-from typing import Annotated, Optional, Sequence
+from typing import Annotated, Optional, Sequence, TextIO
 
 import typer
 from typer.exceptions import TyperException
@@ -15,7 +16,7 @@ from typer.exceptions import TyperException
 from .. import __version__
 from .bench.command import bench_command
 from .chat.command import chat_command
-from .common import exit_code_for, setup_logging, sigterm_raises
+from .exit_status import exit_code_for, sigterm_raises
 from .engine_options import environment_of
 from .config.command import config_app
 from .env import Environment
@@ -106,3 +107,9 @@ def _report(env: Environment, exc: BaseException) -> int:
     code, message = mapped
     print(f"llamabatch: error: {message}", file=env.stderr, flush=True)
     return code
+
+
+def setup_logging(debug: bool, stream: TextIO) -> None:
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, stream=stream,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")

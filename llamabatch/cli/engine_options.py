@@ -4,7 +4,7 @@ serve, chat, bench, config show), declared once as Typer flags.
 Each defaults to None ("not given on the command line") so settings can be
 layered: flags > LLAMABATCH_* environment > config file > built-in defaults. The layering
 itself is the settings layer's (llamabatch/settings/): a command hands `opts` to
-`common.resolve_options`, which returns the one Resolved value it runs with.
+`engine_setup.resolve_options`, which returns the one Resolved value it runs with.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import InvalidRequest
-from .common import open_engine, resolve_options
+from .engine_setup import open_engine, resolve_options
 from .env import Environment
 from .engine_options import EngineOptions, with_engine_options
 

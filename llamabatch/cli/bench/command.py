@@ -16,7 +16,8 @@ from ...bench.checks import check_modes, check_own_options, load_recorded
 from ...bench.document import embed_document, generation_document, write_json
 from ...bench.generation import plan_generation, run_generation
 from ...bench.tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table, trace_table)
-from ..common import EXIT_ERROR, open_engine, resolve_options
+from ..engine_setup import open_engine, resolve_options
+from ..exit_status import EXIT_ERROR
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
 

@@ -18,7 +18,8 @@ from ...chat.saved import conversation_meta, open_store, read_stored, resume_sto
 from ...chat.session import ChatSession
 from ...chat.store import Store, default_path
 from ...errors import InvalidRequest
-from ..common import EXIT_ERROR, open_engine, resolve_options
+from ..engine_setup import open_engine, resolve_options
+from ..exit_status import EXIT_ERROR
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
 from .chat_io import pipe_io, terminal_io

@@ -10,7 +10,7 @@ from ...errors import InvalidRequest
 from ...settings.config_file import COMMANDS, Location
 from ...settings.file_layer import config_location, file_values_for, resolve_layers
 from ...settings.in_effect import command_rows, setting_rows, value_text
-from ..common import EXIT_ERROR
+from ..exit_status import EXIT_ERROR
 from ..env import Environment
 from ..engine_options import EngineOptions, environment_of, with_engine_options
 

@@ -12,7 +12,8 @@ from typing import Any, Optional
 import typer
 
 from ...jobs import JobHost, estimate_job, start_job
-from ..common import EXIT_OK, EXIT_USAGE, fail, open_engine
+from ..engine_setup import open_engine
+from ..exit_status import EXIT_OK, EXIT_USAGE, fail
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
 from ..time_bound_flags import DRAIN_HELP, WATCHDOG_HELP

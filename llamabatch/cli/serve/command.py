@@ -12,7 +12,7 @@ import typer
 
 from ...settings.file_layer import command_setting
 from ...errors import StreamUnusable
-from ..common import open_engine, resolve_options
+from ..engine_setup import open_engine, resolve_options
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
 from ...settings.time_bounds import time_bounds

@@ -1,25 +1,14 @@
-"""What every command shares at run time: the exit codes and the one
-mapping from exceptions to them (`exit_code_for`, used by `app.main`), and the two calls
-every engine-running command makes: resolve its options (settings layer), open its engine
-(the Environment's factory)."""
+"""How a command ends: the exit codes, the one mapping from exceptions to them
+(`exit_code_for`, used by `app.main`), and SIGTERM ending a command like Ctrl-C (exit 143)."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import signal
-from typing import TYPE_CHECKING, Iterator, TextIO
+from typing import Iterator
 
 import typer
 
 from ..errors import InvalidRequest, LlamaBatchError
-from .. import engines
-from ..settings.file_layer import resolve_command_settings
-from ..settings.resolved import Resolved
-from .env import Environment
-from .engine_options import EngineOptions
-
-if TYPE_CHECKING:
-    from ..api import EngineAPI
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143: what service managers and `timeout` expect after SIGTERM
@@ -77,29 +66,3 @@ def exit_code_for(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, (LlamaBatchError, OSError)):
         return EXIT_ERROR, str(exc)
     return None
-
-
-def resolve_options(opts: EngineOptions, environment: Environment) -> Resolved:
-    """Flags > LLAMABATCH_* env > config file (--config from `environment`) > defaults, the
-    model named by them resolved (settings.file_layer.resolve_command_settings), once, before
-    any input is read. Bad values raise InvalidRequest (exit 2); an unknown model name is a
-    ModelLoadError (one line, exit 1)."""
-    return resolve_command_settings(opts.values, opts.command, environment.config_path,
-                                    lambda line: environment.say(f"llamabatch: {line}"))
-
-
-def open_engine(resolved: Resolved, environment: Environment, max_slots: int | None = None, *,
-                isolated: bool = False, watchdog_s: float | None = None) -> "EngineAPI":
-    """The command's engine, from the environment's factory (llamabatch.engines.open_engine:
-    the model loaded, n_parallel "auto" decided, bounded by `max_slots`; `isolated`: in a
-    supervised child process; `watchdog_s`: its watchdog floor). Its notices (a chat-template
-    fallback, an unusable prefix store) are lines on stderr."""
-    return engines.open_engine(resolved, factory=environment.engine_factory, max_slots=max_slots,
-                               isolated=isolated, watchdog_s=watchdog_s,
-                               on_notice=lambda line: environment.say(f"llamabatch: {line}"))
-
-
-def setup_logging(debug: bool, stream: TextIO) -> None:
-    if debug:
-        logging.basicConfig(level=logging.DEBUG, stream=stream,
-                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
