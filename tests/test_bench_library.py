@@ -58,6 +58,18 @@ def test_levels_run_on_the_callers_engines_with_progress_through_callbacks():
     assert "default_levels" not in document and document["baseline"] is None
 
 
+def test_without_an_opener_the_levels_open_their_engines_through_llamabatch_engines(monkeypatch):
+    import llamabatch.engines
+
+    opener = Opener()
+    monkeypatch.setattr(llamabatch.engines, "open_engine", opener)
+    settings = resolved(n_parallel=2)
+    run = run_generation(plan_generation(settings, [2], 4, 2, None, None, False), settings)
+    assert [e.config.n_parallel for e in opener.engines] == [2] and len(run.figures) == 1
+    figures, _ = embed_bench.run_levels(settings, embed_bench.plan_configs(settings, [16]), 2, 4, None)
+    assert len(opener.engines) == 2 and figures[0]["inputs"] == 2
+
+
 def test_deterministic_runs_each_level_twice_default_engine_first():
     settings = resolved(n_parallel=2, deterministic=True)
     plan = plan_generation(settings, [2], pp=4, tg=2, requests=None, prompt_lines=None, baseline=False)

@@ -18,6 +18,7 @@ from rich.table import Table
 from ..errors import InvalidRequest
 from ..results import EmbeddingResult
 from . import benchkit
+from .generation import default_opener
 
 EMBED_COLUMNS = ("Batch", "Inputs", "Failed", "Tokens", "Decodes", "Inputs/decode", "Time s", "Inputs/s", "Tok/s")
 DEFAULT_BATCHES = "64,128,256,512"
@@ -39,11 +40,12 @@ def plan_configs(resolved: Any, batches: Sequence[int]) -> list[Any]:
 
 
 def run_levels(resolved: Any, configs: Sequence[Any], count: int, pp: int,
-               prompt_lines: list[tuple[int, str]] | None, open_engine: Callable[[Any], Any], *,
+               prompt_lines: list[tuple[int, str]] | None, open_engine: Callable[[Any], Any] = default_opener, *,
                phase: Callable[[str], None] = lambda name: None,
                advance: Callable[[int], None] = lambda n: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every batch size's figures (one engine each, the same inputs for each) and the model's info.
-    InvalidRequest when a batch size is below the longest input."""
+    InvalidRequest when a batch size is below the longest input. `open_engine(resolved)`
+    defaults to llamabatch.engines.open_engine."""
     figures: list[dict[str, Any]] = []
     model: dict[str, Any] = {}
     inputs: list[list[int]] = []

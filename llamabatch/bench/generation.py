@@ -2,8 +2,9 @@
 --deterministic: the default engine first), the same prompts for every level, and
 llama-cpp-python's one-request-at-a-time baseline over them.
 
-Engines come from the caller's `open_engine(resolved)`; progress goes to its `phase` and
-`advance` callbacks (generated tokens, the baseline's included). Nothing is printed here.
+Engines come from the caller's `open_engine(resolved)` (default: llamabatch.engines.open_engine);
+progress goes to its `phase` and `advance` callbacks (generated tokens, the baseline's included).
+Nothing is printed here.
 """
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import engines
 from ..errors import InvalidRequest
 from . import benchkit
 
 OpenEngine = Callable[[Any], Any]  # resolved settings -> an open engine (EngineAPI)
+
+
+def default_opener(resolved: Any) -> Any:
+    """An engine as a library user gets one: llamabatch.engines.open_engine over the real factory."""
+    return engines.open_engine(resolved)
 
 
 @dataclass
@@ -68,7 +75,7 @@ class GenerationRun:
         return [e for level in self.figures for e in level["errors"]]
 
 
-def run_generation(plan: GenerationPlan, resolved: Any, open_engine: OpenEngine, *,
+def run_generation(plan: GenerationPlan, resolved: Any, open_engine: OpenEngine = default_opener, *,
                    phase: Callable[[str], None] = lambda name: None,
                    advance: Callable[[int], None] = lambda n: None) -> GenerationRun:
     """Run every level (and the baseline when planned); `advance` is called on the engine thread."""
