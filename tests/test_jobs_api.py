@@ -141,7 +141,7 @@ def test_a_job_opens_its_own_engine_through_the_host_and_closes_it(tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", GOOD)
     engines: list = []
     factory = FakeEngines(runner_for(lambda p: "ok"), engines)
-    host = JobHost(open_engine=factory.open, config_path=str(tmp_path / "none.toml"))
+    host = JobHost(engine_factory=factory, config_path=str(tmp_path / "none.toml"))
     (tmp_path / "none.toml").write_text("")
     report = run_job(inp, str(tmp_path / "out.jsonl"), host=host, n_parallel=2, temperature=0, isolate=False)
     assert report.ok == 3 and len(engines) == 1
@@ -169,7 +169,7 @@ def test_bad_settings_raise_invalid_request_before_anything_is_written(tmp_path)
 def test_estimate_job_reads_and_tokenizes_every_line_and_writes_nothing(tmp_path):
     inp = write_lines(tmp_path / "in.jsonl", GOOD + BAD)
     engines: list = []
-    host = JobHost(open_engine=FakeEngines(runner_for(), engines).open)
+    host = JobHost(engine_factory=FakeEngines(runner_for(), engines))
     estimate = estimate_job(inp, str(tmp_path / "out.jsonl"), host=host, n_parallel=2)
     assert (estimate["lines"], estimate["valid"], estimate["invalid"]) == (5, 3, 2)
     assert estimate["prompt_tokens"]["total"] == sum(len(f"question {i}") for i in range(3))

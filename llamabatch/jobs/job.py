@@ -18,7 +18,8 @@ from ..errors import InvalidRequest
 from .written_files import refuse_own_file
 from .events import Done, JobEvent
 from .estimate import estimate_lines
-from .job_opening import OpenedJob, checked_tables, default_opener, line_parser, open_job
+from ..engines import open_engine
+from .job_opening import OpenedJob, checked_tables, line_parser, open_job
 from .job_report import JobReport
 from .job_running import run_opened
 from .job_spec import JobHost, log, resolve_engine_settings, settings_of_engine, split_settings
@@ -163,10 +164,10 @@ def estimate_job(input: str, output: str | None = None, *, host: JobHost | None 
         parser = line_parser(spec, resolved, tables)
         if spec.error_file is not None:
             refuse_own_file(spec.error_file, tables.output, tables.records_output, spec.input)
-        opener = host.open_engine or default_opener(host.tell or log.warning)
         return estimate_lines(resolved, parser, spec.input, tables.records_output, resume=spec.resume,
                               retry_failed=spec.retry_failed, error_file=spec.error_file, stdin=host.stdin,
-                              open_tokenizer=lambda r: opener(r, isolated=False),
+                              open_tokenizer=lambda r: open_engine(r, factory=host.engine_factory,
+                                                                   on_notice=host.tell or log.warning),
                               table_source=tables.source,
                               table_rows=tables.rows_up_to(1 << 62) if tables.reads_table else None)
     finally:

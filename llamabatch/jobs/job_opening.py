@@ -10,14 +10,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import InvalidRequest
-from ..llama import autoslots
 from ..models.default_model import why as model_why
+from ..engines import open_engine
 from ..settings.resolved import Resolved
+from ..settings.slots import most_slots
 from ..settings.time_bounds import TimeBounds, time_bounds
 from .events import JobEvent, Notice, Started
 from .input_source import count_lines, open_input
 from .line_shapes import LineParser
-from .on_ray import LOCAL, import_ray_pool, open_pool
+from .on_ray import open_ray_engines, require_ray
 from .output_sink import Sink, open_output, refuse_resume_to_stream
 from .resumable_output import ResumableOutput
 from .job_spec import COMMAND, JobHost, JobSpec
@@ -82,7 +83,8 @@ def checked_tables(spec: JobSpec, resolved: Resolved) -> TablePlan:
 
 def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: Any = None) -> OpenedJob:
     """Open everything, or raise (typed) with nothing left open."""
-    ray_pool = import_ray_pool(spec.ray) if spec.ray is not None else None  # no Ray: fails before anything
+    if spec.ray is not None:
+        require_ray()  # no Ray: one line before anything opens
     bounds = time_bounds(COMMAND, spec.watchdog, spec.drain_timeout, host.config_path)
     tables = checked_tables(spec, resolved)
     try:
@@ -94,7 +96,7 @@ def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: Any = Non
         tables.close()
         raise
     try:
-        _open_engine(opened, engine, ray_pool)
+        _open_engine(opened, engine)
     except BaseException:
         opened.sink.discard()
         opened.files.discard()
@@ -141,25 +143,23 @@ def _open_files(spec: JobSpec, resolved: Resolved, host: JobHost, tables: TableP
     return opened
 
 
-def _open_engine(opened: OpenedJob, engine: Any, ray_pool: Any) -> None:
+def _open_engine(opened: OpenedJob, engine: Any) -> None:
     """The shared engine, or the job's own (auto never opens more slots than lines, locally
     and on each Ray worker); how many lines run at once and are read ahead."""
     spec, host = opened.spec, opened.host
     if engine is not None:
         opened.engine, opened.owns_engine = engine, False
     else:
-        cap = max(autoslots.CANDIDATES) + 1
+        cap = most_slots(opened.resolved.engine) + 1
         lines = count_lines(opened.source, cap) if opened.source.is_file else opened.tables.rows_up_to(cap)
-        if ray_pool is None:
-            opener = host.open_engine or default_opener(lambda line: opened.tell(Notice(line, always=True)))
-            opened.engine = opener(opened.resolved, max_slots=lines, isolated=spec.isolate,
-                                   watchdog_s=opened.bounds.watchdog_s)
+        if spec.ray is None:
+            opened.engine = open_engine(opened.resolved, factory=host.engine_factory, max_slots=lines,
+                                        isolated=spec.isolate, watchdog_s=opened.bounds.watchdog_s,
+                                        on_notice=host.tell or (lambda line: opened.tell(Notice(line, always=True))))
         else:
             note = (lambda line: opened.tell(Notice(line.removeprefix("llamabatch run: "))))
-            opened.engine = opened.cluster = open_pool(
-                ray_pool, opened.resolved, spec.ray or LOCAL, spec.ray_workers, spec.ray_cpus_per_worker,
-                spec.ray_gpus_per_worker, note=note, max_slots=lines, watchdog_s=opened.bounds.watchdog_s,
-                debug=host.debug)
+            opened.engine = opened.cluster = open_ray_engines(opened.resolved, spec, note=note, max_slots=lines,
+                                                              watchdog_s=opened.bounds.watchdog_s, host=host)
     # At most this many lines in the engine(s): enough queued behind every slot to keep it busy.
     held = opened.cluster.inflight_cap if opened.cluster else 4 * opened.engine.config.n_parallel
     opened.inflight = spec.max_inflight or held
@@ -171,18 +171,6 @@ def _close_input(opened: OpenedJob) -> None:
     if not opened.tables.reads_table:  # a table's source is the plan's to close
         opened.source.close()
     opened.tables.close()
-
-
-def default_opener(tell: Callable[[str], None]) -> Callable[..., Any]:
-    """How a job opens its engine when its host names no way: the settings' factory, the
-    engine's notices (a chat-template fallback) told as `tell(line)`."""
-    from ..engines import EngineFactory
-
-    def open_engine(resolved: Resolved, **kw: Any) -> Any:
-        engine = EngineFactory().open(resolved, **kw)
-        engine.on_notice = tell
-        return engine
-    return open_engine
 
 
 def _begin(opened: OpenedJob) -> None:

@@ -15,8 +15,7 @@ from typing import Any, Callable, TextIO
 
 from .. import rules
 from ..errors import InvalidRequest
-from ..models.default_model import default_model
-from ..settings.file_layer import command_setting, resolve_layers, resolve_settings
+from ..settings.file_layer import command_setting, resolve_command_settings
 from ..settings.layers import ENGINE_KEYS, SAMPLING_KEYS, SHARED_KEYS, merge
 from ..settings.resolved import Resolved
 from .table_input import TableOptions
@@ -91,9 +90,10 @@ class JobHost:
     stdout: TextIO | None = None  # OUTPUT None or "-" writes it (None: the process's)
     config_path: str | None = None  # the config file (None: $LLAMABATCH_CONFIG, ./llamabatch.toml, ...)
     argv: tuple[str, ...] = ("run_job",)  # the manifest's record of what started the job
-    # (resolved, max_slots=, isolated=, watchdog_s=) -> an engine; None: llamabatch.settings' factory
-    open_engine: Callable[..., Any] | None = None
-    tell: Callable[[str], None] | None = None  # lines said before the job exists (None: logged)
+    engine_factory: Any = None  # how the job's own engine is built (llamabatch.engines.EngineFactory; None: the real one)
+    # lines for people outside the events: the default model's, the job's own engine's notices
+    # (a chat-template fallback, an unusable prefix store); None: they are Notice events, or logged
+    tell: Callable[[str], None] | None = None
     debug: bool = False  # Ray workers' logs reach this process; a start failure keeps its traceback
 
 
@@ -127,18 +127,9 @@ def _with_config_keys(spec: JobSpec, config_path: str | None) -> JobSpec:
 
 
 def resolve_engine_settings(shared: dict[str, Any], host: JobHost) -> Resolved:
-    """Given > LLAMABATCH_* env > config file > defaults, the model resolved (the chat-tuned
+    """Given > LLAMABATCH_* env > config file > defaults, the model resolved (run's chat-tuned
     default when none is named and it is installed). Raises InvalidRequest or ModelLoadError."""
-    default = None
-    if resolve_layers(shared, COMMAND, host.config_path).sources.get("model") == "default":
-        default = default_model(COMMAND, host.tell or log.warning)
-    if default is None:
-        return resolve_settings(shared, COMMAND, host.config_path)
-    # passed as a flag would be, so that the other layers and the model's resolution stay the
-    # settings layer's; the source then says where it really came from
-    resolved = resolve_settings({**shared, "model": default}, COMMAND, host.config_path)
-    resolved.sources["model"] = "default (chat-tuned)"
-    return resolved
+    return resolve_command_settings(shared, COMMAND, host.config_path, host.tell or log.warning)
 
 
 def settings_of_engine(engine: Any, shared: dict[str, Any]) -> Resolved:

@@ -12,7 +12,6 @@ from typing import Any, Optional
 import typer
 
 from ...jobs import JobHost, estimate_job, start_job
-from ..engine_setup import open_engine
 from ..exit_status import EXIT_OK, EXIT_USAGE, fail
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
@@ -208,8 +207,8 @@ def run(input_path: str, output: str | None, settings: dict[str, Any], env: Envi
         raise fail("--json goes with --dry-run (the records are JSON already; `llamabatch report OUTPUT --json` "
                    "prints the manifest)", EXIT_USAGE)
     host = JobHost(stdin=env.stdin, stdout=env.stdout, config_path=env.config_path, argv=env.argv,
-                   open_engine=lambda resolved, **kw: open_engine(resolved, env, **kw),
-                   tell=lambda line: env.say(f"llamabatch: {line}"), debug=env.debug)
+                   engine_factory=env.engine_factory, tell=lambda line: env.say(f"llamabatch: {line}"),
+                   debug=env.debug)
     if dry_run:
         estimate = estimate_job(input_path, output, host=host, **settings)
         for line in [json.dumps(estimate, ensure_ascii=False)] if as_json else estimate_lines(estimate):
