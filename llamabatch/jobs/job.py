@@ -14,15 +14,16 @@ import queue
 import threading
 from typing import Any, Callable, Iterator
 
-from ..errors import InvalidRequest
-from .written_files import refuse_own_file
-from .events import Done, JobEvent
-from .estimate import estimate_lines
 from ..engines import open_engine
+from ..errors import InvalidRequest
+from .batch_watch import StopRequests
+from .estimate import estimate_lines
+from .events import Done, JobEvent
 from .job_opening import OpenedJob, checked_tables, line_parser, open_job
 from .job_report import JobReport
 from .job_running import run_opened
 from .job_spec import JobHost, log, resolve_engine_settings, settings_of_engine, split_settings
+from .written_files import refuse_own_file
 
 EVENT_WAIT_S = 0.1  # how often run_job looks at its `cancel` event while no event comes
 
@@ -32,8 +33,6 @@ class Job:
     handler included."""
 
     def __init__(self, opened: OpenedJob):
-        from .batch_watch import StopRequests
-
         self._opened = opened
         self._events: queue.Queue = queue.Queue()
         self._stops = StopRequests()
