@@ -21,7 +21,7 @@ from .input_source import count_nonblank
 from .fingerprint import json_safe, template_identity
 from .line_shapes import record_error_code, record_id
 from .manifest import FORMAT, VERSION, now_iso
-from ..models.file_hash import sha256_file
+from ..file_hash import sha256_file
 from .retry_journal import whole_records
 
 FIRST_MB = 1 << 20

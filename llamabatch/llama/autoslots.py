@@ -85,7 +85,7 @@ def describe(n: int, measured: Mapping[int, float], bound_why: str, limit: int) 
 
 def cache_path() -> Path:
     """slots.json in llamabatch's cache folder ($LLAMABATCH_CACHE_DIR, else the XDG cache dir)."""
-    from ..models.resolve import cache_dir
+    from ..cache_folder import cache_dir
 
     return cache_dir() / "slots.json"
 

@@ -60,7 +60,7 @@ def fingerprint(model_path: str, model: Any, *, kv_unified: bool, swa_full: bool
     whose header names another."""
     import llama_cpp
 
-    from ..models.model_digest import model_sha256
+    from ..model_digest import model_sha256
 
     return {
         "model_sha256": model_sha256(model_path) or f"unreadable:{model_path}",

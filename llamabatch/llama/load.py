@@ -13,7 +13,7 @@ from .backend import first_error, weight_buffers
 from .cpu_kernels import model_params
 from ..config import EngineConfig
 from ..errors import ModelLoadError
-from ..models.gguf_header import GGUFError
+from .gguf_header import GGUFError
 
 
 def load_model(config: EngineConfig, model_path: str, kernels: Any, mark: int) -> tuple[Any, dict[str, float]]:

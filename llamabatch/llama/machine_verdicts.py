@@ -68,7 +68,7 @@ def verdict_key(*parts: str) -> str:
 
 def verdicts_path() -> Path:
     """verdicts.json in llamabatch's cache folder ($LLAMABATCH_CACHE_DIR, else the XDG cache dir)."""
-    from ..models.resolve import cache_dir
+    from ..cache_folder import cache_dir
 
     return cache_dir() / "verdicts.json"
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..errors import InvalidRequest, ModelLoadError
 from ..replaced_file import replacing
-from .file_hash import sha256_file
-from .cache_folder import cache_dir
+from ..cache_folder import cache_dir
+from ..file_hash import sha256_file
 
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..errors import ModelLoadError
 from ..replaced_file import replacing
-from .file_hash import sha256_file
-from .cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: where it was always imported from)
+from ..cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: its callers import it from here)
+from ..file_hash import sha256_file
 from .default_model import BUNDLED_NAME
 from .stores import ModelRef, display_name, resolve_spelling
 
@@ -50,7 +50,7 @@ def resolve_model_ref(model: str | None = None, aliases: dict[str, str] | None =
 
 def check_gguf(path: str) -> None:
     """Raise ModelLoadError (one line: path and cause) unless `path` is a readable GGUF file."""
-    from .gguf_header import GGUFError, open_regular
+    from ..llama.gguf_header import GGUFError, open_regular
 
     if os.path.isdir(path):
         raise ModelLoadError(f"{path}: is a directory, not a GGUF file")

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from ..errors import ModelLoadError
+from ..llama.gguf_shards import SHARD_RE as _SHARD_RE, shard_info, shards_of
 from .packaged import PACKAGED, packaged_model_path
 
 PREFIXES = ("hf:", "ollama:", "lmstudio:")
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 OLLAMA_PARAMS_LAYER = "application/vnd.ollama.image.params"
 OLLAMA_REGISTRY = "registry.ollama.ai"
-_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
 class ModelNotFound(ModelLoadError):
@@ -92,21 +92,6 @@ def lmstudio_dirs() -> list[Path]:
 # --- GGUF files in a folder --------------------------------------------------------------
 
 
-def shard_info(path: str | Path) -> tuple[int, int] | None:
-    """(index, count) for `name-00002-of-00003.gguf`, else None."""
-    match = _SHARD_RE.search(str(path))
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def shards_of(first: Path) -> tuple[str, ...]:
-    """Every file of the split GGUF whose first shard is `first` (just `first` if not split)."""
-    info = shard_info(first)
-    if not info:
-        return (str(first),)
-    stem = _SHARD_RE.sub("", first.name)
-    return tuple(str(first.with_name(f"{stem}-{i:05d}-of-{info[1]:05d}.gguf")) for i in range(1, info[1] + 1))
-
-
 def model_files(folder: Path, depth: int = 2) -> list[Path]:
     """The loadable GGUFs under `folder` (and its subfolders up to `depth` levels): not
     multimodal projectors (mmproj-*), and only the first shard of a split model."""
@@ -145,7 +130,7 @@ def quant_in_name(path: Path, quant: str) -> bool:
 
 
 def _quant_of_header(path: Path) -> str | None:
-    from .gguf_header import GGUFError, read_header
+    from ..llama.gguf_header import GGUFError, read_header
 
     try:
         return read_header(str(path)).quantization

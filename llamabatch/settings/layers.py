@@ -31,7 +31,7 @@ SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads
 # needs one slot, which then gets all of --n-ctx.
 def default_store_folder() -> str:
     """Where the commands keep the disk prefix store unless told otherwise."""
-    from ..models.cache_folder import cache_dir
+    from ..cache_folder import cache_dir
 
     return str(cache_dir() / "prefix-store")
 

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from ..replaced_file import replacing
+from .replaced_file import replacing
 from .file_hash import sha256_file
 
 CACHE_FILE = "model_sha256.json"
