@@ -193,3 +193,15 @@ def test_the_package_root_exports_run_job_lazily():
     from llamabatch.jobs import run_frame
 
     assert llamabatch.run_frame is run_frame
+
+
+def test_a_job_nobody_follows_keeps_one_event_per_line_and_one_snapshot(tmp_path):
+    inp = write_lines(tmp_path / "in.jsonl", [{"id": i, "prompt": f"p{i}"} for i in range(40)])
+    with shared_engine(step_delay=0.005) as engine:
+        job = start_job(inp, str(tmp_path / "out.jsonl"), engine=engine)
+        report = job.wait(timeout=60)  # events left untaken while the job ran
+        kept = list(job.events())
+    assert report.ok == 40 and isinstance(kept[-1], Done)
+    assert sum(isinstance(e, LineFinished) for e in kept) == 40
+    progress = [e for e in kept if isinstance(e, Progress)]
+    assert len(progress) == 1 and progress[0].snapshot.done == 40  # the latest snapshot only

@@ -18,7 +18,7 @@ from ..engines import open_engine
 from ..errors import InvalidRequest
 from .batch_watch import StopRequests
 from .estimate import estimate_lines
-from .events import Done, JobEvent
+from .events import Done, JobEvent, Progress
 from .job_opening import OpenedJob, checked_tables, line_parser, open_job
 from .job_report import JobReport
 from .job_running import run_opened
@@ -26,6 +26,7 @@ from .job_spec import JobHost, log, resolve_engine_settings, settings_of_engine,
 from .written_files import refuse_own_file
 
 EVENT_WAIT_S = 0.1  # how often run_job looks at its `cancel` event while no event comes
+_PROGRESS = object()  # the queue's place for the latest Progress event
 
 
 class Job:
@@ -43,7 +44,9 @@ class Job:
         self.interrupted = False  # set by run_job on Ctrl-C: the report says so
         for event in opened.early_events:
             self._events.put(event)
-        opened.publish = self._events.put
+        self._progress: Progress | None = None  # the latest snapshot, while its place in the queue waits
+        self._progress_lock = threading.Lock()
+        opened.publish = self._publish
         self._thread = threading.Thread(target=self._run, name="llamabatch-job", daemon=True)
         self._thread.start()
 
@@ -76,6 +79,17 @@ class Job:
         resume runs every line without a record."""
         self._stops.ask(in_flight)
 
+    def _publish(self, event: JobEvent) -> None:
+        # One place in the queue for progress, taken by the latest snapshot: a caller that takes
+        # events late (or never: wait() alone) keeps one event per line, not one per quarter second.
+        if isinstance(event, Progress):
+            with self._progress_lock:
+                waiting, self._progress = self._progress is not None, event
+            if waiting:
+                return
+            event = _PROGRESS
+        self._events.put(event)
+
     def next_event(self, timeout: float | None = None) -> JobEvent | None:
         """The next event, waiting at most `timeout` seconds (None when none came, or after Done)."""
         if self._ended:
@@ -84,6 +98,9 @@ class Job:
             event = self._events.get(timeout=timeout)
         except queue.Empty:
             return None
+        if event is _PROGRESS:
+            with self._progress_lock:
+                event, self._progress = self._progress, None
         if event is None or isinstance(event, Done):
             self._ended = True
             if event is None:  # the job's thread failed: wait() raises what it raised
@@ -91,7 +108,8 @@ class Job:
         return event
 
     def events(self) -> Iterator[JobEvent]:
-        """Every event in order, ending with Done (progress snapshots a few times a second)."""
+        """Every event in order, ending with Done (progress snapshots a few times a second).
+        Events are kept until taken: one per line (LineFinished) plus the latest snapshot."""
         while not self._ended:
             event = self.next_event(EVENT_WAIT_S)
             if event is not None:
