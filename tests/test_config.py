@@ -248,7 +248,7 @@ ERRORS = [
     ("[run]\nn_parallel = 0\n", [":2: [run] n_parallel:", ">= 1"]),
     ('[serve-stdin]\non_eof = "stop"\n', [":2: [serve-stdin] on_eof:", '"drain"', '"cancel"']),
     ("[chat]\norder = 'input'\n", [":2: [chat] order: unknown key"]),
-    ("[serve]\nx = 1\n", [":1: [serve]: unknown table", "[serve-stdin]"]),
+    ("[server]\nx = 1\n", [":1: [server]: unknown table", "[serve-stdin]", "[serve]"]),
     ("sampling = 3\n", [":1: [sampling]: must be a table"]),
     ("n_parallel = \n", [": invalid TOML:", "line 1"]),
     ("[sampling\n", [": invalid TOML:", "line 1"]),
@@ -339,10 +339,10 @@ def test_config_show_without_a_file_says_so(clean_env):
 
 
 def test_config_show_rejects_an_unknown_command():
-    result = invoke(["config", "show", "--command", "serve"])
+    result = invoke(["config", "show", "--command", "server"])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
-        "llamabatch: error: --command must be one of run, chat, serve-stdin, bench, got 'serve'"]
+        "llamabatch: error: --command must be one of run, chat, serve-stdin, serve, bench, got 'server'"]
 
 
 def test_config_show_reports_a_bad_env_value():

@@ -42,7 +42,7 @@ from ..whole_file import UnreadableFile, read_bytes
 
 CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"
-COMMANDS = ("run", "chat", "serve-stdin", "bench")
+COMMANDS = ("run", "chat", "serve-stdin", "serve", "bench")
 SAMPLING_TABLE = "sampling"
 MODELS_TABLE = "models"
 _STORE_PREFIXES = ("hf:", "ollama:", "lmstudio:")
@@ -88,6 +88,7 @@ COMMAND_RULES: dict[str, dict[str, Rule]] = {
         "system": _text("a system prompt (a non-empty string)"),
         "verbose": _boolean,
     },
+    "serve": {},
     "bench": {},
 }
 

@@ -43,6 +43,7 @@ COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "chat": {"n_parallel": 1, "prefix_store": default_store_folder},
     "run": {"n_parallel": "auto", "prefix_store": default_store_folder},
     "serve-stdin": {"n_parallel": "auto", "prefix_store": default_store_folder},
+    "serve": {"n_parallel": "auto", "prefix_store": default_store_folder},
 }
 
 
