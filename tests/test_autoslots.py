@@ -89,6 +89,21 @@ def test_auto_reuses_its_cache_and_measures_only_what_is_missing():
     assert not other_threads.from_cache and len(curve.calls) == 3  # keyed by threads too
 
 
+def test_planned_slots_reads_the_same_choice_from_the_cache_and_measures_nothing(monkeypatch):
+    from llamabatch.llama import autoslots
+    from llamabatch.settings.slots import planned_slots
+
+    assert planned_slots(AUTO, MODEL, 10) == (None, {}, None)  # never calibrated: no guess
+    curve = Curve({4: 84, 8: 122, 12: 110, 16: 171, 24: 160, 32: 150})
+    monkeypatch.setattr(autoslots, "available_memory", lambda: 64 * GIB)
+    chosen = choose(AUTO, MODEL, measure=curve, memory=64 * GIB)
+    slots, measured, at = planned_slots(AUTO, MODEL)
+    assert slots == chosen.n_parallel == 16 and measured[16] == 171 and isinstance(at, int)
+    assert planned_slots(AUTO, MODEL, 6)[0] == pick(measured, 6)  # bounded by the lines, as choose is
+    assert planned_slots(EngineConfig(n_parallel=3, threads=2), MODEL)[0] == 3
+    assert len(curve.calls) == 1
+
+
 def test_an_unreadable_cache_means_measuring_again():
     cache_path().parent.mkdir(parents=True)
     cache_path().write_text("not json")

@@ -2,7 +2,8 @@
 
 The count is measured on the resolved model file (llama/autoslots.py, cached per machine),
 bounded by the memory the KV cache needs and, when the caller knows it, by the number of
-requests. An explicit count passes through unchanged.
+requests. An explicit count passes through unchanged. `planned_slots` says what the choice
+would be from the cache alone (a dry run measures nothing); `most_slots` the most it may be.
 """
 from __future__ import annotations
 
@@ -30,6 +31,26 @@ def most_slots(config: EngineConfig) -> int:
     from ..llama.autoslots import CANDIDATES
 
     return max(CANDIDATES)
+
+
+def planned_slots(config: EngineConfig, model_path: str,
+                  max_slots: int | None = None) -> tuple[int | None, dict[int, float], int | None]:
+    """What `choose_slots` would decide, from this machine's calibration cache alone (nothing is
+    measured: a dry run's estimate): (the slot count, or None when this model, thread count
+    and machine were never calibrated; the calibration {slots: decode tok/s}; when it was
+    measured, epoch seconds). An explicit n_parallel is itself."""
+    from ..llama import autoslots
+    from ..llama.cpu_buffers import chosen
+
+    entry = autoslots.read_cache(autoslots.cache_key(model_path, config.n_threads, chosen(config.cpu_buffers)))
+    measured = dict(entry["measured"]) if entry else {}
+    when = entry.get("at") if entry else None
+    if config.n_parallel != "auto":
+        return int(config.n_parallel), measured, when
+    if not measured:
+        return None, {}, None
+    limit, _why = autoslots.bounds(config, entry.get("kv_bytes_per_token"), autoslots.available_memory(), max_slots)
+    return autoslots.pick(measured, limit), measured, when
 
 
 def choose_slots(resolved: Resolved, max_slots: int | None = None,
