@@ -143,7 +143,7 @@ class FakeRunner:
     sample_delay: prompt text -> seconds sampling one row of that request takes (a slow
                   grammar), inline or in a FakeJob; None: no delay.
     can_sample_apart: whether chunks marked sample_apart become FakeJobs (like LlamaRunner
-                  outside deterministic mode); False samples them inline, as before apart.py.
+                  outside deterministic mode); False samples them inline.
     """
 
     def __init__(self, n_slots: int = 4, slot_ctx: int = 64, *, n_batch: int | None = None,

@@ -558,8 +558,8 @@ def test_a_runner_crash_fails_everything_in_flight_once_and_closes_the_engine():
 # -- defects a close read found (each test failed before its fix) --------------------------------
 
 def test_a_request_refused_at_submit_is_counted_and_reported_on_the_engine_thread():
-    # The telemetry totals and subscribers belong to the engine thread (the docs say so);
-    # a bad request used to be recorded on the caller's thread, racing the engine's updates.
+    # The telemetry totals and subscribers belong to the engine thread (the docs say so): a bad
+    # request recorded on the caller's thread would race the engine's updates.
     seen = []
     runner = FakeRunner(reply=lambda p: "ok")
     with make_engine(runner) as engine:

@@ -54,7 +54,7 @@ def test_plain_requests_finish_while_a_slow_grammar_samples_its_first_token():
 
 
 def test_sampled_inline_the_slow_request_sets_everyones_pace():
-    # The same run where the runner cannot sample apart (as before apart.py): the reproducer.
+    # The same run where the runner cannot sample apart (every row inline): the reproducer.
     runner = slow_runner(0.05, can_sample_apart=False)
     order = run_beside_slow(runner)
     assert order.index(("token", 0)) < min(order.index(("done", i)) for i in (1, 2, 3))

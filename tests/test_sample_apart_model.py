@@ -27,7 +27,7 @@ def test_sampled_apart_gives_the_tokens_inline_sampling_gives(model_path):
         with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, grammar_backend="llama")) as engine:
             assert engine.sampling_threads is not None
             if not apart:
-                engine.scheduler.sample_apart = None  # every row inline, as before apart.py
+                engine.scheduler.sample_apart = None  # every row sampled inline, on the engine thread
             return [engine.submit(p, sp).result(timeout=WAIT) for p, sp in cases]
 
     apart, inline = run(True), run(False)
