@@ -76,6 +76,7 @@ class BatchLoop:
         self._reader_done = threading.Event()
         self._starter_done = threading.Event()
         self._started = time.monotonic()
+        self._ended: float | None = None
         self._rate_samples: collections.deque = collections.deque()  # (time, generated tokens)
         self._reader = threading.Thread(target=self._read, name="llamabatch-reader", daemon=True)
         self._starter = threading.Thread(target=self._start_lines, name="llamabatch-starter", daemon=True)
@@ -146,7 +147,11 @@ class BatchLoop:
         return self.engine.restarts
 
     def elapsed(self) -> float:
-        return time.monotonic() - self._started
+        return (self._ended if self._ended is not None else time.monotonic()) - self._started
+
+    def stop_clock(self) -> None:
+        """elapsed() stays what it is now: the loop is over."""
+        self._ended = time.monotonic()
 
     def snapshot(self, counter: BackgroundCount | None) -> Snapshot:
         stats = self.engine.stats()

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .batch_loop import BatchLoop
 from .batch_watch import StopRequests, watch
-from .events import LineFinished, Notice
+from .events import LineFinished
 from .input_source import LineCounter
 from .job_opening import OpenedJob
 from .job_report import JobReport, Tokens, VerifyOutcome
@@ -38,7 +38,7 @@ def run_opened(opened: OpenedJob, stops: StopRequests, interrupted: Callable[[],
             opened.engine.close()
         if not opened.tables.reads_table:
             opened.source.close()
-    table_rows, table_error = _write_table(opened, complete)
+    table_rows, table_error = _write_table(opened)
     opened.tables.close()
     opened.files.release()
     report = _report(opened, run, writer, stops, interrupted(), verify, table_rows, table_error)
@@ -78,6 +78,7 @@ def _run_lines(opened: OpenedJob, stops: StopRequests) -> tuple[BatchLoop, Recor
         writer.close()
         opened.sink.close()
         complete = not run.stopping and run.read_error is None and writer.error is None
+        run.stop_clock()  # the lines' time: verification and the table are not in elapsed_s
         opened.files.end(complete=complete, wall_s=run.elapsed(), written=writer.stats.written,
                          generated=writer.stats.completion_tokens, ray=cluster.describe() if cluster else None,
                          input_ids=run.seen_ids if complete else None)
@@ -92,19 +93,15 @@ def verify_sample(engine: Any, reservoir: Reservoir, deterministic: bool) -> Ver
                          differences=tuple((d.key, d.why) for d in differences))
 
 
-def _write_table(opened: OpenedJob, complete: bool) -> tuple[int | None, str | None]:
+def _write_table(opened: OpenedJob) -> tuple[int | None, str | None]:
     """A table OUTPUT made from its records file, finished or not (table_output.py)."""
     tables = opened.tables
     if tables.kind is None:
         return None, None
     try:
-        rows = tables.write_table(opened.spec.order)
+        return tables.write_table(opened.spec.order), None
     except JobFileError as exc:
         return None, str(exc)
-    if rows is not None:
-        what = "complete" if complete else "the rows answered so far; --resume completes it"
-        opened.tell(Notice(f"wrote {rows} row(s) to {tables.output} ({what}; from {tables.records_output})"))
-    return rows, None
 
 
 def _fatal_error(opened: OpenedJob, run: BatchLoop, writer: RecordWriter) -> str | None:

@@ -23,6 +23,9 @@ def exit_status(report: JobReport, reporter: Reporter, interrupts: Interrupts, *
     if report.table_error is not None:  # the table from the records file could not be made
         reporter.say(f"llamabatch: error: {report.table_error}")
         return EXIT_ERROR
+    if report.table_rows is not None:
+        what = "complete" if report.complete else "the rows answered so far; --resume completes it"
+        reporter.note(f"{PREFIX}wrote {report.table_rows} row(s) to {output} ({what}; from {report.records_output})")
     return code
 
 
