@@ -159,6 +159,34 @@ def test_only_engines_builds_engines():
     assert not found, "engines built outside llamabatch/engines/:\n" + "\n".join(found)
 
 
+# -- test runners in other processes ------------------------------------------------------------
+
+FILE_EXECUTION = ("spec_from_file_location", "exec_module", "run_path", "exec", "execfile")
+
+
+def file_executions(source: str) -> list[str]:
+    """Calls in `source` that run code from a file or a string: importlib's
+    spec_from_file_location and exec_module, runpy.run_path, exec."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name in FILE_EXECUTION:
+                found.append(f"{name}(...) at line {node.lineno}")
+    return found
+
+
+def test_no_module_runs_code_from_a_file_path():
+    # The supervised child and Ray workers get a test's runner as a registered name and an
+    # importable module (engines/runners.py), never as a file to execute.
+    sample = "importlib.util.spec_from_file_location('m', p)\nrunpy.run_path(p)\nexec(text)\nimportlib.import_module(m)\n"
+    assert len(file_executions(sample)) == 3
+    found = [f"{name}: {call}" for name, path in sorted(all_modules().items())
+             for call in file_executions(path.read_text(encoding="utf-8"))]
+    assert not found, found
+
+
 # -- who may import the CLI (inside llamabatch/: test_import_graph.py) ---------------------------
 
 def _imported_modules(path: Path) -> set[str]:
