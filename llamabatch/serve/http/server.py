@@ -75,6 +75,8 @@ class Listening:
 def listen(app: Any, host: str, port: int) -> Listening:
     import uvicorn
 
+    # keep-alive well past clients' own (the openai SDK's pool drops idle connections after 5 s): when
+    # both sides time out together, a request sent on a connection the server is closing is reset
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", server_header=False,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, timeout_keep_alive=75)
     return Listening(uvicorn.Server(config), bind(host, port))
