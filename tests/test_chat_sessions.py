@@ -189,6 +189,21 @@ def test_conflicting_starting_points_are_a_usage_error(tmp_path):
     assert chat(tmp_path, ["-c", "Hi"]).stderr == "llamabatch: error: no saved conversation to continue yet\n"
 
 
+def test_a_saved_conversation_that_is_not_there_is_a_typed_error_in_the_library(tmp_path, monkeypatch):
+    from llamabatch.chat.saved import read_stored
+    from llamabatch.errors import ConversationNotFound
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert read_stored(False, None) is None  # nothing asked for: nothing read
+    with pytest.raises(ConversationNotFound, match="^no saved conversation to continue yet$"):
+        read_stored(True, None)
+    assert chat(tmp_path, [], "Saved.\n").exit_code == 0
+    assert read_stored(True, None).messages[0] == {"role": "user", "content": "Saved."}
+    with pytest.raises(ConversationNotFound) as missing:
+        read_stored(False, 7)
+    assert missing.value.code == "not_found" and "no saved conversation 7" in str(missing.value)
+
+
 # -- Ollama's spellings and /undo -------------------------------------------------------------
 
 
