@@ -70,14 +70,15 @@ def test_bash_completes_commands():
     assert {"run", "serve-stdin", "chat", "bench", "config"} <= set(offered)
 
 
-def test_bash_completes_shared_options():
+def test_bash_completes_engine_options():
     offered = complete_bash(["llamabatch", "run", "--n-"], 2)
     assert {"--n-parallel", "--n-ctx", "--n-batch", "--n-gpu-layers"} <= set(offered)
     assert all(word.startswith("--n-") for word in offered)
 
 
 def test_bash_completes_config_show_command_names():
-    assert complete_bash(["llamabatch", "config", "show", "--command", "se"], 4) == ["serve-stdin"]
+    assert complete_bash(["llamabatch", "config", "show", "--command", "se"], 4) == ["serve-stdin", "serve"]
+    assert complete_bash(["llamabatch", "config", "show", "--command", "b"], 4) == ["bench"]
 
 
 def test_the_committed_bash_script_completes_in_bash():
