@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from ..errors import InvalidRequest, LlamaBatchError
 from ..settings.resolved import Resolved
-from .estimate_arithmetic import LengthStats, PrefixReuse, RECENT, eta, planned_slots, slot_ctx
+from ..settings.slots import planned_slots
+from .estimate_arithmetic import LengthStats, PrefixReuse, RECENT, eta, slot_ctx
 from .input_source import count_nonblank, open_input
 from .output_sink import stream_kind
 from .line_shapes import LineError, LineParser, duplicate_id_error, record_id

@@ -84,25 +84,6 @@ class Eta:
                 "decode_tok_s": self.decode_tok_s}
 
 
-def planned_slots(config: EngineConfig, model_path: str, lines: int | None) -> tuple[int | None, dict[int, float],
-                                                                                     str | None]:
-    """(slot count the run would use, calibration {slots: decode tok/s}, where it comes from).
-    An explicit n_parallel is itself; "auto" is what autoslots would pick from its cache
-    (None when this model, thread count and machine were never calibrated)."""
-    from ..llama.cpu_buffers import chosen
-
-    key = autoslots.cache_key(model_path, config.n_threads, chosen(config.cpu_buffers))
-    entry = autoslots.read_cache(key)
-    measured = dict(entry["measured"]) if entry else {}
-    when = entry.get("at") if entry else None
-    if config.n_parallel != "auto":
-        return int(config.n_parallel), measured, when
-    if not measured:
-        return None, {}, None
-    limit, _why = autoslots.bounds(config, entry.get("kv_bytes_per_token"), autoslots.available_memory(), lines)
-    return autoslots.pick(measured, limit), measured, when
-
-
 def slot_ctx(config: EngineConfig, slots: int | None) -> int | None:
     if slots is None:
         return None if config.n_ctx else DEFAULT_CTX_PER_SLOT
