@@ -1,0 +1,252 @@
+"""`llamabatch serve`'s three targets (issue 40), each as paired A B A B runs with ratios.
+
+    python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [-m MODEL]
+                                       [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
+
+1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
+   batch, polls every 0.2 s and downloads the output) vs `llamabatch run`'s job on the same file
+   and the same open engine (llamabatch.jobs.run_job, what the command runs once its engine is
+   open): ratio = run's wall time / the server's (target >= 0.95). Every line generates exactly
+   --tokens tokens (ignore_eos).
+2. Online time to first token: 8 streamed chat requests one after another with no batch running
+   vs while a --lines batch runs (the batch is cancelled after them): ratio = median TTFT with
+   the batch / without (target <= 1.5).
+3. Peak RSS: a server process on the scripted fake runner (tests/fake_runner.py) runs one batch of
+   each --rss-lines size; its VmHWM (ratio largest / smallest, target <= 1.05).
+
+Measures and prints; asserts nothing on time.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _bench import Pairs, essay_prompts, machine_line, model_path, say
+
+TESTS = str(Path(__file__).resolve().parent.parent / "tests")
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+def write_batch(path: Path, n: int, tokens: int) -> Path:
+    prompts = essay_prompts(n)
+    with open(path, "w") as f:
+        for i, prompt in enumerate(prompts):
+            body = {"model": "any", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+            f.write(json.dumps({"custom_id": f"l{i}", "method": "POST", "url": COMPLETIONS, "body": body}) + "\n")
+    return path
+
+
+def wait_ended(client: Any, batch_id: str, poll: float = 0.2) -> Any:
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        time.sleep(poll)
+
+
+def through_server(client: Any, path: Path, lines: int) -> float:
+    start = time.perf_counter()
+    with open(path, "rb") as f:
+        uploaded = client.files.create(file=(path.name, f), purpose="batch")
+    batch = wait_ended(client, client.batches.create(input_file_id=uploaded.id, endpoint=COMPLETIONS,
+                                                     completion_window="24h").id)
+    text = client.files.content(batch.output_file_id).text
+    wall = time.perf_counter() - start
+    if batch.request_counts.completed != lines or text.count("\n") != lines:
+        raise SystemExit(f"server batch: {batch.status} {batch.request_counts}")
+    return wall
+
+
+def through_run(engine: Any, path: Path, lines: int, workdir: Path) -> float:
+    from llamabatch.jobs import run_job
+
+    out = workdir / f"run-{time.monotonic_ns()}.jsonl"
+    start = time.perf_counter()
+    report = run_job(str(path), str(out), engine=engine, input_format="jsonl")
+    wall = time.perf_counter() - start
+    if report.ok != lines:
+        raise SystemExit(f"run_job: {report.ok} ok of {lines}, {report.failed} failed")
+    return wall
+
+
+def ttft(client: Any, n: int = 8) -> float:
+    """Median seconds to the first streamed content of n chat requests, one after another."""
+    times = []
+    for i in range(n):
+        start = time.perf_counter()
+        stream = client.chat.completions.create(model="any", stream=True, max_tokens=8, temperature=0,
+                                                messages=[{"role": "user", "content": f"Name a colour ({i})."}])
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                times.append(time.perf_counter() - start)
+                break
+        for _ in stream:
+            pass
+    return statistics.median(times)
+
+
+def ttft_during_batch(client: Any, path: Path) -> float:
+    with open(path, "rb") as f:
+        uploaded = client.files.create(file=(path.name, f), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=COMPLETIONS, completion_window="24h")
+    while client.batches.retrieve(batch.id).request_counts.completed < 1:
+        time.sleep(0.05)
+    seconds = ttft(client)
+    if client.batches.retrieve(batch.id).status != "in_progress":
+        raise SystemExit("the batch ended before the online requests did: give more --lines")
+    client.batches.cancel(batch.id)
+    wait_ended(client, batch.id)
+    return seconds
+
+
+def model_figures(args: argparse.Namespace) -> None:
+    from openai import OpenAI
+
+    from llamabatch import EngineConfig, SamplingParams
+    from llamabatch.engines import open_engine
+    from llamabatch.serve.http.app import build_app
+    from llamabatch.serve.http.server import listen
+    from llamabatch.serve.http.service import Service
+
+    model = model_path(args.model)
+    engine = open_engine(EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots,
+                                      threads=args.threads), SamplingParams(temperature=0, max_tokens=args.tokens))
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        service = Service(engine, str(workdir / "data"), online_slots=args.online_slots)
+        listening = listen(build_app(service), "127.0.0.1", 0)
+        service.start()
+        thread = listening.run_in_thread()
+        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
+                        timeout=3600)
+        path = write_batch(workdir / "batch.jsonl", args.lines, args.tokens)
+        print(f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots ({service.inflight} for the batch, "
+              f"--online-slots {args.online_slots}), {args.threads} threads, {os.path.basename(model)}; "
+              f"{machine_line(model)}")
+        try:
+            speed, first = Pairs(), Pairs()
+            for r in range(1, args.rounds + 1):
+                run_s, server_s = through_run(engine, path, args.lines, workdir), through_server(client, path, args.lines)
+                ratio = speed.add(server_s, run_s)
+                print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run")
+                idle, busy = ttft(client), ttft_during_batch(client, path)
+                ratio = first.add(idle, busy)
+                print(f"ttft round {r}: idle {idle * 1000:.0f} ms, during a batch {busy * 1000:.0f} ms -> {ratio:.2f}x")
+            print(f"median: server {speed.median():.3f}x run (target >= 0.95); "
+                  f"TTFT during a batch {first.median():.2f}x idle (target <= 1.5)")
+        finally:
+            listening.stop()
+            thread.join(10)
+            service.close(30)
+            engine.close()
+
+
+# -- peak RSS on the fake runner ----------------------------------------------------------------
+
+def rss_child(data_dir: str) -> None:
+    """The server process whose peak RSS is read: fake runner, port on stdout, until stdin closes."""
+    sys.path.insert(0, TESTS)
+    from fake_runner import FakeRunner
+    from llamabatch import Engine, EngineConfig, SamplingParams
+    from llamabatch.serve.http.app import build_app
+    from llamabatch.serve.http.limits import UploadLimits
+    from llamabatch.serve.http.server import listen
+    from llamabatch.serve.http.service import Service
+
+    runner = FakeRunner(n_slots=8, slot_ctx=256, n_batch=512)
+    # the fake keeps every plan, sampler and trim it saw for tests to inspect: bounded here, so the
+    # figure is the server's memory and not the fake's history
+    for name in ("plans", "samplers", "trims", "jobs", "snapshots", "restores", "forks"):
+        setattr(runner, name, collections.deque(maxlen=64))
+    engine = Engine(EngineConfig(n_parallel=8, n_batch=512, chunk_size=64, n_ctx=8 * 256), runner=runner,
+                    default_params=SamplingParams(temperature=0, max_tokens=4))
+    service = Service(engine, data_dir, upload_limits=UploadLimits(max_bytes=10 ** 10, max_lines=10 ** 7))
+    listening = listen(build_app(service), "127.0.0.1", 0)
+    service.start()
+    listening.run_in_thread()
+    print(listening.port, flush=True)
+    sys.stdin.read()
+    listening.stop()
+    service.close(30)
+    engine.close()
+
+
+def peak_rss(lines: int, workdir: Path) -> tuple[int, float]:
+    from openai import OpenAI
+
+    path = workdir / f"fake-{lines}.jsonl"
+    with open(path, "w") as f:
+        for i in range(lines):
+            f.write(json.dumps({"custom_id": f"l{i}", "method": "POST", "url": COMPLETIONS,
+                                "body": {"prompt": f"question {i}"}}) + "\n")
+    data = workdir / f"data-{lines}-{time.monotonic_ns()}"
+    child = subprocess.Popen([sys.executable, __file__, "--rss-child", str(data)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{child.stdout.readline().strip()}/v1", api_key="unused",
+                        max_retries=0, timeout=3600)
+        start = time.perf_counter()
+        with open(path, "rb") as f:
+            uploaded = client.files.create(file=(path.name, f), purpose="batch")
+        batch = wait_ended(client, client.batches.create(input_file_id=uploaded.id, endpoint=COMPLETIONS,
+                                                         completion_window="24h").id, poll=0.5)
+        wall = time.perf_counter() - start
+        if batch.request_counts.completed != lines:
+            raise SystemExit(f"fake batch of {lines}: {batch.status} {batch.request_counts}")
+        with open(f"/proc/{child.pid}/status") as status:
+            hwm = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+        return hwm, wall
+    finally:
+        child.stdin.close()
+        child.wait(60)
+
+
+def rss_figures(args: argparse.Namespace) -> None:
+    small, large = min(args.rss_lines), max(args.rss_lines)
+    print(f"peak RSS of the server process, fake runner (8 slots), one batch of {small:,} vs {large:,} lines; "
+          f"{machine_line()}")
+    pairs = Pairs()
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(1, args.rounds + 1):
+            (a, a_s), (b, b_s) = peak_rss(small, Path(tmp)), peak_rss(large, Path(tmp))
+            ratio = pairs.add(a, b)
+            print(f"rss round {r}: {small:,} lines {a / 1024:.1f} MiB ({a_s:.0f} s), {large:,} lines "
+                  f"{b / 1024:.1f} MiB ({b_s:.0f} s) -> {ratio:.3f}x")
+    print(f"median: peak RSS {pairs.median():.3f}x from {small:,} to {large:,} lines (target <= 1.05)")
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--rss-child":
+        rss_child(sys.argv[2])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines", type=int, default=1000, help="lines of the model batch (default 1000)")
+    ap.add_argument("--tokens", type=int, default=16, help="tokens each line generates (default 16)")
+    ap.add_argument("--slots", type=int, default=8, help="engine slots (default 8)")
+    ap.add_argument("--online-slots", type=int, default=1, help="slots kept for online requests (default 1)")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    ap.add_argument("-m", "--model", default=None, help="model (default: the bundled Gemma 3 270M)")
+    ap.add_argument("--rounds", type=int, default=2, help="A B pairs of each figure (default 2)")
+    ap.add_argument("--rss-lines", type=int, nargs=2, default=[10_000, 100_000], help="the two fake batch sizes")
+    ap.add_argument("--skip-model", action="store_true", help="only the fake-runner RSS figure")
+    ap.add_argument("--skip-rss", action="store_true", help="only the model figures")
+    args = ap.parse_args()
+    if not args.skip_model:
+        model_figures(args)
+    if not args.skip_rss:
+        rss_figures(args)
+    say("done")
+
+
+if __name__ == "__main__":
+    main()
