@@ -1,0 +1,182 @@
+"""How many draft tokens each generating slot verifies this tick (docs/speculative.md).
+
+Guesses (core/drafts.py) ride on a tick's one llama_decode as extra rows of their slot's
+decode chunk. They only take rows the tick has to spare: the batch policy first gives every
+decode slot its token and every prefill chunk its share, and guesses get what is left of
+n_batch, never a row that work would have had.
+
+Rows are not free on a CPU: each costs about as much compute as a decode token, and a tick's
+graph runs each cost a pass over the weights. So guesses are placed where they pay: a tick
+with guesses must make more tokens per millisecond than the same tick without them. Each
+slot's guesses are worth what its recent acceptance rate says (the j-th guess joins the
+output with probability rate^j), and the tick's cost is estimated as
+`run_ms * graph runs + row_ms * rows`, the two fitted to the engine's own ticks (TickCost).
+With a KV stream per slot llama.cpp evaluates only equal row counts of consecutive slots in
+one graph run (llama/ubatch_split.py), so there the choice is one common number of guesses
+for every decode slot, a slot with fewer real guesses padding with filler rows that cost a
+row but save a graph run; with the unified cache each slot gets its own number.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence as Seq
+
+from .plan import Chunk
+from .sequence import Sequence
+
+MAX_DRAFT = 16  # guesses one slot verifies in one tick
+
+
+@dataclass
+class Candidate:
+    """A decode chunk that may carry guesses: its slot, its rows without guesses, the guesses
+    its drafter offers (already cut to what the slot may take) and their acceptance rate."""
+
+    slot: int
+    base: int
+    guesses: list[int]
+    rate: float
+
+
+class TickCost:
+    """eval ms ≈ run_ms × graph runs + row_ms × rows, fitted to recent ticks by least squares
+    with forgetting, so the estimate follows this machine and model as the engine runs."""
+
+    def __init__(self, run_ms: float = 8.0, row_ms: float = 1.0, memory: float = 0.98):
+        self.memory = memory
+        # prior: as if a few ticks had shown these costs
+        self._xx = [[4.0, 8.0], [8.0, 32.0]]
+        self._xy = [4.0 * run_ms + 8.0 * row_ms, 8.0 * run_ms + 32.0 * row_ms]
+        self.run_ms, self.row_ms = run_ms, row_ms
+
+    def observe(self, runs: int, rows: int, eval_ms: float) -> None:
+        if runs <= 0 or rows <= 0 or eval_ms <= 0:
+            return
+        m = self.memory
+        x = (float(runs), float(rows))
+        for i in range(2):
+            self._xy[i] = m * self._xy[i] + x[i] * eval_ms
+            for j in range(2):
+                self._xx[i][j] = m * self._xx[i][j] + x[i] * x[j]
+        (a, b), (c, d) = self._xx
+        det = a * d - b * c
+        if det <= 1e-9:
+            return
+        run_ms = (d * self._xy[0] - b * self._xy[1]) / det
+        row_ms = (a * self._xy[1] - c * self._xy[0]) / det
+        if run_ms > 0 and row_ms > 0:  # a degenerate fit keeps the last sound estimate
+            self.run_ms, self.row_ms = run_ms, row_ms
+
+    def ms(self, runs: int, rows: int) -> float:
+        return self.run_ms * runs + self.row_ms * rows
+
+
+def expected(rate: float, n: int) -> float:
+    """Expected guesses kept of n offered, each right with probability `rate` after the last was."""
+    if n <= 0 or rate <= 0:
+        return 0.0
+    if rate >= 1:
+        return float(n)
+    return rate * (1 - rate ** n) / (1 - rate)
+
+
+def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost: TickCost,
+           runs_of: Callable[[list[tuple[int, int]]], int]) -> dict[int, int]:
+    """slot -> rows of guesses (real ones first, then fillers) for this tick: the choice of
+    most expected tokens per estimated millisecond, within `spare` rows. `others`: the tick's
+    other chunks as (slot, rows); `runs_of(runs)` counts the graph runs of (slot, rows) runs."""
+    if spare <= 0 or not any(c.guesses for c in cands):
+        return {}
+    base_rows = sum(n for _, n in others) + sum(c.base for c in cands)
+    base_tokens = float(len(cands))
+
+    def runs(lengths: dict[int, int]) -> int:
+        return runs_of(sorted([*others, *((c.slot, c.base + lengths.get(c.slot, 0)) for c in cands)]))
+
+    def score(lengths: dict[int, int], n_runs: int) -> float:
+        gain = sum(expected(c.rate, min(lengths.get(c.slot, 0), len(c.guesses))) for c in cands)
+        return (base_tokens + gain) / cost.ms(n_runs, base_rows + sum(lengths.values()))
+
+    best: dict[int, int] = {}
+    best_score = score(best, runs(best))
+    # every slot the same number of rows (fillers after a slot's real guesses): one graph run
+    # with a KV stream per slot, whatever that number, until a slot's chunk outgrows a ubatch
+    top = min(max(len(c.guesses) for c in cands), spare // len(cands))
+    if top >= 1:
+        uniform = [{c.slot: n for c in cands} for n in range(1, top + 1)]
+        first, last = runs(uniform[0]), runs(uniform[-1])
+        for lengths in uniform:
+            n_runs = first if first == last else runs(lengths)
+            s = score(lengths, n_runs)
+            if s > best_score * 1.0001:
+                best, best_score = lengths, s
+    # every slot its own guesses, no fillers
+    for lengths in _each_own(cands, spare):
+        s = score(lengths, runs(lengths))
+        if s > best_score * 1.0001:
+            best, best_score = lengths, s
+    return {slot: n for slot, n in best.items() if n > 0}
+
+
+def _each_own(cands: Seq[Candidate], spare: int) -> list[dict[int, int]]:
+    """Options without fillers: every slot its own guesses, the least likely cut first while
+    they exceed `spare`; and cut back together to each shorter length."""
+    lengths = {c.slot: len(c.guesses) for c in cands}
+    rate = {c.slot: c.rate for c in cands}
+    while sum(lengths.values()) > spare:
+        # the last guess of the slot whose last guess is least likely to be kept goes first
+        slot = min((s for s in lengths if lengths[s] > 0), key=lambda s: rate[s] ** lengths[s])
+        lengths[slot] -= 1
+    out = [dict(lengths)]
+    for cap in sorted({n for n in lengths.values() if n > 0}, reverse=True)[1:]:
+        out.append({s: min(n, cap) for s, n in lengths.items()})
+    return out
+
+
+class Speculation:
+    """The scheduler's part of speculative decoding: guesses onto this tick's decode chunks,
+    and what a verification gave back."""
+
+    def __init__(self, runs_of: Callable[[list[tuple[int, int]]], int], cost: TickCost | None = None):
+        self.runs_of = runs_of  # graph runs llama_decode makes of (slot, rows) runs (the runner's)
+        self.cost = cost or TickCost()
+
+    @staticmethod
+    def drafts_for(seq: Sequence) -> bool:
+        """Whether a request drafts at all: unless it said "speculative": false, or samples with
+        mirostat (whose chain chooses and adapts in one step, so there is no distribution
+        to accept a guess from, llama/speculative_rule.py)."""
+        return seq.params.speculative and seq.params.mirostat == 0
+
+    def add_guesses(self, chunks: list[Chunk], seq_of: Callable[[int], Sequence], spare: int,
+                    chunk_size: int, slot_ctx: int) -> None:
+        """Append guesses to the decode chunks that end a generating slot's pending tokens,
+        within `spare` rows (chunks in, chunks changed in place: tokens and n_draft)."""
+        cands, others = [], []
+        for chunk in chunks:
+            seq = seq_of(chunk.slot)
+            room = self._room(chunk, seq, chunk_size, slot_ctx)
+            if room <= 0:
+                others.append((chunk.slot, len(chunk.tokens)))
+                continue
+            cands.append(Candidate(chunk.slot, len(chunk.tokens), seq.drafter.propose(room), seq.drafter.rate))
+        lengths = choose(cands, others, spare, self.cost, self.runs_of)
+        for chunk in chunks:
+            n = lengths.get(chunk.slot, 0)
+            if n:
+                cand = next(c for c in cands if c.slot == chunk.slot)
+                real = cand.guesses[:n]
+                # a filler repeats the last token: a row that keeps the graph run whole, rarely right
+                chunk.tokens = chunk.tokens + real + [chunk.tokens[-1]] * (n - len(real))
+                chunk.n_draft = n
+
+    @staticmethod
+    def _room(chunk: Chunk, seq: Sequence, chunk_size: int, slot_ctx: int) -> int:
+        """How many guesses this chunk may carry: 0 unless it is a generating slot's decode
+        chunk with all its pending tokens, a drafter, its token sampled inline, min_tokens met;
+        then no more than its answer, slot and chunk can still take."""
+        if (not chunk.is_decode or not chunk.wants_logits or chunk.sample_apart or seq.drafter is None
+                or len(seq.output) < seq.params.min_tokens):
+            return 0
+        return min(MAX_DRAFT, seq.params.max_tokens - len(seq.output) - 1, slot_ctx - seq.num_tokens - 1,
+                   chunk_size - len(chunk.tokens))
