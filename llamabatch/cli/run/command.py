@@ -549,6 +549,11 @@ def _summary(reporter: Reporter, run: BatchRun, writer: RecordWriter, restarts_t
     reporter.note(f"llamabatch run: prompt tokens {s.prompt_tokens} ({s.cached_tokens} cached, {share}{disk}), "
                   f"generated {s.completion_tokens}, {wall:.1f}s wall, "
                   f"{s.completion_tokens / wall if wall > 0 else 0:.1f} generated tok/s")
+    guessed = s.accepted_prediction_tokens + s.rejected_prediction_tokens
+    if guessed:  # speculative decoding (docs/speculative.md)
+        reporter.note(f"llamabatch run: speculative decoding: {s.accepted_prediction_tokens} of {guessed} guessed "
+                      f"token(s) kept ({100 * s.accepted_prediction_tokens / guessed:.0f}%), "
+                      f"{100 * s.accepted_prediction_tokens / max(s.completion_tokens, 1):.0f}% of the generated")
     if s.grammar_backends:  # which backend constrained the structured lines (docs/structured-output.md)
         ways = {"llguidance": "as llguidance token masks", "llama": "through llama.cpp's grammar sampler"}
         parts = ", ".join(f"{n} line(s) {ways.get(b, b)}" for b, n in sorted(s.grammar_backends.items()))
