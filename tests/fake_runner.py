@@ -157,7 +157,11 @@ class FakeRunner:
                  embed_max_tokens: int = 64, embed_max_seqs: int = 8, default_pooling: str = "mean",
                  embed_refusal: str = "", can_store: bool = True, restore_ok: Callable[[int], bool] | None = None,
                  force: Callable[[str], int] | None = None, can_verify: bool = False,
-                 probs: Callable[[list[int]], dict[int, float]] | None = None):
+                 probs: Callable[[list[int]], dict[int, float]] | None = None,
+                 grammar_allows: Callable[[int], bool] | None = None):
+        # A request with a grammar allows only the tokens grammar_allows says yes to (the
+        # scripted reply is assumed to keep to it): valid_guesses cuts guesses at the first other.
+        self.grammar_allows = grammar_allows
         # Speculative decoding: whether decode chunks may carry guesses (Chunk.n_draft). Each of a
         # verified chunk's rows is sampled in order as a row of its own would be, a guess kept
         # while it equals that row's token; with `probs` (the tokens before a row -> {token: p}, a
@@ -364,6 +368,11 @@ class FakeRunner:
         if guess is not None:
             return keep_or_resample(ids, p, guess, sampler.rng)
         return int(ids[min(int(np.searchsorted(np.cumsum(p), sampler.rng.random(), side="right")), len(ids) - 1)])
+
+    def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
+        if self.grammar_allows is None or not (sampler.params.grammar or sampler.params.json_schema is not None):
+            return len(tokens)
+        return next((i for i, t in enumerate(tokens) if not self.grammar_allows(t)), len(tokens))
 
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:
         return len(ubatch_sizes(runs, self.n_batch or 512, unified=False))

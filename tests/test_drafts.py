@@ -60,7 +60,7 @@ def runs_unified(runs):
 
 
 def test_likely_guesses_are_placed_and_unlikely_ones_are_not():
-    cost = TickCost(run_ms=20.0, row_ms=1.0)
+    cost = TickCost(run_ms=20.0, row_ms=0.5, logit_ms=0.5)
     likely = [Candidate(0, 1, list(range(10)), 0.95)]
     assert choose(likely, [], 500, cost, runs_streams) == {0: 10}
     unlikely = [Candidate(0, 1, [5], 0.01)]
@@ -68,7 +68,7 @@ def test_likely_guesses_are_placed_and_unlikely_ones_are_not():
 
 
 def test_guesses_never_take_more_than_the_spare_rows():
-    cost = TickCost(run_ms=20.0, row_ms=0.1)
+    cost = TickCost(run_ms=20.0, row_ms=0.05, logit_ms=0.05)
     cands = [Candidate(s, 1, list(range(16)), 0.9) for s in range(4)]
     lengths = choose(cands, [], 10, cost, runs_unified)
     assert 0 < sum(lengths.values()) <= 10
@@ -77,7 +77,7 @@ def test_guesses_never_take_more_than_the_spare_rows():
 def test_with_a_stream_per_slot_every_decode_slot_gets_the_same_rows():
     # one slot with good guesses among four decode slots: unequal rows would make a second graph
     # run, so the others get filler rows, or nobody guesses
-    cost = TickCost(run_ms=20.0, row_ms=0.5)
+    cost = TickCost(run_ms=20.0, row_ms=0.25, logit_ms=0.25)
     cands = [Candidate(0, 1, list(range(8)), 0.95)] + [Candidate(s, 1, [], 0.5) for s in (1, 2, 3)]
     lengths = choose(cands, [], 500, cost, runs_streams)
     assert len(set(lengths.values())) <= 1 and (not lengths or len(lengths) == 4)

@@ -168,3 +168,16 @@ def test_usage_records_carry_completion_tokens_details():
     details = result.to_dict()["usage"]["completion_tokens_details"]
     assert details == {"accepted_prediction_tokens": result.usage.accepted_prediction_tokens,
                        "rejected_prediction_tokens": result.usage.rejected_prediction_tokens}
+
+
+def test_guesses_are_cut_at_the_first_token_the_grammar_forbids():
+    # sampled inline, as a token-mask grammar is (one in llama.cpp's sampler is sampled apart: no guesses)
+    runner = FakeRunner(n_slots=1, slot_ctx=256, reply=lambda p: "1234567890", can_verify=True,
+                        grammar_allows=lambda tok: chr(tok).isdigit(), can_sample_apart=False)
+    params = SamplingParams(temperature=0, max_tokens=50, grammar='root ::= [0-9]+', prediction="12345ab67890")
+    with engine_for(runner) as engine:
+        result = engine.generate(["digits"], [params])[0]
+    assert result.text == "1234567890"
+    assert runner.violations == []
+    guessed = [c.tokens[len(c.tokens) - c.n_draft:] for c in draft_chunks(runner)]
+    assert guessed and all(chr(t).isdigit() for g in guessed for t in g)

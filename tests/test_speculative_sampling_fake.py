@@ -25,7 +25,7 @@ CRITICAL_4_DF = 18.47
 class FixedCost(TickCost):
     """A tick cost that the fake's ticks do not refit."""
 
-    def observe(self, runs: int, rows: int, eval_ms: float) -> None:
+    def observe(self, runs: int, rows: int, logit_rows: int, ms: float) -> None:
         pass
 
 
@@ -44,7 +44,7 @@ def test_a_sampled_answer_with_guesses_keeps_its_distribution(guess):
     params = SamplingParams(temperature=0.8, max_tokens=DRAWS, seed=1234, prediction=guess * DRAWS)
     with Engine(EngineConfig(n_parallel=1, n_batch=64, chunk_size=32), runner=runner) as engine:
         # rows nearly free: every tick verifies guesses, even ones that are rarely right
-        engine.scheduler.speculation.cost = FixedCost(run_ms=100.0, row_ms=0.01)
+        engine.scheduler.speculation.cost = FixedCost(run_ms=100.0, row_ms=0.01, logit_ms=0.01)
         result = engine.generate(["go"], [params])[0]
         stats = engine.stats()
     assert runner.violations == []

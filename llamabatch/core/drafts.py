@@ -46,11 +46,17 @@ class Drafter:
         self.rate = PRIOR_PREDICTION if self.prediction else PRIOR_LOOKUP
         self.drafted = 0
         self.accepted = 0
+        self._unverified: int | None = None  # the first guess last offered, unless it was verified
 
     # -- what the answer did -----------------------------------------------------------
 
     def extend(self, tokens: Seq[int]) -> None:
-        """Answer tokens that joined the output (sampled, accepted drafts or forced)."""
+        """Answer tokens that joined the output (sampled, accepted drafts or forced). A guess
+        offered but not verified (the tick had no rows for it) is checked against the first of
+        them: the rate learns from guesses it did not pay for, so it recovers after a bad run."""
+        if self._unverified is not None and tokens:
+            self._learn(1.0 if tokens[0] == self._unverified else 0.0)
+            self._unverified = None
         self.context.extend(tokens)
         if self.prediction is not None:
             for tok in tokens:
@@ -61,9 +67,13 @@ class Drafter:
         wrong, unless all were right). The rate is per guess: rights over tries."""
         self.drafted += drafted
         self.accepted += accepted
+        self._unverified = None
         tries = accepted + (1 if accepted < drafted else 0)
         if tries:
-            self.rate = DECAY * self.rate + (1 - DECAY) * (accepted / tries)
+            self._learn(accepted / tries)
+
+    def _learn(self, rate: float) -> None:
+        self.rate = DECAY * self.rate + (1 - DECAY) * rate
 
     # -- guesses -----------------------------------------------------------------------
 
@@ -71,11 +81,10 @@ class Drafter:
         """Up to k guesses of the tokens after the answer so far ([] when there is none)."""
         if k <= 0:
             return []
-        if self.prediction is not None and not self.lost:
-            guess = self.prediction[self.at:self.at + k]
-            if guess:
-                return guess
-        return self._lookup(k)
+        guess = self.prediction[self.at:self.at + k] if self.prediction is not None and not self.lost else []
+        guess = guess or self._lookup(k)
+        self._unverified = guess[0] if guess else None  # until observe() says it was verified
+        return guess
 
     def _follow(self, tok: int) -> None:
         pred = self.prediction

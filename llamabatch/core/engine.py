@@ -99,7 +99,7 @@ class Engine(SharedEngine):
                                    runner.token_bytes, runner.is_eog,
                                    share_min=share_min, cache_generated=not self.config.deterministic,
                                    sample_apart=(lambda seq: wants_apart(seq.params, seq.sampler)) if self.apart else None,
-                                   disk=self.disk, speculation=Speculation(runner.graph_runs) if speculating else None)
+                                   disk=self.disk, speculation=Speculation(runner.graph_runs, runner.valid_guesses) if speculating else None)
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread
@@ -481,7 +481,9 @@ class Engine(SharedEngine):
                      t_planned: float, forced: int = 0, accepted: int = 0) -> None:
         wall = (time.perf_counter() - t_start) * 1000
         if self.scheduler.speculation is not None:  # what a tick costs here, for choosing guesses
-            self.scheduler.speculation.cost.observe(result.ubatches, plan.n_tokens, result.eval_ms)
+            logit_rows = sum(1 + c.n_draft for c in plan.chunks if c.wants_logits)
+            self.scheduler.speculation.cost.observe(result.ubatches, plan.n_tokens, logit_rows,
+                                                    result.eval_ms + result.sample_ms)
         plan_ms = (t_planned - t_start) * 1000
         overhead = max(0.0, wall - result.eval_ms - result.sample_ms)
         self._tick_no += 1

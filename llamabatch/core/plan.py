@@ -265,6 +265,11 @@ class Runner(Protocol):
         order (llama/ubatch_split.py): what a tick with guesses would cost in passes."""
         ...
 
+    def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the request's grammar allows next (all of them for a
+        request without a token-mask grammar): its guesses are cut there."""
+        ...
+
     def tokenize(self, text: str, *, special: bool) -> list[int]: ...
 
     def longest_token_bytes(self) -> int | None:

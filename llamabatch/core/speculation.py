@@ -19,7 +19,9 @@ row but save a graph run; with the unified cache each slot gets its own number.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence as Seq
+from typing import Any, Callable, Sequence as Seq
+
+import numpy as np
 
 from .plan import Chunk
 from .sequence import Sequence
@@ -39,36 +41,41 @@ class Candidate:
 
 
 class TickCost:
-    """eval ms ≈ run_ms × graph runs + row_ms × rows, fitted to recent ticks by least squares
-    with forgetting, so the estimate follows this machine and model as the engine runs."""
+    """A tick's llama_decode and sampling time ≈ run_ms × graph runs + row_ms × rows +
+    logit_ms × rows with logits (each such row also runs the output layer and is sampled),
+    fitted to recent ticks by least squares with forgetting and a pull towards the prior, so
+    the estimate follows this machine and model as the engine runs."""
 
-    def __init__(self, run_ms: float = 8.0, row_ms: float = 1.0, memory: float = 0.98):
+    PULL = 0.05  # how hard the fit is pulled to the prior (keeps a fit of decode ticks alone sound)
+
+    def __init__(self, run_ms: float = 8.0, row_ms: float = 0.8, logit_ms: float = 0.4, memory: float = 0.98):
         self.memory = memory
-        # prior: as if a few ticks had shown these costs
-        self._xx = [[4.0, 8.0], [8.0, 32.0]]
-        self._xy = [4.0 * run_ms + 8.0 * row_ms, 8.0 * run_ms + 32.0 * row_ms]
-        self.run_ms, self.row_ms = run_ms, row_ms
+        self.prior = np.array([run_ms, row_ms, logit_ms])
+        self.coef = self.prior.copy()
+        self._xx = np.zeros((3, 3))
+        self._xy = np.zeros(3)
 
-    def observe(self, runs: int, rows: int, eval_ms: float) -> None:
-        if runs <= 0 or rows <= 0 or eval_ms <= 0:
-            return
-        m = self.memory
-        x = (float(runs), float(rows))
-        for i in range(2):
-            self._xy[i] = m * self._xy[i] + x[i] * eval_ms
-            for j in range(2):
-                self._xx[i][j] = m * self._xx[i][j] + x[i] * x[j]
-        (a, b), (c, d) = self._xx
-        det = a * d - b * c
-        if det <= 1e-9:
-            return
-        run_ms = (d * self._xy[0] - b * self._xy[1]) / det
-        row_ms = (a * self._xy[1] - c * self._xy[0]) / det
-        if run_ms > 0 and row_ms > 0:  # a degenerate fit keeps the last sound estimate
-            self.run_ms, self.row_ms = run_ms, row_ms
+    @property
+    def run_ms(self) -> float:
+        return float(self.coef[0])
 
-    def ms(self, runs: int, rows: int) -> float:
-        return self.run_ms * runs + self.row_ms * rows
+    def observe(self, runs: int, rows: int, logit_rows: int, ms: float) -> None:
+        if runs <= 0 or rows <= 0 or ms <= 0:
+            return
+        x = np.array([runs, rows, logit_rows], dtype=float)
+        self._xx = self.memory * self._xx + np.outer(x, x)
+        self._xy = self.memory * self._xy + x * ms
+        # ridge towards the prior, in proportion to the data: (X'X + R) c = X'y + R prior
+        ridge = self.PULL * np.diag(np.diag(self._xx)) + 1e-3 * np.eye(3)
+        try:
+            coef = np.linalg.solve(self._xx + ridge, self._xy + ridge @ self.prior)
+        except np.linalg.LinAlgError:
+            return
+        if (coef > 0).all():  # a degenerate fit keeps the last sound estimate
+            self.coef = coef
+
+    def ms(self, runs: int, rows: int, logit_rows: int) -> float:
+        return float(self.coef @ (runs, rows, logit_rows))
 
 
 def expected(rate: float, n: int) -> float:
@@ -88,6 +95,7 @@ def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost
     if spare <= 0 or not any(c.guesses for c in cands):
         return {}
     base_rows = sum(n for _, n in others) + sum(c.base for c in cands)
+    base_logits = len(others) + len(cands)  # about: a decode chunk and a prompt's last chunk have one each
     base_tokens = float(len(cands))
 
     def runs(lengths: dict[int, int]) -> int:
@@ -95,7 +103,8 @@ def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost
 
     def score(lengths: dict[int, int], n_runs: int) -> float:
         gain = sum(expected(c.rate, min(lengths.get(c.slot, 0), len(c.guesses))) for c in cands)
-        return (base_tokens + gain) / cost.ms(n_runs, base_rows + sum(lengths.values()))
+        guesses = sum(lengths.values())
+        return (base_tokens + gain) / cost.ms(n_runs, base_rows + guesses, base_logits + guesses)
 
     best: dict[int, int] = {}
     best_score = score(best, runs(best))
@@ -137,8 +146,10 @@ class Speculation:
     """The scheduler's part of speculative decoding: guesses onto this tick's decode chunks,
     and what a verification gave back."""
 
-    def __init__(self, runs_of: Callable[[list[tuple[int, int]]], int], cost: TickCost | None = None):
+    def __init__(self, runs_of: Callable[[list[tuple[int, int]]], int],
+                 valid: Callable[[Any, list[int]], int] | None = None, cost: TickCost | None = None):
         self.runs_of = runs_of  # graph runs llama_decode makes of (slot, rows) runs (the runner's)
+        self.valid = valid  # (sampler, guesses) -> how many its grammar allows (the runner's)
         self.cost = cost or TickCost()
 
     @staticmethod
@@ -159,7 +170,10 @@ class Speculation:
             if room <= 0:
                 others.append((chunk.slot, len(chunk.tokens)))
                 continue
-            cands.append(Candidate(chunk.slot, len(chunk.tokens), seq.drafter.propose(room), seq.drafter.rate))
+            guesses = seq.drafter.propose(room)
+            if guesses and self.valid is not None:
+                guesses = guesses[:self.valid(seq.sampler, guesses)]  # none the grammar forbids
+            cands.append(Candidate(chunk.slot, len(chunk.tokens), guesses, seq.drafter.rate))
         lengths = choose(cands, others, spare, self.cost, self.runs_of)
         for chunk in chunks:
             n = lengths.get(chunk.slot, 0)

@@ -138,6 +138,9 @@ class LlamaRunner:
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         return self.vocab.tokenize(text, special=special)
 
+    def valid_guesses(self, sampler: Sampler, tokens: list[int]) -> int:
+        return len(tokens) if sampler.matcher is None else sampler.matcher.valid_prefix(tokens)
+
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:
         return len(ubatch_sizes(runs, self.n_ubatch, self.kv_unified))
 
