@@ -27,13 +27,19 @@ class Usage:
         return {"accepted_prediction_tokens": self.accepted_prediction_tokens,
                 "rejected_prediction_tokens": self.rejected_prediction_tokens}
 
+    @property
+    def guessed(self) -> bool:
+        """Whether speculative decoding verified guesses for the request."""
+        return bool(self.accepted_prediction_tokens or self.rejected_prediction_tokens)
+
     def to_dict(self, details: bool = True) -> dict[str, Any]:
-        """The record's usage; `details`: with OpenAI's completion_tokens_details (generation)."""
+        """The record's usage; `details`: with OpenAI's completion_tokens_details where guesses
+        were verified (as restored_tokens, only where there is something to say)."""
         out: dict[str, Any] = {**asdict(self), "total_tokens": self.total_tokens}
         del out["accepted_prediction_tokens"], out["rejected_prediction_tokens"]
         if not self.restored_tokens:  # only where the disk prefix store served some: records stay as they were
             del out["restored_tokens"]
-        if details:
+        if details and self.guessed:
             out["completion_tokens_details"] = self.completion_details()
         return out
 

@@ -181,3 +181,13 @@ def test_guesses_are_cut_at_the_first_token_the_grammar_forbids():
     assert runner.violations == []
     guessed = [c.tokens[len(c.tokens) - c.n_draft:] for c in draft_chunks(runner)]
     assert guessed and all(chr(t).isdigit() for g in guessed for t in g)
+
+
+def test_deterministic_mode_verifies_no_guesses():
+    # a verified row shares its stream with others and rounds as prefill does, while that mode
+    # evaluates each generated token alone: there speculation is off, so its answers are the
+    # very tokens of --speculative off
+    params = SamplingParams(temperature=0, max_tokens=200, prediction=PREDICTION)
+    (result,), stats, runner = run(["fix: " + PREDICTION], [params], deterministic=True)
+    assert result.text == ANSWER
+    assert stats.drafted_tokens == 0 and not draft_chunks(runner)
