@@ -66,6 +66,10 @@ SENTENCES = [
     "The restaurant changed its menu to include more vegetables from nearby farms.",
     "Scientists measured the temperature of the lake every week for ten years.",
 ]
+# SmolLM2-135M copies the paragraph (with or without a preamble) under this system prompt; asked
+# in the user turn to "fix the spelling" it mostly comments on the request instead
+PROOFREADER = ("You are a proofreader. You repeat the user's text exactly, with only the spelling mistakes "
+               "corrected.")
 TOPICS = ["the bridge", "the library", "the river", "the weather", "the market", "the school"]
 
 
@@ -98,8 +102,7 @@ def edit_lines(n: int, tokens) -> Workload:
             paragraph = misspell(" ".join(rng.sample(SENTENCES, rng.randint(7, 10))), rng)
             if 150 <= len(tokens(paragraph)) <= 250:
                 break
-        messages.append([{"role": "user", "content": "Fix the spelling mistakes in this paragraph. Reply with the "
-                                                      f"corrected paragraph only.\n\n{paragraph}"}])
+        messages.append([{"role": "system", "content": PROOFREADER}, {"role": "user", "content": paragraph}])
         params.append(SamplingParams(temperature=0, max_tokens=320, prediction=paragraph))
     return Workload("e", f"edit: {n} 'fix the spelling' lines, 150-250-token paragraphs, prediction = the paragraph",
                     messages, params, 0)

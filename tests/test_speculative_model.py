@@ -45,8 +45,10 @@ def off(family, cpu_path):
 
 @pytest.mark.parametrize("kv_unified", [False, True], ids=["streams", "unified"])
 def test_greedy_answers_are_the_same_tokens_with_guesses(family, cpu_path, off, kv_unified):
+    # against off in the same layout: the two layouts' attention rounds differently
+    plain = answers(family, cpu_path, "off", kv_unified=True)[0] if kv_unified else off
     on, stats = answers(family, cpu_path, "auto", kv_unified=kv_unified)
-    for a, b in zip(on, off):
+    for a, b in zip(on, plain):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
     assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
     assert stats.accepted_tokens == sum(r.usage.accepted_prediction_tokens for r in on)
@@ -57,18 +59,20 @@ def test_a_random_chain_with_one_candidate_gives_the_greedy_tokens(family, cpu_p
     # chain's candidates and must give exactly the greedy answer
     one = SamplingParams(max_tokens=TOKENS, temperature=0.7, top_k=1, seed=5)
     with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, threads=2, cpu_buffers=cpu_path)) as engine:
-        results = engine.generate([QUOTE, LISTING], [one, one])
+        results = engine.generate([QUOTE, LISTING], [one.replace(prediction=off[1].text),
+                                                     one.replace(prediction=off[2].text)])
     assert [r.token_ids for r in results] == [off[1].token_ids, off[2].token_ids]
     assert sum(r.usage.accepted_prediction_tokens for r in results) > 0
 
 
-def test_verified_rows_report_the_plain_rows_logprobs(family, cpu_path):
+def test_verified_rows_report_the_plain_rows_logprobs(family, cpu_path, off):
+    # the prediction is the answer itself (off's), so every guess is verified and kept
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=2)
     runs = {}
     for mode in ("auto", "off"):
         with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=1024, threads=2, cpu_buffers=cpu_path,
                                  speculative=mode)) as engine:
-            runs[mode] = engine.generate([LISTING], [params])[0]
+            runs[mode] = engine.generate([QUOTE], [params.replace(prediction=off[1].text)])[0]
     on, plain = runs["auto"], runs["off"]
     assert on.token_ids == plain.token_ids and on.usage.accepted_prediction_tokens > 0
     assert len(on.logprobs) == len(on.token_ids)

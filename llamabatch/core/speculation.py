@@ -9,12 +9,12 @@ Rows are not free on a CPU: each costs about as much compute as a decode token, 
 graph runs each cost a pass over the weights. So guesses are placed where they pay: a tick
 with guesses must make more tokens per millisecond than the same tick without them. Each
 slot's guesses are worth what its recent acceptance rate says (the j-th guess joins the
-output with probability rate^j), and the tick's cost is estimated as
-`run_ms * graph runs + row_ms * rows`, the two fitted to the engine's own ticks (TickCost).
-With a KV stream per slot llama.cpp evaluates only equal row counts of consecutive slots in
-one graph run (llama/ubatch_split.py), so there the choice is one common number of guesses
-for every decode slot, a slot with fewer real guesses padding with filler rows that cost a
-row but save a graph run; with the unified cache each slot gets its own number.
+output with probability rate^j), and the tick's cost is estimated by TickCost from its graph
+runs, rows and rows with logits, fitted to the engine's own ticks. With a KV stream per slot
+llama.cpp evaluates only equal row counts of consecutive slots in one graph run
+(llama/ubatch_split.py), so the choices weighed are both: one common number of guess rows for
+every decode slot (a slot with fewer real guesses pads with filler rows, which cost a row but
+save a graph run), and each slot its own guesses, no fillers (what the unified cache prefers).
 """
 from __future__ import annotations
 
