@@ -24,6 +24,8 @@ CPU_BUFFERS = ("auto", "plain", "repack")
 GRAMMAR_BACKENDS = ("auto", "llguidance", "llama")
 
 DEFAULT_CTX_PER_SLOT = 4096
+SPECULATIVE_CHOICES = ("auto", "off")
+SPECULATIVE_ENV = "LLAMABATCH_SPECULATIVE"
 DEFAULT_PREFIX_STORE_BYTES = 2 << 30
 
 
@@ -80,6 +82,10 @@ class EngineConfig:
     # "llguidance" apply them as token masks, "llama" with llama.cpp's GBNF sampler.
     # None = $LLAMABATCH_GRAMMAR_BACKEND, else "auto".
     grammar_backend: str | None = None
+    # Speculative decoding from the text itself (core/drafts.py, docs/speculative.md): "auto"
+    # drafts from a request's prediction, else by prompt lookup, and verifies the guesses in
+    # rows a tick has to spare; "off": one token a tick. None = $LLAMABATCH_SPECULATIVE, else "auto".
+    speculative: str | None = None
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -92,6 +98,14 @@ class EngineConfig:
     def slot_ctx(self) -> int:
         """Tokens one slot may hold: llama.cpp splits the KV cache evenly between sequences."""
         return self.total_ctx // self.n_parallel
+
+    @property
+    def speculation(self) -> str:
+        """"auto" or "off": the setting, else $LLAMABATCH_SPECULATIVE, else auto."""
+        value = self.speculative or os.environ.get(SPECULATIVE_ENV, "").strip().lower() or "auto"
+        if value not in SPECULATIVE_CHOICES:
+            _bad(SPECULATIVE_ENV, "auto or off", value)
+        return value
 
     @property
     def n_threads(self) -> int:
@@ -178,6 +192,7 @@ KEY_RULES: dict[str, Rule] = {
     "prefix_store": _prefix_store,
     "prefix_store_max_bytes": byte_size_rule,
     "grammar_backend": optional(choice(*GRAMMAR_BACKENDS)),
+    "speculative": optional(choice(*SPECULATIVE_CHOICES)),
 }
 NORMALIZED_KEYS = ("prefix_store", "prefix_store_max_bytes")
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"

@@ -61,6 +61,14 @@ class SamplingParams:
     # Save this request's prompt KV to the engine's disk prefix store once it is evaluated
     # (Result.stored_prefix names the entry): a later process restores it instead of evaluating.
     store_prefix: bool = False
+    # OpenAI's Predicted Outputs: text most of the answer is expected to repeat (an edit, a
+    # rewrite). The engine drafts from it and verifies the drafts in spare rows of its ticks
+    # (core/drafts.py); the answer is the one the request would get without it. A line's
+    # {"type": "content", "content": ...} form is read by `from_dict` into this text.
+    prediction: str | None = None
+    # Draft and verify for this request (prediction, else prompt lookup) where the engine's
+    # `speculative` setting is auto; False: one token a tick.
+    speculative: bool = True
 
     def replace(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
@@ -98,6 +106,11 @@ class SamplingParams:
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "logprobs", "an integer in [0, 20]", self.logprobs)
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "an integer >= 1", self.n)
         _check(isinstance(self.store_prefix, bool), "store_prefix", "true or false", self.store_prefix)
+        _check(isinstance(self.speculative, bool), "speculative", "true or false", self.speculative)
+        _check(self.prediction is None or isinstance(self.prediction, str), "prediction", "text", type(self.prediction).__name__)
+        if self.prediction is not None and self.n > 1:
+            # as OpenAI: one prediction cannot guide n different samples
+            raise InvalidRequest("prediction cannot be combined with n > 1")
         _check(all(isinstance(s, str) for s in self.stop), "stop", "a list of non-empty strings", self.stop)
         if "" in self.stop:
             # repr(['']) reads as noise; say what is wrong in words
@@ -115,7 +128,7 @@ class SamplingParams:
         _check(isinstance(self.dry_penalty_last_n, int) and self.dry_penalty_last_n >= -1, "dry_penalty_last_n",
                "an integer >= -1", self.dry_penalty_last_n)
         # Every string goes to llama.cpp as UTF-8, which a lone surrogate ("\ud800" in JSON) can't be.
-        for name in ("stop", "dry_sequence_breakers", "grammar", "json_schema"):
+        for name in ("stop", "dry_sequence_breakers", "grammar", "json_schema", "prediction"):
             bad = find_surrogate(getattr(self, name), name)
             if bad is not None:
                 raise InvalidRequest(bad)
@@ -215,11 +228,46 @@ def _coerce(key: str, raw: Any) -> Any:
         if not isinstance(raw, str):
             raise InvalidRequest(f"grammar must be a GBNF string, got {type(raw).__name__}")
         return raw
+    if key == "prediction":
+        return prediction_text(raw)
     if key == "json_schema":
         if not isinstance(raw, (dict, str)):
             raise InvalidRequest(f"json_schema must be an object or a JSON string, got {type(raw).__name__}")
         return raw
     return raw
+
+
+def prediction_text(raw: Any) -> str:
+    """The text of a `prediction` field: OpenAI's {"type": "content", "content": TEXT or
+    [{"type": "text", "text": TEXT}, ...]} (parts joined), or the text itself."""
+    if isinstance(raw, str):
+        return raw
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f'prediction must be {{"type": "content", "content": ...}} or a string, got {_kind(raw)}')
+    kind = raw.get("type")
+    if kind != "content":
+        raise InvalidRequest(f'prediction type must be "content", got {kind!r}')
+    unknown = sorted(set(raw) - {"type", "content"})
+    if unknown:
+        raise InvalidRequest(f"prediction has an unknown field {unknown[0]!r}")
+    content = raw.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        texts = []
+        for i, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise InvalidRequest(f'prediction content part {i + 1} must be {{"type": "text", "text": ...}}')
+            texts.append(part["text"])
+        return "".join(texts)
+    raise InvalidRequest(f"prediction content must be a string or a non-empty array of text parts, got {_kind(content)}")
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
 
 
 FIELD_TYPES: dict[str, type] = {

@@ -13,15 +13,34 @@ class Usage:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache, not evaluated
     completion_tokens: int = 0
     restored_tokens: int = 0  # of cached_tokens, those restored from the disk prefix store
+    # Speculative decoding (OpenAI's names, docs/speculative.md): guesses (from the prediction
+    # or prompt lookup) verified and kept in the answer, and verified and turned down.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def to_dict(self) -> dict[str, int]:
-        out = {**asdict(self), "total_tokens": self.total_tokens}
+    def completion_details(self) -> dict[str, int]:
+        """OpenAI's usage.completion_tokens_details."""
+        return {"accepted_prediction_tokens": self.accepted_prediction_tokens,
+                "rejected_prediction_tokens": self.rejected_prediction_tokens}
+
+    @property
+    def guessed(self) -> bool:
+        """Whether speculative decoding verified guesses for the request."""
+        return bool(self.accepted_prediction_tokens or self.rejected_prediction_tokens)
+
+    def to_dict(self, details: bool = True) -> dict[str, Any]:
+        """The record's usage; `details`: with OpenAI's completion_tokens_details where guesses
+        were verified (as restored_tokens, only where there is something to say)."""
+        out: dict[str, Any] = {**asdict(self), "total_tokens": self.total_tokens}
+        del out["accepted_prediction_tokens"], out["rejected_prediction_tokens"]
         if not self.restored_tokens:  # only where the disk prefix store served some: records stay as they were
             del out["restored_tokens"]
+        if details and self.guessed:
+            out["completion_tokens_details"] = self.completion_details()
         return out
 
 
@@ -150,7 +169,7 @@ class EmbeddingResult:
             "embeddings": self.vectors,
             "finish_reason": self.finish_reason,
             "pooling": self.pooling,
-            "usage": self.usage.to_dict(),
+            "usage": self.usage.to_dict(details=False),
             "timings": self.timings.to_dict(),
             "error": None if self.error is None else {"code": self.error_code, "message": self.error},
         }

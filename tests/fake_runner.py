@@ -111,6 +111,7 @@ class FakeSampler:
     freed: int = 0
     prompt_text: str | None = None
     matcher: Any = None  # grammar "STOPS": a mask-grammar request (sampled inline, as masked ones are)
+    rng: Any = None  # numpy generator for the `probs` mode, seeded from `seed` on first use
 
     @property
     def grammar_backend(self) -> str | None:
@@ -155,7 +156,19 @@ class FakeRunner:
                  embed_status: dict[int, int] | None = None, embed_delay: float = 0.0,
                  embed_max_tokens: int = 64, embed_max_seqs: int = 8, default_pooling: str = "mean",
                  embed_refusal: str = "", can_store: bool = True, restore_ok: Callable[[int], bool] | None = None,
-                 force: Callable[[str], int] | None = None):
+                 force: Callable[[str], int] | None = None, can_verify: bool = False,
+                 probs: Callable[[list[int]], dict[int, float]] | None = None,
+                 grammar_allows: Callable[[int], bool] | None = None):
+        # A request with a grammar allows only the tokens grammar_allows says yes to (the
+        # scripted reply is assumed to keep to it): valid_guesses cuts guesses at the first other.
+        self.grammar_allows = grammar_allows
+        # Speculative decoding: whether decode chunks may carry guesses (Chunk.n_draft). Each of a
+        # verified chunk's rows is sampled in order as a row of its own would be, a guess kept
+        # while it equals that row's token; with `probs` (the tokens before a row -> {token: p}, a
+        # known distribution of what precedes the row) rows are drawn from it with the sampler's own generator, and a
+        # guess's row by the accept rule (llama/speculative_rule.py).
+        self.can_verify = can_verify
+        self.probs = probs
         # A grammar's forced tokens (llama/mask_grammar.py): after each inline sample, force(the
         # reply's text so far) says how many of the reply's next tokens come forced, unsampled.
         self.force = force
@@ -293,6 +306,8 @@ class FakeRunner:
                     self.flying[chunk.request_id] = job
                 result.apart[chunk.slot] = job
                 record.apart.append(chunk.slot)
+            elif chunk.wants_logits and (chunk.n_draft or self.probs is not None):
+                self._verify(chunk, result)
             elif chunk.wants_logits:
                 if self.sample_delay is not None:  # inline: the whole tick waits for it
                     time.sleep(self.sample_delay(detokenize(self.kv[chunk.slot])))
@@ -315,6 +330,52 @@ class FakeRunner:
         record.sampled = dict(result.sampled)
         result.sample_ms = 0.1
         return result
+
+    def _verify(self, chunk: Any, result: StepResult) -> None:
+        """A chunk's guesses (none for a plain row drawn from `probs`): rows in order, each
+        guess kept while the row's own token is it; the first other token ends the chunk."""
+        n = chunk.n_draft
+        guesses = chunk.tokens[len(chunk.tokens) - n:]
+        kept = 0
+        for i in range(n + 1):
+            guess = guesses[i] if i < n else None
+            tok = self._draw(chunk, guess, i) if self.probs is not None else self._sample(chunk, chunk.slot, chunk.sampler)
+            if guess is not None and tok == guess:
+                kept += 1
+                continue
+            break
+        result.sampled[chunk.slot] = tok
+        if n:
+            result.accepted[chunk.slot] = kept
+        if chunk.logprobs is not None:
+            result.logprobs[chunk.slot] = fake_logprobs(tok, chunk.logprobs)
+            result.accepted_logprobs[chunk.slot] = [fake_logprobs(g, chunk.logprobs) for g in guesses[:kept]]
+
+    def _draw(self, chunk: Any, guess: int | None, i: int) -> int:
+        """Row i of the chunk's verified rows drawn from the known distribution of what
+        precedes it (`probs`)."""
+        import numpy as np
+
+        from llamabatch.llama.speculative_rule import keep_or_resample
+
+        sampler = chunk.sampler
+        if sampler.rng is None:
+            sampler.rng = np.random.default_rng(sampler.seed)
+        dist = self.probs(self.kv[chunk.slot][:chunk.start_pos + len(chunk.tokens) - chunk.n_draft + i])
+        ids = np.array(list(dist), dtype=np.int64)
+        p = np.array(list(dist.values()), dtype=np.float64)
+        p /= p.sum()
+        if guess is not None:
+            return keep_or_resample(ids, p, guess, sampler.rng)
+        return int(ids[min(int(np.searchsorted(np.cumsum(p), sampler.rng.random(), side="right")), len(ids) - 1)])
+
+    def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
+        if self.grammar_allows is None or not (sampler.params.grammar or sampler.params.json_schema is not None):
+            return len(tokens)
+        return next((i for i, t in enumerate(tokens) if not self.grammar_allows(t)), len(tokens))
+
+    def graph_runs(self, runs: list[tuple[int, int]]) -> int:
+        return len(ubatch_sizes(runs, self.n_batch or 512, unified=False))
 
     def _apply_trims(self, plan: StepPlan) -> None:
         for t in plan.trims:

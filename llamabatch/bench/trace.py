@@ -6,7 +6,8 @@ splits a batch into ubatches of at most n_ubatch rows, and with a KV stream per 
 consecutive slots share one; see llama/ubatch_split.py), and where the mean tick's wall time
 went: llama_decode, the C samplers, and the Python work before (cancels, admission,
 scheduling), while filling the llama_batch, and after (stops, detokenizing, delivery,
-telemetry). What is left (wall minus all of these) is loop bookkeeping between them.
+telemetry). What is left (wall minus all of these) is loop bookkeeping between them. With
+speculative decoding, the guesses a tick verified (part of its decode rows) and those kept.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def trace_figures(ticks: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]
             "mean_decode_tokens": sum(t["decode_tokens"] for t in group) / n,
             "mean_prefill_tokens": sum(t["prefill_tokens"] for t in group) / n,
             "mean_ubatches": sum(t.get("ubatches", 0) for t in group) / n,
+            # speculative decoding: guesses verified per tick, and those kept (docs/speculative.md)
+            "mean_drafted_tokens": sum(t.get("drafted_tokens", 0) for t in group) / n,
+            "mean_accepted_tokens": sum(t.get("accepted_tokens", 0) for t in group) / n,
         }
         for name in TIMES:
             row[f"mean_{name}"] = sum(t.get(name, 0.0) for t in group) / n

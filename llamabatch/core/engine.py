@@ -31,6 +31,7 @@ from .disk_prefix import DiskPrefixes
 from .scheduler import SaveWanted, Scheduler, SeqEvent
 from .sequence import Sequence, Status
 from .engine_base import EngineBase, check_room, error_result, record_outcome
+from .speculation import Speculation
 from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 
 log = logging.getLogger("llamabatch.engine")
@@ -83,13 +84,20 @@ class Engine(EngineBase):
                                  if runner.can_sample_apart and not self.config.deterministic else None)
         self.disk = disk  # the disk prefix store, or None
         # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).
+        # Speculative decoding (speculation.py): where the runner can verify guesses and keep part
+        # of a slot (a Trim removes the turned-down ones). Deterministic mode evaluates each
+        # generated token alone in its stream (batch_invariance.py); a verified one would take
+        # the prefill kernels' rounding, so there it is off (docs/speculative.md).
+        speculating = (self.config.speculation == "auto" and not self.config.deterministic
+                       and runner.can_verify and runner.can_trim and self.config.cache_prompt)
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
                                    self.config.policy, self.config.cache_prompt and runner.can_trim,
                                    runner.token_bytes, runner.is_eog,
                                    fork_min_tokens=fork_min_tokens, cache_generated=not self.config.deterministic,
                                    sample_apart=((lambda seq: wants_apart(seq.params, seq.sampler))
                                                  if self.sampling_threads else None),
-                                   disk=self.disk)
+                                   disk=self.disk,
+                                   speculation=Speculation(runner.graph_runs, runner.valid_guesses) if speculating else None)
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread
@@ -340,7 +348,8 @@ class Engine(EngineBase):
         if result.apart:
             self._launch(plan, result)
         # the forced tokens requests took: a forced run cut by a stop or max_tokens counts only its kept part
-        self._record_tick(plan, result, active, t_start, t_planned, forced=sum(e.forced for e in events))
+        self._record_tick(plan, result, active, t_start, t_planned, forced=sum(e.forced for e in events),
+                          accepted=sum(e.accepted for e in events))
 
     def _save(self, wanted: SaveWanted) -> None:
         """Snapshot a slot that holds exactly a prefix worth keeping, on this thread (a copy of
@@ -467,8 +476,12 @@ class Engine(EngineBase):
                 self._end(seq, "error", str(DecodeError(why)), DecodeError.code)
 
     def _record_tick(self, plan: StepPlan, result: StepResult, active: int, t_start: float,
-                     t_planned: float, forced: int = 0) -> None:
+                     t_planned: float, forced: int = 0, accepted: int = 0) -> None:
         wall = (time.perf_counter() - t_start) * 1000
+        if self.scheduler.speculation is not None:  # what a tick costs here, for choosing guesses
+            logit_rows = sum(1 + c.n_draft for c in plan.chunks if c.wants_logits)
+            self.scheduler.speculation.cost.observe(result.ubatches, plan.n_tokens, logit_rows,
+                                                    result.eval_ms + result.sample_ms)
         plan_ms = (t_planned - t_start) * 1000
         overhead = max(0.0, wall - result.eval_ms - result.sample_ms)
         self._tick_no += 1
@@ -478,7 +491,7 @@ class Engine(EngineBase):
             queue_depth=len(self.scheduler.waiting), eval_ms=result.eval_ms, sample_ms=result.sample_ms,
             overhead_ms=overhead, wall_ms=wall, plan_ms=plan_ms, fill_ms=result.fill_ms,
             after_ms=max(0.0, overhead - plan_ms - result.fill_ms), ubatches=result.ubatches,
-            forced_tokens=forced))
+            forced_tokens=forced, drafted_tokens=plan.draft_tokens, accepted_tokens=accepted))
 
     def _deliver(self, event: SeqEvent) -> None:
         seq = event.seq

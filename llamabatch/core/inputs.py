@@ -134,6 +134,24 @@ class InputPreparer:
             raise ContextOverflow(f"prompt has {size:,} bytes, more than a slot's {self.slot_ctx} tokens can hold "
                                   f"(at most {self.runner.longest_token_bytes()} bytes a token in this vocabulary)")
 
+    def prediction_tokens(self, prediction: str | None, n_prompt: int) -> list[int] | None:
+        """The tokens of a request's `prediction` (without the BOS the tokenizer puts first),
+        or None. A prediction longer than the room the prompt leaves in the slot is refused:
+        the answer could never repeat it (docs/speculative.md)."""
+        if not prediction:
+            return None
+        if too_long(self.runner, prediction, self.slot_ctx) is not None:
+            raise ContextOverflow(f"prediction is longer than a slot's {self.slot_ctx} tokens can hold")
+        tokens = self.runner.tokenize(prediction, special=False)
+        bos = self.runner.tokenize("", special=False)
+        if bos and tokens[:len(bos)] == bos:
+            tokens = tokens[len(bos):]
+        room = self.slot_ctx - n_prompt
+        if len(tokens) > room:
+            raise ContextOverflow(f"prediction has {len(tokens)} tokens but the slot has room for {room} "
+                                  f"after the prompt's {n_prompt} ({self.slot_ctx} a slot)")
+        return tokens or None
+
     def params_for(self, prompt: Prompt, params: SamplingParams | None) -> SamplingParams:
         params = (params or self.default_params).validate()
         if is_chat(prompt) and self.chat_template.stop:
@@ -156,9 +174,10 @@ class InputPreparer:
             raise InvalidRequest(f"n={params.n} is more than the {self.runner.n_slots} slots (n_parallel): "
                                  "the samples of one prompt generate side by side, one slot each")
         if params.n == 1:
+            prediction = self.prediction_tokens(params.prediction, len(tokens))
             sampler = self.runner.build_sampler(params, seed)
             return Sequence(request_id, tokens, params, seed, sampler,
-                            grammar_backend=getattr(sampler, "grammar_backend", None))
+                            grammar_backend=getattr(sampler, "grammar_backend", None), prediction=prediction)
         if not self.runner.can_fork:
             # the samples get the prompt by a KV fork (plan.Fork), which needs the full-size SWA
             # cache (kept only while cache_prompt is on) and a model whose memory can be trimmed

@@ -40,6 +40,14 @@ class Chunk:
     # returns a job in StepResult.apart instead of a token, so one request's costly sampler (a
     # grammar over a large vocabulary) does not hold up every other slot's next token.
     sample_apart: bool = False
+    # Speculative decoding (core/drafts.py): the last n_draft tokens are guesses of what the
+    # request samples next, evaluated as rows of this same decode. The runner asks logits for
+    # the last n_draft + 1 rows and samples them in order with the chunk's sampler, keeping
+    # each guess its sampling agrees with (greedy: the same token; sampling: the accept rule
+    # in llama/speculative_rule.py); at the first disagreement the token it sampled there
+    # ends the chunk's output (else the last row's sample does). StepResult.accepted says how
+    # many guesses were kept; the KV cells of the others go in the next plan's Trim.
+    n_draft: int = 0
 
 
 @dataclass(frozen=True)
@@ -149,6 +157,10 @@ class StepPlan:
     def prefill_tokens(self) -> int:
         return sum(len(c.tokens) for c in self.chunks if not c.is_decode)
 
+    @property
+    def draft_tokens(self) -> int:
+        return sum(c.n_draft for c in self.chunks)
+
     def __bool__(self) -> bool:
         return bool(self.chunks or self.forks or self.trims or self.restores)
 
@@ -174,6 +186,10 @@ class StepResult:
     # slot -> (one-line error, code) for a request whose sampling failed on its own account (its
     # grammar stopped): that request ends with the error, the tick and the others go on
     failed: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # slot -> how many of its chunk's n_draft guesses the verification kept (they join the
+    # output before the slot's `sampled` token), and their logprob records when asked for
+    accepted: dict[int, int] = field(default_factory=dict)
+    accepted_logprobs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -241,7 +257,18 @@ class Runner(Protocol):
     can_trim: bool  # whether a Trim may keep part of a slot (n_keep > 0); emptying one always works
     can_sample_apart: bool  # whether sample_apart chunks come back as SampleJobs (else sampled inline)
     can_store: bool  # whether slots may be saved to / restored from the disk prefix store
+    can_verify: bool  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
     kv_fingerprint: dict[str, str]  # what must match for saved KV bytes to be restored here
+
+    def graph_runs(self, runs: list[tuple[int, int]]) -> int:
+        """How many graph runs llama_decode makes of a batch of (slot, rows) runs in this
+        order (llama/ubatch_split.py): what a tick with guesses would cost in passes."""
+        ...
+
+    def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the request's grammar allows next (all of them for a
+        request without a token-mask grammar): its guesses are cut there."""
+        ...
 
     def tokenize(self, text: str, *, special: bool) -> list[int]: ...
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from .detok import IncrementalDetokenizer
+from .drafts import Drafter
 from .plan import Chunk, Fork, Restore, StepPlan, StepResult, Trim
 from .policies import POLICIES
 from .prefix import SlotView, choose_slot, longest_shared
@@ -22,6 +23,7 @@ from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
     from .disk_prefix import DiskPrefixes
+    from .speculation import Speculation
 
 
 @dataclass(eq=False)
@@ -51,6 +53,7 @@ class SeqEvent:
     tokens: list[int] = field(default_factory=list)
     finished: bool = False
     forced: int = 0  # of `tokens`, those its grammar forced (unsampled)
+    accepted: int = 0  # of `tokens`, draft tokens its verification kept (core/drafts.py)
 
 
 class Admission(NamedTuple):
@@ -80,7 +83,8 @@ class Scheduler:
     def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
                  cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
                  fork_min_tokens: int = 0, cache_generated: bool = True,
-                 sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None):
+                 sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
+                 speculation: "Speculation | None" = None):
         self.slots = [Slot(i) for i in range(n_slots)]
         self.waiting: deque[Sequence] = deque()
         self.slot_ctx = slot_ctx
@@ -109,6 +113,8 @@ class Scheduler:
         self._restoring: dict[int, list[int]] = {}  # slot -> the tokens its planned Restore brings
         self._restores: list[Restore] = []  # decided, not yet handed to the runner in a plan
         self._saves: list[SaveWanted] = []  # slots holding a prefix to save, after the last update
+        # Speculative decoding (speculation.py): guesses in the rows a tick has to spare. None: off.
+        self.speculation = speculation
 
     # -- queue and admission -------------------------------------------------------------
 
@@ -329,6 +335,8 @@ class Scheduler:
         seq.status = Status.FORKING if seq.index else Status.RESTORING if restoring else Status.PREFILLING
         if seq.params.store_prefix and self.disk is not None and seq.index == 0:
             seq.save_at = len(seq.prompt)  # the slot holds exactly the prompt after its last chunk
+        if self.speculation is not None and self.speculation.drafts_for(seq):
+            seq.drafter = Drafter(seq.prompt, seq.prediction)
         seq.admitted_at = time.perf_counter()
         seq.admit_order = self._admitted
         self._admitted += 1
@@ -373,6 +381,10 @@ class Scheduler:
         # in one ubatch (llama/ubatch_split.py); in admission order a mixed tick made ~1 more
         # graph run per out-of-order slot. The unified cache does not care.
         chunks.sort(key=lambda c: c.slot)
+        spare = self.n_batch - sum(len(c.tokens) for c in chunks)
+        if self.speculation is not None and spare > 0:
+            self.speculation.add_guesses(chunks, lambda slot: self.slots[slot].seq, spare,  # type: ignore[arg-type,return-value]
+                                         self.chunk_size, self.slot_ctx)
         forks, self._forks = self._forks, []
         trims, self._trims = self._trims, []
         restores, self._restores = self._restores, []
@@ -401,18 +413,38 @@ class Scheduler:
             seq = slot.seq
             if seq is None or seq.request_id != chunk.request_id:
                 continue  # finished (cancelled) while the tick ran
-            seq.num_computed += len(chunk.tokens)
+            evaluated = len(chunk.tokens) - chunk.n_draft  # the guesses' cells are kept as verified
+            seq.num_computed += evaluated
             if self.cache_generated or not chunk.is_decode:
-                slot.cached.extend(chunk.tokens)
+                slot.cached.extend(chunk.tokens[:evaluated])
+            if chunk.n_draft:
+                self._keep_verified(chunk, seq, result.accepted.get(chunk.slot, 0) if chunk.slot in result.sampled else 0)
             if seq.save_at is not None and seq.num_computed == seq.save_at and not chunk.is_decode:
                 self._saves.append(SaveWanted(seq, chunk.slot, list(slot.cached)))
                 seq.save_at = None
             if chunk.wants_logits and chunk.slot in result.apart:
                 seq.sampling_apart = True  # no chunk for it until its token lands (accept_apart)
                 continue
-            events += self._take_row(chunk, seq, result.sampled, result.logprobs, result.forced)
+            events += self._take_row(chunk, seq, result.sampled, result.logprobs, result.forced,
+                                     result.accepted, result.accepted_logprobs)
         self._take_waiting_saves(plan)
         return events
+
+    def _keep_verified(self, chunk: Chunk, seq: Sequence, kept: int) -> None:
+        """A verified chunk: its first `kept` guesses' cells stay (the tokens join the output
+        in _take_row), the other guesses' cells go by a Trim in the next plan."""
+        evaluated = len(chunk.tokens) - chunk.n_draft
+        seq.num_computed += kept
+        slot = self.slots[chunk.slot]
+        if self.cache_generated:
+            slot.cached.extend(chunk.tokens[evaluated:evaluated + kept])
+        if kept < chunk.n_draft:
+            self._trims.append(Trim(chunk.slot, chunk.start_pos + evaluated + kept))
+            if self.cache_generated:
+                del slot.cached[chunk.start_pos + evaluated + kept:]
+        seq.rejected_drafts += chunk.n_draft - kept
+        if seq.drafter is not None:
+            seq.drafter.observe(chunk.n_draft, kept)
 
     def accept_apart(self, chunk: Chunk, sampled: dict[int, int], logprobs: dict[int, dict]) -> list[SeqEvent]:
         """Take the tokens a SampleJob sampled for `chunk`'s row (and its siblings), as `update`
@@ -423,11 +455,25 @@ class Scheduler:
         seq.sampling_apart = False
         return self._take_row(chunk, seq, sampled, logprobs, {})  # masked grammars (forced tokens) sample inline
 
+    @staticmethod
+    def _kept_guesses(chunk: Chunk, accepted: dict[int, int],
+                      accepted_logprobs: dict[int, list[dict]]) -> list[tuple[int, dict | None]]:
+        """The guesses of `chunk` its verification kept, with their logprob records."""
+        kept = accepted.get(chunk.slot, 0) if chunk.n_draft else 0
+        if not kept:
+            return []
+        first = len(chunk.tokens) - chunk.n_draft
+        records = accepted_logprobs.get(chunk.slot) or [None] * kept
+        return list(zip(chunk.tokens[first:first + kept], records))
+
     def _take_row(self, chunk: Chunk, seq: Sequence, sampled: dict[int, int],
-                  logprobs: dict[int, dict], forced: dict[int, list[int]]) -> list[SeqEvent]:
+                  logprobs: dict[int, dict], forced: dict[int, list[int]], accepted: dict[int, int] | None = None,
+                  accepted_logprobs: dict[int, list[dict]] | None = None) -> list[SeqEvent]:
         events = []
         if chunk.wants_logits and chunk.slot in sampled:
-            events.append(self._accept(seq, sampled[chunk.slot], logprobs.get(chunk.slot), forced.get(chunk.slot)))
+            guesses = self._kept_guesses(chunk, accepted or {}, accepted_logprobs or {})
+            events.append(self._accept(seq, sampled[chunk.slot], logprobs.get(chunk.slot), forced.get(chunk.slot),
+                                       guesses))
         for slot_id, _ in chunk.siblings:
             sample = self.slots[slot_id].seq
             if sample is None or sample.status != Status.FORKING or slot_id not in sampled:
@@ -438,20 +484,28 @@ class Scheduler:
             events.append(self._accept(sample, sampled[slot_id], logprobs.get(slot_id), forced.get(slot_id)))
         return events
 
-    def _accept(self, seq: Sequence, token: int, logprob: dict | None, forced: list[int] | None = None) -> SeqEvent:
-        """Take a sampled token, then any its grammar forced after it: each joins the output
-        (stops, max_tokens and the slot's end checked after every one), and the forced ones
-        wait in the output for the next tick's chunk to evaluate them (num_pending > 1)."""
-        event = self._accept_one(seq, token, logprob)
-        for tok in forced or ():
+    def _accept(self, seq: Sequence, token: int, logprob: dict | None, forced: list[int] | None = None,
+                guesses: list[tuple[int, dict | None]] = ()) -> SeqEvent:  # type: ignore[assignment]
+        """Take the guesses its verification kept, then a sampled token, then any its grammar
+        forced after it: each joins the output (stops, max_tokens and the slot's end checked
+        after every one), and the forced ones wait in the output for the next tick's chunk to
+        evaluate them (num_pending > 1)."""
+        event = SeqEvent(seq)
+        steps = [*((tok, lp, "guess") for tok, lp in guesses), (token, logprob, "sampled"),
+                 *((tok, None, "forced") for tok in forced or ())]
+        for tok, lp, kind in steps:
             if event.finished:
                 break
-            more = self._accept_one(seq, tok, None)
+            more = self._accept_one(seq, tok, lp)
             event.tokens += more.tokens
             event.text += more.text
             event.finished = more.finished
-            event.forced += 1
-            seq.forced_tokens += 1
+            if kind == "forced":
+                event.forced += 1
+                seq.forced_tokens += 1
+            elif kind == "guess" and more.tokens:
+                event.accepted += 1
+                seq.accepted_drafts += 1
         return event
 
     def _accept_one(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:
@@ -471,6 +525,8 @@ class Scheduler:
             return event
         seq.output.append(token)
         event.tokens.append(token)
+        if seq.drafter is not None:
+            seq.drafter.extend((token,))
         if logprob is not None and seq.logprobs is not None:
             seq.logprobs.append(logprob)
         event.text = detok.push(self.token_bytes(token))
@@ -494,6 +550,7 @@ class Scheduler:
         if detok is not None:
             seq.text = detok.text
         seq.status = Status.FINISHED
+        seq.drafter = None  # its index of the prompt and answer is not needed any more
         seq.finish_reason = reason
         seq.error, seq.error_code = error, code
         seq.finished_at = time.perf_counter()

@@ -64,6 +64,12 @@ class Sequence:
     # masks or llama.cpp's "llama" sampler; None unconstrained), and tokens it forced unsampled.
     grammar_backend: str | None = None
     forced_tokens: int = 0
+    # Speculative decoding (core/drafts.py): where its guesses come from (None: it drafts none),
+    # the prediction's tokens, and how many guesses joined its output or were turned down.
+    drafter: Any = None
+    prediction: list[int] | None = None
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
 
     def __post_init__(self) -> None:
         if self.params.timeout:
@@ -118,7 +124,9 @@ class Sequence:
             generated_tokens_per_s=((len(self.output) - 1) / (decode_ms / 1000)
                                     if decode_ms > 0 and len(self.output) > 1 else 0.0))
         usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached,
-                      restored_tokens=self.num_restored, completion_tokens=len(self.output))
+                      restored_tokens=self.num_restored, completion_tokens=len(self.output),
+                      accepted_prediction_tokens=self.accepted_drafts,
+                      rejected_prediction_tokens=self.rejected_drafts)
         return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
                       seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
                       logprobs=self.logprobs, index=self.index, stored_prefix=self.stored_prefix,
@@ -141,7 +149,9 @@ class Sequence:
         timings = Timings(**{**first.timings.__dict__, "decode_ms": decode_ms,
                              "generated_tokens_per_s": after_first / (decode_ms / 1000) if decode_ms > 0 else 0.0})
         usage = Usage(prompt_tokens=first.usage.prompt_tokens, cached_tokens=first.usage.cached_tokens,
-                      restored_tokens=first.usage.restored_tokens, completion_tokens=sum(r.usage.completion_tokens for r in parts))
+                      restored_tokens=first.usage.restored_tokens, completion_tokens=sum(r.usage.completion_tokens for r in parts),
+                      accepted_prediction_tokens=sum(r.usage.accepted_prediction_tokens for r in parts),
+                      rejected_prediction_tokens=sum(r.usage.rejected_prediction_tokens for r in parts))
         return Result(first.request_id, first.text, first.token_ids, (bad or first).finish_reason, usage, timings,
                       seed=first.seed, error=bad.error if bad else None, error_code=bad.error_code if bad else None,
                       stop=first.stop, logprobs=first.logprobs, samples=parts, grammar_backend=first.grammar_backend,

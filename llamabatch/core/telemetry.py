@@ -35,6 +35,9 @@ class TickRecord:
     after_ms: float = 0.0
     ubatches: int = 0  # graph runs llama_decode made of the tick's batch
     forced_tokens: int = 0  # tokens grammars forced after this tick's samples (evaluated next tick, unsampled)
+    # speculative decoding: guesses this tick verified (rows of its batch), and those that joined answers
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
     at: float = field(default_factory=time.perf_counter)
 
     kind = "tick"
@@ -69,6 +72,8 @@ class Totals:
     decode_tokens: int = 0
     prefill_tokens: int = 0
     forced_tokens: int = 0  # grammars' forced tokens (llama/mask_grammar.py), part of generated_tokens
+    drafted_tokens: int = 0  # guesses verified (speculative decoding, core/drafts.py)
+    accepted_tokens: int = 0  # of them, those that joined answers (part of generated_tokens)
     eval_ms: float = 0.0
     sample_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -133,6 +138,8 @@ class Telemetry:
         t.decode_tokens += record.decode_tokens
         t.prefill_tokens += record.prefill_tokens
         t.forced_tokens += record.forced_tokens
+        t.drafted_tokens += record.drafted_tokens
+        t.accepted_tokens += record.accepted_tokens
         t.eval_ms += record.eval_ms
         t.sample_ms += record.sample_ms
         t.overhead_ms += record.overhead_ms

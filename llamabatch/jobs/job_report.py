@@ -14,6 +14,9 @@ class Tokens:
     # structured output: lines by grammar backend ("llguidance", "llama") and the tokens the grammar forced
     grammar_backends: dict[str, int] = field(default_factory=dict)
     forced: int = 0
+    # speculative decoding: guessed tokens kept in answers and guesses turned down (docs/speculative.md)
+    accepted_prediction: int = 0
+    rejected_prediction: int = 0
 
 
 @dataclass(frozen=True)

@@ -447,6 +447,8 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
     usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
              "total_tokens": result.usage.total_tokens,
              "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens}}
+    if result.usage.guessed:  # speculative decoding verified guesses (docs/speculative.md)
+        usage["completion_tokens_details"] = result.usage.completion_details()
     samples = result.samples if result.samples is not None else [result]
     if url == CHAT_URL:
         choices = [{"index": i, "message": {"role": "assistant", "content": r.text},

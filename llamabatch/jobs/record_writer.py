@@ -39,6 +39,9 @@ class WriterStats:
     # structured output: lines by grammar backend ("llguidance", "llama") and their forced tokens
     grammar_backends: dict[str, int] = field(default_factory=dict)
     forced_tokens: int = 0
+    # speculative decoding: guesses kept in answers and guesses turned down (docs/speculative.md)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 class RecordWriter:
@@ -160,6 +163,8 @@ class RecordWriter:
         s.cached_tokens += result.usage.cached_tokens
         s.restored_tokens += result.usage.restored_tokens
         s.completion_tokens += result.usage.completion_tokens
+        s.accepted_prediction_tokens += result.usage.accepted_prediction_tokens
+        s.rejected_prediction_tokens += result.usage.rejected_prediction_tokens
         backend = getattr(result, "grammar_backend", None)
         if backend:
             s.grammar_backends[backend] = s.grammar_backends.get(backend, 0) + 1

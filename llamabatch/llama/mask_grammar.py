@@ -225,6 +225,15 @@ class Matcher:
         self.matcher.consume_token(token)
         self._check()
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar would accept from here (nothing is
+        consumed): speculative decoding cuts a guess at the first token the mask forbids."""
+        if not tokens:
+            return 0
+        n = self.matcher.validate_tokens(tokens)
+        self._check()
+        return int(n)
+
     def forced(self) -> list[int]:
         """The tokens the grammar allows as the only continuation now (keys, quotes, braces,
         separators), consumed: they go into the sequence without being sampled."""

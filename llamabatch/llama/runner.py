@@ -33,7 +33,7 @@ from .logprobs import LogprobReporter
 from .mask_grammar import GrammarStopped, chosen_backend
 from .row_job import RowJob
 from .ubatch_split import ubatch_sizes
-from .samplers import Sampler, SamplerFactory, sample_row
+from .samplers import Sampler, SamplerFactory, sample_row, verify_row
 from .vocab import Vocabulary
 from ..config import EngineConfig
 from ..errors import DeterminismUnavailable
@@ -100,6 +100,10 @@ class LlamaRunner:
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         # Rows may be sampled on sampling threads (apart.py); deterministic mode samples inline.
         self.can_sample_apart = not self.deterministic
+        # Decode chunks may carry guesses to verify (speculative decoding), but not in
+        # deterministic mode: a guess's row shares its stream with others, which rounds as
+        # prefill does, while that mode evaluates every generated token alone (batch_invariance.py).
+        self.can_verify = not self.deterministic
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
         # Embeddings run in a context of their own, made on first use (embedder.py says why).
@@ -133,6 +137,12 @@ class LlamaRunner:
 
     def tokenize(self, text: str, *, special: bool) -> list[int]:
         return self.vocab.tokenize(text, special=special)
+
+    def valid_guesses(self, sampler: Sampler, tokens: list[int]) -> int:
+        return len(tokens) if sampler.matcher is None else sampler.matcher.valid_prefix(tokens)
+
+    def graph_runs(self, runs: list[tuple[int, int]]) -> int:
+        return len(ubatch_sizes(runs, self.n_ubatch, self.kv_unified))
 
     def token_bytes(self, token: int) -> bytes:
         return self.vocab.token_bytes(token)
@@ -180,7 +190,8 @@ class LlamaRunner:
                 want[i] = 0
                 i += 1
             if chunk.wants_logits:
-                want[i - 1] = 1
+                for r in range(i - 1 - chunk.n_draft, i):  # a verified chunk: its guesses' rows too
+                    want[r] = 1
                 rows.append((chunk, i - 1))
         batch.n_tokens = i
         if i == 0:  # trims and forks only: llama.cpp performs the queued copies at the next decode
@@ -197,6 +208,8 @@ class LlamaRunner:
         for chunk, row in rows:
             if chunk.sample_apart and self.can_sample_apart:
                 result.apart[chunk.slot] = RowJob(self, chunk, row)  # copies the row: the next decode overwrites it
+            elif chunk.n_draft:
+                self._verify_chunk(chunk, row, result)
             else:
                 self._sample_chunk(chunk, row, result)
         result.sample_ms = (time.perf_counter() - t1) * 1000
@@ -244,6 +257,42 @@ class LlamaRunner:
             if chunk.logprobs is not None:
                 result.logprobs[slot] = (self.logprobs.from_row(self.ctx, row, tok, chunk.logprobs) if raw is None else
                                          self.logprobs.from_logits(raw, tok, chunk.logprobs, np.empty_like(raw), None))
+
+    def _verify_chunk(self, chunk: Any, last_row: int, result: StepResult) -> None:
+        """Sample a verified chunk's rows in order (plan.Chunk.n_draft): the row before each
+        guess decides it; the first guess turned down, or the last row, gives the sampled
+        token. Each row is sampled exactly as sample_row would sample it in a tick of its own,
+        so the kept guesses and that token are the request's own answer (verify_row)."""
+        guesses = chunk.tokens[len(chunk.tokens) - chunk.n_draft:]
+        sampler = chunk.sampler
+        raw_needed = sampler.matcher is not None and chunk.logprobs is not None
+        records = []
+        for i in range(chunk.n_draft + 1):
+            row = last_row - chunk.n_draft + i
+            raw = self._row_copy(row) if raw_needed else None
+            try:
+                if i < chunk.n_draft:
+                    tok = verify_row(sampler, self.ctx, row, guesses[i], self.n_vocab)
+                else:
+                    tok = sample_row(sampler, self.ctx, row, False, self.n_vocab, force=chunk.logprobs is None)
+            except GrammarStopped as exc:  # that request's grammar, not the tick: it alone ends
+                result.failed[chunk.slot] = (str(exc), exc.code)
+                return
+            record = None
+            if chunk.logprobs is not None:
+                record = (self.logprobs.from_row(self.ctx, row, tok, chunk.logprobs) if raw is None else
+                          self.logprobs.from_logits(raw, tok, chunk.logprobs, np.empty_like(raw), None))
+            if i < chunk.n_draft and tok == guesses[i]:
+                records.append(record)
+                continue
+            break
+        result.sampled[chunk.slot] = tok
+        result.accepted[chunk.slot] = len(records)
+        if chunk.logprobs is not None:
+            result.logprobs[chunk.slot] = record
+            result.accepted_logprobs[chunk.slot] = records
+        if sampler.forced and i == chunk.n_draft:
+            result.forced[chunk.slot] = sampler.forced
 
     def _row_copy(self, row: int) -> "np.ndarray":
         return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).copy()

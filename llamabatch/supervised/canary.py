@@ -22,7 +22,7 @@ CANARY_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, seed=0)
 # Settings worth naming when the engine crashes whatever it runs (what a user can change), the
 # likeliest first. Not the model: the CLI always resolves it to a path, so it always "differs".
 _NAMED = ("threads", "n_ctx", "n_parallel", "n_batch", "chunk_size", "n_gpu_layers", "cpu_buffers", "kv_unified",
-          "deterministic", "policy", "grammar_backend")
+          "deterministic", "policy", "grammar_backend", "speculative")
 
 
 def settings_hint(config: EngineConfig) -> str:

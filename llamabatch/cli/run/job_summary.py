@@ -71,6 +71,11 @@ def summary(reporter: Reporter, report: JobReport) -> None:
     reporter.note(f"{PREFIX}prompt tokens {t.prompt} ({t.cached} cached, {share}{disk}), "
                   f"generated {t.generated}, {wall:.1f}s wall, "
                   f"{t.generated / wall if wall > 0 else 0:.1f} generated tok/s")
+    guessed = t.accepted_prediction + t.rejected_prediction
+    if guessed:  # speculative decoding (docs/speculative.md)
+        reporter.note(f"{PREFIX}speculative decoding: {t.accepted_prediction} of {guessed} guessed "
+                      f"token(s) kept ({100 * t.accepted_prediction / guessed:.0f}%), "
+                      f"{100 * t.accepted_prediction / max(t.generated, 1):.0f}% of the generated")
     if t.grammar_backends:  # which backend constrained the structured lines (docs/structured-output.md)
         ways = {"llguidance": "as llguidance token masks", "llama": "through llama.cpp's grammar sampler"}
         parts = ", ".join(f"{n} line(s) {ways.get(b, b)}" for b, n in sorted(t.grammar_backends.items()))

@@ -1,0 +1,134 @@
+"""Speculative decoding on both model families and every CPU weight layout this machine runs:
+greedy answers are the same tokens with --speculative auto as with off (with a prediction, by
+prompt lookup, with a KV stream per slot and with the unified cache, for n samples), a chain
+that draws at random but can only give one token gives that token, the verified rows'
+logprobs are the plain rows' up to the kernels' batch effects, and guesses were verified and
+kept (the comparisons compare something). Sizes are small for the suite's time budget."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llamabatch import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.model
+
+PARAGRAPH = ("The comittee met on tuesday to discus the new libary budget. Most members agred that the "
+             "reading room needs new chairs, but the tresurer warned that the roof must be fixed first.")
+QUOTE = ("Extract the sentence about the roof, word for word.\n\n" + PARAGRAPH + "\n\nThe sentence: ")
+LISTING = "Repeat this list exactly: apples, pears, plums, cherries, lemons, limes, figs, dates.\nList: "
+TOKENS = 40
+
+
+def requests(family) -> list[tuple[object, SamplingParams]]:
+    greedy = SamplingParams(max_tokens=TOKENS, temperature=0)
+    edit = f"Fix the spelling in this paragraph:\n\n{PARAGRAPH}\n\nFixed paragraph:\n"
+    prompt = [{"role": "user", "content": edit}] if family.name == "smollm2" else edit
+    return [(prompt, greedy.replace(prediction=PARAGRAPH)), (QUOTE, greedy), (LISTING, greedy),
+            ("Once upon a time", greedy)]
+
+
+def answers(family, cpu_path, speculative: str, **config):
+    """The requests together, four slots, a KV stream per slot."""
+    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 512, threads=2, cpu_buffers=cpu_path,
+                             speculative=speculative, **config)) as engine:
+        prompts, params = zip(*requests(family))
+        results = engine.generate(list(prompts), list(params))
+        stats = engine.stats()
+    assert all(r.ok for r in results), [r.error for r in results]
+    return results, stats
+
+
+@pytest.fixture(scope="module")
+def off(family, cpu_path):
+    return answers(family, cpu_path, "off")[0]
+
+
+def test_greedy_answers_are_the_same_tokens_with_guesses(family, cpu_path, off):
+    on, stats = answers(family, cpu_path, "auto")
+    for a, b in zip(on, off):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+    assert stats.accepted_tokens == sum(r.usage.accepted_prediction_tokens for r in on)
+
+
+def test_greedy_answers_with_the_unified_cache(family, cpu_path):
+    # One cache for every slot: a row's attention runs over the cells in the order they lie, and
+    # turned-down guesses free cells that other slots then fill, so beside other slots a greedy
+    # answer may differ at a near-tie, as it may with other neighbours (docs/speculative.md).
+    # One slot at a time, the cells lie in order either way: the same tokens.
+    runs = {}
+    for mode in ("auto", "off"):
+        with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=1024, threads=2, cpu_buffers=cpu_path,
+                                 kv_unified=True, speculative=mode)) as engine:
+            runs[mode] = [engine.generate([p], [q])[0] for p, q in requests(family)]
+            stats = engine.stats()
+        if mode == "auto":
+            assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+    for a, b in zip(runs["auto"], runs["off"]):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+
+
+def test_a_random_chain_with_one_candidate_gives_the_greedy_tokens(family, cpu_path, off):
+    # top_k=1 leaves one candidate: the accept rule (keep with p = 1) runs on the llama.cpp
+    # chain's candidates and must give exactly the greedy answer
+    one = SamplingParams(max_tokens=TOKENS, temperature=0.7, top_k=1, seed=5)
+    with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, threads=2, cpu_buffers=cpu_path)) as engine:
+        results = engine.generate([QUOTE, LISTING], [one.replace(prediction=off[1].text),
+                                                     one.replace(prediction=off[2].text)])
+    assert [r.token_ids for r in results] == [off[1].token_ids, off[2].token_ids]
+    assert sum(r.usage.accepted_prediction_tokens for r in results) > 0
+
+
+def test_verified_rows_report_the_plain_rows_logprobs(family, cpu_path, off):
+    # the prediction is the answer itself (off's), so every guess is verified and kept
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=2)
+    runs = {}
+    for mode in ("auto", "off"):
+        with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=1024, threads=2, cpu_buffers=cpu_path,
+                                 speculative=mode)) as engine:
+            runs[mode] = engine.generate([QUOTE], [params.replace(prediction=off[1].text)])[0]
+    on, plain = runs["auto"], runs["off"]
+    assert on.token_ids == plain.token_ids and on.usage.accepted_prediction_tokens > 0
+    assert len(on.logprobs) == len(on.token_ids)
+    for a, b in zip(on.logprobs, plain.logprobs):
+        assert a["id"] == b["id"]
+        assert abs(a["logprob"] - b["logprob"]) < 0.05  # the kernels' batch effects, not another row
+        assert [t["id"] for t in a["top_logprobs"]][:1] == [t["id"] for t in b["top_logprobs"]][:1]
+
+
+def test_n_samples_and_sampled_requests_keep_working(family, cpu_path, off):
+    greedy_pair = SamplingParams(max_tokens=TOKENS, temperature=0, n=2)
+    sampled = SamplingParams(max_tokens=TOKENS, temperature=0.8, seed=11)
+    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=2048, threads=2, cpu_buffers=cpu_path)) as engine:
+        pair, free = engine.generate([LISTING, QUOTE], [greedy_pair, sampled])
+    assert [s.token_ids for s in pair.samples] == [off[2].token_ids] * 2
+    assert free.ok and free.usage.completion_tokens > 0
+
+
+def test_the_chain_candidates_are_the_chain_filters_output(family):
+    # what the accept rule draws from: the candidates top-k leaves, with probabilities of
+    # their logits over the temperature (top_p=1, min_p=0: no other filter)
+    from llamabatch.core.plan import Chunk, StepPlan
+    from llamabatch.llama.runner import LlamaRunner
+    from llamabatch.llama.samplers import _chain_candidates
+    from llama_cpp import llama_cpp as C
+
+    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2).validate()
+    runner = LlamaRunner(config, family.path)
+    try:
+        params = SamplingParams(temperature=0.7, top_k=20, top_p=1.0, min_p=0.0).validate()
+        sampler = runner.build_sampler(params, 3)
+        tokens = runner.tokenize(LISTING, special=False)
+        runner.execute(StepPlan([Chunk(0, 0, tokens, 0, True, False, sampler=sampler)]))
+        # the row was sampled by execute; evaluate the last token again to read a fresh row
+        runner.execute(StepPlan([Chunk(0, 0, tokens[-1:], len(tokens), True, True, sampler=sampler)]))
+        raw = np.ctypeslib.as_array(C.llama_get_logits_ith(runner.ctx, 0), shape=(runner.n_vocab,)).copy()
+        ids, probs = _chain_candidates(sampler.chain, raw.copy())
+        top = np.argsort(-raw, kind="stable")[:20]
+        assert set(ids.tolist()) == set(top.tolist())
+        expect = np.exp((raw[ids] - raw[ids].max()) / 0.7)
+        np.testing.assert_allclose(probs, expect / expect.sum(), rtol=1e-4, atol=1e-7)
+        runner.free_sampler(sampler)
+    finally:
+        runner.close()
