@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from .errors import InvalidRequest
 from .memory_setting import byte_size_rule, max_memory_rule
 from .params import SEED_ALLOWED, is_seed
-from .rules import Rule, boolean, choice, integer, optional, text
+from .value_checks import Rule, boolean, choice, integer, optional, text
 
 # The names these settings may hold. The code behind each name lives with the engine
 # (core/policies.py, llama/cpu_buffers.py, llama/mask_grammar.py) and takes its names from here.

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from .. import rules
+from .. import value_checks as checks
 from ..errors import InvalidRequest
 from ..settings.file_layer import command_setting, resolve_command_settings
 from ..settings.layers import ENGINE_KEYS, SAMPLING_KEYS, SHARED_KEYS, merge
@@ -62,20 +62,20 @@ class JobSpec:
 
 OWN_KEYS = tuple(f.name for f in dataclasses.fields(JobSpec) if f.name not in ("input", "output", "tables"))
 
-_flag = rules.boolean
-_count = rules.optional(rules.integer(1, "an integer >= 1"))
-CHECKS: dict[str, rules.Rule] = {
-    "input_format": rules.choice("auto", "text", "jsonl"),
-    "system": rules.optional(rules.text()),
-    "order": rules.optional(rules.choice("input", "completion")),
+_flag = checks.boolean
+_count = checks.optional(checks.integer(1, "an integer >= 1"))
+CHECKS: dict[str, checks.Rule] = {
+    "input_format": checks.choice("auto", "text", "jsonl"),
+    "system": checks.optional(checks.text()),
+    "order": checks.optional(checks.choice("input", "completion")),
     "max_inflight": _count,
-    "reorder_window": rules.optional(rules.integer(0, "an integer >= 0")),
-    "watchdog": rules.optional(rules.seconds()), "drain_timeout": rules.optional(rules.seconds()),
-    "ray": rules.optional(rules.text("an address: local, auto, HOST:PORT or ray://HOST:PORT")),
+    "reorder_window": checks.optional(checks.integer(0, "an integer >= 0")),
+    "watchdog": checks.optional(checks.seconds()), "drain_timeout": checks.optional(checks.seconds()),
+    "ray": checks.optional(checks.text("an address: local, auto, HOST:PORT or ray://HOST:PORT")),
     "ray_workers": _count, "ray_cpus_per_worker": _count,
-    "ray_gpus_per_worker": rules.optional(rules.seconds("a number >= 0")),
-    "verify": _count, "error_file": rules.optional(rules.text("a path")),
-    "logprobs": rules.optional(rules.integer(0, "an integer in [0, 20]")),
+    "ray_gpus_per_worker": checks.optional(checks.seconds("a number >= 0")),
+    "verify": _count, "error_file": checks.optional(checks.text("a path")),
+    "logprobs": checks.optional(checks.integer(0, "an integer in [0, 20]")),
     **{key: _flag for key in ("resume", "echo", "embed", "fail_on_error", "isolate", "retry_failed",
                               "allow_changed_settings")},
 }

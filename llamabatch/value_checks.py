@@ -1,4 +1,4 @@
-"""Per-value rules shared by EngineConfig and the config file.
+"""Per-value checks shared by EngineConfig, the config file and job settings.
 
 A rule checks one value and returns the value to use, or raises ValueError whose text says
 what is allowed ("an integer >= 1"). The caller words the message: EngineConfig says
