@@ -126,7 +126,7 @@ class BatchQueue:
             return
         with self._lock:
             self._running = (batch.id, job)
-            # a cancel that came before the job existed (or before a restart) stops it now
+            # a cancel that came while the job was starting stops it now
             if self.catalogue.batch(batch.id).status == CANCELLING:  # type: ignore[union-attr]
                 job.cancel()
         try:
