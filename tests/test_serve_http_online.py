@@ -121,3 +121,29 @@ def test_the_engine_never_holds_more_batch_lines_than_the_slots_left_to_online_r
     assert server.service.inflight == 3
     busy = [s.slots_prefilling + s.slots_generating + s.queue_depth for s in seen]
     assert max(busy) == 3  # the batch used every slot it may, and never the one kept for online requests
+
+
+def test_the_batch_lane_sends_only_the_slots_it_is_given_and_refills_as_lines_end():
+    from llamabatch import Engine, EngineConfig, SamplingParams
+    from llamabatch.serve.http.batch_lane import BatchLane
+
+    from fake_runner import FakeRunner
+
+    runner = FakeRunner(n_slots=4, slot_ctx=128, n_batch=128, step_delay=0.005)
+    with Engine(EngineConfig(n_parallel=4, n_batch=128, chunk_size=32, n_ctx=512), runner=runner) as engine:
+        slots = [2]
+        lane = BatchLane(engine, lambda: slots[0])
+        params = SamplingParams(temperature=0, max_tokens=6)
+        handles = [lane.submit(f"question {i}", params) for i in range(10)]
+        assert sum(h.inner is not None for h in handles) == 2  # the rest wait in the lane, not the engine
+        assert engine.stats().submitted == 2
+        results = [h.result(30) for h in handles]
+        assert all(r.finish_reason in ("stop", "length") for r in results)
+        slots[0] = 1
+        stopped = BatchLane(engine, lambda: slots[0])
+        held = [stopped.submit(f"question {i}", params) for i in range(5)]
+        stopped.stop()
+        assert [h.result(30).finish_reason for h in held[1:]] == ["cancelled"] * 4  # never reached the engine
+        assert held[0].result(30).finish_reason in ("stop", "length")  # already in the engine: it finishes
+        late = stopped.submit("question 9", params)
+        assert late.done and late.result().finish_reason == "cancelled"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from ...api import EngineAPI
 from ...errors import EngineClosed, LlamaBatchError, QueueFull
@@ -32,8 +33,14 @@ class OnlineRequest:
 
 
 class Online:
-    def __init__(self, engine: EngineAPI):
+    """`running`: online requests submitted and not yet ended (the batch lane leaves them slots);
+    `on_end()` is called, on the engine's thread, whenever one ends."""
+
+    def __init__(self, engine: EngineAPI, on_end: Callable[[], None] = lambda: None):
         self.engine = engine
+        self.on_end = on_end
+        self.running = 0
+        self._lock = threading.Lock()
 
     def prepare(self, url: str, body: Any) -> OnlineRequest:
         if not isinstance(body, dict):
@@ -103,17 +110,30 @@ class Online:
             handle.cancel()
 
     def _submit(self, item: LineRequest, callback: Any, *, stream: bool) -> Any:
+        def counted(handle: Any, event: Any) -> None:
+            if not isinstance(event, Delta):
+                self._ended()
+            callback(handle, event)
+
+        with self._lock:
+            self.running += 1
         try:
             if item.embed is not None:
                 return self.engine.submit_embedding(item.embed.inputs, dimensions=item.embed.dimensions,
-                                                    callback=callback)
-            return self.engine.submit(item.prompt, item.params, stream=stream, callback=callback)
-        except QueueFull as exc:
-            raise ApiError(429, str(exc), code="queue_full") from None
-        except EngineClosed as exc:
-            raise ApiError(503, str(exc), code="engine_closed") from None
-        except LlamaBatchError as exc:
+                                                    callback=counted)
+            return self.engine.submit(item.prompt, item.params, stream=stream, callback=counted)
+        except LlamaBatchError as exc:  # refused before it was queued: it never ends on its own
+            self._ended()
+            if isinstance(exc, QueueFull):
+                raise ApiError(429, str(exc), code="queue_full") from None
+            if isinstance(exc, EngineClosed):
+                raise ApiError(503, str(exc), code="engine_closed") from None
             raise bad_request(str(exc), code=exc.code) from None
+
+    def _ended(self) -> None:
+        with self._lock:
+            self.running -= 1
+        self.on_end()
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from ...api import EngineAPI
 from ...jobs import JobHost, start_job
 from .api_errors import ApiError, bad_request, not_found
+from .batch_lane import BatchLane
 from .batch_queue import BatchQueue
 from .batch_requests import new_batch
 from .catalogue import Catalogue
@@ -24,10 +25,10 @@ from .uploads import MultipartUpload
 
 
 def batch_inflight(n_parallel: int, online_slots: int) -> int:
-    """Lines of a batch in the engine at once: the slots less those kept for online requests.
-    The batch then never queues lines in the engine, so an online request waits behind none of
-    them: it takes a kept slot, or the next slot a batch line leaves (scheduling in docs/serve.md)."""
-    return max(1, n_parallel - online_slots)
+    """Lines of a batch in the engine at once while no online request runs: the slots less those
+    kept for online requests. The batch never queues lines in the engine, so an online request
+    waits behind none of them (scheduling in docs/serve.md)."""
+    return max(0, n_parallel - online_slots)
 
 
 class Service:
@@ -39,8 +40,11 @@ class Service:
         self.clock = clock
         self.data = DataDir(data_dir)
         self.catalogue = Catalogue(self.data.catalogue)
-        self.online = Online(engine)
-        self.inflight = batch_inflight(engine.stats().n_parallel, online_slots)
+        self.online = Online(engine, on_end=self._online_ended)
+        self.n_parallel = engine.stats().n_parallel
+        self.online_slots = online_slots
+        self.inflight = batch_inflight(self.n_parallel, online_slots)
+        self._lane: BatchLane | None = None
         self.job_settings = dict(job_settings or {})
         self.queue = BatchQueue(self.catalogue, self.data, self._start_job, clock)
 
@@ -51,12 +55,25 @@ class Service:
         self.queue.close(timeout)
         self.catalogue.close()
 
+    def batch_slots(self) -> int:
+        """Slots batch lines may hold now: those neither kept for nor taken by online requests."""
+        return max(0, self.n_parallel - max(self.online_slots, self.online.running))
+
+    def _online_ended(self) -> None:
+        lane = self._lane
+        if lane is not None:
+            lane.feed()
+
     def _start_job(self, input: str, output: str, errors: str, resume: bool) -> Any:
+        # The job sees the engine through a lane (batch_lane.py), which decides when each line
+        # reaches the engine; the job keeps run's window of lines started ahead (4 per slot).
         # order="completion": OpenAI's output files are in no particular order, and records written
-        # as lines finish make request_counts move at once and hold nothing back in memory
-        return start_job(input, output, engine=self.engine, error_file=errors, resume=resume, input_format="jsonl",
-                         order="completion", max_inflight=self.inflight, host=JobHost(argv=("llamabatch", "serve")),
-                         **self.job_settings)
+        # as lines finish make request_counts move at once and hold nothing back in memory.
+        lane = self._lane = BatchLane(self.engine, self.batch_slots)
+        job = start_job(input, output, engine=lane, error_file=errors, resume=resume, input_format="jsonl",
+                        order="completion", max_inflight=4 * self.n_parallel,
+                        host=JobHost(argv=("llamabatch", "serve")), **self.job_settings)
+        return LaneJob(job, lane)
 
     @property
     def model_name(self) -> str:
@@ -135,6 +152,24 @@ class Service:
 
     def cancel_batch(self, raw_id: Any) -> BatchRecord:
         return self.queue.cancel(self.batch(raw_id).id)
+
+
+class LaneJob:
+    """A batch's job with its lane: cancelling it also keeps the lines the lane holds from starting."""
+
+    def __init__(self, job: Any, lane: BatchLane):
+        self.job = job
+        self.lane = lane
+
+    def cancel(self, *, in_flight: bool = False) -> None:
+        self.job.cancel(in_flight=in_flight)
+        self.lane.stop()
+
+    def next_event(self, timeout: float | None = None) -> Any:
+        return self.job.next_event(timeout)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.job.wait(timeout)
 
 
 def _limit(value: Any, default: int, most: int) -> int:

@@ -1,0 +1,138 @@
+"""The engine as a batch's job sees it: the job submits as many lines as it likes, and the lane
+hands them to the engine so that batch lines hold only the slots online work leaves.
+
+Why a lane and not the job's own `max_inflight`: the engine's queue is first come, first served,
+so batch lines queued there would go ahead of an online request; and with no queue there, a
+slot a batch line leaves stays idle until the job's starter thread sends the next line. The lane
+keeps the waiting lines itself and sends the next one from the engine's own callback, as the
+previous one ends, so the slot is refilled in the same tick, and the engine never holds more
+batch lines than `slots - max(online_slots, online requests running)`.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Iterator
+
+from ...errors import LlamaBatchError
+from ...results import EmbeddingResult, Result
+from ...jobs.line_shapes import error_result
+
+
+class LaneHandle:
+    """What the job holds for one line: the engine's handle once the line is sent."""
+
+    def __init__(self, lane: "BatchLane", callback: Any, kind: str):
+        self._lane = lane
+        self._callback = callback
+        self.kind = kind
+        self.inner: Any = None
+        self._result: Any = None
+        self._ended = threading.Event()
+        self.request_id = -1
+
+    @property
+    def done(self) -> bool:
+        return self._ended.is_set()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())  # batch lines are not streamed
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self._ended.wait(timeout):
+            raise TimeoutError(f"batch line still running after {timeout}s")
+        return self._result
+
+    def cancel(self) -> None:
+        if not self._lane._drop(self) and self.inner is not None:
+            self.inner.cancel()
+
+    def _event(self, _inner: Any, event: Any) -> None:
+        if isinstance(event, (Result, EmbeddingResult)):  # deltas: a batch line writes its whole result
+            self._lane._ended_one()  # the next line goes in before this one's record is written
+            self._end(event)
+
+    def _end(self, result: Any) -> None:
+        self._result = result
+        self._ended.set()
+        if self._callback is not None:
+            self._callback(self, result)
+
+
+class BatchLane:
+    def __init__(self, engine: Any, batch_slots: Callable[[], int]):
+        self._engine = engine
+        self._slots = batch_slots
+        self._held: collections.deque = collections.deque()
+        self._sent = 0
+        self._stopped = False
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:  # stats, kill, fatal_error, restarts, ...: the engine's
+        return getattr(self._engine, name)
+
+    def submit(self, prompt: Any, params: Any = None, *, stream: bool = True, callback: Any = None) -> LaneHandle:
+        handle = LaneHandle(self, callback, "generate")
+        return self._hold(handle, lambda: self._engine.submit(prompt, params, stream=False, callback=handle._event))
+
+    def submit_embedding(self, inputs: Any, *, callback: Any = None, **kw: Any) -> LaneHandle:
+        handle = LaneHandle(self, callback, "embed")
+        return self._hold(handle, lambda: self._engine.submit_embedding(inputs, callback=handle._event, **kw))
+
+    def _hold(self, handle: LaneHandle, send: Callable[[], Any]) -> LaneHandle:
+        with self._lock:
+            if not self._stopped:
+                self._held.append((handle, send))
+                self._feed()
+                return handle
+        _end_cancelled(handle)
+        return handle
+
+    def stop(self) -> None:
+        """The batch is cancelled: no held line reaches the engine (each ends cancelled: no record,
+        a resume runs it), nor any the job sends after; those in the engine finish."""
+        with self._lock:
+            self._stopped = True
+            held = [handle for handle, _send in self._held]
+            self._held.clear()
+        for handle in held:
+            _end_cancelled(handle)
+
+    def feed(self) -> None:
+        """Send what the slots now allow (an online request ended, so batch lines may have more)."""
+        with self._lock:
+            self._feed()
+
+    def _feed(self) -> None:
+        while self._held and self._sent < self._slots():
+            handle, send = self._held.popleft()
+            self._sent += 1
+            try:
+                handle.inner = send()
+            except LlamaBatchError as exc:  # the engine refuses (closed): this line still ends, once
+                self._sent -= 1
+                ended = error_result(exc.code, str(exc))
+                handle._end(EmbeddingResult.ended(ended) if handle.kind == "embed" else ended)
+
+    def _ended_one(self) -> None:
+        with self._lock:
+            self._sent -= 1
+            self._feed()
+
+    def _drop(self, handle: LaneHandle) -> bool:
+        """Cancel a line not yet sent: it ends cancelled without reaching the engine."""
+        with self._lock:
+            for i, (held, _send) in enumerate(self._held):
+                if held is handle:
+                    del self._held[i]
+                    break
+            else:
+                return False
+        _end_cancelled(handle)
+        return True
+
+
+def _end_cancelled(handle: LaneHandle) -> None:
+    ended = error_result("cancelled", "cancelled before it reached the engine")
+    ended.finish_reason = "cancelled"
+    handle._end(EmbeddingResult.ended(ended) if handle.kind == "embed" else ended)
