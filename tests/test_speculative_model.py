@@ -5,14 +5,12 @@ that draws at random but can only give one token gives that token, the verified 
 logprobs are the plain rows' up to the kernels' batch effects, and guesses were verified and
 kept (the comparisons compare something). Sizes are small for the suite's time budget.
 
-SmolLM2's Q4_1 matmuls take vec_dot at every row count, so a row's logits do not depend on
-the rows beside it: there the answers are the same tokens, exactly. Gemma's Q4_K/Q6_K weights
-take another kernel from 8 rows on (the tiled kernel; the repacked ones tile by 4 rows), whose
-rounding differs: its logprobs move by a few hundredths whenever the rows beside a token
-change, with or without guesses (the same request alone and beside 7 others, --speculative
-off: up to 0.056 apart), so there an answer may part from off's at a near-tie, and only
-there: the test checks that the first difference, if any, is between off's two likeliest
-tokens within NEAR_TIE nats of each other."""
+llama.cpp's CPU kernels are not batch-invariant: a row's logits move by a few hundredths
+when the rows beside it change, with or without guesses (Gemma alone and beside 7 others with
+--speculative off: logprobs up to 0.056 apart; SmolLM2's 'fix the spelling' lines: a first
+token, sampled before any guess was verified, moved by 0.13 when the tick's other rows
+changed). So an answer may part from off's at a near-tie, and only there: the tests check
+that the first difference, if any, is between off's two likeliest tokens within NEAR_TIE nats of each other."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +25,7 @@ PARAGRAPH = ("The comittee met on tuesday to discus the new libary budget. Most 
 QUOTE = ("Extract the sentence about the roof, word for word.\n\n" + PARAGRAPH + "\n\nThe sentence: ")
 LISTING = "Repeat this list exactly: apples, pears, plums, cherries, lemons, limes, figs, dates.\nList: "
 TOKENS = 40
-NEAR_TIE = 0.3  # nats between off's two likeliest tokens where Gemma's kernels may swap them
+NEAR_TIE = 0.3  # nats between off's two likeliest tokens where the kernels' batch effects may swap them
 
 
 def requests(family) -> list[tuple[object, SamplingParams]]:
@@ -50,8 +48,8 @@ def answers(family, cpu_path, speculative: str, **config):
 
 
 def same_tokens(family, on, off) -> None:
-    """The same tokens; on Gemma, or the same up to a first difference at a near-tie of off's."""
-    if family.name == "smollm2" or on.token_ids == off.token_ids:
+    """The same tokens, or the same up to a first difference at a near-tie of off's."""
+    if on.token_ids == off.token_ids:
         assert on.token_ids == off.token_ids and on.finish_reason == off.finish_reason
         return
     i = next(i for i, (a, b) in enumerate(zip(on.token_ids, off.token_ids)) if a != b)
@@ -113,12 +111,10 @@ def test_verified_rows_report_the_plain_rows_logprobs(family, cpu_path, off):
     on, plain = runs["auto"], runs["off"]
     same_tokens(family, on, plain)
     assert on.usage.accepted_prediction_tokens > 0 and len(on.logprobs) == len(on.token_ids)
-    # exact where a row's logits do not depend on its neighbours; Gemma's kernels' batch effects
-    tolerance = 1e-3 if family.name == "smollm2" else 0.2
     for a, b in zip(on.logprobs, plain.logprobs):
         if a["id"] != b["id"]:
             break  # parted at a near-tie (same_tokens checked it)
-        assert abs(a["logprob"] - b["logprob"]) < tolerance
+        assert abs(a["logprob"] - b["logprob"]) < 0.2  # the kernels' batch effects, not another row
 
 
 def test_n_samples_and_sampled_requests_keep_working(family, cpu_path, off):
