@@ -25,7 +25,7 @@ for the engine also the guesses verified and kept (acceptance rate) and mean row
 Usage:
   python benchmarks/speculative.py [-m smollm2] [--workloads e,f,a,c,q] [--slots 4] [--threads 2]
       [--rounds 2] [--edit-lines 16] [--bin DIR] [--server-specs "none,ngram-simple,ngram-map-k,ngram-mod"]
-      [--no-server]
+      [--no-server] [--server-workloads e,f,q] [--c-prompts 24]
 It measures and prints; it never asserts on time.
 """
 from __future__ import annotations
@@ -144,7 +144,7 @@ def build(args, model: str) -> list[Workload]:
             elif key == "a":
                 w = free_lines(16)
             elif key == "c":
-                out.append(mixed_lengths(engine))
+                out.append(mixed_lengths(engine, args.c_prompts))
                 continue
             elif key == "q":
                 out.append(quoting_turn(engine))
@@ -159,12 +159,15 @@ def build(args, model: str) -> list[Workload]:
     return out
 
 
-def mixed_lengths(engine: Engine) -> Workload:
+def mixed_lengths(engine: Engine, n: int) -> Workload:
     from vs_llama_server import workloads as server_workloads
 
     (c,) = server_workloads(lambda text: engine.tokenize(text, special=True), "c")
+    c.prompts = c.prompts[:n]
     params = [SamplingParams(temperature=0, max_tokens=c.max_tokens, ignore_eos=True)] * len(c.prompts)
-    w = Workload("c", f"mixed prompt lengths: {c.title} ({c.notes})", [None] * len(c.prompts), params, 0)
+    lengths = sorted(map(len, c.prompts))
+    w = Workload("c", f"mixed prompt lengths: {len(c.prompts)} prompts of {lengths[0]}-{lengths[-1]} tokens, "
+                      f"{c.max_tokens} out", [None] * len(c.prompts), params, 0)
     w.prompts = c.prompts
     return w
 
@@ -257,7 +260,8 @@ def server_bin(args) -> Path:
 # -- the table ---------------------------------------------------------------------------------
 
 def run_workload(model: str, args, w: Workload, binary: Path | None) -> dict:
-    systems = ["auto", "off"] + ([f"server {s}" for s in args.server_specs.split(",")] if binary else [])
+    with_server = binary is not None and w.key in args.server_workloads.split(",")
+    systems = ["auto", "off"] + ([f"server {s}" for s in args.server_specs.split(",")] if with_server else [])
     runs: dict[str, list[Run]] = {s: [] for s in systems}
     print(f"### ({w.key}) {w.title}; {w.slots} slot(s), {sum(map(len, w.prompts))} prompt tokens\n")
     print("| round | system | tokens | seconds | tok/s | guessed | kept | kept/guessed | ticks | rows a decode tick |")
@@ -278,7 +282,7 @@ def run_workload(model: str, args, w: Workload, binary: Path | None) -> dict:
 
 def summarize(w: Workload, runs: dict[str, list[Run]]) -> dict:
     auto, off = runs["auto"], runs["off"]
-    same = all(a.texts == b.texts for a, b in zip(auto, off))
+    same = sum(x == y for x, y in zip(auto[0].texts, off[0].texts))  # lines, first round
     on_off = [a.tok_s / b.tok_s for a, b in zip(auto, off)]
     servers = {s: r for s, r in runs.items() if s.startswith("server ")}
     best = max(servers, key=lambda s: statistics.median(r.tok_s for r in servers[s])) if servers else None
@@ -287,7 +291,7 @@ def summarize(w: Workload, runs: dict[str, list[Run]]) -> dict:
     guessed = sum(r.drafted for r in auto)
     generated = sum(r.tokens for r in auto)
     print(f"\n- auto / off per round: {', '.join(f'{x:.2f}' for x in on_off)}; median {statistics.median(on_off):.2f}"
-          f"; greedy texts identical on and off: {'yes' if same else 'NO'}")
+          f"; greedy answers identical on and off (first round): {same} of {len(auto[0].texts)} lines")
     if best:
         print(f"- auto / {best} (the server's best setting here) per round: "
               f"{', '.join(f'{x:.2f}' for x in on_server)}; median {statistics.median(on_server):.2f}")
@@ -296,7 +300,7 @@ def summarize(w: Workload, runs: dict[str, list[Run]]) -> dict:
     print(f", {kept / generated:.0%} of the generated tokens\n" if generated else "\n", flush=True)
     return {"workload": w.key, "auto_off": statistics.median(on_off), "best_server": best,
             "auto_server": statistics.median(on_server) if on_server else None,
-            "acceptance": kept / guessed if guessed else None, "identical": same}
+            "acceptance": kept / guessed if guessed else None, "identical": f"{same}/{len(auto[0].texts)}"}
 
 
 def main() -> None:
@@ -309,19 +313,21 @@ def main() -> None:
     ap.add_argument("--server-specs", default="none,ngram-simple,ngram-map-k,ngram-mod",
                     help="llama-server settings: none and --spec-type values (default: none and three ngram-* types)")
     ap.add_argument("--no-server", action="store_true", help="the engine alone (auto against off)")
+    ap.add_argument("--server-workloads", default="e,f,a,c,q", help="workloads that also run llama-server (default all)")
+    ap.add_argument("--c-prompts", type=int, default=24, help="prompts of (c), the first N of its 24 (default 24)")
     args = ap.parse_args()
     model = model_path(args.model)
     binary = None if args.no_server else server_bin(args)
     print(f"## Speculative decoding: {Path(model).name}, greedy, {args.threads} threads a side, {args.rounds} rounds\n")
     print(f"{machine_line(model)}\n")
     summaries = [run_workload(model, args, w, binary) for w in build(args, model)]
-    print("| workload | auto / off | auto / server's best | server's best | kept / guessed | identical on/off |")
+    print("| workload | auto / off | auto / server's best | server's best | kept / guessed | lines identical on/off |")
     print("|---|---|---|---|---|---|")
     for s in summaries:
         server = f"{s['auto_server']:.2f}" if s["auto_server"] is not None else "-"
         rate = f"{s['acceptance']:.0%}" if s["acceptance"] is not None else "-"
         print(f"| ({s['workload']}) | {s['auto_off']:.2f} | {server} | {s['best_server'] or '-'} | {rate} | "
-              f"{'yes' if s['identical'] else 'no'} |")
+              f"{s['identical']} |")
     print(f"\n{machine_line(model)} (at the end)")
 
 

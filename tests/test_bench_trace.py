@@ -45,4 +45,4 @@ def test_verbose_prints_the_trace_and_the_json_keeps_it(tmp_path):
     assert set(levels[1]["trace"]) <= {"decode", "mixed", "prefill", "all"} and "prefill" in levels[1]["trace"]
     quiet = invoke(["bench", "--pp", "8", "--tg", "2", "--parallel", "1"], runner=runner_for())
     assert quiet.exit_code == 0 and "Trace, B=" not in quiet.stdout
-    assert len(TRACE_COLUMNS) == 14
+    assert len(TRACE_COLUMNS) == 16

@@ -3,7 +3,14 @@ greedy answers are the same tokens with --speculative auto as with off (with a p
 prompt lookup, with a KV stream per slot and with the unified cache, for n samples), a chain
 that draws at random but can only give one token gives that token, the verified rows'
 logprobs are the plain rows' up to the kernels' batch effects, and guesses were verified and
-kept (the comparisons compare something). Sizes are small for the suite's time budget."""
+kept (the comparisons compare something). Sizes are small for the suite's time budget.
+
+llama.cpp's CPU kernels are not batch-invariant: a row's logits move by a few hundredths
+when the rows beside it change, with or without guesses (Gemma alone and beside 7 others with
+--speculative off: logprobs up to 0.056 apart; SmolLM2's 'fix the spelling' lines: a first
+token, sampled before any guess was verified, moved by 0.13 when the tick's other rows
+changed). So an answer may part from off's at a near-tie, and only there: the tests check
+that the first difference, if any, is between off's two likeliest tokens within NEAR_TIE nats of each other."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,10 +25,11 @@ PARAGRAPH = ("The comittee met on tuesday to discus the new libary budget. Most 
 QUOTE = ("Extract the sentence about the roof, word for word.\n\n" + PARAGRAPH + "\n\nThe sentence: ")
 LISTING = "Repeat this list exactly: apples, pears, plums, cherries, lemons, limes, figs, dates.\nList: "
 TOKENS = 40
+NEAR_TIE = 0.3  # nats between off's two likeliest tokens where the kernels' batch effects may swap them
 
 
 def requests(family) -> list[tuple[object, SamplingParams]]:
-    greedy = SamplingParams(max_tokens=TOKENS, temperature=0)
+    greedy = SamplingParams(max_tokens=TOKENS, temperature=0, logprobs=2)
     edit = f"Fix the spelling in this paragraph:\n\n{PARAGRAPH}\n\nFixed paragraph:\n"
     prompt = [{"role": "user", "content": edit}] if family.name == "smollm2" else edit
     return [(prompt, greedy.replace(prediction=PARAGRAPH)), (QUOTE, greedy), (LISTING, greedy),
@@ -39,6 +47,17 @@ def answers(family, cpu_path, speculative: str, **config):
     return results, stats
 
 
+def same_tokens(family, on, off) -> None:
+    """The same tokens, or the same up to a first difference at a near-tie of off's."""
+    if on.token_ids == off.token_ids:
+        assert on.token_ids == off.token_ids and on.finish_reason == off.finish_reason
+        return
+    i = next(i for i, (a, b) in enumerate(zip(on.token_ids, off.token_ids)) if a != b)
+    top = off.logprobs[i]["top_logprobs"]
+    assert on.token_ids[i] in (top[0]["id"], top[1]["id"]), f"token {i}: not one of off's two likeliest"
+    assert top[0]["logprob"] - top[1]["logprob"] < NEAR_TIE, f"token {i} parts from off's where it was no near-tie"
+
+
 @pytest.fixture(scope="module")
 def off(family, cpu_path):
     return answers(family, cpu_path, "off")[0]
@@ -47,7 +66,7 @@ def off(family, cpu_path):
 def test_greedy_answers_are_the_same_tokens_with_guesses(family, cpu_path, off):
     on, stats = answers(family, cpu_path, "auto")
     for a, b in zip(on, off):
-        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        same_tokens(family, a, b)
     assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
     assert stats.accepted_tokens == sum(r.usage.accepted_prediction_tokens for r in on)
 
@@ -66,17 +85,18 @@ def test_greedy_answers_with_the_unified_cache(family, cpu_path):
         if mode == "auto":
             assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
     for a, b in zip(runs["auto"], runs["off"]):
-        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        same_tokens(family, a, b)
 
 
 def test_a_random_chain_with_one_candidate_gives_the_greedy_tokens(family, cpu_path, off):
     # top_k=1 leaves one candidate: the accept rule (keep with p = 1) runs on the llama.cpp
     # chain's candidates and must give exactly the greedy answer
-    one = SamplingParams(max_tokens=TOKENS, temperature=0.7, top_k=1, seed=5)
+    one = SamplingParams(max_tokens=TOKENS, temperature=0.7, top_k=1, seed=5, logprobs=2)
     with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, threads=2, cpu_buffers=cpu_path)) as engine:
         results = engine.generate([QUOTE, LISTING], [one.replace(prediction=off[1].text),
                                                      one.replace(prediction=off[2].text)])
-    assert [r.token_ids for r in results] == [off[1].token_ids, off[2].token_ids]
+    same_tokens(family, results[0], off[1])
+    same_tokens(family, results[1], off[2])
     assert sum(r.usage.accepted_prediction_tokens for r in results) > 0
 
 
@@ -89,20 +109,21 @@ def test_verified_rows_report_the_plain_rows_logprobs(family, cpu_path, off):
                                  speculative=mode)) as engine:
             runs[mode] = engine.generate([QUOTE], [params.replace(prediction=off[1].text)])[0]
     on, plain = runs["auto"], runs["off"]
-    assert on.token_ids == plain.token_ids and on.usage.accepted_prediction_tokens > 0
-    assert len(on.logprobs) == len(on.token_ids)
+    same_tokens(family, on, plain)
+    assert on.usage.accepted_prediction_tokens > 0 and len(on.logprobs) == len(on.token_ids)
     for a, b in zip(on.logprobs, plain.logprobs):
-        assert a["id"] == b["id"]
-        assert abs(a["logprob"] - b["logprob"]) < 0.05  # the kernels' batch effects, not another row
-        assert [t["id"] for t in a["top_logprobs"]][:1] == [t["id"] for t in b["top_logprobs"]][:1]
+        if a["id"] != b["id"]:
+            break  # parted at a near-tie (same_tokens checked it)
+        assert abs(a["logprob"] - b["logprob"]) < 0.2  # the kernels' batch effects, not another row
 
 
 def test_n_samples_and_sampled_requests_keep_working(family, cpu_path, off):
-    greedy_pair = SamplingParams(max_tokens=TOKENS, temperature=0, n=2)
+    greedy_pair = SamplingParams(max_tokens=TOKENS, temperature=0, n=2, logprobs=2)
     sampled = SamplingParams(max_tokens=TOKENS, temperature=0.8, seed=11)
     with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=2048, threads=2, cpu_buffers=cpu_path)) as engine:
         pair, free = engine.generate([LISTING, QUOTE], [greedy_pair, sampled])
-    assert [s.token_ids for s in pair.samples] == [off[2].token_ids] * 2
+    for sample in pair.samples:
+        same_tokens(family, sample, off[2])
     assert free.ok and free.usage.completion_tokens > 0
 
 
