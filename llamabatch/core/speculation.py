@@ -27,6 +27,7 @@ from .plan import Chunk
 from .sequence import Sequence
 
 MAX_DRAFT = 16  # guesses one slot verifies in one tick
+REQUIRED_GAIN = 1.15  # a tick with guesses must promise this many times the tokens per ms of one without
 
 
 @dataclass
@@ -107,7 +108,9 @@ def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost
         return (base_tokens + gain) / cost.ms(n_runs, base_rows + guesses, base_logits + guesses)
 
     best: dict[int, int] = {}
-    best_score = score(best, runs(best))
+    # guesses must promise a clear gain: the estimate's errors (a fitted cost, a recent rate)
+    # would otherwise make break-even ticks that lose as often as they win
+    best_score = score(best, runs(best)) * REQUIRED_GAIN
     # every slot the same number of rows (fillers after a slot's real guesses): one graph run
     # with a KV stream per slot, whatever that number, until a slot's chunk outgrows a ubatch
     top = min(max(len(c.guesses) for c in cands), spare // len(cands))
