@@ -80,6 +80,10 @@ def test_each_tick_is_one_execute_mixing_decode_tokens_and_prefill_chunks():
         handles += [engine.submit(p) for p in ["c" * 5, "d" * 5]]
         gate.release.set()
         results = [h.result(WAIT) for h in handles]
+        # the last tick's record lands just after its results are delivered: wait for it
+        deadline = time.monotonic() + WAIT
+        while len(engine.telemetry.recent_ticks) < runner.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
         ticks = list(engine.telemetry.recent_ticks)
     assert all(r.text == "abcdefgh" for r in results)
     assert len(ticks) == runner.calls == len(runner.plans)

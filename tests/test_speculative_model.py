@@ -67,7 +67,10 @@ def test_greedy_answers_are_the_same_tokens_with_guesses(family, cpu_path, off):
     on, stats = answers(family, cpu_path, "auto")
     for a, b in zip(on, off):
         same_tokens(family, a, b)
-    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0
+    # how many guesses a tick verifies follows the tick times the engine measures, so on a
+    # loaded machine few may be placed and none kept (seen once: 4 verified, 0 kept); that
+    # guesses were verified and the counts agree holds on any machine
+    assert stats.drafted_tokens > 0
     assert stats.accepted_tokens == sum(r.usage.accepted_prediction_tokens for r in on)
 
 
