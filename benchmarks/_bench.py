@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -289,3 +290,14 @@ def run_pairs(rounds: int, run_a: Callable[[], Any], run_b: Callable[[], Any],
         pairs.append((a, b))
         report(r, a, b)
     return pairs
+
+
+def server_completion(port: int, prompt: list[int], n: int, **fields: Any) -> dict:
+    """One greedy llama-server /completion of token ids (prompt cache on), its JSON answer;
+    `fields` adds to the body (ignore_eos, json_schema, ...)."""
+    body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0.0, "cache_prompt": True,
+                       **fields}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        return json.load(r)

@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import json
 import random
 import statistics
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _bench import machine_line, model_path, say, timed_generate, workload_args
+from _bench import machine_line, model_path, say, server_completion, timed_generate, workload_args
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 
@@ -235,12 +233,7 @@ def server_run(binary: Path, model: str, args, w: Workload, spec: str) -> Run:
 
 
 def complete(port: int, prompt: list[int], n: int, ignore_eos: bool) -> tuple[int, str]:
-    body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": ignore_eos,
-                       "cache_prompt": True}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=3600) as r:
-        data = json.load(r)
+    data = server_completion(port, prompt, n, ignore_eos=ignore_eos)
     return data["tokens_predicted"], data["content"]
 
 

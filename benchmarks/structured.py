@@ -44,12 +44,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _bench import Pairs, machine_line, model_path, say, sky_prompts, timed_generate
+from _bench import Pairs, machine_line, model_path, say, server_completion, sky_prompts, timed_generate
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.results import Delta, Result
@@ -233,12 +232,7 @@ def token_prompts(model: str, args, work) -> list[list[int]]:
 
 
 def server_complete(port: int, prompt: list[int], schema: dict, n: int) -> tuple[int, str]:
-    body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0.0, "json_schema": schema,
-                       "cache_prompt": True}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=3600) as r:
-        out = json.load(r)
+    out = server_completion(port, prompt, n, json_schema=schema)
     return out["tokens_predicted"], out["content"]
 
 

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from _bench import kernels, machine_line, model_path, say, sky_prompts, timed_generate, workload_args
+from _bench import kernels, machine_line, model_path, say, server_completion, sky_prompts, timed_generate, workload_args
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.bench.trace import trace_figures
@@ -192,12 +192,7 @@ class Server:
         self.log.close()
 
     def complete(self, prompt: list[int], n: int) -> int:
-        body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0.0, "ignore_eos": True,
-                           "cache_prompt": True}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            return json.load(r)["tokens_predicted"]
+        return server_completion(self.port, prompt, n, ignore_eos=True)["tokens_predicted"]
 
     def metrics(self) -> dict[str, float]:
         """The server's Prometheus counters (started with --metrics), by name without prefix."""
