@@ -14,6 +14,9 @@ the same token ids for every side; greedy):
 Systems, each run on a fresh engine or server (load not timed, one untimed warm-up request):
   auto    the Engine, --speculative auto (the default)
   off     the Engine, --speculative off
+  ceiling the Engine, --speculative auto, each line's prediction = off's answer of the same
+          round: every guess right (up to near-ties), so ceiling / off is the most any
+          drafter could gain here, at this slot count, on this machine (--no-ceiling skips it)
   server  llama.cpp's llama-server (-np SLOTS --swa-full), once per --server-specs setting
           (none and --spec-type ngram-*), built once and cached by
           ../shared/tools/build-llama-cpp-tools.sh (with nice -n 19); its best setting per
@@ -25,7 +28,7 @@ for the engine also the guesses verified and kept (acceptance rate) and mean row
 Usage:
   python benchmarks/speculative.py [-m smollm2] [--workloads e,f,a,c,q] [--slots 4] [--threads 2]
       [--rounds 2] [--edit-lines 16] [--bin DIR] [--server-specs "none,ngram-simple,ngram-map-k,ngram-mod"]
-      [--no-server] [--server-workloads e,f,q] [--c-prompts 24]
+      [--no-server] [--no-ceiling] [--server-workloads e,f,q] [--c-prompts 24]
 It measures and prints; it never asserts on time.
 """
 from __future__ import annotations
@@ -199,12 +202,13 @@ class Run:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def engine_run(model: str, args, w: Workload, speculative: str) -> Run:
+def engine_run(model: str, args, w: Workload, speculative: str, predictions: list[str] | None = None) -> Run:
+    params = w.params if predictions is None else [p.replace(prediction=t) for p, t in zip(w.params, predictions)]
     config = EngineConfig(model=model, n_parallel=w.slots, n_ctx=SLOT_CTX * w.slots, threads=args.threads,
                           speculative=speculative)
     with Engine(config) as engine:
         engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], SamplingParams(temperature=0, max_tokens=2))
-        run = timed_generate(engine, w.prompts, w.params)
+        run = timed_generate(engine, w.prompts, params)
     if run.failed:
         raise SystemExit(f"engine ({w.key}, {speculative}): {len(run.failed)} lines failed: {run.failed[0].error}")
     decode = [t for t in run.ticks if t.decode_tokens and not t.prefill_tokens]
@@ -254,7 +258,8 @@ def server_bin(args) -> Path:
 
 def run_workload(model: str, args, w: Workload, binary: Path | None) -> dict:
     with_server = binary is not None and w.key in args.server_workloads.split(",")
-    systems = ["auto", "off"] + ([f"server {s}" for s in args.server_specs.split(",")] if with_server else [])
+    servers = [f"server {s}" for s in args.server_specs.split(",")] if with_server else []
+    systems = ["auto", "off"] + ([] if args.no_ceiling else ["ceiling"]) + servers
     runs: dict[str, list[Run]] = {s: [] for s in systems}
     print(f"### ({w.key}) {w.title}; {w.slots} slot(s), {sum(map(len, w.prompts))} prompt tokens\n")
     print("| round | system | tokens | seconds | tok/s | guessed | kept | kept/guessed | ticks | rows a decode tick |")
@@ -264,6 +269,8 @@ def run_workload(model: str, args, w: Workload, binary: Path | None) -> dict:
             say(f"== ({w.key}) round {rnd}: {system}")
             if system.startswith("server "):
                 r = server_run(binary, model, args, w, system.split(" ", 1)[1])  # type: ignore[arg-type]
+            elif system == "ceiling":
+                r = engine_run(model, args, w, "auto", predictions=runs["off"][-1].texts)
             else:
                 r = engine_run(model, args, w, system)
             runs[system].append(r)
@@ -285,13 +292,18 @@ def summarize(w: Workload, runs: dict[str, list[Run]]) -> dict:
     generated = sum(r.tokens for r in auto)
     print(f"\n- auto / off per round: {', '.join(f'{x:.2f}' for x in on_off)}; median {statistics.median(on_off):.2f}"
           f"; greedy answers identical on and off (first round): {same} of {len(auto[0].texts)} lines")
+    ceiling = [c.tok_s / b.tok_s for c, b in zip(runs.get("ceiling", []), off)]
+    if ceiling:
+        print(f"- ceiling / off per round (every guess right): {', '.join(f'{x:.2f}' for x in ceiling)}; "
+              f"median {statistics.median(ceiling):.2f}")
     if best:
         print(f"- auto / {best} (the server's best setting here) per round: "
               f"{', '.join(f'{x:.2f}' for x in on_server)}; median {statistics.median(on_server):.2f}")
     print(f"- acceptance: {kept} of {guessed} guesses kept ({kept / guessed:.0%})" if guessed else
           "- acceptance: no guesses were verified", end="")
     print(f", {kept / generated:.0%} of the generated tokens\n" if generated else "\n", flush=True)
-    return {"workload": w.key, "auto_off": statistics.median(on_off), "best_server": best,
+    return {"workload": w.key, "auto_off": statistics.median(on_off),
+            "ceiling_off": statistics.median(ceiling) if ceiling else None, "best_server": best,
             "auto_server": statistics.median(on_server) if on_server else None,
             "acceptance": kept / guessed if guessed else None, "identical": f"{same}/{len(auto[0].texts)}"}
 
@@ -306,6 +318,7 @@ def main() -> None:
     ap.add_argument("--server-specs", default="none,ngram-simple,ngram-map-k,ngram-mod",
                     help="llama-server settings: none and --spec-type values (default: none and three ngram-* types)")
     ap.add_argument("--no-server", action="store_true", help="the engine alone (auto against off)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the run with every guess right")
     ap.add_argument("--server-workloads", default="e,f,a,c,q", help="workloads that also run llama-server (default all)")
     ap.add_argument("--c-prompts", type=int, default=24, help="prompts of (c), the first N of its 24 (default 24)")
     args = ap.parse_args()
@@ -314,12 +327,14 @@ def main() -> None:
     print(f"## Speculative decoding: {Path(model).name}, greedy, {args.threads} threads a side, {args.rounds} rounds\n")
     print(f"{machine_line(model)}\n")
     summaries = [run_workload(model, args, w, binary) for w in build(args, model)]
-    print("| workload | auto / off | auto / server's best | server's best | kept / guessed | lines identical on/off |")
-    print("|---|---|---|---|---|---|")
+    print("| workload | auto / off | ceiling / off | auto / server's best | server's best | kept / guessed "
+          "| lines identical on/off |")
+    print("|---|---|---|---|---|---|---|")
     for s in summaries:
         server = f"{s['auto_server']:.2f}" if s["auto_server"] is not None else "-"
         rate = f"{s['acceptance']:.0%}" if s["acceptance"] is not None else "-"
-        print(f"| ({s['workload']}) | {s['auto_off']:.2f} | {server} | {s['best_server'] or '-'} | {rate} | "
+        ceiling = f"{s['ceiling_off']:.2f}" if s["ceiling_off"] is not None else "-"
+        print(f"| ({s['workload']}) | {s['auto_off']:.2f} | {ceiling} | {server} | {s['best_server'] or '-'} | {rate} | "
               f"{s['identical']} |")
     print(f"\n{machine_line(model)} (at the end)")
 
