@@ -85,7 +85,9 @@ def test_the_mask_is_llama_cpps_allowed_set_over_fuzzed_prefixes(smollm2_vocab, 
 
 
 def test_every_answer_validates_over_twenty_schemas(smollm2_path):
-    work = lines(60)  # 3 lines a schema, nested and $ref ones included
+    # a line a schema, nested and $ref ones included: lines() gives every schema one prompt, so
+    # more lines a schema would only add seeds, not prompts or grammars
+    work = lines(len(SCHEMAS))
     with Engine(EngineConfig(model=smollm2_path, n_parallel=8, n_ctx=8 * 1024, threads=2)) as engine:
         results = engine.generate([messages for _, messages in work],
                                   [SamplingParams(max_tokens=256, temperature=0.7, seed=i, json_schema=SCHEMAS[name])
