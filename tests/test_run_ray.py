@@ -226,16 +226,21 @@ def test_the_default_auto_slots_are_chosen_by_each_worker(cluster, ray_env, tmp_
         assert 1 <= n <= 6  # never more slots than lines
 
 
-def test_a_killed_worker_loses_no_line(cluster, ray_env, tmp_path):
+def test_a_killed_worker_and_a_stopped_one_lose_no_line(cluster, ray_env, tmp_path):
+    """w1 is killed (SIGKILL) and w2 hangs (SIGSTOP: it does not even answer) at the same moment,
+    in one run: the dead one's lines are retried, and the stopped one is killed after the
+    watchdog's bound and its lines are retried as for a dead one."""
     env, _ = ray_env
     inp = lines_file(tmp_path / "in.jsonl", 20, 8)
     out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
     proc = start_cli(env, err, str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS,
-                     "--max-tokens", "8", "--order", "completion")
+                     "--max-tokens", "8", "--order", "completion", "--watchdog", "3")
     try:
         wait_records(out, 4, proc)
-        pid = int(re.search(r"w1: node \S+, pid (\d+)", err.read_text()).group(1))
-        os.kill(pid, signal.SIGKILL)
+        header = err.read_text()
+        killed, stopped = (int(re.search(rf"{w}: node \S+, pid (\d+)", header).group(1)) for w in ("w1", "w2"))
+        os.kill(killed, signal.SIGKILL)
+        os.kill(stopped, signal.SIGSTOP)
         assert proc.wait(timeout=900) == 0, err.read_text()
     finally:
         if proc.poll() is None:
@@ -246,31 +251,10 @@ def test_a_killed_worker_loses_no_line(cluster, ray_env, tmp_path):
     assert all(r.get("error") is None and r.get("response", {}).get("status_code", 200) == 200 for r in got)
     stderr = err.read_text()
     assert re.search(r"w1 on .*died 1 time\(s\) with [1-9]\d* line\(s\) in flight", stderr), stderr
-    assert re.search(r"1 worker restart\(s\), [1-9]\d* line\(s\) retried", stderr), stderr
-
-
-def test_a_stopped_worker_is_killed_by_the_watchdog_and_loses_no_line(cluster, ray_env, tmp_path):
-    """A worker that hangs (here: SIGSTOP; it does not even answer) is killed after the watchdog's
-    bound and its lines are retried as for a dead one."""
-    env, _ = ray_env
-    inp = lines_file(tmp_path / "in.jsonl", 20, 8)
-    out, err = tmp_path / "out.jsonl", tmp_path / "err.txt"
-    proc = start_cli(env, err, str(inp), "-o", str(out), "--ray", cluster, *TWO_WORKERS, *SLOTS,
-                     "--max-tokens", "8", "--order", "completion", "--watchdog", "3")
-    try:
-        wait_records(out, 4, proc)
-        pid = int(re.search(r"w1: node \S+, pid (\d+)", err.read_text()).group(1))
-        os.kill(pid, signal.SIGSTOP)
-        assert proc.wait(timeout=900) == 0, err.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    got = records(out)
-    assert len(got) == 20 and len({rid(r) for r in got}) == 20
-    assert all(r.get("error") is None and r.get("response", {}).get("status_code", 200) == 200 for r in got)
-    stderr = err.read_text()
-    assert re.search(r"w1 on .*died 1 time\(s\) with [1-9]\d* line\(s\) in flight.*killed by the watchdog", stderr), stderr
-    assert not _alive(pid), "the stopped worker process was left behind"
+    assert re.search(r"w2 on .*died 1 time\(s\) with [1-9]\d* line\(s\) in flight.*killed by the watchdog",
+                     stderr), stderr
+    assert re.search(r"2 worker restart\(s\), [1-9]\d* line\(s\) retried", stderr), stderr
+    assert not _alive(stopped), "the stopped worker process was left behind"
 
 
 def test_a_model_missing_on_the_workers_stops_before_any_work_and_our_ray_instance_goes(ray_env, tmp_path):
