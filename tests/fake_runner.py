@@ -165,9 +165,10 @@ class FakeRunner:
         # Speculative decoding: whether decode chunks may carry guesses (Chunk.n_draft). Each of a
         # verified chunk's rows is sampled in order as a row of its own would be, a guess kept
         # while it equals that row's token; with `probs` (the tokens before a row -> {token: p}, a
-        # known distribution of what precedes the row) rows are drawn from it with the sampler's own generator, and a
-        # guess's row by the accept rule (llama/speculative_rule.py).
+        # known distribution of what precedes the row) each row is one draw from it with the
+        # sampler's own generator, guess or not, as the real runner samples (runner._verify_chunk).
         self.can_verify = can_verify
+        self.draft_limits: dict[str, int] = {}
         self.probs = probs
         # A grammar's forced tokens (llama/mask_grammar.py): after each inline sample, force(the
         # reply's text so far) says how many of the reply's next tokens come forced, unsampled.
@@ -339,7 +340,7 @@ class FakeRunner:
         kept = 0
         for i in range(n + 1):
             guess = guesses[i] if i < n else None
-            tok = self._draw(chunk, guess, i) if self.probs is not None else self._sample(chunk, chunk.slot, chunk.sampler)
+            tok = self._draw(chunk, i) if self.probs is not None else self._sample(chunk, chunk.slot, chunk.sampler)
             if guess is not None and tok == guess:
                 kept += 1
                 continue
@@ -351,12 +352,10 @@ class FakeRunner:
             result.logprobs[chunk.slot] = fake_logprobs(tok, chunk.logprobs)
             result.accepted_logprobs[chunk.slot] = [fake_logprobs(g, chunk.logprobs) for g in guesses[:kept]]
 
-    def _draw(self, chunk: Any, guess: int | None, i: int) -> int:
-        """Row i of the chunk's verified rows drawn from the known distribution of what
-        precedes it (`probs`)."""
+    def _draw(self, chunk: Any, i: int) -> int:
+        """Row i of the chunk's verified rows: one draw from the known distribution of what
+        precedes it (`probs`) with the sampler's own generator, whatever was guessed there."""
         import numpy as np
-
-        from llamabatch.llama.speculative_rule import keep_or_resample
 
         sampler = chunk.sampler
         if sampler.rng is None:
@@ -364,10 +363,7 @@ class FakeRunner:
         dist = self.probs(self.kv[chunk.slot][:chunk.start_pos + len(chunk.tokens) - chunk.n_draft + i])
         ids = np.array(list(dist), dtype=np.int64)
         p = np.array(list(dist.values()), dtype=np.float64)
-        p /= p.sum()
-        if guess is not None:
-            return keep_or_resample(ids, p, guess, sampler.rng)
-        return int(ids[min(int(np.searchsorted(np.cumsum(p), sampler.rng.random(), side="right")), len(ids) - 1)])
+        return int(ids[min(int(np.searchsorted(np.cumsum(p / p.sum()), sampler.rng.random(), side="right")), len(ids) - 1)])
 
     def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
         if self.grammar_allows is None or not (sampler.params.grammar or sampler.params.json_schema is not None):

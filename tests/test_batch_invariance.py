@@ -104,16 +104,33 @@ def test_every_prefill_chunk_runs_whole_in_a_ubatch_of_at_least_min_rows(mix):
 def test_decode_pass_fills_gaps_and_pads_to_a_tile_of_at_least_min_rows():
     ends = {i: 20 + i for i in range(12)}
     p = inv.decode_pass([decode(2, 9), decode(5, 11)], 12, ends.__getitem__)
-    assert [r.seq for r in p.rows] == list(range(2, 10))  # 2..5 filled, extended to 8 rows
+    # ids 2..5 filled, extended to 8; each id 2 rows (attention's multi-row path), its
+    # token first, a padding row after it in its own stream
+    assert [r.seq for r in p.rows] == [s for s in range(2, 10) for _ in range(2)]
     assert all(r.logits for r in p.rows)
-    assert [(c.slot, row) for c, row in p.sample_rows] == [(2, 0), (5, 3)]
-    assert {s: pos for s, pos in p.trims} == {s: ends[s] for s in (3, 4, 6, 7, 8, 9)}
-    assert [r.pos for r in p.rows][:1] == [9] and p.rows[3].pos == 11
+    assert [(c.slot, row) for c, row in p.sample_rows] == [(2, 0), (5, 6)]
+    assert [(r.token, r.pos) for r in p.rows[:2]] == [(7, 9), (inv.PAD_TOKEN, 10)]
+    assert [r.pos for r in p.rows if r.seq == 3] == [23, 24]
+    assert dict(p.trims) == {**{s: ends[s] for s in (3, 4, 6, 7, 8, 9)}, 2: 10, 5: 12}
+
+
+def test_a_decode_pass_with_guesses_gives_every_id_the_longest_chunks_rows():
+    guessing = Chunk(1, 101, [7, 8, 9, 10], 30, wants_logits=True, is_decode=True, n_draft=3)
+    p = inv.decode_pass([decode(0, 5), guessing], 8, lambda s: 0)
+    assert len(p.rows) == 8 * 4 and all(sum(r.seq == s for r in p.rows) == 4 for s in range(8))
+    assert [(r.token, r.pos) for r in p.rows if r.seq == 1] == [(7, 30), (8, 31), (9, 32), (10, 33)]
+    assert [r.token for r in p.rows if r.seq == 0] == [7] + [inv.PAD_TOKEN] * 3
+    # the verified chunk's sample row is its last guess's (runner._verify_chunk reads back)
+    assert dict((c.slot, row) for c, row in p.sample_rows) == {0: 0, 1: 7}
+    assert dict(p.trims)[0] == 6 and dict(p.trims)[1] == 34
+    too_long = Chunk(1, 101, list(range(inv.max_decode_rows() + 1)), 30, True, True, n_draft=inv.max_decode_rows())
+    with pytest.raises(ValueError):
+        inv.decode_pass([too_long], 8, lambda s: 0)
 
 
 def test_decode_pass_extends_downwards_at_the_top_of_the_ids():
     p = inv.decode_pass([decode(7)], 8, lambda s: 0)
-    assert [r.seq for r in p.rows] == list(range(0, 8))
+    assert sorted({r.seq for r in p.rows}) == list(range(0, 8))
 
 
 @pytest.mark.parametrize("n_slots", [1, 2, 3, 4, 5, 7, 8, 9, 16])
@@ -122,7 +139,8 @@ def test_enough_sequence_ids_for_any_decode_pass(n_slots):
     assert n_ids >= n_slots
     p = inv.decode_pass([decode(s) for s in range(n_slots)], n_ids, lambda s: 0)
     assert len(p.rows) % inv.TILE == 0 and len(p.rows) >= inv.MIN_ROWS
-    assert len({r.seq for r in p.rows}) == len(p.rows)  # one token per sequence: one ubatch
+    ids = {r.seq for r in p.rows}
+    assert all(sum(r.seq == s for r in p.rows) == 2 for s in ids)  # equal rows per id: one ubatch
 
 
 def ok(tokens: list[int], seed: int = 5) -> Result:

@@ -182,7 +182,7 @@ def test_passes_follow_the_derived_rule():
     shapes = inv.Shapes(tile=4, min_rows=4, why="test")
     p = inv.prefill_pass([Chunk(0, 0, [1, 2, 3, 4, 5], 0, True, False)], shapes)
     assert len(p.rows) == 8 and sum(r.logits for r in p.rows) == 4
-    assert len(inv.decode_pass([Chunk(0, 0, [1], 9, True, True)], 4, lambda s: 0, shapes).rows) == 4
+    assert len(inv.decode_pass([Chunk(0, 0, [1], 9, True, True)], 4, lambda s: 0, shapes).rows) == 4 * inv.DECODE_ROWS  # each stream: the token and a padding row
     assert inv.n_sequence_ids(1, shapes) == 4 and inv.extra_cells(shapes) == 3
 
 

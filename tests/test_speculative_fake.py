@@ -183,11 +183,18 @@ def test_guesses_are_cut_at_the_first_token_the_grammar_forbids():
     assert guessed and all(chr(t).isdigit() for g in guessed for t in g)
 
 
-def test_deterministic_mode_verifies_no_guesses():
-    # a verified row shares its stream with others and rounds as prefill does, while that mode
-    # evaluates each generated token alone: there speculation is off, so its answers are the
-    # very tokens of --speculative off
+def test_deterministic_mode_verifies_guesses_within_the_runners_limits():
+    # deterministic mode pads every decode token with rows of its own stream (batch_invariance.py):
+    # a guess takes a padding row at no cost, and no slot takes more rows than the pass can pad,
+    # which the runner says through draft_limits; the answer is the very tokens of --speculative off
     params = SamplingParams(temperature=0, max_tokens=200, prediction=PREDICTION)
-    (result,), stats, runner = run(["fix: " + PREDICTION], [params], deterministic=True)
+    runner = FakeRunner(n_slots=2, slot_ctx=256, reply=lambda p: ANSWER, can_verify=True)
+    runner.draft_limits = {"max_draft": 1, "free": 1}
+    with engine_for(runner, deterministic=True) as engine:
+        (result,) = engine.generate(["fix: " + PREDICTION], [params])
+        stats = engine.stats()
+    assert runner.violations == []
     assert result.text == ANSWER
-    assert stats.drafted_tokens == 0 and not draft_chunks(runner)
+    chunks = draft_chunks(runner)
+    assert stats.drafted_tokens > 0 and chunks and all(c.n_draft == 1 for c in chunks)
+    assert result.usage.accepted_prediction_tokens > 0

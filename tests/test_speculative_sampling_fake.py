@@ -1,8 +1,9 @@
-"""Sampling with guesses keeps the request's distribution (llama/speculative_rule.py): on the
+"""Sampling with guesses keeps the request's distribution (runner._verify_chunk: each row one
+draw of the request's own generator, a guess kept when the draw is the guess): on the
 FakeRunner with a known distribution per row, 10,000 tokens of a sampled answer whose
 prediction keeps guessing one token are distributed as that distribution (chi-square), for a
-likely guess, an unlikely one and one the distribution never gives; and the rule itself on
-its own, over 10,000 draws."""
+likely guess, an unlikely one and one the distribution never gives; and they are the very
+tokens the same seed gives without guesses."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,6 @@ import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.speculation import TickCost
-from llamabatch.llama.speculative_rule import keep_or_resample
 
 from fake_runner import FakeRunner
 
@@ -56,12 +56,28 @@ def test_a_sampled_answer_with_guesses_keeps_its_distribution(guess):
     assert chi_square(result.token_ids, P) < CRITICAL_3_DF
 
 
-def test_the_accept_rule_draws_from_p_over_10000_rows():
-    rng = np.random.default_rng(7)
-    ids = np.array([10, 11, 12, 13, 14])
-    probs = np.array([0.4, 0.25, 0.2, 0.1, 0.05])
-    for guess in (10, 14, 99):
-        tokens = [keep_or_resample(ids, probs, guess, rng) for _ in range(DRAWS)]
-        assert chi_square(tokens, dict(zip(ids.tolist(), probs.tolist()))) < CRITICAL_4_DF
-    # a guess that is certain is always kept
-    assert keep_or_resample(np.array([3]), np.array([1.0]), 3, rng) == 3
+def sampled(prediction: str | None, cost: TickCost | None = None):
+    """The answer and the ticks' (guessed, kept) counts."""
+    runner = FakeRunner(n_slots=1, slot_ctx=DRAWS + 64, n_batch=64, can_verify=True, probs=lambda before: P)
+    params = SamplingParams(temperature=0.8, max_tokens=DRAWS, seed=99, prediction=prediction)
+    ticks: list[tuple[int, int]] = []
+    with Engine(EngineConfig(n_parallel=1, n_batch=64, chunk_size=32,
+                             speculative="auto" if prediction else "off"), runner=runner) as engine:
+        if cost is not None:
+            engine.scheduler.speculation.cost = cost
+        engine.telemetry.subscribe(lambda r: ticks.append((r.drafted_tokens, r.accepted_tokens))
+                                   if hasattr(r, "drafted_tokens") else None)
+        return engine.generate(["go"], [params])[0], ticks
+
+
+def test_a_seeded_answer_is_the_same_tokens_with_guesses_and_keeps_a_guess_at_its_probability():
+    plain, _ = sampled(None)
+    guessed, ticks = sampled("b" * DRAWS, FixedCost(run_ms=100.0, row_ms=0.01, logit_ms=0.01))
+    assert guessed.token_ids == plain.token_ids  # one draw per emitted token, guess or not
+    # a tick's guesses are decided in order until one is turned down, each kept with the
+    # probability of the token guessed: 'b' from the prediction (0.3), or where the drafter
+    # looks the answer's last tokens up in the answer itself, any of P's tokens (0.05-0.5)
+    kept = sum(a for _, a in ticks)
+    decided = sum(a + (a < d) for d, a in ticks if d)
+    assert decided > 2000
+    assert 0.25 < kept / decided < 0.45, kept / decided

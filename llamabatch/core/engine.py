@@ -85,11 +85,11 @@ class Engine(EngineBase):
         self.disk = disk  # the disk prefix store, or None
         # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).
         # Speculative decoding (speculation.py): where the runner can verify guesses and keep part
-        # of a slot (a Trim removes the turned-down ones). Deterministic mode evaluates each
-        # generated token alone in its stream (batch_invariance.py); a verified one would take
-        # the prefill kernels' rounding, so there it is off (docs/speculative.md).
-        speculating = (self.config.speculation == "auto" and not self.config.deterministic
-                       and runner.can_verify and runner.can_trim and self.config.cache_prompt)
+        # of a slot (a Trim removes the turned-down ones). Deterministic mode pads every decode
+        # token with rows after it in its stream (batch_invariance.py): a guess takes one of
+        # them at no cost, and no slot takes more rows than the pass can pad.
+        speculating = (self.config.speculation == "auto" and runner.can_verify and runner.can_trim
+                       and self.config.cache_prompt)
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
                                    self.config.policy, self.config.cache_prompt and runner.can_trim,
                                    runner.token_bytes, runner.is_eog,
@@ -97,7 +97,8 @@ class Engine(EngineBase):
                                    sample_apart=((lambda seq: wants_apart(seq.params, seq.sampler))
                                                  if self.sampling_threads else None),
                                    disk=self.disk,
-                                   speculation=Speculation(runner.graph_runs, runner.valid_guesses) if speculating else None)
+                                   speculation=Speculation(runner.graph_runs, runner.valid_guesses, **runner.draft_limits)
+                                   if speculating else None)
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread

@@ -43,8 +43,8 @@ class Chunk:
     # Speculative decoding (core/drafts.py): the last n_draft tokens are guesses of what the
     # request samples next, evaluated as rows of this same decode. The runner asks logits for
     # the last n_draft + 1 rows and samples them in order with the chunk's sampler, keeping
-    # each guess its sampling agrees with (greedy: the same token; sampling: the accept rule
-    # in llama/speculative_rule.py); at the first disagreement the token it sampled there
+    # each guess its sampling agrees with (the row's own token is the guess: runner.py
+    # _verify_chunk); at the first disagreement the token it sampled there
     # ends the chunk's output (else the last row's sample does). StepResult.accepted says how
     # many guesses were kept; the KV cells of the others go in the next plan's Trim.
     n_draft: int = 0
@@ -258,6 +258,7 @@ class Runner(Protocol):
     can_sample_apart: bool  # whether sample_apart chunks come back as SampleJobs (else sampled inline)
     can_store: bool  # whether slots may be saved to / restored from the disk prefix store
     can_verify: bool  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
+    draft_limits: dict[str, int]  # Speculation's max_draft and free (rows a guess takes at no cost), when they differ
     kv_fingerprint: dict[str, str]  # what must match for saved KV bytes to be restored here
 
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:

@@ -89,10 +89,12 @@ def expected(rate: float, n: int) -> float:
 
 
 def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost: TickCost,
-           runs_of: Callable[[list[tuple[int, int]]], int]) -> dict[int, int]:
+           runs_of: Callable[[list[tuple[int, int]]], int], free: int = 0) -> dict[int, int]:
     """slot -> rows of guesses (real ones first, then fillers) for this tick: the choice of
     most expected tokens per estimated millisecond, within `spare` rows. `others`: the tick's
-    other chunks as (slot, rows); `runs_of(runs)` counts the graph runs of (slot, rows) runs."""
+    other chunks as (slot, rows); `runs_of(runs)` counts the graph runs of (slot, rows) runs;
+    `free`: guess rows a slot has at no cost (deterministic mode pads every decode token
+    with a row, which a guess may take), placed wherever there is a guess."""
     if spare <= 0 or not any(c.guesses for c in cands):
         return {}
     base_rows = sum(n for _, n in others) + sum(c.base for c in cands)
@@ -104,10 +106,12 @@ def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost
 
     def score(lengths: dict[int, int], n_runs: int) -> float:
         gain = sum(expected(c.rate, min(lengths.get(c.slot, 0), len(c.guesses))) for c in cands)
-        guesses = sum(lengths.values())
+        guesses = sum(max(0, n - free) for n in lengths.values())
         return (base_tokens + gain) / cost.ms(n_runs, base_rows + guesses, base_logits + guesses)
 
-    best: dict[int, int] = {}
+    best = {c.slot: min(free, len(c.guesses)) for c in cands if free and c.guesses}
+    if sum(best.values()) > spare:
+        best = {}
     # guesses must promise a clear gain: the estimate's errors (a fitted cost, a recent rate)
     # would otherwise make break-even ticks that lose as often as they win
     best_score = score(best, runs(best)) * REQUIRED_GAIN
@@ -150,17 +154,18 @@ class Speculation:
     and what a verification gave back."""
 
     def __init__(self, runs_of: Callable[[list[tuple[int, int]]], int],
-                 valid: Callable[[Any, list[int]], int] | None = None, cost: TickCost | None = None):
+                 valid: Callable[[Any, list[int]], int] | None = None, cost: TickCost | None = None,
+                 max_draft: int = MAX_DRAFT, free: int = 0):
         self.runs_of = runs_of  # graph runs llama_decode makes of (slot, rows) runs (the runner's)
         self.valid = valid  # (sampler, guesses) -> how many its grammar allows (the runner's)
         self.cost = cost or TickCost()
+        self.max_draft = max_draft  # guesses one slot verifies in one tick
+        self.free = free  # guess rows a slot has at no cost (choose)
 
     @staticmethod
     def drafts_for(seq: Sequence) -> bool:
-        """Whether a request drafts at all: unless it said "speculative": false, or samples with
-        mirostat (whose chain chooses and adapts in one step, so there is no distribution
-        to accept a guess from, llama/speculative_rule.py)."""
-        return seq.params.speculative and seq.params.mirostat == 0
+        """Whether a request drafts at all: unless it said "speculative": false."""
+        return seq.params.speculative
 
     def add_guesses(self, chunks: list[Chunk], seq_of: Callable[[int], Sequence], spare: int,
                     chunk_size: int, slot_ctx: int) -> None:
@@ -177,7 +182,7 @@ class Speculation:
             if guesses and self.valid is not None:
                 guesses = guesses[:self.valid(seq.sampler, guesses)]  # none the grammar forbids
             cands.append(Candidate(chunk.slot, len(chunk.tokens), guesses, seq.drafter.rate))
-        lengths = choose(cands, others, spare, self.cost, self.runs_of)
+        lengths = choose(cands, others, spare, self.cost, self.runs_of, self.free)
         for chunk in chunks:
             n = lengths.get(chunk.slot, 0)
             if n:
@@ -187,13 +192,12 @@ class Speculation:
                 chunk.tokens = chunk.tokens + real + [chunk.tokens[-1]] * (n - len(real))
                 chunk.n_draft = n
 
-    @staticmethod
-    def _room(chunk: Chunk, seq: Sequence, chunk_size: int, slot_ctx: int) -> int:
+    def _room(self, chunk: Chunk, seq: Sequence, chunk_size: int, slot_ctx: int) -> int:
         """How many guesses this chunk may carry: 0 unless it is a generating slot's decode
         chunk with all its pending tokens, a drafter, its token sampled inline, min_tokens met;
         then no more than its answer, slot and chunk can still take."""
         if (not chunk.is_decode or not chunk.wants_logits or chunk.sample_apart or seq.drafter is None
                 or len(seq.output) < seq.params.min_tokens):
             return 0
-        return min(MAX_DRAFT, seq.params.max_tokens - len(seq.output) - 1, slot_ctx - seq.num_tokens - 1,
+        return min(self.max_draft, seq.params.max_tokens - len(seq.output) - 1, slot_ctx - seq.num_tokens - 1,
                    chunk_size - len(chunk.tokens))

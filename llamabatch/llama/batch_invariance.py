@@ -17,9 +17,12 @@ types, the CPU); the runner's self-check (determinism_check.py) is the guard whe
 derivation is wrong.
 
 Attention is already row-invariant with flash attention off and one KV stream per sequence,
-as long as a token always meets the same path: a prompt token is always evaluated with the
-other tokens of its chunk (>= 2 query rows per stream: tinyBLAS), a generated token always
-alone in its stream (1 row: vec_dot). Hence:
+as long as every token meets the same path: >= 2 query rows in its stream, where llamafile's
+tinyBLAS takes the attention products (one row would take ggml's vec_dot, which rounds
+differently). A prompt token is evaluated with the other tokens of its chunk, and a
+generated token with the rows after it in its stream: guesses being verified (speculative
+decoding) or padding, so the same token gives the same logits whether guesses ride with it
+or not. Hence:
   - prefill and decode never share a llama_decode call;
   - a prefill chunk is padded INSIDE its own sequence with dummy tokens after its end (causal
     attention: the real rows never see them), trimmed right after; a chunk that ends the
@@ -31,8 +34,11 @@ alone in its stream (1 row: vec_dot). Hence:
     seeded answer at 3 slots). With one length per call every chunk runs whole, in a ubatch
     of >= MIN_ROWS rows;
   - a decode pass is ONE ubatch: the ids from the lowest to the highest decoding slot, gaps
-    filled and the run extended to a multiple of TILE (>= MIN_ROWS) with one-token rows of
-    idle slots or spare sequence ids, all asking logits, removed right after.
+    filled and the run extended to a multiple of TILE (>= MIN_ROWS) with idle slots or spare
+    sequence ids; every id takes the same number of rows, the longest decode chunk's (a
+    token and its guesses) and at least 2, padded inside its own stream after its real rows,
+    all asking logits, padding removed right after. (split_equal takes the same number of
+    tokens from each sequence of a ubatch: equal rows keep the pass one ubatch.)
 Pure functions: the runner turns a Pass into llama_batch rows.
 """
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ..core.plan import Chunk
 
 TILE = 4  # rows per gemm tile of the repacked kernels (the default Shapes)
 MIN_ROWS = 8  # fewest rows in any ubatch: at or above the tiled K-quant kernel's threshold
+DECODE_ROWS = 2  # fewest rows a sequence takes in a decode pass: attention takes tinyBLAS from 2
 PAD_TOKEN = 0  # what a padding row holds; its value never reaches a real row
 
 
@@ -149,12 +156,22 @@ def prefill_pass(chunks: list[Chunk], shapes: Shapes = DEFAULT) -> Pass:
     return out
 
 
+def max_decode_rows(shapes: Shapes = DEFAULT) -> int:
+    """Rows one sequence may take in a decode pass (a token and its guesses): what the cells
+    kept free past a slot's tokens (extra_cells) and the ubatch's padding room allow."""
+    return extra_cells(shapes) + 1
+
+
 def decode_pass(chunks: list[Chunk], n_ids: int, next_pos: Callable[[int], int], shapes: Shapes = DEFAULT) -> Pass:
-    """`next_pos(seq)`: the position after the last token a sequence holds (0 when empty)."""
+    """`next_pos(seq)`: the position after the last token a sequence holds (0 when empty).
+    A chunk is a generated token and the guesses verified with it (Chunk.n_draft)."""
     out = Pass(chunks=list(chunks))
     if not chunks:
         return out
     by_slot = {c.slot: c for c in chunks}
+    per_id = max(DECODE_ROWS, *(len(c.tokens) for c in chunks))
+    if per_id > max_decode_rows(shapes):
+        raise ValueError(f"a decode chunk of {per_id} rows is over the {max_decode_rows(shapes)} a pass pads")
     ids = list(range(min(by_slot), max(by_slot) + 1))
     while len(ids) % shapes.tile or len(ids) < shapes.min_rows:
         if ids[-1] + 1 < n_ids:
@@ -165,12 +182,11 @@ def decode_pass(chunks: list[Chunk], n_ids: int, next_pos: Callable[[int], int],
             raise ValueError(f"{n_ids} sequence ids cannot hold a decode pass of {len(ids) + 1}+ rows")
     for seq in ids:
         chunk = by_slot.get(seq)
+        real = chunk.tokens if chunk is not None else []
+        pos = chunk.start_pos if chunk is not None else next_pos(seq)
+        for j in range(per_id):
+            out.rows.append(Row(seq, real[j] if j < len(real) else PAD_TOKEN, pos + j, True))
         if chunk is not None:
-            (token,) = chunk.tokens
-            out.sample_rows.append((chunk, len(out.rows)))
-            out.rows.append(Row(seq, token, chunk.start_pos, True))
-        else:
-            pos = next_pos(seq)
-            out.rows.append(Row(seq, PAD_TOKEN, pos, True))
-            out.trims.append((seq, pos))
+            out.sample_rows.append((chunk, len(out.rows) - per_id + len(real) - 1))
+        out.trims.append((seq, pos + len(real)))
     return out

@@ -33,7 +33,7 @@ from .logprobs import LogprobReporter
 from .mask_grammar import GrammarStopped, chosen_backend
 from .row_job import RowJob
 from .ubatch_split import ubatch_sizes
-from .samplers import Sampler, SamplerFactory, sample_row, verify_row
+from .samplers import Sampler, SamplerFactory, sample_row
 from .vocab import Vocabulary
 from ..config import EngineConfig
 from ..errors import DeterminismUnavailable
@@ -100,10 +100,12 @@ class LlamaRunner:
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         # Rows may be sampled on sampling threads (apart.py); deterministic mode samples inline.
         self.can_sample_apart = not self.deterministic
-        # Decode chunks may carry guesses to verify (speculative decoding), but not in
-        # deterministic mode: a guess's row shares its stream with others, which rounds as
-        # prefill does, while that mode evaluates every generated token alone (batch_invariance.py).
-        self.can_verify = not self.deterministic
+        # Decode chunks may carry guesses to verify (speculative decoding). Deterministic mode
+        # pads each decode token with a row after it in its stream (batch_invariance.py): a
+        # guess takes that row at no cost, and a slot takes no more rows than a pass pads.
+        self.can_verify = True
+        self.draft_limits = ({"max_draft": invariance.max_decode_rows(self.shapes) - 1,
+                              "free": invariance.DECODE_ROWS - 1} if self.deterministic else {})
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
         # Embeddings run in a context of their own, made on first use (embedder.py says why).
@@ -259,10 +261,17 @@ class LlamaRunner:
                                          self.logprobs.from_logits(raw, tok, chunk.logprobs, np.empty_like(raw), None))
 
     def _verify_chunk(self, chunk: Any, last_row: int, result: StepResult) -> None:
-        """Sample a verified chunk's rows in order (plan.Chunk.n_draft): the row before each
-        guess decides it; the first guess turned down, or the last row, gives the sampled
-        token. Each row is sampled exactly as sample_row would sample it in a tick of its own,
-        so the kept guesses and that token are the request's own answer (verify_row)."""
+        """Sample a verified chunk's rows in order (plan.Chunk.n_draft): each row is sampled
+        with the request's chain exactly as in a tick of its own, and its guess is kept when
+        the sampled token is the guess; the first other token ends the chunk's output.
+
+        This keeps every answer: a greedy chain's pick is a point mass; a chain that draws at
+        random draws once per emitted token from its own generator, as without guesses, so
+        the tokens are the ones `--speculative off` draws from the same logits, and a guess
+        x is kept with probability p(x) (p: the whole chain, bias, penalties, top-k/p,
+        min-p, temperature, a grammar's mask); when it is not, the token is distributed as
+        p with x removed, renormalized: the accept rule of speculative sampling with a
+        point-mass draft (Leviathan et al. 2023), in the coupling that changes no draw."""
         guesses = chunk.tokens[len(chunk.tokens) - chunk.n_draft:]
         sampler = chunk.sampler
         raw_needed = sampler.matcher is not None and chunk.logprobs is not None
@@ -270,11 +279,10 @@ class LlamaRunner:
         for i in range(chunk.n_draft + 1):
             row = last_row - chunk.n_draft + i
             raw = self._row_copy(row) if raw_needed else None
+            last = i == chunk.n_draft
             try:
-                if i < chunk.n_draft:
-                    tok = verify_row(sampler, self.ctx, row, guesses[i], self.n_vocab)
-                else:
-                    tok = sample_row(sampler, self.ctx, row, False, self.n_vocab, force=chunk.logprobs is None)
+                tok = sample_row(sampler, self.ctx, row, False, self.n_vocab,
+                                 force=last and chunk.logprobs is None and not self.deterministic)
             except GrammarStopped as exc:  # that request's grammar, not the tick: it alone ends
                 result.failed[chunk.slot] = (str(exc), exc.code)
                 return
@@ -337,7 +345,10 @@ class LlamaRunner:
         t1 = time.perf_counter()
         if status == 0:
             for chunk, row in shaped.sample_rows:
-                self._sample_chunk(chunk, row, result)
+                if chunk.n_draft:
+                    self._verify_chunk(chunk, row, result)
+                else:
+                    self._sample_chunk(chunk, row, result)
         for seq, pos in shaped.trims:  # the padding rows' cells (none are left after a failure)
             self.kv.drop_from(seq, pos)
         result.eval_ms += (t1 - t0) * 1000

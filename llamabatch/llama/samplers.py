@@ -16,7 +16,6 @@ from ..params import SamplingParams
 from .backend import first_error, log_mark
 from .greedy_pick import GreedyPick
 from .mask_grammar import Matcher, MaskGrammars, available as mask_library_available
-from .speculative_rule import keep_or_resample, softmax
 from .stderr_capture import grammar_complaint, stderr_captured
 from .vocab import Vocabulary
 
@@ -40,10 +39,6 @@ class Sampler:
         self.matcher = matcher  # the grammar as a token mask (mask_grammar.py), or None
         self.grammar_backend = grammar_backend  # "llguidance" or "llama" for a constrained request
         self.forced: list[int] = []  # tokens the grammar forced after the last sampled one
-        # Speculative decoding: a chain that draws at random verifies a guess by the accept rule
-        # (speculative_rule.py) with draws of its own, from this generator seeded like the chain.
-        self.stochastic = False
-        self.rng = np.random.default_rng(seed)
 
 
 class SamplerFactory:
@@ -75,9 +70,7 @@ class SamplerFactory:
         chain = self._chain(params, seed, block_eog=block_eog, with_grammar=not masked)
         no_eog = self._chain(params, seed, block_eog=True, with_grammar=not masked) if twin else None
         if not _only_bias_and_greedy(params, masked):
-            sampler = Sampler(chain, no_eog, seed, matcher=matcher, grammar_backend=backend)
-            sampler.stochastic = not params.greedy
-            return sampler
+            return Sampler(chain, no_eog, seed, matcher=matcher, grammar_backend=backend)
         return Sampler(chain, no_eog, seed, GreedyPick(self._bias(params, block_eog)),
                        GreedyPick(self._bias(params, True)) if twin else None, matcher=matcher, grammar_backend=backend)
 
@@ -214,42 +207,3 @@ def _sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_voca
         C.llama_sampler_accept(sampler.chain, tok)
         return tok
     return C.llama_sampler_sample(sampler.chain, ctx, row)
-
-
-# llama_token_data {int32 id; float logit; float p}, as numpy sees an array of them
-TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-
-
-def verify_row(sampler: Sampler, ctx: Any, row: int, guess: int, n_vocab: int) -> int:
-    """The token the request gets at row `row` when `guess` was drafted for it, distributed
-    as sample_row's (speculative_rule.py). A chain that does not draw at random samples as
-    usual (a point mass: the caller keeps the guess when it is that token); one that does
-    keeps or replaces the guess by the accept rule over the candidates its filters leave.
-    Either way the chain and the grammar are told the token, as sample_row tells them."""
-    if not sampler.stochastic:
-        return sample_row(sampler, ctx, row, False, n_vocab)
-    logits = np.ctypeslib.as_array(C.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
-    if sampler.matcher is not None:
-        sampler.matcher.mask_row(logits)
-    ids, probs = _chain_candidates(sampler.chain, logits)
-    tok = keep_or_resample(ids, probs, guess, sampler.rng)
-    C.llama_sampler_accept(sampler.chain, tok)
-    if sampler.matcher is not None:
-        sampler.matcher.accept(tok)
-    return tok
-
-
-def _chain_candidates(chain: Any, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The candidates and their probabilities after every sampler of the chain but its last
-    (the dist sampler, which would draw one): what llama_sampler_sample draws from."""
-    cand = np.empty(len(logits), dtype=TOKEN_DATA)
-    cand["id"] = np.arange(len(logits), dtype=np.int32)
-    cand["logit"] = logits
-    cand["p"] = 0.0
-    arr = C.llama_token_data_array(cand.ctypes.data_as(ctypes.POINTER(C.llama_token_data)), len(logits), -1, False)
-    for i in range(C.llama_sampler_chain_n(chain) - 1):
-        C.llama_sampler_apply(C.llama_sampler_chain_get(chain, i), ctypes.byref(arr))
-    size = int(arr.size)
-    raw = ctypes.cast(arr.data, ctypes.POINTER(ctypes.c_uint8 * (size * TOKEN_DATA.itemsize))).contents
-    left = np.frombuffer(raw, dtype=TOKEN_DATA, count=size).copy()
-    return left["id"].astype(np.int64), softmax(left["logit"])
