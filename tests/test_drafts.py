@@ -83,3 +83,12 @@ def test_with_a_stream_per_slot_every_decode_slot_gets_the_same_rows():
     assert len(set(lengths.values())) <= 1 and (not lengths or len(lengths) == 4)
     # with one cache for all slots the one slot guesses alone
     assert choose(cands, [], 500, cost, runs_unified) == {0: 8}
+
+
+def test_a_tick_that_prefills_a_prompt_takes_no_guess_but_a_free_one():
+    # the tick happens for the prompt's sake: a kept guess would save a row, not a tick
+    cost = TickCost(run_ms=20.0, row_ms=0.5, logit_ms=0.5)
+    likely = [Candidate(0, 1, list(range(10)), 0.95)]
+    assert choose(likely, [(1, 64)], 500, cost, runs_streams, prefilling=True) == {}
+    assert choose(likely, [(1, 64)], 500, cost, runs_streams, free=1, prefilling=True) == {0: 1}
+    assert choose(likely, [(1, 64)], 500, cost, runs_streams)  # beside decode rows alone the guesses pay

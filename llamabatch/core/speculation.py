@@ -89,12 +89,14 @@ def expected(rate: float, n: int) -> float:
 
 
 def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost: TickCost,
-           runs_of: Callable[[list[tuple[int, int]]], int], free: int = 0) -> dict[int, int]:
+           runs_of: Callable[[list[tuple[int, int]]], int], free: int = 0,
+           prefilling: bool = False) -> dict[int, int]:
     """slot -> rows of guesses (real ones first, then fillers) for this tick: the choice of
     most expected tokens per estimated millisecond, within `spare` rows. `others`: the tick's
     other chunks as (slot, rows); `runs_of(runs)` counts the graph runs of (slot, rows) runs;
     `free`: guess rows a slot has at no cost (deterministic mode pads every decode token
-    with a row, which a guess may take), placed wherever there is a guess."""
+    with a row, which a guess may take), placed wherever there is a guess; `prefilling`:
+    the tick carries a prompt chunk, so only the free rows are taken (see below)."""
     if spare <= 0 or not any(c.guesses for c in cands):
         return {}
     base_rows = sum(n for _, n in others) + sum(c.base for c in cands)
@@ -112,6 +114,12 @@ def choose(cands: Seq[Candidate], others: Seq[tuple[int, int]], spare: int, cost
     best = {c.slot: min(free, len(c.guesses)) for c in cands if free and c.guesses}
     if sum(best.values()) > spare:
         best = {}
+    if prefilling:
+        # While prompts are being prefilled the ticks happen for their sake whatever the
+        # guesses do, so a kept guess saves one decode row later, not a tick, and every guess
+        # costs a row now: a loss at any acceptance rate below 1 (mixed prompt lengths at 4
+        # slots ran at 0.90-0.95 of --speculative off with guesses beside prompt chunks).
+        return {slot: n for slot, n in best.items() if n > 0}
     # guesses must promise a clear gain: the estimate's errors (a fitted cost, a recent rate)
     # would otherwise make break-even ticks that lose as often as they win
     best_score = score(best, runs(best)) * REQUIRED_GAIN
@@ -182,7 +190,8 @@ class Speculation:
             if guesses and self.valid is not None:
                 guesses = guesses[:self.valid(seq.sampler, guesses)]  # none the grammar forbids
             cands.append(Candidate(chunk.slot, len(chunk.tokens), guesses, seq.drafter.rate))
-        lengths = choose(cands, others, spare, self.cost, self.runs_of, self.free)
+        prefilling = any(not c.is_decode for c in chunks)
+        lengths = choose(cands, others, spare, self.cost, self.runs_of, self.free, prefilling)
         for chunk in chunks:
             n = lengths.get(chunk.slot, 0)
             if n:
