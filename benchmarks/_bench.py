@@ -104,7 +104,19 @@ def machine_line(model: str | None = None, cpu_buffers: str | None = None) -> st
     if model is not None:
         path = kernels(model, cpu_buffers)
         line += f"; {path.name} kernels ({path.why})"
+        if path.use_extra_bufts and not repacks(model):
+            # llama.cpp is allowed CPU_REPACK, but none of this model's weight types repacks here
+            line += "; no weight of this model repacks on this CPU: all plain"
     return line
+
+
+def repacks(model: str) -> bool:
+    """Whether any weight of `model` goes to CPU_REPACK on this CPU (the rule ggml applies)."""
+    from llamabatch.llama.cpu_kernels import cpu_features
+    from llamabatch.llama.gguf_header import read_tensor_infos
+    from llamabatch.llama.repack_rule import repacked_names
+
+    return bool(repacked_names(read_tensor_infos(model), cpu_features()))
 
 
 # -- prompts ---------------------------------------------------------------------------------
