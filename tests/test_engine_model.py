@@ -179,8 +179,8 @@ def test_cached_prefix_past_the_window_gives_the_same_answer_as_a_cold_start(mod
     prefix would be silently wrong and the greedy answer would change. The cold start
     evaluates the suffix inside a longer chunk than the warm one does, so the two agree to
     the bit only where a row's numbers do not depend on its chunk: deterministic mode."""
-    base = long_prompt()
-    follow = base + " Fact 55: the number 55 is"
+    base = long_prompt(45)  # 566 tokens: just past the window, each of them prefilled 3 times here
+    follow = base + " Fact 45: the number 45 is"
     params = SamplingParams(temperature=0, max_tokens=6)
     det = dict(model=model_path, n_parallel=1, n_ctx=1024, threads=2, deterministic=True, cpu_buffers=cpu_path)
     with Engine(EngineConfig(**det)) as warm:

@@ -2,8 +2,9 @@
 a single request with seed + i, n > slots, cancel of every sample, and `run` writing n choices.
 One thread and few tokens, to stay cheap on a shared two-core machine.
 
-"Sample i equals a single request with seed + i" compares a row decoded beside 3 others with
-a row decoded alone: the same tokens only where a row's numbers do not depend on its
+"Sample i equals a single request with seed + i" compares a row of an n=4 group with a
+request of its own (the four singles run side by side) and "greedy sample 0" a group's row
+with a request alone: the same tokens only where a row's numbers do not depend on its
 batch-mates, which llama.cpp's CPU kernels promise only in deterministic mode (4-row gemm
 tiles vs 1-row gemv on repacked weights: ../shared/probes/README.md). So those comparisons
 run on a deterministic engine, on each CPU weight layout this machine has (`cpu_path`).
@@ -73,7 +74,9 @@ def test_greedy_sample_0_equals_a_single_request_in_deterministic_mode(det_engin
 def test_sample_i_equals_a_single_request_with_seed_plus_i(det_engine):
     params = SamplingParams(temperature=1.0, max_tokens=8, seed=1234)
     group = det_engine.submit(PROMPT, params.replace(n=4)).result(WAIT)
-    singles = [det_engine.submit(PROMPT, params.replace(seed=1234 + i)).result(WAIT) for i in range(4)]
+    # the four singles side by side, each a request of its own: on a deterministic engine a
+    # row's numbers do not depend on its batch-mates, so each gives what it gives alone
+    singles = [h.result(WAIT) for h in [det_engine.submit(PROMPT, params.replace(seed=1234 + i)) for i in range(4)]]
     assert [s.seed for s in group.samples] == [1234, 1235, 1236, 1237]
     assert [s.text for s in group.samples] == [r.text for r in singles]
     assert len({r.text for r in singles}) > 1  # temperature 1: the seeds really differ
