@@ -9,7 +9,10 @@ the same token ids for every side; greedy):
   a  free generation: short essays, 64 tokens each (ignore_eos: every side the same count)
   c  mixed prompt lengths: vs_llama_server.py's (c), 24 prompts of 10-1,500 tokens, 32 out
   q  a chat turn at one slot that quotes the previous answer: turn 1 is generated untimed, turn
-     2 asks to repeat it with a title (prompt lookup finds the answer in the history)
+     2 asks to repeat it with a title (prompt lookup finds the answer in the history); as in
+     `llamabatch chat`, the conversation so far is in the KV cache when turn 2 starts (the
+     warm-up request is turn 1's prompt and answer, on every side), so the turn prefills only
+     its new message
 
 Systems, each run on a fresh engine or server (load not timed, one untimed warm-up request):
   auto    the Engine, --speculative auto (the default)
@@ -21,7 +24,7 @@ Systems, each run on a fresh engine or server (load not timed, one untimed warm-
           (none and --spec-type ngram-*), built once and cached by
           ../shared/tools/build-llama-cpp-tools.sh (with nice -n 19); its best setting per
           workload (the highest median tok/s) is the one the ratios use
-Every round runs every system in this order (A B A B ...); ratios are per round (others share
+Every round runs every system in this order, auto and off swapped every other round; ratios are per round (others share
 the CPU), and the medians over rounds the summary. Figures: generated tokens per wall second;
 for the engine also the guesses verified and kept (acceptance rate) and mean rows a tick.
 
@@ -93,6 +96,7 @@ class Workload:
     params: list[SamplingParams]  # per line, for the engine
     slots: int
     prompts: list[list[int]] = field(default_factory=list)  # the rendered token ids (both sides)
+    warm: list[int] | None = None  # the untimed warm-up prompt (None: two tokens of the first line)
 
 
 def edit_lines(n: int, tokens) -> Workload:
@@ -182,6 +186,12 @@ def quoting_turn(engine: Engine) -> Workload:
     w = Workload("q", f"chat turn quoting the previous answer ({len(engine.tokenize(answer))} tokens), one slot",
                  [second], [SamplingParams(temperature=0, max_tokens=260)], 1)
     w.prompts = [engine.tokenize(engine.render_chat(second), special=True)]
+    # the conversation so far, as `llamabatch chat` holds it in the KV cache: the tokens turn 2
+    # shares with turn 1's prompt and answer
+    before = engine.tokenize(engine.render_chat(first[:1] + [{"role": "assistant", "content": answer}]), special=True)
+    shared = next((i for i, (a, b) in enumerate(zip(before, w.prompts[0])) if a != b), min(len(before), len(w.prompts[0])))
+    w.warm = w.prompts[0][:shared]
+    w.title += f" ({shared} of the turn's {len(w.prompts[0])} prompt tokens cached from turn 1)"
     return w
 
 
@@ -207,7 +217,7 @@ def engine_run(model: str, args, w: Workload, speculative: str, predictions: lis
     config = EngineConfig(model=model, n_parallel=w.slots, n_ctx=SLOT_CTX * w.slots, threads=args.threads,
                           speculative=speculative)
     with Engine(config) as engine:
-        engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], SamplingParams(temperature=0, max_tokens=2))
+        engine.generate([warm_up(w)], SamplingParams(temperature=0, max_tokens=2))
         run = timed_generate(engine, w.prompts, params)
     if run.failed:
         raise SystemExit(f"engine ({w.key}, {speculative}): {len(run.failed)} lines failed: {run.failed[0].error}")
@@ -215,6 +225,11 @@ def engine_run(model: str, args, w: Workload, speculative: str, predictions: lis
     return Run(run.generated, run.seconds, sum(t.drafted_tokens for t in run.ticks),
                sum(t.accepted_tokens for t in run.ticks), len(run.ticks),
                sum(t.batch_size for t in decode) / len(decode) if decode else 0.0, [r.text for r in run.results])
+
+
+def warm_up(w: Workload) -> list[int]:
+    """The untimed first request: w.warm, or two tokens of the first line (loads, no prefix)."""
+    return w.warm if w.warm is not None else w.prompts[0][:1] + [w.prompts[0][-1]]
 
 
 def server_run(binary: Path, model: str, args, w: Workload, spec: str) -> Run:
@@ -225,7 +240,7 @@ def server_run(binary: Path, model: str, args, w: Workload, spec: str) -> Run:
         extra += ["--spec-type", spec]
     ignore_eos = w.params[0].ignore_eos
     with Server(str(binary / "llama-server"), model, args.threads, extra) as server:
-        complete(server.port, w.prompts[0][:1] + [w.prompts[0][-1]], 2, False)  # untimed warm-up
+        complete(server.port, warm_up(w), 2, False)  # untimed warm-up
         import time
 
         t0 = time.perf_counter()
