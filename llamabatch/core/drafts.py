@@ -28,7 +28,7 @@ RESYNC_AHEAD = 64  # ... to this many after it (an edit deletes or inserts a few
 RESYNC_NEAR = 4  # one token alone is too common to trust farther from the pointer than this
 PRIOR_PREDICTION = 0.8  # acceptance assumed before any verification: a prediction is mostly right
 PRIOR_LOOKUP = 0.5
-DECAY = 0.7  # weight of the past in the acceptance rate, per verification
+DECAY = 0.5  # weight of the past in the acceptance rate, per verification (0.7 ramped a quote up over ~7 ticks, 0.5 over ~4)
 
 
 class Drafter:
