@@ -291,6 +291,10 @@ def test_a_file_that_is_not_a_bench_document_is_one_line(tmp_path, content, mess
     (lambda d: d["settings"].update(parallel=4), "settings.parallel: not a list"),
     (lambda d: d["settings"].update(n_batch="x"), "settings.n_batch: not a finite number"),
     (lambda d: d.update(default_levels=5), "default_levels: not a list"),
+    # found by test_fuzz: a traceback (TypeError) in the trace table of the HTML report
+    (lambda d: d["levels"][0]["trace"]["all"].update(mean_drafted_tokens={}),
+     "levels[0].trace.all.mean_drafted_tokens: not a finite number"),
+    (lambda d: d["levels"][0]["ticks"][0].update(accepted_tokens="7"), "levels[0].ticks[0].accepted_tokens: not a finite"),
 ])
 def test_a_damaged_document_names_its_first_bad_field(recorded, tmp_path, edit, field):
     doc = copy.deepcopy(recorded[1])

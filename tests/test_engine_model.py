@@ -74,7 +74,8 @@ def test_sixteen_prompts_through_eight_slots_finish_in_input_order(engine):
     assert [r.request_id for r in results] == sorted(r.request_id for r in results)
     # really batched: several slots decoded in one llama_decode, and never more than 8
     assert max(t.decode_tokens for t in ticks) > 1
-    assert all(t.decode_tokens <= 8 and t.batch_size <= 512 for t in ticks)
+    # (a decode chunk's guess rows, speculative decoding, are not requests: drafted_tokens)
+    assert all(t.decode_tokens - t.drafted_tokens <= 8 and t.batch_size <= 512 for t in ticks)
     stats = engine.stats()
     assert stats.slots_idle == 8 and stats.queue_depth == 0
 

@@ -29,6 +29,9 @@ TICK_KEYS = ("tick", "batch_size", "decode_tokens", "prefill_tokens", "active_sl
 TRACE_KEYS = ("ticks", "share_of_wall", "mean_tokens", "mean_decode_tokens", "mean_prefill_tokens", "mean_ubatches",
               "mean_eval_ms", "eval_ms_per_token", "mean_sample_ms", "mean_plan_ms", "mean_fill_ms", "mean_after_ms",
               "mean_wall_ms")
+# keys later documents carry and earlier ones lack: checked where present
+TICK_OPTIONAL_KEYS = ("ubatches", "drafted_tokens", "accepted_tokens")
+TRACE_OPTIONAL_KEYS = ("mean_drafted_tokens", "mean_accepted_tokens")
 BASELINE_KEYS = ("requests", "prompt_tokens", "generated_tokens", "seconds", "request_throughput",
                  "output_throughput", "total_token_throughput", "stopped_early")
 
@@ -103,15 +106,16 @@ def _check_level(level: Any, with_speedup: bool) -> str | None:
         problem = _check_numbers(tick, TICK_KEYS)
         if problem:
             return f"ticks[{i}].{problem}"
-        # graph runs per tick: documents before the engine counted them have none
-        if tick.get("ubatches") is not None and not _is_number(tick["ubatches"]):
-            return f"ticks[{i}].ubatches: not a finite number ({_show(tick['ubatches'])})"
+        # graph runs and guesses per tick: documents from before the engine counted them have none
+        problem = _check_optional_numbers(tick, TICK_OPTIONAL_KEYS)
+        if problem:
+            return f"ticks[{i}].{problem}"
     trace = level.get("trace")  # bench --verbose's breakdown; documents before it have none
     if trace is not None:
         if not isinstance(trace, dict):
             return "trace: not an object"
         for kind, row in trace.items():
-            problem = _check_numbers(row, TRACE_KEYS)
+            problem = _check_numbers(row, TRACE_KEYS) or _check_optional_numbers(row, TRACE_OPTIONAL_KEYS)
             if problem:
                 return f"trace.{kind}.{problem}"
     if with_speedup and not _is_number(level.get("speedup")):
@@ -126,6 +130,13 @@ def _check_numbers(record: Any, keys: tuple[str, ...]) -> str | None:
         if key not in record:
             return f"{key}: missing"
         if not _is_number(record[key]):
+            return f"{key}: not a finite number ({_show(record[key])})"
+    return None
+
+
+def _check_optional_numbers(record: dict, keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        if record.get(key) is not None and not _is_number(record[key]):
             return f"{key}: not a finite number ({_show(record[key])})"
     return None
 

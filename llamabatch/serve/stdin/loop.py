@@ -275,8 +275,10 @@ class Server:
     def _on_record(self, record: Any) -> None:
         if isinstance(record, TickRecord):
             self._last_tick = record
-            if record.decode_tokens > self._max_decode_tokens:
-                self._max_decode_tokens = record.decode_tokens
+            # requests decoded together: a decode chunk's guess rows are not requests
+            decoded = record.decode_tokens - record.drafted_tokens
+            if decoded > self._max_decode_tokens:
+                self._max_decode_tokens = decoded
 
 
 MAX_LINE_BYTES = 64 << 20  # far above any prompt a slot can hold; stops input without newlines eating memory
