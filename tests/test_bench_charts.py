@@ -295,6 +295,8 @@ def test_a_file_that_is_not_a_bench_document_is_one_line(tmp_path, content, mess
     (lambda d: d["levels"][0]["trace"]["all"].update(mean_drafted_tokens={}),
      "levels[0].trace.all.mean_drafted_tokens: not a finite number"),
     (lambda d: d["levels"][0]["ticks"][0].update(accepted_tokens="7"), "levels[0].ticks[0].accepted_tokens: not a finite"),
+    (lambda d: d["levels"][0]["trace"]["all"].update(mean_accepted_tokens=None),
+     "levels[0].trace.all.mean_accepted_tokens: not a finite number"),
 ])
 def test_a_damaged_document_names_its_first_bad_field(recorded, tmp_path, edit, field):
     doc = copy.deepcopy(recorded[1])
