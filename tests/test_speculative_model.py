@@ -18,7 +18,8 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.core.speculation import TickCost
+
+from fixed_cost import FixedCost
 
 pytestmark = pytest.mark.model
 
@@ -31,21 +32,12 @@ NEAR_TIE = 0.3  # nats below off's pick where the kernels' batch effects may put
 TOP = 5  # off's likeliest tokens the logprobs carry, to find the one taken at a near-tie
 
 
-class GuessesPay(TickCost):
-    """A tick cost under which guesses pay, fixed: how many guesses the engine places follows
-    the tick times it measures (on a loaded two-core machine 4 slots placed none), and these
-    tests check what verified guesses give, so they pin it."""
-
-    def __init__(self):
-        super().__init__(run_ms=50.0, row_ms=0.5, logit_ms=0.5)
-
-    def observe(self, runs: int, rows: int, logit_rows: int, ms: float) -> None:
-        pass
-
-
 def guessing(engine: Engine) -> Engine:
+    """The engine with a fixed tick cost under which guesses pay: how many guesses it places
+    follows the tick times it measures (on a loaded two-core machine 4 slots placed none), and
+    these tests check what verified guesses give."""
     if engine.scheduler.speculation is not None:
-        engine.scheduler.speculation.cost = GuessesPay()
+        engine.scheduler.speculation.cost = FixedCost(run_ms=50.0, row_ms=0.5, logit_ms=0.5)
     return engine
 
 
@@ -98,7 +90,7 @@ def test_greedy_answers_are_the_same_tokens_with_guesses(family, cpu_path, off):
     on, stats = answers(family, cpu_path, "auto")
     for a, b in zip(on, off):
         same_tokens(family, a, b)
-    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0  # guesses placed by GuessesPay
+    assert stats.drafted_tokens > 0 and stats.accepted_tokens > 0  # guesses placed (guessing)
     assert stats.accepted_tokens == sum(r.usage.accepted_prediction_tokens for r in on)
 
 

@@ -6,13 +6,13 @@ likely guess, an unlikely one and one the distribution never gives; and they are
 tokens the same seed gives without guesses."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.speculation import TickCost
 
 from fake_runner import FakeRunner
+from fixed_cost import FixedCost
 
 P = {ord("a"): 0.5, ord("b"): 0.3, ord("c"): 0.15, ord("d"): 0.05}
 DRAWS = 10_000
@@ -20,13 +20,6 @@ DRAWS = 10_000
 # seeds here are fixed, so the test is repeatable)
 CRITICAL_3_DF = 16.27
 CRITICAL_4_DF = 18.47
-
-
-class FixedCost(TickCost):
-    """A tick cost that the fake's ticks do not refit."""
-
-    def observe(self, runs: int, rows: int, logit_rows: int, ms: float) -> None:
-        pass
 
 
 def chi_square(tokens: list[int], dist: dict[int, float]) -> float:
