@@ -53,6 +53,20 @@ def hangs_on_prompt(config):
     return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.005, reply=reply)
 
 
+POISON = "this prompt takes the process down"
+
+
+def aborts_on_poison(config):
+    """The fake at 20 ms a tick, except that sampling for a prompt containing POISON takes the
+    process down (as llama.cpp's abort on a grammar it cannot follow does): the supervised
+    child, or the whole command when the engine runs in its process."""
+    def reply(prompt):
+        if POISON in prompt:
+            os.abort()
+        return prompt + "!"
+    return FakeRunner(n_slots=config.n_parallel, slot_ctx=config.slot_ctx, step_delay=0.02, reply=reply)
+
+
 def aborts_after_two_steps(config):
     """Each child runs two steps, then takes the process down: the engine works, yet no request ever finishes."""
     def hook(call_no, plan):
@@ -72,5 +86,6 @@ def choice(name: str = "fake") -> RunnerChoice:
     return RunnerChoice(name, MODULE)
 
 
-for _runner in (fake, always_aborts, slow_grammar, slow, hangs_on_prompt, aborts_after_two_steps, slow_load):
+for _runner in (fake, always_aborts, slow_grammar, slow, hangs_on_prompt, aborts_on_poison, aborts_after_two_steps,
+                slow_load):
     register_runner(_runner.__name__, _runner)

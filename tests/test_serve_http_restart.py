@@ -13,9 +13,11 @@ import sys
 import threading
 import time
 
+import openai
 from openai import OpenAI
 
 import fake_cli
+from supervised_child_runner import POISON
 from child_tools import child_env, fake_gguf
 from llamabatch.serve.http.batch_files import cut_torn_tail
 from llamabatch.serve.http.catalogue import Catalogue
@@ -25,11 +27,11 @@ from http_server import CHAT, batch_file, ended, records, serving, wait_batch
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 
 
-def start_server(tmp_path, data_dir) -> tuple[subprocess.Popen, OpenAI]:
+def start_server(tmp_path, data_dir, runner: str = "slow", *more: str) -> tuple[subprocess.Popen, OpenAI]:
     args = ["serve", "--port", "0", "--data-dir", str(data_dir), "-m", fake_gguf(tmp_path), "--n-parallel", "4",
             "--n-ctx", "1024", "--threads", "1", "--temperature", "0", "--max-tokens", "8",
-            "--prefix-store", "off"]
-    proc = subprocess.Popen([sys.executable, fake_cli.PATH, "slow", *args], stdout=subprocess.DEVNULL,
+            "--prefix-store", "off", *more]
+    proc = subprocess.Popen([sys.executable, fake_cli.PATH, runner, *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=child_env())
     killer = threading.Timer(60, proc.kill)  # a server that never says where it listens
     killer.start()
@@ -138,3 +140,50 @@ def test_a_torn_last_record_is_cut_back_to_whole_records(tmp_path):
         cut_torn_tail(str(path))
         assert path.read_bytes() == whole
     cut_torn_tail(str(tmp_path / "missing.jsonl"))  # nothing written yet: nothing to cut
+
+
+def test_a_request_that_takes_the_engine_down_costs_serve_a_restart_of_its_child_not_the_server(tmp_path):
+    proc, client = start_server(tmp_path, tmp_path / "data", "aborts_on_poison")  # the default flags
+    try:
+        try:
+            client.chat.completions.create(model="any", messages=[{"role": "user", "content": POISON}])
+        except openai.APIStatusError as exc:
+            assert exc.status_code >= 500 and "engine_crashed" in str(exc.body), exc.body
+        else:
+            raise AssertionError("a request that took the engine down was answered")
+        answer = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "question 1"}])
+        assert answer.choices[0].message.content and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_batch_line_that_takes_the_server_down_is_answered_with_an_error_after_restarts_never_in_a_loop(tmp_path):
+    """--no-isolate: the engine is in the server's process, so the line kills the server. Each
+    restart resumes the batch; the lines in flight at a crash run alone, and one that took the
+    process down alone twice gets an engine_crashed record: the third start finishes the batch."""
+    data_dir = tmp_path / "data"
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": CHAT,
+              "body": {"model": "any", "messages": [{"role": "user", "content": POISON if i == 2 else f"question {i}"}]}}
+             for i in range(12)]
+    proc, client = start_server(tmp_path, data_dir, "aborts_on_poison", "--no-isolate")
+    batch_id, starts, done = None, 1, None
+    try:
+        f = client.files.create(file=("in.jsonl", "".join(json.dumps(line) + "\n" for line in lines).encode()),
+                                purpose="batch")
+        batch_id = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h").id
+        while done is None:
+            try:
+                done = wait_batch(client, batch_id, ended, timeout=60)
+            except openai.APIConnectionError:  # the line took the server down: start it again
+                assert proc.wait(10) != 0
+                assert starts < 3, f"the server died {starts} times on one batch"
+                proc, client = start_server(tmp_path, data_dir, "aborts_on_poison", "--no-isolate")
+                starts += 1
+        outputs, errors = records(client, done.output_file_id), records(client, done.error_file_id)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert sorted(r["custom_id"] for r in outputs + errors) == sorted(f"r{i}" for i in range(12))  # each once
+    assert [(r["custom_id"], r["error"]["code"]) for r in errors] == [("r2", "engine_crashed")]
+    assert (done.status, done.request_counts.completed, done.request_counts.failed) == ("completed", 11, 1)

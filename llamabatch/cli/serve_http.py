@@ -34,7 +34,8 @@ def serve_command(
         "--online-slots", min=0, help="Slots batch lines leave free for online requests")] = 1,
     isolate: Annotated[bool, typer.Option(
         "--isolate/--no-isolate",
-        help="Run llama.cpp in a supervised child process: a crash costs a restart, not the server")] = False,
+        help="Run llama.cpp in a supervised child process: a request that crashes it costs a restart of the "
+             "child and gets an engine_crashed error, not the server. --no-isolate: in this process")] = True,
     *,
     opts: EngineOptions,
     env: Environment,

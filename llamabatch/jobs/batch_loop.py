@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterator
 from ..api import EngineAPI
 from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
+from ..core.poison import MAX_CRASHES
+from .crash_journal import CrashJournal
 from .line_shapes import LineError, LineParser, LineRequest, duplicate_id_error, error_result
 from ..results import EmbeddingResult, Result
 from ..supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
@@ -46,13 +48,14 @@ class BatchLoop:
     def __init__(self, engine: EngineAPI, parser: LineParser, source: Source, writer: RecordWriter,
                  window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None,
                  on_result: Callable[[LineRequest, Result], None] | None = None, reorder_window: int = 1,
-                 slots: int = 1):
+                 slots: int = 1, crashes: CrashJournal | None = None):
         self.engine = engine
         self.parser = parser
         self.source = source
         self.writer = writer
         self.answered = answered
         self.on_result = on_result  # sees every engine Result with its line (run --verify samples them)
+        self.crashes = crashes  # lines in flight when an earlier process died (crash_journal.py)
         self.admitted = 0  # lines numbered for the writer (seq numbers 0..admitted-1), in read order
         self.skipped = 0  # lines already answered in OUTPUT (--resume)
         self.cancelled = False  # the second Ctrl-C came
@@ -68,6 +71,8 @@ class BatchLoop:
         self._room = threading.Semaphore(self._order.window)  # free places in the start order
         self._seen = IdSet()
         self._handles: dict[int, RequestHandle] = {}
+        self._items: dict[int, LineRequest] = {}  # the lines of _handles
+        self._suspect_running = False  # a line an earlier crash implicated is in the engine, alone
         self._lock = threading.RLock()  # admission vs stop/cancel; re-entered when submit fails early
         self._changed = threading.Condition(self._lock)  # the start order or the reader's state changed
         # When the starter may stop waiting for the start order to fill: the reader waits on a
@@ -136,6 +141,7 @@ class BatchLoop:
             self._handles.clear()
             self.abandoned += len(seqs)
         for seq in seqs:
+            self._journal_end(self._items.pop(seq), answered=False)
             self.writer.skip(seq)
             self._inflight.release()
         self.engine.kill()
@@ -196,6 +202,8 @@ class BatchLoop:
                     continue
                 if not first_use:
                     item = duplicate_id_error(item)
+                elif self.crashes is not None and self.crashes.is_poisoned(item.id):
+                    item = self._poisoned(item)
                 if not self._admit(item):
                     break
             else:
@@ -209,6 +217,14 @@ class BatchLoop:
             with self._lock:
                 self._reader_done.set()
                 self._changed.notify_all()
+
+    def _poisoned(self, item: LineRequest | LineError) -> LineError:
+        """A line that took the process down, alone, in earlier runs: its record, never a third run."""
+        self.isolated.append(item.id)
+        return LineError(item.line_no, item.id, ENGINE_CRASHED,
+                         f"{self.unit} {item.line_no}: its request took the engine's process down in "
+                         f"{MAX_CRASHES} earlier runs, the last time alone in it; it is not run again",
+                         item.shape, item.url, item.echo, item.row)
 
     def _lines(self) -> Iterator[tuple[int, Any]]:
         """INPUT's lines; while the next one is awaited from a stream (a pipe, a terminal), the
@@ -276,6 +292,7 @@ class BatchLoop:
                         self._inflight.release()
                         break
                     self._room.release()
+                    self._wait_for_quarantine(entry[1])
                     self._submit(*entry)
         except Exception as exc:  # never leave the main thread waiting on a dead starter
             log.exception("starter failed")
@@ -298,12 +315,24 @@ class BatchLoop:
             self._changed.wait(STREAM_LINGER_S / 2)
         return None
 
+    def _wait_for_quarantine(self, item: LineRequest) -> None:
+        """(lock held) A line an earlier process died with runs alone: it waits for the engine
+        to empty, and nothing starts while it runs. Returns at once when stopping (_submit skips)."""
+        if self.crashes is None:
+            return
+        suspect = self.crashes.is_suspect(item.id)
+        while not self._stopping and (self._suspect_running or (suspect and self._handles)):
+            self._changed.wait(0.05)
+
     def _submit(self, seq: int, item: LineRequest) -> None:
         """Hand one line to the engine (lock held, one inflight place taken)."""
         if self._stopping:  # cannot happen under the lock after _next_line, but never lose a line
             self._inflight.release()
             self.writer.skip(seq, started=False)
             return
+        suspect = self.crashes is not None and self.crashes.is_suspect(item.id)
+        if self.crashes is not None:
+            self.crashes.started(item.id)  # before the engine has it: a crash from here on names it
         try:
             callback = functools.partial(self._on_event, seq, item)
             if item.embed is not None:
@@ -315,29 +344,44 @@ class BatchLoop:
             self._inflight.release()
             if self.engine.fatal_error is not None:  # no engine left: --resume runs it
                 self._stop()
+                self._journal_end(item, answered=False)
                 self.writer.skip(seq)
                 return
+            self._journal_end(item, answered=True)
             self.writer.put(seq, item, error_result(exc.code, str(exc)))
             return
         except Exception as exc:  # a bug: seq is counted, so it must get a record or the run waits forever
             log.exception("submitting line %d failed", item.line_no)
             self._inflight.release()
+            self._journal_end(item, answered=True)
             self.writer.put(seq, item, error_result("internal_error", f"{type(exc).__name__}: {exc}"))
             return
         if not handle.done:  # a request that failed at submit has already called back
             self._handles[seq] = handle
+            self._items[seq] = item
+            self._suspect_running = self._suspect_running or suspect
+
+    def _journal_end(self, item: LineRequest, answered: bool) -> None:
+        if self.crashes is not None:
+            self.crashes.ended(item.id, answered)
 
     # -- the engine thread -------------------------------------------------------------------
 
     def _on_event(self, seq: int, item: LineRequest, handle: RequestHandle, event: Any) -> None:
         if not isinstance(event, (Result, EmbeddingResult)):
             return  # a Delta: only whole results are written
+        answered = event.error_code != ENGINE_UNAVAILABLE and event.finish_reason != "cancelled"
         with self._lock:
             if seq in self._abandoned:  # already skipped when the drain bound ran out: one outcome per line
                 return
             self._handles.pop(seq, None)
+            self._items.pop(seq, None)
             if event.error_code == ENGINE_UNAVAILABLE:  # the engine process could not be restarted
                 self._stop()
+            if self.crashes is not None:
+                self.crashes.ended(item.id, answered)
+                self._suspect_running = any(self.crashes.is_suspect(i.id) for i in self._items.values())
+                self._changed.notify_all()
         self._inflight.release()
         if event.error_code == ENGINE_UNAVAILABLE:
             self.writer.skip(seq)  # never ran to the end: --resume runs it again

@@ -67,6 +67,7 @@ def _run_lines(opened: OpenedJob, stops: StopRequests) -> tuple[BatchLoop, Recor
                     answered=opened.answered, reorder_window=opened.reorder_window,
                     # a Ray worker holds 2 x its slots (cluster/pool.py): the pool's slots, near enough
                     slots=max(1, cluster.inflight_cap // 2) if cluster else engine.config.n_parallel,
+                    crashes=opened.files.crashes,
                     on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))
                     if reservoir else None)
     counter = LineCounter(opened.source.name) if opened.source.is_file else opened.tables.counter()
@@ -125,8 +126,9 @@ def _report(opened: OpenedJob, run: BatchLoop, writer: RecordWriter, stops: Stop
     return JobReport(
         ok=s.ok, failed=s.failed, lines=run.admitted + run.skipped, output=spec.output if spec.output != "-" else None,
         manifest=manifest, error_file=spec.error_file, cancelled=stops.level > 0 and not interrupted,
-        interrupted=interrupted, elapsed_s=run.elapsed(), already_answered=run.skipped, not_written=writer.skipped,
-        abandoned=run.abandoned, unit=run.unit, error=error, output_failed=writer.error is not None,
+        interrupted=interrupted, elapsed_s=run.elapsed(), already_answered=run.skipped,
+        not_written=writer.not_written, not_started=writer.unstarted, abandoned=run.abandoned, unit=run.unit,
+        error=error, output_failed=writer.error is not None,
         records_output=records,
         table_rows=table_rows, table_error=table_error,
         tokens=Tokens(s.prompt_tokens, s.cached_tokens, s.restored_tokens, s.completion_tokens,

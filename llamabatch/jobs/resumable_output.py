@@ -1,6 +1,6 @@
 """What makes a job's OUTPUT resumable, around the batch loop: the lock on OUTPUT, finishing a
 retry merge a kill left undone, the fingerprint check on resume, the error file and the
-retry journal, and the manifest (docs/long-jobs.md).
+retry journal, the crash journal (crash_journal.py), and the manifest (docs/long-jobs.md).
 
 The job (job.py) calls these in order: `prepare` (before INPUT is read and the model loads),
 `read_back` (with --resume), `begin` (the model loaded), `routes`/`answered` for the loop,
@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidRequest, JobFileError
 from ..settings.resolved import Resolved
+from .crash_journal import CrashJournal, journal_path as crash_journal_path
 from .error_file import Routes, open_error_file
 from .output_sink import Sink, open_output, read_back, stream_kind
 from .fingerprint import changes, fingerprint
@@ -48,6 +49,7 @@ class ResumableOutput:
         self.errors: Sink | None = None
         self.journal: Sink | None = None
         self.retry = None
+        self.crashes: CrashJournal | None = None  # lines in flight if this process dies (crash_journal.py)
         self.retry_answered: RetryAnswered | None = None
         self.manifest: dict[str, Any] | None = None
         self.entry: dict[str, Any] | None = None
@@ -107,10 +109,15 @@ class ResumableOutput:
             self.changed = changed
 
     def open_files(self) -> None:
-        """The error file (checked before the model loads). Raises JobFileError."""
-        if self.error_file is None:
-            return
-        self.errors = open_error_file(self.error_file, self.output, self.input_path)
+        """The error file (checked before the model loads) and the crash journal. Raises JobFileError."""
+        if self.error_file is not None:
+            self.errors = open_error_file(self.error_file, self.output, self.input_path)
+        if self.lock is not None:  # OUTPUT is ours alone: so is its journal
+            path = crash_journal_path(self.output)
+            try:
+                self.crashes = CrashJournal.open(path, resume=self.resume)
+            except OSError as exc:
+                raise JobFileError(f"cannot write {path}: {exc.strerror or exc}") from None
 
     def read_back(self, sink: Sink) -> tuple[Any, int]:
         """--resume: what OUTPUT and the error file answer; with --retry-failed less the
@@ -142,6 +149,8 @@ class ResumableOutput:
         for s in (self.errors, self.journal):
             if s is not None:
                 s.discard()
+        if self.crashes is not None:  # a fresh run leaves nothing; a resume keeps what it learnt
+            self.crashes.close(complete=not self.resume)
         self.release()
 
     # -- the model loaded ---------------------------------------------------------------
@@ -192,6 +201,8 @@ class ResumableOutput:
         for s in (self.errors, self.journal):
             if s is not None:
                 s.close()
+        if self.crashes is not None:
+            self.crashes.close(complete=complete)
         if self.journal is not None:
             try:
                 merged = merge_journal(self.output, self.error_file)
