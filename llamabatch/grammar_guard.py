@@ -1,69 +1,67 @@
-"""Grammars that parse but make llama.cpp abort while sampling, refused before they get there.
+"""Grammars that would crash llama.cpp, or tie it up, refused before any backend sees them.
 
-llama.cpp decodes every token piece into code points ending in 0, so a grammar position that
-only a NUL character (U+0000) can satisfy matches no token: every candidate is rejected, a
-token is sampled anyway, and accepting it throws "Unexpected empty grammar stack after
-accepting piece", which cannot cross the C API: std::terminate, the process aborts. Example:
-    root ::= "\\u0000"
-This scanner finds such positions in GBNF text (a NUL in a string literal, or a positive
-character class that holds nothing but NUL) without building the grammar. A negated class
-such as [^"\\x00-\\x1F] is fine and common (JSON strings).
+A request's GBNF text reaches llama.cpp's grammar code whenever the llama backend takes it
+(--grammar-backend llama, or auto where llguidance cannot read it), and a C++ exception or a
+stack overflow there takes the whole process down. gbnf_shape.measure reads the text the way
+llama.cpp's parser does; these bounds refuse every class of input that is known to do harm:
+
+- a position no token can satisfy: a string holding NUL, or a character class whose set of
+  code points in 1..U+10FFFF is empty (positive or negated: [^\\x01-\\U0010FFFF], [z-a], ranges
+  that together cover everything). Each token's text decodes to code points ending in NUL,
+  which never matches, so every candidate is rejected, one is sampled anyway, and accepting it
+  throws "Unexpected empty grammar stack after accepting piece": std::terminate, abort;
+- a repetition {m,n} with n < m: llama.cpp counts n - m optional copies in an unsigned
+  integer and builds rules until memory runs out ("x"{5,2}: 13 s, then bad_alloc at 2 GB);
+- nesting of ( ) groups: llama.cpp parses a group by recursion (parse_alternates ->
+  parse_sequence -> parse_alternates) and overflows a thread's stack;
+- rules: its left-recursion check recurses once per rule along a chain of references, so the
+  count of rules bounds that depth; repetitions create rules ({0,n}: n of them);
+- elements after repetitions are expanded ("...40 KB..."{2000} is 80 million of them);
+- the text's size itself, the same bound on every backend.
+
+Each bound was measured against llama.cpp's grammar code (llama_grammar_init_impl) in a child
+process, on threads of 256 KiB, 1 MiB and 8 MiB of stack. Grammars are parsed on the thread
+that submits the request (Engine.submit builds the sampler), so the bounds must hold on any.
 """
 from __future__ import annotations
 
-_ESCAPES = {"x": 2, "u": 4, "U": 8}
-_SIMPLE = {"t": 9, "r": 13, "n": 10, "\\": 92, '"': 34, "[": 91, "]": 93, "-": 45}
+from .gbnf_shape import measure
+
+MAX_GRAMMAR_BYTES = 512 * 1024  # a grammar's or schema's text; a 10,000-string enum is ~200 KB
+# llama.cpp's parser takes ~450 bytes of stack per group level: 20,000 levels overflow the 8 MiB a
+# thread gets by default (it survived 18,707), a 1 MiB stack survived 2,323, 256 KiB 568.
+MAX_GROUP_DEPTH = 1000
+# Its left-recursion check takes ~128 bytes of stack per rule along a chain (256 KiB survived
+# 2,003 rules, 1 MiB 8,147): 10,000 rules need ~1.3 MB, a sixth of a default thread's stack.
+MAX_GRAMMAR_RULES = 10_000
+# "...40 KB..."{2000} (80 million elements) took 6 s and 1.7 GB to parse; this bound is 16 MB.
+MAX_GRAMMAR_ELEMENTS = 2_000_000
 
 
-def nul_only_position(grammar: str) -> str | None:
-    """The piece of `grammar` that only NUL can match, or None. Unparseable text gives None:
-    llama.cpp's own parser reports those."""
-    i, n = 0, len(grammar)
-    try:
-        while i < n:
-            c = grammar[i]
-            if c == "#":
-                while i < n and grammar[i] not in "\r\n":
-                    i += 1
-            elif c == '"':
-                start, i = i, i + 1
-                while grammar[i] != '"':
-                    code, i = _char(grammar, i)
-                    if code == 0:
-                        return grammar[start:i + 1]
-                i += 1
-            elif c == "[":
-                start, i = i, i + 1
-                negated = grammar[i] == "^"
-                if negated:
-                    i += 1
-                highs = []
-                while grammar[i] != "]":
-                    low, i = _char(grammar, i)
-                    high = low
-                    if grammar[i] == "-" and grammar[i + 1] != "]":
-                        high, i = _char(grammar, i + 1)
-                    highs.append(high)
-                i += 1
-                if not negated and highs and max(highs) == 0:
-                    return grammar[start:i]
-            else:
-                i += 1
-    except (IndexError, ValueError):
-        return None
+def size_problem(what: str, text: str) -> str | None:
+    """The one size bound every grammar and schema text is held to, as a message, or None."""
+    if len(text) > MAX_GRAMMAR_BYTES:
+        return f"{what} has {len(text):,} characters, more than the {MAX_GRAMMAR_BYTES:,} a grammar may have"
     return None
 
 
-def _char(text: str, i: int) -> tuple[int, int]:
-    """One (possibly escaped) character at i: its code point and the index after it."""
-    if text[i] != "\\":
-        return ord(text[i]), i + 1
-    kind = text[i + 1]
-    if kind in _ESCAPES:
-        digits = text[i + 2:i + 2 + _ESCAPES[kind]]
-        if len(digits) != _ESCAPES[kind]:
-            raise ValueError("short escape")
-        return int(digits, 16), i + 2 + len(digits)
-    if kind in _SIMPLE:
-        return _SIMPLE[kind], i + 2
-    raise ValueError("unknown escape")
+def grammar_problem(grammar: str, what: str = "grammar") -> str | None:
+    """Why llama.cpp must not be given this GBNF text (one line, starting with `what`), or None."""
+    too_big = size_problem(what, grammar)
+    if too_big:
+        return too_big
+    shape = measure(grammar)
+    if shape.unmatchable is not None:
+        return (f"{what}: {shape.unmatchable} matches no character a token can produce "
+                "(NUL and code points past U+10FFFF never match)")
+    if shape.reversed_repetition is not None:
+        return f"{what}: the repetition {shape.reversed_repetition} has a maximum below its minimum"
+    if shape.group_depth > MAX_GROUP_DEPTH:
+        return f"{what} nests ( ) groups {shape.group_depth:,} deep; at most {MAX_GROUP_DEPTH:,} levels are allowed"
+    if shape.rules > MAX_GRAMMAR_RULES:
+        return (f"{what} makes {shape.rules:,} rules (each group and each optional repetition is one); "
+                f"at most {MAX_GRAMMAR_RULES:,} are allowed")
+    if shape.elements > MAX_GRAMMAR_ELEMENTS:
+        return (f"{what} expands to {shape.elements:,} elements once its repetitions are written out; "
+                f"at most {MAX_GRAMMAR_ELEMENTS:,} are allowed")
+    return None

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import InvalidRequest
-from .grammar_guard import nul_only_position
+from .grammar_guard import grammar_problem
 from .json_line import find_surrogate
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
@@ -133,9 +133,9 @@ class SamplingParams:
             if bad is not None:
                 raise InvalidRequest(bad)
         _check(not (self.grammar and self.json_schema), "grammar", "either grammar or json_schema, not both", "both")
-        if isinstance(self.grammar, str) and (nul := nul_only_position(self.grammar)) is not None:
-            # llama.cpp would throw while sampling and abort the process: refuse it here
-            raise InvalidRequest(f"grammar: {nul} matches only a NUL character, which no token can produce")
+        if isinstance(self.grammar, str) and (problem := grammar_problem(self.grammar)) is not None:
+            # llama.cpp would crash on it (grammar_guard says how): refuse it here, whatever the backend
+            raise InvalidRequest(problem)
         for tok, bias in self.logit_bias.items():
             _check(isinstance(tok, int) and tok >= 0, "logit_bias", "a map of token id -> bias", tok)
             _check(isinstance(bias, (int, float)) and not isinstance(bias, bool), "logit_bias", "a map of token id -> number", bias)

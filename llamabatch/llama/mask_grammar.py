@@ -32,11 +32,11 @@ import numpy as np
 
 from ..config import GRAMMAR_BACKENDS
 from ..errors import InvalidRequest
+from ..grammar_guard import size_problem
 
 BACKENDS = GRAMMAR_BACKENDS  # what EngineConfig.grammar_backend may hold
 BACKEND_ENV = "LLAMABATCH_GRAMMAR_BACKEND"
 COMPILED_KEPT = 256  # compiled grammars kept per model (a file's lines mostly share a few schemas)
-MAX_GRAMMAR_BYTES = 512 * 1024  # a grammar or schema's text; a 10,000-string enum is ~200 KB
 # Keys and items separated as people write JSON (and as llama.cpp's converter allows), with no
 # other whitespace: the separators are then forced text, evaluated without sampling (issue 37).
 JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
@@ -187,8 +187,9 @@ def _tokenizer_of(vocab: Any) -> Any:
 
 
 def _check_size(what: str, text: str) -> None:
-    if len(text) > MAX_GRAMMAR_BYTES:
-        raise InvalidRequest(f"{what} has {len(text):,} characters, more than the {MAX_GRAMMAR_BYTES:,} a grammar may have")
+    """The one size bound of grammar_guard, which every backend applies."""
+    if (problem := size_problem(what, text)) is not None:
+        raise InvalidRequest(problem)
 
 
 _BIT = np.arange(32, dtype=np.int64)  # a bit's place in its 32-bit word (little-endian bit order)
