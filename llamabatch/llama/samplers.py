@@ -12,10 +12,13 @@ import numpy as np
 from llama_cpp import llama_cpp as C
 
 from ..errors import InvalidRequest
+from ..grammar_guard import grammar_problem, size_problem
 from ..params import SamplingParams
 from .backend import first_error, log_mark
 from .greedy_pick import GreedyPick
+from .llama_grammar_limits import llama_grammar_problem
 from .mask_grammar import Matcher, MaskGrammars, available as mask_library_available
+from .schema_expansion import schema_expansion_problem
 from .stderr_capture import grammar_complaint, stderr_captured
 from .vocab import Vocabulary
 
@@ -96,11 +99,14 @@ class SamplerFactory:
             grammar = p.grammar if with_grammar else None
             if p.json_schema is not None and with_grammar:
                 schema = p.json_schema if isinstance(p.json_schema, str) else json.dumps(p.json_schema)
-                try:
-                    grammar = llama_cpp.llama_grammar.json_schema_to_gbnf(schema)
-                except Exception as exc:  # the converter raises many kinds for bad schemas
-                    raise InvalidRequest(f"json_schema cannot be turned into a grammar: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                grammar = _converted(schema)
             if grammar:
+                # what would crash llama.cpp's sampler or tie it up: the grammar as converted
+                # from a schema is checked here, a request's own GBNF text also at validate()
+                what = "json_schema's grammar" if p.json_schema is not None else "grammar"
+                problem = llama_grammar_problem(grammar, self.vocab, what) or grammar_problem(grammar, what)
+                if problem:
+                    raise InvalidRequest(problem)
                 mark = log_mark()
                 with stderr_captured() as said:  # the parser prints its complaint with fprintf(stderr)
                     g = C.llama_sampler_init_grammar(self.vocab.ptr, grammar.encode(), b"root")
@@ -165,6 +171,18 @@ class SamplerFactory:
         C.llama_sampler_free(sampler.chain)
         if sampler.no_eog_chain:
             C.llama_sampler_free(sampler.no_eog_chain)
+
+
+def _converted(schema: str) -> str:
+    """The GBNF text llama-cpp-python's converter makes of a schema, refused (InvalidRequest)
+    where writing it out would cost too much (the text it writes is checked by the caller)."""
+    problem = size_problem("json_schema", schema) or schema_expansion_problem(schema)
+    if problem:
+        raise InvalidRequest(problem)
+    try:
+        return llama_cpp.llama_grammar.json_schema_to_gbnf(schema)
+    except Exception as exc:  # the converter raises many kinds for bad schemas
+        raise InvalidRequest(f"json_schema cannot be turned into a grammar: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 def _only_bias_and_greedy(p: SamplingParams, masked: bool = False) -> bool:
