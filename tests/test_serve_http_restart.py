@@ -132,6 +132,30 @@ def test_a_stopped_server_resumes_in_progress_and_finishes_cancelling_and_finali
     assert len({r["custom_id"] for r in partial}) == len(partial) == stopped_late.request_counts.completed
 
 
+def test_a_restart_with_other_settings_fails_the_batch_keeping_its_records_or_finishes_it_when_allowed(tmp_path):
+    data = tmp_path / "data"
+    with serving(data, step_delay=0.02) as server:  # max_tokens 16
+        client = server.client()
+        f = client.files.create(file=("in.jsonl", batch_file(40)), purpose="batch")
+        refused = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h").id
+        wait_batch(client, refused, lambda b: b.request_counts.completed >= 3)
+    with serving(data, max_tokens=8) as server:
+        client = server.client()
+        failed = wait_batch(client, refused, ended)
+        kept = records(client, failed.output_file_id)
+        allowed = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h").id
+        wait_batch(client, allowed, lambda b: b.request_counts.completed >= 3)
+    assert failed.status == "failed" and len(kept) == failed.request_counts.completed >= 3
+    error = failed.errors.data[0]
+    assert error.code == "settings_changed" and "max_tokens: 16 → 8" in error.message, error
+    assert "--allow-changed-settings" in error.message and str(tmp_path) not in error.message, error.message
+    with serving(data, max_tokens=8, job_settings={"allow_changed_settings": True}) as server:
+        client = server.client()
+        done = wait_batch(client, allowed, ended)
+        outputs = records(client, done.output_file_id)
+    assert done.status == "completed" and sorted(r["custom_id"] for r in outputs) == sorted(f"q{i}" for i in range(40))
+
+
 def test_a_torn_last_record_is_cut_back_to_whole_records(tmp_path):
     path = tmp_path / "output.jsonl"
     for content, whole in ((b'{"a": 1}\n{"b": 2}\n{"c":', b'{"a": 1}\n{"b": 2}\n'), (b'{"a": 1}\n', b'{"a": 1}\n'),

@@ -17,6 +17,7 @@ import threading
 import time
 
 import fake_cli
+from supervised_child_runner import POISON
 from child_tools import child_env, fake_gguf, wait_for_engine_child, wait_gone
 from test_run_cli import read_records, slow_lines, wait_for_lines, write_lines
 
@@ -164,3 +165,25 @@ def test_sigterm_while_the_model_loads_leaves_no_child(tmp_path):
     assert proc.returncode == 143, stderr
     assert "Traceback" not in stderr
     assert wait_gone(child, 5), "the engine child outlived run"
+
+
+def test_run_no_isolate_on_a_line_that_takes_the_process_down_ends_after_two_resumes_not_in_a_loop(tmp_path):
+    """The engine in run's own process: the line kills run. Each --resume runs the lines that
+    were in flight alone, and the one that took the process down alone a second time gets an
+    engine_crashed record: the third run finishes, every line answered once."""
+    lines = [{"id": f"q{i}", "prompt": POISON if i == 3 else f"Count from {i}:", "max_tokens": 6} for i in range(10)]
+    inp = write_lines(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    args = ["run", str(inp), "-o", str(out), "-m", fake_gguf(tmp_path), *FAST, "--no-isolate", "--resume"]
+    codes = []
+    for _ in range(3):
+        proc = start(args, "aborts_on_poison")
+        _, stderr = finish(proc, 60)
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+    assert codes[-1] == 0 and len(codes) == 3 and all(c != 0 for c in codes[:-1]), (codes, stderr)
+    records = read_records(out)
+    assert sorted(r["id"] for r in records) == sorted(line["id"] for line in lines)  # each once
+    assert [(r["id"], r["error"]["code"]) for r in records if r["error"]] == [("q3", "engine_crashed")]
+    assert "earlier runs: 'q3'" in stderr and not os.path.exists(f"{out}.inflight.jsonl")

@@ -36,6 +36,10 @@ def serve_command(
         "--isolate/--no-isolate",
         help="Run llama.cpp in a supervised child process: a request that crashes it costs a restart of the "
              "child and gets an engine_crashed error, not the server. --no-isolate: in this process")] = True,
+    allow_changed_settings: Annotated[bool, typer.Option(
+        "--allow-changed-settings",
+        help="A batch resumed at start whose settings differ from those it started with (another --temperature, "
+             "model, ...) finishes with the new ones, recorded in its manifest, instead of failing")] = False,
     *,
     opts: EngineOptions,
     env: Environment,
@@ -56,7 +60,8 @@ def serve_command(
     resolved = resolve_options(opts, env)
     engine = open_engine(resolved, env, isolated=isolate)
     try:
-        service = Service(engine, folder, online_slots=online_slots)
+        service = Service(engine, folder, online_slots=online_slots,
+                          job_settings={"allow_changed_settings": allow_changed_settings})
         try:
             listening = listen(build_app(service, key), host, port)
             service.start()

@@ -14,11 +14,12 @@ from .job import Job, estimate_job, run_job, start_job
 from .job_report import JobReport, Tokens, VerifyOutcome
 from .job_spec import JobHost, JobSpec
 from .progress import Snapshot
+from .resumable_output import SettingsChanged
 
 __all__ = [
     "run_job", "start_job", "estimate_job", "run_frame", "Job", "JobReport", "JobHost", "JobSpec", "JobEvent",
     "Started", "Progress", "LineFinished", "Stopping", "Abandoned", "Notice", "Done", "Snapshot", "Tokens",
-    "VerifyOutcome",
+    "VerifyOutcome", "SettingsChanged",
 ]
 
 

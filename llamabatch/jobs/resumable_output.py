@@ -103,8 +103,9 @@ class ResumableOutput:
             return
         changed = changes(self.manifest.get("fingerprint") or {}, now)
         if changed and not self.allow_changed:
-            raise InvalidRequest(f"cannot resume: the settings differ from the run that wrote {self.output}: "
-                                 + "; ".join(changed) + f" ({OVERRIDE_FLAG} resumes anyway and records the change)")
+            raise SettingsChanged(f"cannot resume: the settings differ from the run that wrote {self.output}: "
+                                  + "; ".join(changed) + f" ({OVERRIDE_FLAG} resumes anyway and records the change)",
+                                  changed)
         if changed:
             self.changed = changed
 
@@ -240,6 +241,15 @@ class ResumableOutput:
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+
+class SettingsChanged(InvalidRequest):
+    """A resume whose settings differ from the run that wrote OUTPUT; `changes` lists them as
+    "name: old → new", for a host that words the way out its own way (serve has no -o FILE)."""
+
+    def __init__(self, message: str, changes: list[str]):
+        super().__init__(message)
+        self.changes = changes
 
 
 def _has_records(path: str | None) -> bool:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from ...errors import LlamaBatchError
-from ...jobs import Done, LineFinished
+from ...jobs import Done, LineFinished, SettingsChanged
 from .api_errors import bad_request
 from .batch_files import BatchPaths, batch_paths, cut_torn_tail, register_outputs, whole_lines
 from .catalogue import Catalogue
@@ -121,8 +121,14 @@ class BatchQueue:
         resume = os.path.exists(paths.output)
         try:
             job = self.start_job(paths.input, paths.output, paths.errors, resume)
+        except SettingsChanged as exc:
+            self._fail(batch.id, "settings_changed",
+                       "cannot resume this batch: the server's settings differ from those it started with: "
+                       + "; ".join(exc.changes) + "; restart the server with those settings, or with "
+                       "--allow-changed-settings to finish it with the new ones", paths)
+            return
         except LlamaBatchError as exc:
-            self._fail(batch.id, exc.code, str(exc))
+            self._fail(batch.id, exc.code, str(exc), paths)
             return
         with self._lock:
             self._running = (batch.id, job)
@@ -138,7 +144,7 @@ class BatchQueue:
         if self._closing.is_set():
             return  # stays in_progress (or cancelling): the next start resumes it
         if report.error is not None and not report.cancelled:
-            self._fail(batch.id, "job_failed", report.error)
+            self._fail(batch.id, "job_failed", report.error, paths)
             return
         cancelled = self.catalogue.batch(batch.id).status == CANCELLING  # type: ignore[union-attr]
         self._finish(batch, cancelled=cancelled, expired=expired, paths=paths)
@@ -187,9 +193,24 @@ class BatchQueue:
         final = EXPIRED if expired else CANCELLED if cancelled else COMPLETED
         self.catalogue.update_batch(batch.id, int(self.clock()), status=final)
 
-    def _fail(self, batch_id: str, code: str, message: str) -> None:
+    def _fail(self, batch_id: str, code: str, message: str, paths: BatchPaths | None = None) -> None:
+        """The batch ends failed; the records it has (`paths`) stay reachable as its output and
+        error files, and the message names no path of the server's."""
+        if paths is not None:
+            for path in (paths.output, paths.errors):
+                cut_torn_tail(path)
+            register_outputs(self.catalogue, self.catalogue.batch(batch_id), paths)  # type: ignore[arg-type]
         self.catalogue.update_batch(batch_id, int(self.clock()), status=FAILED,
-                                    errors=[{"code": code, "message": message, "param": None, "line": None}])
+                                    errors=[{"code": code, "message": self._without_paths(message, paths),
+                                             "param": None, "line": None}])
+
+    def _without_paths(self, message: str, paths: BatchPaths | None) -> str:
+        """A client sees file ids, never where the server keeps them."""
+        names = [(paths.output, "the batch's output file"), (paths.errors, "the batch's error file"),
+                 (paths.input, "the batch's input file")] if paths is not None else []
+        for path, name in names + [(self.data.root, "the server's data dir")]:
+            message = message.replace(path, name)
+        return message
 
 
 def _ended(job: Any) -> bool:
