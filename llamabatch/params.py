@@ -10,6 +10,7 @@ from typing import Any, Mapping
 from .errors import InvalidRequest
 from .grammar_guard import grammar_problem
 from .json_line import find_surrogate
+from .schema_prepare import prepared_schema_text
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 # Bounds on stop strings (OpenAI allows 4 of any length; llama.cpp's server any number): enough
@@ -132,7 +133,10 @@ class SamplingParams:
             bad = find_surrogate(getattr(self, name), name)
             if bad is not None:
                 raise InvalidRequest(bad)
-        _check(not (self.grammar and self.json_schema), "grammar", "either grammar or json_schema, not both", "both")
+        if self.grammar and self.json_schema is not None:
+            raise InvalidRequest("give either grammar or json_schema, not both")
+        if self.json_schema is not None:
+            prepared_schema_text(self.json_schema)  # refused here, for every backend, before any compiles it
         if isinstance(self.grammar, str) and (problem := grammar_problem(self.grammar)) is not None:
             # llama.cpp would crash on it (grammar_guard says how): refuse it here, whatever the backend
             raise InvalidRequest(problem)

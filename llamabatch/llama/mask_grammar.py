@@ -22,7 +22,6 @@ Backends (EngineConfig.grammar_backend, --grammar-backend, LLAMABATCH_GRAMMAR_BA
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -33,6 +32,7 @@ import numpy as np
 from ..config import GRAMMAR_BACKENDS
 from ..errors import InvalidRequest
 from ..grammar_guard import size_problem
+from ..schema_prepare import prepared_schema_text
 
 BACKENDS = GRAMMAR_BACKENDS  # what EngineConfig.grammar_backend may hold
 BACKEND_ENV = "LLAMABATCH_GRAMMAR_BACKEND"
@@ -85,7 +85,7 @@ class MaskGrammars:
         if self.backend == "llama" or (not grammar and json_schema is None):
             return None
         if json_schema is not None:
-            text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+            text = prepared_schema_text(json_schema)  # closed to its listed properties, checked
             _check_size("json_schema", text)
             key = "json_schema\0" + text
             lark = None

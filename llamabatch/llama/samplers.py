@@ -3,7 +3,6 @@ logits row of the context with one."""
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 from typing import Any
 
@@ -14,6 +13,7 @@ from llama_cpp import llama_cpp as C
 from ..errors import InvalidRequest
 from ..grammar_guard import grammar_problem, size_problem
 from ..params import SamplingParams
+from ..schema_prepare import prepared_schema_text
 from .backend import first_error, log_mark
 from .greedy_pick import GreedyPick
 from .llama_grammar_limits import llama_grammar_problem
@@ -98,7 +98,7 @@ class SamplerFactory:
         try:
             grammar = p.grammar if with_grammar else None
             if p.json_schema is not None and with_grammar:
-                schema = p.json_schema if isinstance(p.json_schema, str) else json.dumps(p.json_schema)
+                schema = prepared_schema_text(p.json_schema)  # closed to its listed properties, checked
                 grammar = _converted(schema)
             if grammar:
                 # what would crash llama.cpp's sampler or tie it up: the grammar as converted
