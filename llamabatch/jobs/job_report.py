@@ -33,7 +33,9 @@ class VerifyOutcome:
 class JobReport:
     ok: int  # records this run wrote with finish_reason stop or length
     failed: int  # records this run wrote with an error
-    lines: int  # INPUT lines (or table rows) read, those already answered included
+    # INPUT lines (or table rows) read, those already answered included:
+    # ok + failed + already_answered + not_written
+    lines: int
     output: str | None  # where the records went (None: stdout); a table OUTPUT's path for a table
     manifest: str | None  # OUTPUT's manifest (None: no manifest beside a stream)
     error_file: str | None
@@ -41,8 +43,11 @@ class JobReport:
     interrupted: bool  # Ctrl-C stopped it (run_job)
     elapsed_s: float
     already_answered: int = 0  # resume: lines OUTPUT held already
-    not_written: int = 0  # lines that got no record (cancelled or read ahead): a resume runs them
+    # lines that got no record: cancelled, read ahead but never started, or past an OUTPUT
+    # that failed; a resume runs them
+    not_written: int = 0
     abandoned: int = 0  # of not_written, still running when the drain time ran out
+    not_started: int = 0  # of not_written, read ahead but never started (the job stopped first)
     unit: str = "line"  # "row" for a table INPUT
     error: str | None = None  # what ended the job early (OUTPUT unwritable, INPUT cut short, no engine left)
     output_failed: bool = False  # the error: OUTPUT (or the error file) could not be written

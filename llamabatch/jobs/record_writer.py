@@ -67,6 +67,8 @@ class RecordWriter:
         self.stats = WriterStats()
         self.handled = 0  # lines written or skipped
         self.skipped = 0  # lines that got no record (cancelled)
+        self.unstarted = 0  # lines read ahead that the run stopped before starting (no record)
+        self.unwritten = 0  # lines whose record OUTPUT failed to take (the run stops)
         self.error: str | None = None  # set when OUTPUT can't be written: the run must stop
         self.on_record = on_record  # told (line, result, failed) of each record written, on this thread
         self._window = window
@@ -78,6 +80,11 @@ class RecordWriter:
         self._last_sync = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="llamabatch-writer", daemon=True)
         self._thread.start()
+
+    @property
+    def not_written(self) -> int:
+        """Handled lines without a record: with the records written, every handled line."""
+        return self.skipped + self.unstarted + self.unwritten
 
     def put(self, seq: int, item: LineRequest | LineError, result: Result) -> None:
         self._queue.put((seq, (item, result)))
@@ -119,7 +126,9 @@ class RecordWriter:
         try:
             if payload is _SKIP:
                 self.skipped += 1
-            elif payload is not _UNSTARTED:
+            elif payload is _UNSTARTED:
+                self.unstarted += 1
+            else:
                 self._write(*payload)
         except Exception as exc:  # a bug must stop the run with a message, not leave it waiting
             log.exception("writing a record failed")
@@ -136,6 +145,7 @@ class RecordWriter:
 
     def _write(self, item: LineRequest | LineError, result: Result) -> None:
         if self.error is not None:
+            self.unwritten += 1
             return  # OUTPUT is gone: the run is stopping; nothing more can be saved
         try:
             data = _encode(self._record(item, result))
@@ -152,9 +162,11 @@ class RecordWriter:
             sink.write_line(data + b"\n")
         except OSError as exc:
             self.error = f"cannot write {sink.label}: {exc.strerror or exc}"
+            self.unwritten += 1
             return
         except ValueError as exc:  # closed stream
             self.error = f"cannot write {sink.label}: {exc}"
+            self.unwritten += 1
             return
         self._dirty = True
         s = self.stats

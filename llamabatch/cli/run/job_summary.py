@@ -56,15 +56,21 @@ def summary(reporter: Reporter, report: JobReport) -> None:
             f"{report.failed} failed")
     if report.already_answered:
         line += f"; {report.already_answered} already in OUTPUT"
-    if report.not_written:
+    cancelled = report.not_written - report.not_started
+    if cancelled:
         stuck = f"; {report.abandoned} of them still running when the drain time ran out" if report.abandoned else ""
-        line += f"; {report.not_written} cancelled (not written{stuck})"
+        line += f"; {cancelled} cancelled (not written{stuck})"
+    if report.not_started:
+        line += f"; {report.not_started} read ahead and not started (not written)"
     reporter.note(line)
     if report.restarts and not report.cluster_summary:  # the pool tells its workers' restarts
         isolated = ", ".join(repr(i) for i in report.isolated) or "none"
         hung = f" ({report.hangs} of them hung: killed by the watchdog)" if report.hangs else ""
         reporter.note(f"{PREFIX}the engine process crashed and was restarted {report.restarts} time(s){hung}; "
                       f"isolated: {isolated}")
+    elif report.isolated and not report.cluster_summary:  # in this process: found by the crash journal on resume
+        reporter.note(f"{PREFIX}not run again, as they took the engine's process down in earlier runs: "
+                      + ", ".join(repr(i) for i in report.isolated))
     t = report.tokens
     share = f"{100 * t.cached / t.prompt:.0f}%" if t.prompt else "0%"
     disk = f"; {t.restored} of them from the disk prefix store" if t.restored else ""
