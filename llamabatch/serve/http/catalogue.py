@@ -7,6 +7,8 @@ than it. The order is the insertion sequence, not the clock (two in one second k
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import threading
 from typing import Any
@@ -33,6 +35,7 @@ _UPDATABLE = {"status", "total", "completed", "failed", "output_file_id", "error
 
 class Catalogue:
     def __init__(self, path: str):
+        _owner_only(path)
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:
@@ -114,6 +117,20 @@ class Catalogue:
                 sets.append("times = json_set(times, ?, ?)")
                 args += [f"$.{STATUS_TIMES[fields['status']]}", now]
             self._db.execute(f"UPDATE batches SET {', '.join(sets)} WHERE id = ?", (*args, batch_id))
+
+
+def _owner_only(path: str) -> None:
+    """Make the database file (or keep it) readable by its owner alone, whatever the data dir's
+    mode and the umask: it names every file and holds every batch's metadata. SQLite creates
+    its -wal and -shm files with the database file's mode; those an older server left are fixed."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for journal in (f"{path}-wal", f"{path}-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(journal, 0o600)
 
 
 def _page(table: str, after: str | None, ascending: bool) -> tuple[list[str], list[Any]]:

@@ -37,15 +37,20 @@ class UploadCheck:
         while True:
             end = chunk.find(b"\n", start)
             if end < 0:
-                self._partial += chunk[start:]
-                if len(self._partial) > MAX_LINE_BYTES:
-                    raise bad_request(f"line {self._line_no + 1} is longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB",
-                                      param="file", code="line_too_long")
+                self._grow(chunk[start:])
                 return
-            self._partial += chunk[start:end]
+            self._grow(chunk[start:end])
             self._line(bytes(self._partial))
             self._partial.clear()
             start = end + 1
+
+    def _grow(self, piece: bytes) -> None:
+        """Add `piece` to the line being read; refused once the line passes MAX_LINE_BYTES,
+        whether or not its newline is in the same chunk."""
+        if len(self._partial) + len(piece) > MAX_LINE_BYTES:
+            raise bad_request(f"line {self._line_no + 1} is longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB",
+                              param="file", code="line_too_long")
+        self._partial += piece
 
     def finish(self) -> None:
         if self._partial:
