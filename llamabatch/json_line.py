@@ -26,34 +26,37 @@ class BadJSON(ValueError):
         self.code, self.message = code, message
 
 
-def loads(text: str, whole: str = "") -> Any:
+def loads(text: str, whole: str = "", max_depth: int = MAX_DEPTH) -> Any:
     """json.loads, with every way it can fail as BadJSON (message without the line number).
     `whole`: how to name the value when `text` is a whole file ("the file"): positions then
-    say the line too, and a lone surrogate at the top is said to be in it."""
+    say the line too, and a lone surrogate at the top or too deep a nesting is said to be in it.
+    `max_depth`: the most levels of arrays and objects it may nest."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno} column {exc.colno}" if whole else f"column {exc.colno}"
         raise BadJSON("invalid_json", f"{exc.msg} at {where}") from None
     except RecursionError:
-        raise BadJSON("invalid_json", f"it nests arrays or objects deeper than {MAX_DEPTH} levels") from None
+        raise _too_deep(whole or "it", max_depth) from None
     except ValueError as exc:  # int digits limit (and any other conversion the decoder refuses)
         why = str(exc).split(":")[0]
         raise BadJSON("invalid_json", f"a number can't be read ({why})") from None
-    problem = _check_value(data, "", whole or "the line")
+    problem = _check_value(data, "", whole or "the line", max_depth, whole or "it")
     if problem is not None:
         raise problem
     return data
 
 
-def _check_value(data: Any, name: str, top: str = "the line") -> BadJSON | None:
+def _check_value(data: Any, name: str, top: str = "the line", max_depth: int = MAX_DEPTH,
+                 nests: str = "it") -> BadJSON | None:
     """Walk the value (iteratively: no recursion on deep input) for depth and lone surrogates.
-    `name` is how the value is named in the message ("": `top`, the whole line or file)."""
+    `name` is how the value is named in the message ("": `top`, the whole line or file);
+    `nests`, what the depth message says nests too deep."""
     stack: list[tuple[Any, str, int]] = [(data, name, 0)]
     while stack:
         value, path, depth = stack.pop()  # depth: how many containers hold this value
-        if depth >= MAX_DEPTH and isinstance(value, (dict, list)):
-            return BadJSON("invalid_json", f"it nests arrays or objects deeper than {MAX_DEPTH} levels")
+        if depth >= max_depth and isinstance(value, (dict, list)):
+            return _too_deep(nests, max_depth)
         if isinstance(value, str):
             where = surrogate_at(value)
             if where is not None:
@@ -68,6 +71,10 @@ def _check_value(data: Any, name: str, top: str = "the line") -> BadJSON | None:
             for i, item in enumerate(value):
                 stack.append((item, f"{path}[{i}]", depth + 1))
     return None
+
+
+def _too_deep(what: str, max_depth: int) -> BadJSON:
+    return BadJSON("invalid_json", f"{what} nests arrays or objects deeper than {max_depth} levels")
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -17,15 +17,17 @@ from anyio import to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Match, Route
 
 from ...jobs.line_shapes import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
 from ...json_line import BadJSON, loads
 from .api_errors import ApiError, bad_request
 from .auth import BearerAuth
-from .limits import MAX_BODY_BYTES
+from .client_gone import unless_client_leaves
+from .file_content import FileContent
+from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from .service import Service
 from .upload_check import too_large
 
@@ -60,7 +62,8 @@ def build_app(service: Service, api_key: str | None = None) -> Starlette:
         Route(COMPLETIONS_URL, _async(lambda r: _online(service, COMPLETIONS_URL, r)), methods=["POST"]),
         Route(EMBEDDINGS_URL, _async(lambda r: _online(service, EMBEDDINGS_URL, r)), methods=["POST"]),
     ]
-    handlers = {ApiError: _api_error, HTTPException: _http_error, Exception: _server_error}
+    handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left,
+                Exception: _server_error}
     return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
                      middleware=[Middleware(BearerAuth, api_key=api_key)])
 
@@ -108,7 +111,7 @@ async def _body(request: Request) -> Any:
         if len(data) > MAX_BODY_BYTES:
             raise _too_large()
     try:
-        return loads(bytes(data).decode("utf-8"))
+        return loads(bytes(data).decode("utf-8"), whole="the request body", max_depth=MAX_JSON_DEPTH)
     except UnicodeDecodeError as exc:
         raise bad_request(f"the request body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except BadJSON as bad:
@@ -137,7 +140,7 @@ async def _upload(service: Service, request: Request) -> Response:
 
 
 async def _content(service: Service, file_id: str) -> Response:
-    return FileResponse(service.file_path(file_id), media_type="application/octet-stream")
+    return FileContent(service.file_path(file_id), media_type="application/octet-stream")
 
 
 async def _create_batch(service: Service, request: Request) -> Response:
@@ -150,25 +153,44 @@ async def _create_batch(service: Service, request: Request) -> Response:
 async def _online(service: Service, url: str, request: Request) -> Response:
     prepared = service.online.prepare(url, await _body(request))
     if prepared.stream:
-        return StreamingResponse(service.online.stream(prepared), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    return JSONResponse(await service.online.answer(prepared))
+        events = await unless_client_leaves(request, service.online.open_stream(prepared))
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return JSONResponse(await unless_client_leaves(request, service.online.answer(prepared)))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
     if exc.status_code == 404:
         message = f"Unknown request URL: {request.method} {request.url.path}."
     elif exc.status_code == 405:
         message = f"Method {request.method} is not allowed on {request.url.path}."
+        headers["Allow"] = _allowed_methods(request)
     else:
         message = str(exc.detail)
-    return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code)
+    return JSONResponse(ApiError(exc.status_code, message).body(), status_code=exc.status_code, headers=headers)
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route takes on this path: a path's methods are spread over routes (GET
+    and POST /v1/files are two), and Starlette's own Allow names only the first route's."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+async def _client_left(request: Request, exc: Exception) -> Response:
+    """The client closed the connection (mid-upload, or while its answer was made): what it left
+    is already discarded, and nobody reads this answer (499: nginx's "client closed request")."""
+    return Response(status_code=499)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:

@@ -2,7 +2,8 @@
 
 Uploads are OpenAI's own Batch API limits (200 MB and 50,000 requests a file); a JSON request
 body is bounded in bytes (read in chunks, refused past the bound, never buffered whole first)
-and in nesting depth (json_line.MAX_DEPTH, the same bound every JSON line in llamabatch has).
+and in nesting depth (the bound every JSON line in llamabatch has, less the level of the batch
+line it is read as).
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from ...json_line import MAX_DEPTH
 MAX_UPLOAD_BYTES = 200 * 1000 * 1000  # OpenAI: "up to 200 MB" for a batch input file
 MAX_UPLOAD_LINES = 50_000  # OpenAI: "up to 50,000 requests" a batch
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a JSON request body (long chat contexts, many embeddings inputs)
-MAX_JSON_DEPTH = MAX_DEPTH
+# A request body is one level inside the batch line it is read as (online.py), and a line nests
+# at most MAX_DEPTH levels: so online requests and batch lines take the same bodies.
+MAX_JSON_DEPTH = MAX_DEPTH - 1
 MAX_METADATA_PAIRS = 16  # OpenAI's metadata: 16 pairs, keys up to 64 and values up to 512 characters
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512

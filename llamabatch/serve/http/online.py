@@ -82,30 +82,44 @@ class Online:
             raise _failed(record)
         return record["response"]["body"]
 
-    async def stream(self, request: OnlineRequest) -> AsyncIterator[bytes]:
-        """Server-sent events: the deltas as chunks, the finish reasons, usage if asked, [DONE]."""
+    async def open_stream(self, request: OnlineRequest) -> AsyncIterator[bytes]:
+        """Server-sent events: the deltas as chunks, the finish reasons, usage if asked, [DONE].
+
+        Returns once the engine has said its first word on the request, so a request it refuses
+        (a schema that does not compile, a prompt past the context) raises ApiError here with
+        the status it gets unstreamed, before a 200 and its headers are sent."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         handle = self._submit(request.item,
                               lambda _h, event: loop.call_soon_threadsafe(events.put_nowait, event), stream=True)
+        try:
+            first = await events.get()
+            if not isinstance(first, Delta):
+                record = build_record(request.item, first, self.engine.model_name)
+                if record["error"] is not None:
+                    raise _failed(record)
+        except BaseException:
+            handle.cancel()  # a no-op once it ended; stops it when the caller went away
+            raise
+        return self._events(request, handle, events, first)
+
+    async def _events(self, request: OnlineRequest, handle: Any, events: asyncio.Queue,
+                      event: Any) -> AsyncIterator[bytes]:
         shape = StreamShape(request.item.url or CHAT_URL, self.engine.model_name, max(1, request.item.params.n))
         try:
             opening = shape.opening()
             if opening:
                 yield opening
-            while True:
+            while isinstance(event, Delta):
+                if event.text:
+                    yield shape.delta(event)
                 event = await events.get()
-                if isinstance(event, Delta):
-                    if event.text:
-                        yield shape.delta(event)
-                    continue
-                record = build_record(request.item, event, self.engine.model_name)
-                if record["error"] is not None:
-                    yield shape.error(_failed(record).body())
-                else:
-                    yield shape.ending(event, request.include_usage)
-                yield DONE
-                return
+            record = build_record(request.item, event, self.engine.model_name)
+            if record["error"] is not None:  # it failed after its first token
+                yield shape.error(_failed(record).body())
+            else:
+                yield shape.ending(event, request.include_usage)
+            yield DONE
         finally:
             handle.cancel()
 
