@@ -2,6 +2,8 @@
 row in row order, failures in the error column, the frame's own library on the way out."""
 from __future__ import annotations
 
+import contextlib
+
 import pandas
 import polars
 import pytest
@@ -69,3 +71,23 @@ def test_what_run_frame_refuses():
             run_frame(pandas.DataFrame({"answer": ["a"]}), "{answer}", engine=shared)
         with pytest.raises(InvalidRequest, match="writes no files of its own: resume"):
             run_frame(pandas.DataFrame({"prompt": ["a"]}), engine=shared, resume=True)
+
+
+def test_answered_rows_have_none_in_the_error_cell_where_pandas_infers_its_string_dtype():
+    # pandas 3 stores a list of strings and None as its string dtype, whose missing value is
+    # NaN (true in `if row.error:`); pandas 2 does so with future.infer_string on
+    frame = pandas.DataFrame({"review": ["good soup", "x" * (SLOT_CTX + 10)]})
+    pandas_3 = int(pandas.__version__.split(".")[0]) >= 3
+    inferring = contextlib.nullcontext() if pandas_3 else pandas.option_context("future.infer_string", True)
+    with inferring, engine() as shared:
+        out = run_frame(frame, "Say: {review}", engine=shared)
+    assert out["error"].iloc[0] is None and out["answer"].iloc[0] == expected("good soup")
+    assert out["answer"].iloc[1] is None and out["error"].iloc[1].startswith("context_overflow: ")
+
+
+def test_a_column_of_mixed_types_is_refused_by_name():
+    frame = pandas.DataFrame({"stars": [5, 1], "review": ["good soup", 3]})
+    with engine() as shared:
+        with pytest.raises(InvalidRequest, match=r"column 'review' holds values of 2 types \(int, str\): "
+                                                 r"an Arrow column takes one"):
+            run_frame(frame, "Say: {review}", engine=shared)

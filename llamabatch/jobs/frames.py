@@ -4,10 +4,12 @@ The frame goes to the job as an Arrow table (the frame's own library converts it
 pandas nor polars is a dependency; pyarrow comes from the `tables` extra), so its rows are a
 table INPUT exactly as `llamabatch run rows.arrow` reads them: `template` is the same Python
 str.format template over the row's columns (docs/tables.md). The records are read back by
-row number into two new columns: the answer, and `error` (None for a row that was answered).
+row number into two new columns: the answer (None for a row without one), and `error` (None
+for a row that was answered).
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from typing import Any, Callable
@@ -32,16 +34,42 @@ def _library(frame: Any) -> str:
 
 def _to_arrow(frame: Any, library: str) -> Any:
     pyarrow, _parquet, _ipc = pyarrow_modules("run_frame")
-    if library == "pandas":
+    if library != "pandas":
+        return frame.to_arrow()  # a polars column has one type: it always converts
+    try:
         return pyarrow.Table.from_pandas(frame, preserve_index=False)
-    return frame.to_arrow()
+    except pyarrow.ArrowException as exc:  # an object column pyarrow can't type: say which, in our words
+        raise _unconvertible_column(frame, pyarrow, exc) from None
+
+
+def _unconvertible_column(frame: Any, pyarrow: Any, exc: Exception) -> InvalidRequest:
+    for i, name in enumerate(frame.columns):
+        values = frame.iloc[:, i]
+        try:
+            pyarrow.array(values, from_pandas=True)
+        except pyarrow.ArrowException as column_exc:
+            kinds = sorted({type(v).__name__ for v in values if not _missing(v)})
+            if len(kinds) > 1:
+                return InvalidRequest(f"run_frame: column {name!r} holds values of {len(kinds)} types "
+                                      f"({', '.join(kinds)}): an Arrow column takes one; convert it first, "
+                                      f"e.g. frame[{name!r}].astype(str)")
+            return InvalidRequest(f"run_frame: column {name!r} can't be converted to Arrow: {column_exc}")
+    return InvalidRequest(f"run_frame: the frame can't be converted to Arrow: {exc}")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def _with_answers(frame: Any, library: str, column: str, answers: list, errors: list) -> Any:
     if library == "pandas":
+        import pandas
+
         out = frame.copy()
-        out[column] = answers
-        out[ERROR_COLUMN] = errors
+        # object columns keep None as None: pandas 3 would infer its string dtype, whose missing
+        # value is NaN, and NaN is true where `if row.error:` expects None
+        out[column] = pandas.Series(answers, index=out.index, dtype=object)
+        out[ERROR_COLUMN] = pandas.Series(errors, index=out.index, dtype=object)
         return out
     import polars
 
@@ -52,7 +80,8 @@ def _with_answers(frame: Any, library: str, column: str, answers: list, errors: 
 def run_frame(frame: Any, template: str | None = None, column: str = "answer", *, engine: Any = None,
               on_event: Callable[[Any], None] | None = None, **settings: Any) -> Any:
     """A new frame of the same library: `frame`'s columns, then `column` (each row's answer,
-    in row order) and `error` (why a row has no answer; None when it has one). `template`:
+    in row order; None for a row without one) and `error` (why a row has no answer; None when
+    it has one). `template`:
     a str.format template whose fields are column names, e.g. "Classify: {review}" (None: the
     frame's "prompt" column as it is). Settings are run_job's (model, temperature, ...)."""
     library = _library(frame)
