@@ -214,12 +214,10 @@ def _sequential(model: str, prompts: list[str], max_tokens: int, threads: int, n
                 same_length: bool) -> Sequential:
     import llama_cpp  # benchmarks may import llama_cpp; the library keeps it in its llama/ boundary
 
-    from llamabatch.llama.cpu_kernels import llama_uses_model_params  # what the engine loads with (see there)
+    from llamabatch.llama.cpu_kernels import high_level_llama  # on the layout the engine loads (see there)
 
     t0 = time.perf_counter()
-    with llama_uses_model_params(None, model):
-        llm = llama_cpp.Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                              verbose=False)
+    llm = high_level_llama(model, None, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
     load = time.perf_counter() - t0
     try:
         if warm_up:

@@ -132,6 +132,7 @@ def main() -> int:
 
     import llama_cpp
     from llamabatch import Engine, EngineConfig
+    from llamabatch.llama.cpu_kernels import high_level_llama
 
     model = model_path(args.model)
     say(f"machine: {machine_line(model)}")
@@ -140,9 +141,9 @@ def main() -> int:
     texts, ids = make_inputs(engine.tokenize, args.inputs, args.min_tokens, args.max_tokens)
     tokens = sum(map(len, ids))
     say(f"{len(ids)} inputs, {tokens} tokens ({min(map(len, ids))}..{max(map(len, ids))} each)")
-    llm = llama_cpp.Llama(model_path=model, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                          n_ctx=args.batch, n_batch=args.batch, n_ubatch=args.batch, n_threads=args.threads,
-                          n_threads_batch=args.threads, verbose=False)
+    llm = high_level_llama(model, None, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                           n_ctx=args.batch, n_batch=args.batch, n_ubatch=args.batch, n_threads=args.threads,
+                           n_threads_batch=args.threads, verbose=False)  # on the engine's weight layout
     server = None
     if not args.no_server:
         binary = Path(args.bin or subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True,

@@ -293,17 +293,14 @@ def engine_vs_server(name: str, model: str, args, binary: Path) -> None:
 
 def vocabulary(model: str):
     """The model's vocabulary alone (llama.cpp vocab_only), as the mask tests load it."""
-    from llama_cpp import llama_cpp as C
-
-    from llamabatch.llama.backend import init_backend
+    from llamabatch.errors import ModelLoadError
+    from llamabatch.llama.direct_load import load_vocabulary
     from llamabatch.llama.vocab import Vocabulary
 
-    init_backend()
-    params = C.llama_model_default_params()
-    params.vocab_only = True
-    handle = C.llama_model_load_from_file(model.encode(), params)
-    if not handle:
-        raise SystemExit(f"{model}: llama.cpp could not load its vocabulary")
+    try:
+        handle = load_vocabulary(model)
+    except ModelLoadError as exc:
+        raise SystemExit(str(exc)) from None
     return Vocabulary(handle), handle
 
 

@@ -24,12 +24,9 @@ WAIT = 300
 
 @pytest.fixture(scope="module")
 def smollm2_vocab(smollm2_path):
-    from llamabatch.llama.backend import init_backend
+    from llamabatch.llama.direct_load import load_vocabulary
 
-    init_backend()
-    params = C.llama_model_default_params()
-    params.vocab_only = True
-    model = C.llama_model_load_from_file(smollm2_path.encode(), params)
+    model = load_vocabulary(smollm2_path)
     yield Vocabulary(model)
     C.llama_model_free(model)
 
