@@ -53,9 +53,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from _bench import kernels, machine_line, model_path, say, server_completion, sky_prompts, timed_generate, workload_args
+from _tool_crash import crash_line
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.bench.trace import trace_figures
+from llamabatch.llama.cpu_buffers import chosen
 from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"
@@ -77,9 +79,20 @@ def same_kernels(model: str) -> list[str]:
     if not path.use_extra_bufts and not path.pin_repack:
         return ["--no-repack"]
     if path.pin_repack and set(cpu_extra_buffer_types()) != {"CPU_REPACK"}:
-        raise SystemExit(f"--cpu-buffers repack: this build also has {', '.join(cpu_extra_buffer_types())}; the C++ "
+        others = ", ".join(cpu_extra_buffer_types())
+        if chosen(CPU_BUFFERS) == "auto":  # AMX built in but not running here: the tools' default would use it
+            raise SystemExit(f"{path.why}; llama.cpp's tools cannot be told to use CPU_REPACK alone (this build has "
+                             f"{others}): rerun with --cpu-buffers plain, which starts them with --no-repack")
+        raise SystemExit(f"--cpu-buffers repack: this build also has {others}; the C++ "
                          f"tools cannot be told to use CPU_REPACK alone here")
     return []
+
+
+def tool_died(tool: str, returncode: int | None, detail: str) -> SystemExit:
+    """The one line a benchmark ends with when llama.cpp's own `tool` failed: a crash signal
+    (SIGILL where the CPU lists AMX and traps it) says what to rerun with."""
+    return SystemExit(crash_line(tool, returncode, chosen(CPU_BUFFERS))
+                      or f"llama.cpp's own {tool} exited with {returncode}: {detail}")
 
 
 # -- workloads ------------------------------------------------------------------------------
@@ -173,7 +186,7 @@ class Server:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {' '.join(self.args)}")
+                raise tool_died("llama-server", self.proc.returncode, " ".join(self.args))
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if json.load(r).get("status") == "ok":
@@ -263,10 +276,13 @@ def run_engine(model: str, threads: int, slots, w: Workload, unified: bool = Fal
 
 def batched_bench(binary: str, model: str, threads: int, levels: list[int]) -> dict[int, float]:
     ctx = max(levels) * 128
-    out = subprocess.run([binary, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", "32",
-                          "-ntg", "64", "-npl", ",".join(map(str, levels)), "-t", str(threads), "-tb", str(threads),
-                          *same_kernels(model)],
-                         capture_output=True, text=True, check=True).stdout
+    proc = subprocess.run([binary, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", "32",
+                           "-ntg", "64", "-npl", ",".join(map(str, levels)), "-t", str(threads), "-tb", str(threads),
+                           *same_kernels(model)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise tool_died("llama-batched-bench", proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1][:200])
+    out = proc.stdout
     s_tg = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
