@@ -1,18 +1,25 @@
 """`llamabatch serve` at its edges (fake runner): a client that leaves (mid-answer, mid-upload),
 a line just past the upload limit, 405's Allow, the body's nesting bound, a bad Range, a
-streamed request the engine refuses, the catalogue's mode."""
+streamed request the engine refuses, the catalogue's mode, and a quiet stop on SIGTERM."""
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+import signal
 import socket
 import stat
+import subprocess
+import sys
+import threading
 import time
 
 import openai
 import pytest
 
+import fake_cli
+from child_tools import child_env, fake_gguf
 from llamabatch import SamplingParams
 from llamabatch.jobs.line_shapes import LineError, LineParser, LineRequest
 from llamabatch.serve.http.api_errors import ApiError
@@ -168,3 +175,40 @@ def test_the_catalogue_is_readable_by_its_owner_only_in_a_data_dir_others_can_re
     finally:
         os.umask(umask)
     assert modes == {"catalogue.sqlite3": 0o600, "catalogue.sqlite3-wal": 0o600, "catalogue.sqlite3-shm": 0o600}
+
+
+READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_ends_serve_quietly_with_its_exit_code(tmp_path, sig, code):
+    args = ["serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "-m", fake_gguf(tmp_path),
+            "--n-parallel", "2", "--n-ctx", "512", "--threads", "1", "--prefix-store", "off"]
+    proc = subprocess.Popen([sys.executable, fake_cli.PATH, "fake", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=child_env())
+    killer = threading.Timer(60, proc.kill)
+    killer.start()
+    try:
+        said = []
+        for line in proc.stderr:
+            said.append(line)
+            if READY.search(line):
+                break
+        rest: list[str] = []
+        reader = threading.Thread(target=lambda: rest.append(proc.stderr.read()))
+        reader.start()
+        ready = READY.search(said[-1]) if said else None
+        assert ready, f"serve ended before listening: {''.join(said)}"
+        port = ready.group(1)
+        assert raw("GET", f"http://127.0.0.1:{port}/v1/models").status == 200
+        proc.send_signal(sig)
+        got = proc.wait(30)
+        reader.join(10)
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    after = "".join(rest)
+    assert got == code, after
+    assert "error" not in after and "Traceback" not in after, after

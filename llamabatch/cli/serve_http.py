@@ -4,7 +4,7 @@ the engine, one line saying where it listens, and the exit."""
 from __future__ import annotations
 
 import os
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -12,6 +12,7 @@ from ..errors import InvalidRequest
 from .engine_setup import open_engine, resolve_options
 from .env import Environment
 from .engine_options import EngineOptions, with_engine_options
+from .exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
 API_KEY_ENV = "LLAMABATCH_API_KEY"
 SERVE_EXTRA = "llamabatch serve needs the serve extra (Starlette, uvicorn, python-multipart): pip install 'llamabatch[serve]'"
@@ -68,8 +69,23 @@ def serve_command(
             shown = f"[{host}]" if ":" in host else host
             env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
                     f"({engine.stats().n_parallel} slots, data in {service.data.root})")
-            listening.run()
+            stopped_by = _serve_until_stopped(listening)
         finally:
             service.close(timeout=30)
     finally:
         engine.close()
+    if stopped_by is not None:
+        raise typer.Exit(stopped_by)
+
+
+def _serve_until_stopped(listening: Any) -> int | None:
+    """Serve; the exit code of the signal that stopped it (None: stopped otherwise). uvicorn shuts
+    down on Ctrl-C or SIGTERM and then raises the signal again (KeyboardInterrupt, or app.main's
+    Terminated): the way `serve` is meant to end, so it exits 130 or 143 and says nothing more."""
+    try:
+        listening.run()
+    except Terminated:
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return None
