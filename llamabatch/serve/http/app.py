@@ -32,6 +32,7 @@ from .service import Service
 from .upload_check import too_large
 
 log = logging.getLogger("llamabatch.serve.http")
+_BODY = "the request body"
 _MULTIPART_SLACK = 1 << 20  # form framing and the purpose field around an upload's bytes
 
 
@@ -111,11 +112,13 @@ async def _body(request: Request) -> Any:
         if len(data) > MAX_BODY_BYTES:
             raise _too_large()
     try:
-        return loads(bytes(data).decode("utf-8"), whole="the request body", max_depth=MAX_JSON_DEPTH)
+        return loads(bytes(data).decode("utf-8"), whole=_BODY, max_depth=MAX_JSON_DEPTH)
     except UnicodeDecodeError as exc:
         raise bad_request(f"the request body is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except BadJSON as bad:
-        raise bad_request(f"the request body is not usable JSON: {bad.message}", code=bad.code) from None
+        # a message naming the body already ("the request body nests ... deeper than") stands alone
+        message = bad.message if bad.message.startswith(_BODY) else f"{_BODY} is not usable JSON: {bad.message}"
+        raise bad_request(message, code=bad.code) from None
 
 
 def _too_large() -> ApiError:
