@@ -88,12 +88,13 @@ def test_run_line_with_a_lone_surrogate_is_its_own_error(field):
     assert field in item.message and "lone surrogate" in item.message and item.message.startswith("line 3")
 
 
-@pytest.mark.parametrize("text, line_id", [(DEEP_ARRAY, 5), (DEEP_FIELD, "deep"), (HUGE_INT, "big")])
-def test_run_line_that_python_cannot_parse_is_its_own_error(text, line_id):
+@pytest.mark.parametrize("text", [DEEP_ARRAY, DEEP_FIELD, HUGE_INT])
+def test_run_line_that_python_cannot_parse_is_its_own_error(text):
     item = parse(text, 5)
     assert isinstance(item, LineError) and item.code == "invalid_json" and item.message.startswith("line 5")
-    # an invalid_json record answers its line number (what --resume matches), an OpenAI line its custom_id
-    assert item.id == 5
+    # a plain invalid_json record has no id (null, no user's id: --resume counts these records),
+    # an OpenAI line keeps its custom_id
+    assert item.id is None
     openai = parse('{"custom_id": "c9", "url": "/v1/completions", "body": {"max_tokens": ' + "9" * 5000 + "}}", 5)
     assert isinstance(openai, LineError) and (openai.id, openai.shape) == ("c9", "openai")
 
@@ -105,7 +106,8 @@ def test_jsonl_input_runs_no_line_that_is_not_json():
         assert isinstance(p.parse('{"prompt": "ok"}', 1), LineRequest)
         for n, raw in enumerate([b"\x00" * 40, "h\x00i\x00".encode(), b"just words", b'{"prompt": "tr'], start=2):
             item = p.parse(raw, n)
-            assert isinstance(item, LineError) and item.code == "invalid_json" and item.id == n, (raw, item)
+            assert isinstance(item, LineError) and item.code == "invalid_json" and item.id is None, (raw, item)
+            assert item.message.startswith(f"line {n} "), item
 
 
 def test_auto_input_whose_first_line_is_text_stays_text_and_nul_is_never_a_prompt():
@@ -247,11 +249,15 @@ def test_run_answers_every_line_once_whatever_it_holds(tmp_path):
              json_line({"id": "last", "prompt": "end"})]
     records = run_lines(tmp_path, "\n".join(lines).encode() + b"\n")
     by_id = {r["id"]: r for r in records}
-    assert [r["id"] for r in records] == ["s1", "s2", 3, 4, 5, "boom", "s3", 8, 9, "last"]
+    # lines that are no JSON have no id (null): their messages name them
+    assert [r["id"] for r in records] == ["s1", "s2", None, None, None, "boom", "s3", None, None, "last"]
     assert by_id["s2"]["text"] == "hi!" and by_id["last"]["text"] == "end!"
-    codes = {k: r["error"]["code"] for k, r in by_id.items() if r["error"]}
-    assert codes == {"s1": "invalid_request", 3: "invalid_json", 4: "invalid_json", 5: "invalid_json",
-                     "boom": "internal_error", "s3": "invalid_request", 8: "invalid_json", 9: "invalid_json"}
+    codes = [(r["id"], r["error"]["code"]) for r in records if r["error"]]
+    assert codes == [("s1", "invalid_request"), (None, "invalid_json"), (None, "invalid_json"), (None, "invalid_json"),
+                     ("boom", "internal_error"), ("s3", "invalid_request"), (None, "invalid_json"),
+                     (None, "invalid_json")]
+    unnamed = [r["error"]["message"] for r in records if r["id"] is None]
+    assert [m.split(" ", 2)[1] for m in unnamed] == ["3", "4", "5", "8", "9"]
 
 
 def test_a_surrogate_under_a_key_with_a_newline_is_named_on_one_line():

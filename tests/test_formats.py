@@ -53,7 +53,8 @@ def test_text_format_takes_json_looking_lines_as_prompts():
 
 def test_jsonl_format_rejects_a_text_line():
     err = parse("just words", 3, input_format="jsonl")
-    assert isinstance(err, LineError) and err.code == "invalid_json" and err.id == 3
+    assert isinstance(err, LineError) and err.code == "invalid_json" and err.id is None
+    assert err.message.startswith("line 3 ")
 
 
 def test_system_turns_a_text_line_into_chat():
@@ -63,7 +64,8 @@ def test_system_turns_a_text_line_into_chat():
 
 def test_not_utf8_is_that_lines_error():
     err = parse(b"caf\xe9\n", 4)
-    assert isinstance(err, LineError) and err.code == "invalid_json" and "UTF-8" in err.message and err.id == 4
+    assert isinstance(err, LineError) and err.code == "invalid_json" and "UTF-8" in err.message and err.id is None
+    assert parse(b"caf\xe9\n", 4, input_format="text").id == 4  # text input: ids are line numbers
 
 
 # -- plain JSON lines --------------------------------------------------------------------------
@@ -123,9 +125,9 @@ def test_error_keeps_a_readable_id():
     assert parse({"id": "keep", "foo": 1}).id == "keep"
 
 
-def test_malformed_json_has_the_line_number_as_id():
+def test_malformed_json_has_no_id_and_names_its_line():
     err = parse('{"prompt": "unterminated', 12)
-    assert (err.code, err.id, err.shape) == ("invalid_json", 12, PLAIN)
+    assert (err.code, err.id, err.shape) == ("invalid_json", None, PLAIN)
     assert "line 12 is not valid JSON" in err.message
 
 
@@ -195,9 +197,10 @@ def test_bad_openai_lines_become_openai_errors(line, code, words):
     assert words in err.message
 
 
-def test_openai_line_without_custom_id_uses_the_line_number():
+def test_openai_line_without_custom_id_has_no_id_and_names_its_line():
     err = parse({"url": CHAT_URL, "body": {"messages": [{"role": "user", "content": "x"}]}}, 8)
-    assert (err.code, err.id, err.shape) == ("invalid_request", "8", OPENAI)
+    assert (err.code, err.id, err.shape) == ("invalid_request", None, OPENAI)
+    assert err.message == "line 8: custom_id is missing: an OpenAI Batch line needs one, a non-empty string"
 
 
 # -- records -----------------------------------------------------------------------------------

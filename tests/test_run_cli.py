@@ -138,8 +138,9 @@ def test_every_shape_and_every_bad_line_gets_its_own_record(tmp_path, request, e
     proc = run(str(inp), "-o", str(out), *FAST, "--fail-on-error")
     assert proc.returncode == 1, proc.stderr  # --fail-on-error: lines failed, yet every line was answered
     records = read_records(out)
-    assert [the_id(r) for r in records] == [1, "p1", "m1", "chat-1", "comp-1", 6, 7, "emb-1", 9, 10, 11, "long",
-                                            "long-chat", "p1", 16]
+    # lines that are no JSON have no id (null); a line that states no id has its line number
+    assert [the_id(r) for r in records] == [None, "p1", "m1", "chat-1", "comp-1", None, 7, "emb-1", 9, 10, 11, "long",
+                                            "long-chat", "p1", None]
     by_line = dict(zip([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16], records))
 
     for n in (2, 3):  # plain shape
@@ -177,7 +178,8 @@ def test_every_shape_and_every_bad_line_gets_its_own_record(tmp_path, request, e
     assert plain_error(12)[0] == "context_overflow"
     assert openai_error(13)[0] == "context_overflow"
     assert plain_error(14)[0] == "duplicate_id"
-    assert "line 6 (id 6) failed: invalid_json" in proc.stderr
+    assert "line 6 failed: invalid_json: line 6 is not valid JSON" in proc.stderr
+    assert "line 9 (id 9) failed: invalid_request" in proc.stderr
     assert re.search(r"15 line\(s\) in \S+: 4 ok, 11 failed", proc.stderr)
 
 

@@ -24,7 +24,7 @@ from ..settings.slots import planned_slots
 from .estimate_arithmetic import LengthStats, PrefixReuse, RECENT, eta, slot_ctx
 from .input_source import count_nonblank, open_input
 from .output_sink import stream_kind
-from .line_shapes import LineError, LineParser, duplicate_id_error, record_id
+from .line_shapes import LineError, LineParser, duplicate_id_error, is_unnamed_error, record_id
 from .id_sets import Answered, IdSet
 from .retry_journal import is_retryable, journal_path, whole_records
 from .manifest_fields import not_in_input
@@ -67,7 +67,7 @@ class _OutputSide:
         for path in paths:
             for _raw, record in whole_records(path):
                 line_id = record_id(record)
-                if line_id is None:
+                if line_id is None and not is_unnamed_error(record):
                     continue
                 self.answered.add(line_id, record.get("error", {}).get("code")
                                   if isinstance(record.get("error"), dict) else None)

@@ -5,6 +5,9 @@ fingerprints in a flat array instead of Python strings, so a million ids cost ~1
 rather than ~100 MB. Two different ids sharing a 64-bit fingerprint is the price
 (about 3e-8 for a million ids): the second would be reported as a duplicate.
 
+A line whose id could not be read has none (None, line_shapes.NO_ID): it is never a
+duplicate, and OUTPUT's records of such lines are counted, not matched.
+
 A table's default ids are its row numbers, 1, 2, 3, ...: those are kept as one counter
 (the run of consecutive integers seen from 1), so a table run's memory does not grow with
 its rows (the fingerprints were ~14 MB of a 1M-row run's 137 MB peak, against 2 MB at 100k).
@@ -46,6 +49,8 @@ class IdSet:
         return type(line_id) is int and 1 <= line_id <= self._run  # (not bool: True is not the id 1)
 
     def __contains__(self, line_id: Any) -> bool:
+        if line_id is None:
+            return False
         return self._in_run(line_id) or self._has(line_id)
 
     def _has(self, line_id: Any) -> bool:
@@ -60,7 +65,9 @@ class IdSet:
             i = (i + 1) & self._mask
 
     def add(self, line_id: Any) -> bool:
-        """Add an id; True when it was not there yet."""
+        """Add an id; True when it was not there yet (always for None: no id is no duplicate)."""
+        if line_id is None:
+            return True
         if self._in_run(line_id):
             return False
         if type(line_id) is int and line_id == self._run + 1 and (self._count == 0 or not self._has(line_id)):
@@ -97,24 +104,34 @@ class Answered:
 
     A duplicate_id error record answers a *later* line with that id, not the first one:
     those are counted apart, so a resumed run neither skips the first line's real answer
-    nor writes the duplicate's error twice.
+    nor writes the duplicate's error twice. Records without an id (lines whose id could not
+    be read) are counted too: a bad line fails the same way on every run, and such lines'
+    records are written in input order, so the first that many of them are answered.
     """
 
     def __init__(self) -> None:
         self.ids = IdSet()
         self.duplicates: dict[bytes, int] = {}  # id key -> duplicate_id records already written
+        self.unnamed = 0  # records without an id not yet matched to an INPUT line
         self.records = 0
 
     def add(self, line_id: Any, error_code: str | None) -> None:
         self.records += 1
-        if error_code == "duplicate_id":
+        if line_id is None:
+            self.unnamed += 1
+        elif error_code == "duplicate_id":
             key = id_key(line_id)
             self.duplicates[key] = self.duplicates.get(key, 0) + 1
         else:
             self.ids.add(line_id)
 
     def covers(self, line_id: Any, first_use: bool) -> bool:
-        """Whether this input line is already answered (consumes a duplicate record)."""
+        """Whether this input line is already answered (consumes a duplicate or unnamed record)."""
+        if line_id is None:
+            if self.unnamed:
+                self.unnamed -= 1
+                return True
+            return False
         if first_use:
             return line_id in self.ids
         key = id_key(line_id)

@@ -50,6 +50,11 @@ CLIENT_ERROR_CODES = ("invalid_json", "unknown_shape", "invalid_url", "invalid_r
                       "context_overflow")
 
 LineId = Union[str, int]
+# The id of a line whose own id could not be read (not JSON, not an object, an id or custom_id
+# that is no id). Every user id is a non-empty string or an integer, so null never equals
+# one: a bad line can't make a later line a duplicate, and --resume counts these records
+# (id_sets.Answered) instead of matching them.
+NO_ID = None
 
 
 @dataclass
@@ -72,7 +77,7 @@ class LineError:
     """A line that gets an error record instead of being run."""
 
     line_no: int
-    id: LineId
+    id: LineId | None  # NO_ID: the line names no id that could be read
     code: str
     message: str
     shape: str = PLAIN
@@ -110,15 +115,15 @@ class LineParser:
         try:
             return self._parse(raw, line_no)
         except Exception as exc:  # a bug here must cost this line, never the run
-            return LineError(line_no, line_no, "internal_error", f"line {line_no}: {type(exc).__name__}: {exc}")
+            return self._unnamed(line_no, "internal_error", f"{type(exc).__name__}: {exc}")
 
     def _parse(self, raw: str | bytes, line_no: int) -> LineRequest | LineError | None:
         if isinstance(raw, bytes):
             try:
                 raw = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                return LineError(line_no, line_no, "invalid_json",
-                                 f"line {line_no} is not UTF-8: {exc.reason} at byte {exc.start}")
+                return self._unnamed(line_no, "invalid_json",
+                                     f"line {line_no} is not UTF-8: {exc.reason} at byte {exc.start}")
         text = raw.rstrip("\r\n")
         if line_no == 1:
             text = text.lstrip("\ufeff")  # a BOM some editors write
@@ -138,20 +143,27 @@ class LineParser:
                 return _malformed(text, line_no, f"line {line_no} is not valid JSON: {bad.message}")
             custom_id = sniff_id(text, "custom_id")
             if custom_id is not None:
-                return LineError(line_no, custom_id, bad.code, f"line {line_no}: {bad.message}", OPENAI)
-            return LineError(line_no, _readable_id(sniff_id(text), line_no), bad.code, f"line {line_no}: {bad.message}")
+                return LineError(line_no, _custom_id_or_none(custom_id), bad.code, f"line {line_no}: {bad.message}",
+                                 OPENAI)
+            return LineError(line_no, _id_or_none(sniff_id(text)), bad.code, f"line {line_no}: {bad.message}")
         if not isinstance(data, dict):
-            return LineError(line_no, line_no, "unknown_shape",
-                             f"line {line_no} is {json_kind(data)}, not an object with prompt, messages or custom_id")
+            return self._unnamed(line_no, "unknown_shape",
+                                 f"line {line_no} is {json_kind(data)}, not an object with prompt, messages or custom_id")
         if any(k in data for k in ("custom_id", "url", "body", "method")):
             return self._openai(data, line_no)
         if "input" in data or (self.embed and "prompt" in data):
             return self._plain_embed(data, line_no)
         if "prompt" in data or "messages" in data:
             return self._plain(data, line_no)
-        return LineError(line_no, _readable_id(data.get("id"), line_no), "unknown_shape",
+        return LineError(line_no, _plain_id(data, line_no), "unknown_shape",
                          f"line {line_no} has neither 'prompt', 'messages', 'input' nor the OpenAI Batch "
                          "'custom_id', 'url' and 'body'")
+
+    def _unnamed(self, line_no: int, code: str, message: str) -> LineError:
+        """The error of a line whose id could not be read. In text input every id is a line
+        number (a user gives none), so the line number stays its id there."""
+        line_id = line_no if self.input_format == "text" else NO_ID
+        return LineError(line_no, line_id, code, _with_line(message, line_no))
 
     # -- shapes ---------------------------------------------------------------------------
 
@@ -167,7 +179,7 @@ class LineParser:
         return LineRequest(line_no, line_no, prompt, self.defaults, echo={"prompt": text} if self.echo else None)
 
     def _plain_embed(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
-        line_id = _readable_id(data.get("id"), line_no)
+        line_id = _plain_id(data, line_no)
         key = "input" if "input" in data else "prompt"
         try:
             if "id" in data:
@@ -178,12 +190,12 @@ class LineParser:
                                               f"dimensions; got {', '.join(map(repr, unknown))}")
             embed = _embed_line(data[key], data.get("encoding_format"), data.get("dimensions"))
         except _Bad as bad:
-            return LineError(line_no, line_id, bad.code, bad.message)
+            return _plain_error(line_no, line_id, bad)
         echo = {k: v for k, v in data.items() if k != "id"} if self.echo else None
         return LineRequest(line_no, line_id, embed.inputs, self.defaults, echo=echo, embed=embed)
 
     def _plain(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
-        line_id = _readable_id(data.get("id"), line_no)
+        line_id = _plain_id(data, line_no)
         try:
             if "id" in data:
                 _check_id(data["id"])
@@ -200,17 +212,16 @@ class LineParser:
                 prompt = _with_system(_check_messages(data["messages"]), system)
             params = _params({k: v for k, v in data.items() if k in FIELD_TYPES}, self.defaults)
         except _Bad as bad:
-            return LineError(line_no, line_id, bad.code, bad.message)
+            return _plain_error(line_no, line_id, bad)
         echo = {k: v for k, v in data.items() if k != "id"} if self.echo else None
         return LineRequest(line_no, line_id, prompt, params, echo=echo)
 
     def _openai(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
-        custom_id = data.get("custom_id")
-        line_id: LineId = custom_id if isinstance(custom_id, str) and custom_id else str(line_no)
+        line_id = _custom_id_or_none(data.get("custom_id"))
         url = data.get("url")
         try:
-            if line_id != custom_id:
-                raise _Bad("invalid_request", f"custom_id must be a non-empty string, got {json_kind(custom_id)}")
+            if line_id is NO_ID:
+                raise _Bad("invalid_request", _custom_id_problem(data))
             if url not in URLS:
                 raise _Bad("invalid_url", f"unknown url {json.dumps(url)} (supported: {', '.join(URLS)})")
             method = data.get("method", "POST")
@@ -227,7 +238,8 @@ class LineParser:
                 prompt = _with_system(prompt, self.system)
             params = _params(sampling, self.defaults)
         except _Bad as bad:
-            return LineError(line_no, line_id, bad.code, bad.message, OPENAI, url if url in URLS else None)
+            message = bad.message if line_id is not NO_ID else _with_line(bad.message, line_no)
+            return LineError(line_no, line_id, bad.code, message, OPENAI, url if url in URLS else None)
         return LineRequest(line_no, line_id, prompt, params, OPENAI, url)
 
 
@@ -353,8 +365,38 @@ def _check_id(value: Any) -> LineId:
     raise _Bad("invalid_request", f"id must be a non-empty string or an integer, got {json.dumps(value)}")
 
 
-def _readable_id(value: Any, line_no: int) -> LineId:
-    return value if is_request_id(value) else line_no
+def _plain_id(data: dict[str, Any], line_no: int) -> LineId | None:
+    """A plain line's id: its own, the line number when it states none (the documented
+    default), NO_ID when what it states is no id."""
+    if "id" not in data:
+        return line_no
+    return _id_or_none(data["id"])
+
+
+def _id_or_none(value: Any) -> LineId | None:
+    return value if is_request_id(value) else NO_ID
+
+
+def _custom_id_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else NO_ID
+
+
+def _custom_id_problem(data: dict[str, Any]) -> str:
+    if "custom_id" not in data:
+        return "custom_id is missing: an OpenAI Batch line needs one, a non-empty string"
+    value = data["custom_id"]
+    kind = "an empty string" if value == "" else json_kind(value)
+    return f"custom_id must be a non-empty string, got {kind}"
+
+
+def _plain_error(line_no: int, line_id: LineId | None, bad: _Bad) -> LineError:
+    message = bad.message if line_id is not NO_ID else _with_line(bad.message, line_no)
+    return LineError(line_no, line_id, bad.code, message)
+
+
+def _with_line(message: str, line_no: int) -> str:
+    """A record without an id names its line in the message: the one way to find the line."""
+    return message if message.startswith((f"line {line_no}:", f"line {line_no} ")) else f"line {line_no}: {message}"
 
 
 def _check_prompt(prompt: Any) -> str | list[int]:
@@ -388,7 +430,7 @@ def _malformed(text: str, line_no: int, message: str) -> LineError:
     custom_id = sniff_id(text, "custom_id")
     if isinstance(custom_id, str) and custom_id:
         return LineError(line_no, custom_id, "invalid_json", message, OPENAI)
-    return LineError(line_no, line_no, "invalid_json", message)
+    return LineError(line_no, NO_ID, "invalid_json", message)
 
 
 # -- output records -----------------------------------------------------------------------
@@ -476,6 +518,14 @@ def record_id(record: Any) -> LineId | None:
     else:
         value = record.get("id")
     return value if isinstance(value, str) or is_int(value) else None
+
+
+def is_unnamed_error(record: Any) -> bool:
+    """An error record of a line whose id could not be read (its id or custom_id is null)."""
+    if not isinstance(record, dict) or not isinstance(record.get("error"), dict):
+        return False
+    key = "custom_id" if "custom_id" in record and "response" in record else "id"
+    return key in record and record[key] is None
 
 
 def record_error_code(record: dict[str, Any]) -> str | None:

@@ -11,7 +11,7 @@ import sys
 from typing import BinaryIO, TextIO
 
 from ..errors import InvalidRequest, JobFileError
-from .line_shapes import record_error_code, record_id
+from .line_shapes import is_unnamed_error, record_error_code, record_id
 from .id_sets import Answered
 
 
@@ -202,7 +202,7 @@ def read_back(sink: Sink, answered: Answered | None = None) -> tuple[Answered, i
                 raise JobFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} is not valid JSON "
                                    "(only its last line may be torn); fix or remove that line") from None
             line_id = record_id(record)
-            if line_id is None:
+            if line_id is None and not is_unnamed_error(record):
                 raise JobFileError(f"cannot resume: OUTPUT {sink.name} line {line_no} has no id or custom_id "
                                    "(is it a llamabatch run output?)")
             answered.add(line_id, record_error_code(record))

@@ -79,8 +79,8 @@ class JobView:
             return
         self.failures += 1
         if self.failures <= MAX_FAILURE_NOTES:
-            self.reporter.note(f"{PREFIX}{event.unit} {event.line_no} (id {event.id!r}) failed: {event.code}: "
-                               f"{event.message}")
+            named = f" (id {event.id!r})" if event.id is not None else ""  # None: its id could not be read
+            self.reporter.note(f"{PREFIX}{event.unit} {event.line_no}{named} failed: {event.code}: {event.message}")
         elif self.failures == MAX_FAILURE_NOTES + 1:
             self.reporter.note(f"{PREFIX}more {event.unit}s failed; their records in OUTPUT say why")
 
