@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import InvalidRequest
+from .kv_cache_types import CACHE_TYPES, DEFAULT_CACHE_TYPE, FLASH_ATTN, is_quantized
 from .memory_setting import byte_size_rule, max_memory_rule
 from .params import SEED_ALLOWED, is_seed
 from .value_checks import Rule, boolean, choice, integer, optional, text
@@ -86,6 +87,13 @@ class EngineConfig:
     # drafts from a request's prediction, else by prompt lookup, and verifies the guesses in
     # rows a tick has to spare; "off": one token a tick. None = $LLAMABATCH_SPECULATIVE, else "auto".
     speculative: str | None = None
+    # The KV cache's element types (llama.cpp's names, kv_cache_types.py): q8_0 halves the
+    # cache of f16, so twice the slots or twice the context fit in the same memory.
+    cache_type_k: str = DEFAULT_CACHE_TYPE
+    cache_type_v: str = DEFAULT_CACHE_TYPE
+    # Flash attention: "auto" (llama.cpp's default: on where the device runs it, so on CPUs),
+    # "on" or "off". A quantized V cache needs it; deterministic mode runs with it off.
+    flash_attn: str = "auto"
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
@@ -137,6 +145,19 @@ class EngineConfig:
         if self.deterministic and self.kv_unified:
             # the invariance rests on one KV stream per sequence (llamabatch/llama/batch_invariance.py)
             _bad("kv_unified", "false when deterministic is on", self.kv_unified)
+        if self.deterministic:
+            # its row rule was derived for f16 attention without flash attention: a quantized K
+            # takes other matmul kernels (switching at other row counts), flash attention adds
+            # batch-dependent rounding (docs/deterministic.md)
+            for key in ("cache_type_k", "cache_type_v"):
+                if getattr(self, key) != "f16":
+                    _bad(key, '"f16" when deterministic is on', getattr(self, key))
+            if self.flash_attn == "on":
+                _bad("flash_attn", '"auto" or "off" when deterministic is on (it runs with flash attention off)',
+                     self.flash_attn)
+        if is_quantized(self.cache_type_v) and self.flash_attn == "off":
+            _bad("cache_type_v", 'f16 or bf16 when flash_attn is "off" (llama.cpp keeps a quantized V cache only '
+                 'with flash attention)', self.cache_type_v)
         return self
 
 
@@ -193,6 +214,9 @@ KEY_RULES: dict[str, Rule] = {
     "prefix_store_max_bytes": byte_size_rule,
     "grammar_backend": optional(choice(*GRAMMAR_BACKENDS)),
     "speculative": optional(choice(*SPECULATIVE_CHOICES)),
+    "cache_type_k": choice(*CACHE_TYPES),
+    "cache_type_v": choice(*CACHE_TYPES),
+    "flash_attn": choice(*FLASH_ATTN),
 }
 NORMALIZED_KEYS = ("prefix_store", "prefix_store_max_bytes")
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"

@@ -74,6 +74,28 @@ def test_auto_is_bounded_by_memory_for_the_kv_cache():
     assert choice.reason.startswith("auto: bounded by KV memory: 72 MiB per slot")
 
 
+def test_auto_under_one_max_memory_fits_about_twice_the_slots_with_a_q8_0_cache():
+    # more slots always faster: the choice is the memory bound. max_memory 1 GiB less this file's "weights"
+    q8 = AUTO.replace(cache_type_k="q8_0", cache_type_v="q8_0", max_memory="1GiB")
+    f16 = AUTO.replace(max_memory="1GiB")
+    rising = {n: 10.0 * n for n in range(1, max(CANDIDATES) + 1)}
+    got = {}
+    for config in (f16, q8):
+        per_token = kv_bytes_per_token(GEMMA_META, config.cache_type_k, config.cache_type_v)
+        choice = choose(config, MODEL, measure=Curve(rising, per_token), memory=64 * GIB)
+        assert "max_memory 1GiB less the weights" in choice.reason
+        got[config.cache_type_k] = choice.n_parallel
+    assert got == {"f16": 14, "q8_0": 26}  # 72 MiB and 38.25 MiB a slot of 4096 tokens
+
+
+def test_the_calibration_cache_keeps_cache_types_apart():
+    curve = Curve({n: 100.0 for n in CANDIDATES})
+    choose(AUTO, MODEL, measure=curve, memory=64 * GIB)
+    again = choose(AUTO.replace(cache_type_k="q8_0", cache_type_v="q8_0"), MODEL, measure=curve, memory=64 * GIB)
+    assert not again.from_cache and len(curve.calls) == 2
+    assert len(json.loads(cache_path().read_text())) == 2
+
+
 def test_auto_reuses_its_cache_and_measures_only_what_is_missing():
     curve = Curve({4: 84, 8: 122, 12: 110, 16: 171, 24: 160, 32: 150})
     first = choose(AUTO, MODEL, measure=curve, memory=64 * GIB)

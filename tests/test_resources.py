@@ -51,7 +51,7 @@ def test_reproducer_a_billion_token_context_is_refused_with_the_setting_and_the_
     assert "\n" not in message and isinstance(info.value, InvalidRequest)  # one line, exit 2 in the CLI
     tib = 1_000_000_000 * 18 * PER_LAYER / 2**40  # every cell of every layer: 16.8 TiB
     assert message.startswith(f"n_ctx 1000000000 needs {tib:.1f} TiB of KV cache (4 slots x 250,000,000 tokens "
-                              "x 18.0 KiB per token)")
+                              "x 18.0 KiB per token in f16/f16)")
     assert "(max_memory 90%; 23.0 GiB available now): lower n_ctx" in message
 
 
@@ -135,3 +135,47 @@ def test_an_addition_fits_in_what_a_size_leaves_or_in_a_share_of_what_is_availab
                                             r"1.0 GiB available now"):
         check_addition(shared, 950 * MIB, 0, "the embedding context", memory=1 * GIB)
     check_addition(shared.replace(max_memory="off"), 10 * GIB, 0, "the embedding context", memory=MIB)
+
+
+# -- KV cache types: what each type takes, as ggml_row_size counts it --------------------------
+
+@pytest.mark.parametrize(("type_k", "type_v", "bytes_per_layer"), [
+    ("f16", "f16", 256 * 2 + 256 * 2),
+    ("bf16", "f16", 256 * 2 + 256 * 2),
+    ("q8_0", "q8_0", 8 * 34 + 8 * 34),  # 256 values = 8 blocks of 32, 34 bytes each
+    ("q4_0", "q4_0", 8 * 18 + 8 * 18),
+    ("q8_0", "f16", 8 * 34 + 256 * 2),
+    ("q4_1", "q5_0", 8 * 20 + 8 * 22),
+    ("q5_1", "iq4_nl", 8 * 24 + 8 * 18),
+])
+def test_kv_need_takes_the_bytes_of_the_configured_cache_types(type_k, type_v, bytes_per_layer):
+    config = EngineConfig(n_parallel=4, n_ctx=4096, cache_type_k=type_k, cache_type_v=type_v)
+    need = needs(config, GEMMA_META, weights=0)
+    assert need.per_token == 18 * bytes_per_layer
+    assert need.kv_bytes == 18 * bytes_per_layer * 4096
+
+
+def test_q8_0_keys_and_values_take_at_most_055_of_f16():
+    f16 = needs(EngineConfig(n_parallel=8), GEMMA_META, weights=0).kv_bytes
+    q8 = needs(EngineConfig(n_parallel=8, cache_type_k="q8_0", cache_type_v="q8_0"), GEMMA_META, weights=0).kv_bytes
+    assert q8 / f16 == 34 / 64
+
+
+def test_a_context_that_fits_only_in_q8_0_is_refused_in_f16_with_the_way_out_and_allowed_in_q8_0():
+    config = EngineConfig(n_parallel=8, n_ctx=8 * 8192, max_memory="1GiB")
+    f16_kv = 18 * PER_LAYER * 8 * 8192  # 1.125 GiB: over the cap, q8_0's 0.6 GiB under it
+    assert f16_kv > GIB
+    with pytest.raises(ResourceLimit, match=r"in f16/f16\).*or use --cache-type-k q8_0 --cache-type-v q8_0$"):
+        check(config, "model.gguf", metadata=GEMMA_META, memory=23 * GIB, cpus=2)
+    need = check(config.replace(cache_type_k="q8_0", cache_type_v="q8_0"), "model.gguf", metadata=GEMMA_META,
+                 memory=23 * GIB, cpus=2)
+    assert need.kv_bytes == f16_kv * 34 // 64
+
+
+def test_a_head_size_the_block_type_cannot_split_is_refused_naming_the_types_the_model_takes():
+    meta = dict(GEMMA_META, **{"gemma3.attention.key_length": 80, "gemma3.attention.value_length": 80})
+    config = EngineConfig(n_parallel="auto", cache_type_k="q8_0", cache_type_v="q8_0")
+    with pytest.raises(InvalidRequest) as info:
+        check(config, "model.gguf", metadata=meta, memory=23 * GIB, cpus=2)
+    assert str(info.value) == ("cache_type_k q8_0 cannot hold this model's attention heads of 80 values "
+                               "(blocks of 32); this model takes: f16, bf16")

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from ..core.policies import POLICIES
+from ..kv_cache_types import CACHE_TYPES
 from ..settings.layers import SHARED_KEYS
 from .env import Environment
 
@@ -50,6 +51,9 @@ ENGINE_OPTIONS: dict[str, Any] = {
     "prefix_store_max_bytes": Annotated[Optional[str], _opt("--prefix-store-max-bytes", metavar="SIZE", help="Most disk the prefix store may take; least recently used entries go first (0 = off) [default: 2GiB]", panel=ENGINE)],
     "grammar_backend": Annotated[Optional[str], _opt("--grammar-backend", metavar="auto|llguidance|llama", help="How grammars and JSON schemas constrain sampling: as token masks computed by llguidance (auto, llguidance), or by llama.cpp's GBNF sampler (llama); auto takes a GBNF grammar llguidance cannot read to llama.cpp [default: auto]", panel=ENGINE)],
     "speculative": Annotated[Optional[str], _opt("--speculative", metavar="auto|off", help="Speculative decoding from the text itself: auto drafts from a request's prediction (else by prompt lookup) and verifies the guesses in rows a tick has to spare, never changing a token; off = one token a tick [default: auto]", panel=ENGINE)],
+    "cache_type_k": Annotated[Optional[str], _opt("--cache-type-k", "-ctk", metavar="TYPE", help=f"KV cache type for keys: {', '.join(CACHE_TYPES)}; q8_0 halves the cache of f16 (twice the slots or context in the same memory) [default: f16]", panel=ENGINE)],
+    "cache_type_v": Annotated[Optional[str], _opt("--cache-type-v", "-ctv", metavar="TYPE", help=f"KV cache type for values: {', '.join(CACHE_TYPES)}; a quantized one needs flash attention [default: f16]", panel=ENGINE)],
+    "flash_attn": Annotated[Optional[str], _opt("--flash-attn", "-fa", metavar="auto|on|off", help="Flash attention: auto = llama.cpp's choice per device (on for CPUs; off in --deterministic) [default: auto]", panel=ENGINE)],
     "max_tokens": Annotated[Optional[int], _opt("--max-tokens", help="Most tokens generated per request [default: 256]", panel=SAMPLING)],
     "temperature": Annotated[Optional[float], _opt("--temperature", help="0 = greedy [default: 0.8]", panel=SAMPLING)],
     "top_k": Annotated[Optional[int], _opt("--top-k", help="[default: 40]", panel=SAMPLING)],

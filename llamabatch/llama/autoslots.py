@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
+from ..kv_cache_types import pair_name
+from ..memory_setting import memory_cap
 from ..replaced_file import replacing
 # the KV and memory figures are resources.py's (which also checks them before a context is made)
-from .resources import available_memory, kv_bytes_per_token  # noqa: F401  (kv_bytes_per_token: re-exported)
+from .resources import available_memory, kv_bytes_per_token, weights_size  # noqa: F401  (kv_bytes_per_token: re-exported)
 
 log = logging.getLogger("llamabatch.autoslots")
 
@@ -44,8 +46,12 @@ def slot_ctx_for(config: EngineConfig, n: int) -> int:
     return config.n_ctx // n if config.n_ctx else DEFAULT_CTX_PER_SLOT
 
 
-def bounds(config: EngineConfig, per_token: int | None, memory: int | None, max_slots: int | None) -> tuple[int, str]:
-    """The most slots allowed, and what set that bound ("" when only CANDIDATES did)."""
+def bounds(config: EngineConfig, per_token: int | None, memory: int | None, max_slots: int | None,
+           weights: int = 0) -> tuple[int, str]:
+    """The most slots allowed, and what set that bound ("" when only CANDIDATES did).
+    `per_token`: KV bytes of one token in the configured cache types; the KV may take half of
+    `memory`, and never more than max_memory leaves beside the `weights` (resources.check
+    would refuse the count otherwise)."""
     limit, why = max(CANDIDATES), ""
     if config.n_ctx:  # a fixed total context: each slot keeps at least 256 tokens
         by_ctx = max(1, config.n_ctx // 256)
@@ -53,10 +59,14 @@ def bounds(config: EngineConfig, per_token: int | None, memory: int | None, max_
             limit, why = by_ctx, f"n_ctx {config.n_ctx}: at least 256 tokens per slot"
     if per_token and memory:
         per_slot = per_token * slot_ctx_for(config, limit)
-        by_memory = max(1, int(memory * KV_MEMORY_SHARE // per_slot))
+        budget, of = memory * KV_MEMORY_SHARE, f"half of {memory / 2**30:.1f} GiB available"
+        cap = memory_cap(config.max_memory, memory) if config.max_memory is not None else None
+        if cap is not None and cap - weights < budget:
+            budget, of = max(0, cap - weights), f"max_memory {config.max_memory} less the weights"
+        by_memory = max(1, int(budget // per_slot))
         if by_memory < limit:
-            limit, why = by_memory, (f"KV memory: {per_slot / 2**20:.0f} MiB per slot, half of "
-                                     f"{memory / 2**30:.1f} GiB available")
+            types = pair_name(config.cache_type_k, config.cache_type_v)
+            limit, why = by_memory, f"KV memory: {per_slot / 2**20:.0f} MiB per slot in {types}, {of}"
     if max_slots is not None and max_slots < limit:
         limit, why = max(1, max_slots), f"{max_slots} input line{'' if max_slots == 1 else 's'}"
     return limit, why
@@ -96,7 +106,9 @@ def machine_key() -> str:
     return f"{cpu_name()} x{os.cpu_count()}"
 
 
-def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None) -> str:
+def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None, kv: str = "") -> str:
+    """`kv`: kv_setting(config): the cache types and flash attention change the decode curve
+    and the bytes per token recorded with it."""
     try:
         st = os.stat(model_path)
         model = f"{os.path.basename(model_path)}:{st.st_size}:{int(st.st_mtime)}"
@@ -105,7 +117,16 @@ def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None) -> 
     # the weight layout decides the kernels, and so the curve (cpu_buffers.py); "auto" keeps
     # the key it had before the setting existed
     layout = "" if cpu_buffers in (None, "auto") else f"|cpu_buffers={cpu_buffers}"
-    return f"{model}|threads={threads}{layout}|{machine_key()}"
+    return f"{model}|threads={threads}{layout}{kv}|{machine_key()}"
+
+
+def kv_setting(config: EngineConfig) -> str:
+    """The cache key's part for the KV types and flash attention; "" for the defaults, which
+    keeps the key calibrations had before these settings existed."""
+    types = pair_name(config.cache_type_k, config.cache_type_v)
+    if types == "f16/f16" and config.flash_attn == "auto":
+        return ""
+    return f"|kv={types}|flash_attn={config.flash_attn}"
 
 
 def read_cache(key: str) -> dict | None:
@@ -162,11 +183,12 @@ def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = Non
     measure = measure or (lambda levels: calibrate(config, model_path, levels))
     from .cpu_buffers import chosen
 
-    key = cache_key(model_path, config.n_threads, chosen(config.cpu_buffers))
+    key = cache_key(model_path, config.n_threads, chosen(config.cpu_buffers), kv_setting(config))
     entry = read_cache(key)
     from_cache = entry is not None
     per_token = entry.get("kv_bytes_per_token") if entry else None
-    limit, why = bounds(config, per_token, memory, max_slots)
+    weights = weights_size(model_path)
+    limit, why = bounds(config, per_token, memory, max_slots, weights)
     levels = sorted({c for c in CANDIDATES if c <= limit} | ({limit} if limit < max(CANDIDATES) else set()))
     measured = dict(entry["measured"]) if entry else {}
     missing = [n for n in levels if n not in measured]
@@ -178,7 +200,9 @@ def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = Non
         log.info("calibrated slot counts %s in %.1fs: %s", missing, time.perf_counter() - t0, got)
         if per_token_now:
             per_token = per_token_now
-            limit, why = bounds(config, per_token, memory, max_slots)
+            limit, why = bounds(config, per_token, memory, max_slots, weights)
+            if limit not in measured and limit > 1:  # the memory bound, known only now: measure it too
+                measured.update(measure([limit])[0])
         write_cache(key, {"measured": measured, "kv_bytes_per_token": per_token, "at": int(time.time())})
     n = pick(measured, limit)
     return Choice(n, describe(n, measured, why, limit), measured, from_cache)
@@ -224,7 +248,7 @@ def calibrate(config: EngineConfig, model_path: str, levels: list[int], ticks: i
                     raise RuntimeError(f"calibration decode failed with status {result.status}")
                 pos = [p + 1 for p in pos]
             out[b] = b * ticks / elapsed if elapsed > 0 else 0.0
-        return out, kv_bytes_per_token(runner.metadata)
+        return out, kv_bytes_per_token(runner.metadata, config.cache_type_k, config.cache_type_v)
     finally:
         for sampler in samplers:
             runner.free_sampler(sampler)

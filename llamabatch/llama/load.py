@@ -15,6 +15,15 @@ from ..config import EngineConfig
 from ..errors import ModelLoadError
 from .gguf_header import GGUFError
 
+# kv_cache_types.py's names as ggml's type ids (this llama_cpp has no constant for bf16: ggml.h's 30)
+GGML_TYPES = {
+    "f16": C.GGML_TYPE_F16, "bf16": getattr(C, "GGML_TYPE_BF16", 30), "q8_0": C.GGML_TYPE_Q8_0,
+    "q4_0": C.GGML_TYPE_Q4_0, "q4_1": C.GGML_TYPE_Q4_1, "iq4_nl": C.GGML_TYPE_IQ4_NL,
+    "q5_0": C.GGML_TYPE_Q5_0, "q5_1": C.GGML_TYPE_Q5_1,
+}
+FLASH_ATTN_TYPES = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                    "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
 
 def load_model(config: EngineConfig, model_path: str, kernels: Any, mark: int) -> tuple[Any, dict[str, float]]:
     """The loaded model (llama_model*) and the MiB of weights per buffer type it took
@@ -42,12 +51,15 @@ def context_params(config: EngineConfig, shapes: invariance.Shapes | None, n_seq
     cparams.n_batch = config.n_batch
     cparams.n_ubatch = config.n_batch
     cparams.n_seq_max = config.n_parallel
+    cparams.type_k = GGML_TYPES[config.cache_type_k]
+    cparams.type_v = GGML_TYPES[config.cache_type_v]
+    cparams.flash_attn_type = FLASH_ATTN_TYPES[config.flash_attn]
     if shapes is not None:
         # The row rule for the kernels these weights really took (the CPU_REPACK buffer
         # holds weights or not), then spare sequence ids to pad decode passes (each id is
         # a KV stream of slot_ctx cells), room for the padding rows in every pass, and the
-        # attention path known to be batch-invariant: flash attention off, one stream per
-        # sequence (below).
+        # attention path known to be batch-invariant: flash attention off (config.validate
+        # refuses "on" and any cache type but f16 here), one stream per sequence (below).
         cparams.n_seq_max = n_seq_ids
         cparams.n_ctx = config.slot_ctx * n_seq_ids
         rows = max(shapes.min_rows, shapes.tile)

@@ -8,7 +8,8 @@ they are refused before anything is allocated, with one line naming the setting 
 figure (ResourceLimit, an InvalidRequest: exit 2 in the CLI).
 
 What is counted, mirroring the runner's choices (load.py's context parameters):
-- KV cache: every layer's keys and values in f16 for every cell. Cells: n_ctx (padded as
+- KV cache: every layer's keys and values for every cell, in the configured cache types
+  (cache_type_k/cache_type_v; kv_cache_types.py has ggml's bytes per block). Cells: n_ctx (padded as
   llama.cpp pads it); in deterministic mode slot_ctx x the sequence ids it uses, spares
   included (batch_invariance.n_sequence_ids, counted with the widest row rule since the
   kernels are only known once the weights have loaded). A sliding-window layer (Gemma 3:
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..config import EngineConfig
-from ..errors import ResourceLimit
+from ..errors import InvalidRequest, ResourceLimit
+from ..kv_cache_types import BLOCKS, CACHE_TYPES, fits_rows, row_bytes
 from ..memory_setting import DEFAULT_MAX_MEMORY, memory_cap
 
 THREADS_PER_CPU = 4  # more threads than this per CPU is a typo, not a tuning choice
@@ -54,9 +56,21 @@ def _pad(n: int) -> int:
     return -(-n // CTX_PAD) * CTX_PAD
 
 
-def kv_bytes_per_token(metadata: Mapping[str, str]) -> int | None:
-    """KV cache bytes one token needs in one slot (f16 keys and values, every layer), from
-    GGUF metadata; None when the model does not say."""
+def kv_bytes_per_token(metadata: Mapping[str, str], cache_type_k: str = "f16", cache_type_v: str = "f16") -> int | None:
+    """KV cache bytes one token needs in one slot (keys and values of every layer in the given
+    types, as ggml_row_size counts them), from GGUF metadata; None when the model does not say."""
+    dims = kv_dims(metadata)
+    if dims is None:
+        return None
+    layers, heads_kv, k_len, v_len = dims
+    try:
+        return layers * (row_bytes(cache_type_k, heads_kv * k_len) + row_bytes(cache_type_v, heads_kv * v_len))
+    except ValueError:  # a head size the type cannot split (cache_type_problem says so first)
+        return None
+
+
+def kv_dims(metadata: Mapping[str, str]) -> tuple[int, int, int, int] | None:
+    """(layers, KV heads, key length, value length) from GGUF metadata, or None."""
     arch = metadata.get("general.architecture")
     try:
         layers = int(metadata[f"{arch}.block_count"])
@@ -67,7 +81,23 @@ def kv_bytes_per_token(metadata: Mapping[str, str]) -> int | None:
         v_len = int(metadata.get(f"{arch}.attention.value_length") or embd // heads)
     except (KeyError, ValueError, ZeroDivisionError):
         return None
-    return layers * heads_kv * (k_len + v_len) * 2
+    return layers, heads_kv, k_len, v_len
+
+
+def cache_type_problem(config: EngineConfig, metadata: Mapping[str, Any]) -> str | None:
+    """One line when this model's attention heads cannot be stored in the configured cache
+    types (a block type needs a head size that is a multiple of its block), else None."""
+    dims = kv_dims(metadata)
+    if dims is None:
+        return None
+    _layers, _heads, k_len, v_len = dims
+    for key, head in (("cache_type_k", k_len), ("cache_type_v", v_len)):
+        name = getattr(config, key)
+        if not fits_rows(name, head):
+            usable = ", ".join(t for t in CACHE_TYPES if fits_rows(t, head))
+            return (f"{key} {name} cannot hold this model's attention heads of {head} values "
+                    f"(blocks of {BLOCKS[name][0]}); this model takes: {usable}")
+    return None
 
 
 def available_memory() -> int | None:
@@ -85,9 +115,10 @@ def available_memory() -> int | None:
         return None
 
 
-def kv_layer_bytes(metadata: Mapping[str, Any]) -> tuple[int, int] | None:
+def kv_layer_bytes(metadata: Mapping[str, Any], cache_type_k: str = "f16",
+                   cache_type_v: str = "f16") -> tuple[int, int] | None:
     """(layers, bytes one cell of one layer takes), or None when the metadata does not say."""
-    per_token = kv_bytes_per_token(metadata)
+    per_token = kv_bytes_per_token(metadata, cache_type_k, cache_type_v)
     arch = metadata.get("general.architecture")
     try:
         layers = int(metadata[f"{arch}.block_count"])
@@ -107,7 +138,7 @@ def needs(config: EngineConfig, metadata: Mapping[str, Any], weights: int, shape
         shapes = shapes or invariance.Shapes(invariance.REPACK_GEMM_TILE, invariance.TILED_MIN_BATCH)
         sequences = invariance.n_sequence_ids(slots, shapes)
         cells = _pad(config.slot_ctx * sequences)
-    layer = kv_layer_bytes(metadata)
+    layer = kv_layer_bytes(metadata, config.cache_type_k, config.cache_type_v)
     if layer is None:
         return Needs(sequences, cells, 0, weights, None)
     layers, per_layer = layer
@@ -159,7 +190,8 @@ def check(config: EngineConfig, model_path: str, *, metadata: Mapping[str, Any] 
     machine allows; return what it needs (None when the memory could not be judged).
     `metadata` defaults to the GGUF header, `memory` to what the OS says is available."""
     check_threads(config, cpus)
-    if config.n_parallel == "auto" or config.n_gpu_layers != 0:
+    quantized = (config.cache_type_k, config.cache_type_v) != ("f16", "f16")
+    if (config.n_parallel == "auto" or config.n_gpu_layers != 0) and not quantized:
         return None  # auto: checked again once resolved; GPU layers: see the module docstring
     if metadata is None:
         from .gguf_header import GGUFError, read_header
@@ -168,6 +200,11 @@ def check(config: EngineConfig, model_path: str, *, metadata: Mapping[str, Any] 
             metadata = read_header(model_path).metadata
         except (OSError, GGUFError):
             return None  # loading reports an unreadable model in its own words
+    problem = cache_type_problem(config, metadata)
+    if problem:
+        raise InvalidRequest(problem)
+    if config.n_parallel == "auto" or config.n_gpu_layers != 0:
+        return None
     need = needs(config, metadata, weights_size(model_path), shapes)
     if memory is None:
         memory = available_memory()
@@ -221,7 +258,9 @@ def _too_much(config: EngineConfig, need: Needs, memory: int, cap: int) -> str:
     setting = f"n_ctx {config.n_ctx}" if config.n_ctx else f"n_parallel {slots} (4096 tokens per slot)"
     spares = need.sequences - slots
     seqs = f"{slots} slots" + (f" + {spares} deterministic-mode spare sequences" if spares > 0 else "")
-    shape = (f"{seqs} x {need.cells // max(1, need.sequences):,} tokens x {_size(need.per_token)} per token"
+    types = f" in {config.cache_type_k}/{config.cache_type_v}"
+    shape = (f"{seqs} x {need.cells // max(1, need.sequences):,} tokens x {_size(need.per_token)} per token{types}"
              if need.per_token else "")
     return (f"{setting} needs {_size(need.kv_bytes)} of KV cache ({shape}) plus {_size(need.weights)} of weights, "
-            f"more than {allowed}: lower {'n_ctx' if config.n_ctx else 'n_parallel'}")
+            f"more than {allowed}: lower {'n_ctx' if config.n_ctx else 'n_parallel'}"
+            + (" or use --cache-type-k q8_0 --cache-type-v q8_0" if config.cache_type_v == "f16" else ""))

@@ -25,7 +25,7 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat
 # Every key a flag sets (cli/engine_options.py declares one flag per key, in this order).
 SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
                "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "kv_unified", "max_memory",
-               "pooling", "prefix_store", "prefix_store_max_bytes", "grammar_backend", "speculative") + SAMPLING_KEYS
+               "pooling", "prefix_store", "prefix_store_max_bytes", "grammar_backend", "speculative", "cache_type_k", "cache_type_v", "flash_attn") + SAMPLING_KEYS
 
 # Built-in defaults that differ for one command, below every other layer. One conversation
 # needs one slot, which then gets all of --n-ctx.

@@ -42,14 +42,16 @@ def planned_slots(config: EngineConfig, model_path: str,
     from ..llama import autoslots
     from ..llama.cpu_buffers import chosen
 
-    entry = autoslots.read_cache(autoslots.cache_key(model_path, config.n_threads, chosen(config.cpu_buffers)))
+    entry = autoslots.read_cache(autoslots.cache_key(model_path, config.n_threads, chosen(config.cpu_buffers),
+                                                     autoslots.kv_setting(config)))
     measured = dict(entry["measured"]) if entry else {}
     when = entry.get("at") if entry else None
     if config.n_parallel != "auto":
         return int(config.n_parallel), measured, when
     if not measured:
         return None, {}, None
-    limit, _why = autoslots.bounds(config, entry.get("kv_bytes_per_token"), autoslots.available_memory(), max_slots)
+    limit, _why = autoslots.bounds(config, entry.get("kv_bytes_per_token"), autoslots.available_memory(), max_slots,
+                                   autoslots.weights_size(model_path))
     return autoslots.pick(measured, limit), measured, when
 
 
