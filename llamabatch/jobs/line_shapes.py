@@ -146,6 +146,17 @@ class LineParser:
                 return LineError(line_no, _custom_id_or_none(custom_id), bad.code, f"line {line_no}: {bad.message}",
                                  OPENAI)
             return LineError(line_no, _id_or_none(sniff_id(text)), bad.code, f"line {line_no}: {bad.message}")
+        return self._shaped(data, line_no)
+
+    def parse_object(self, data: Any, line_no: int) -> LineRequest | LineError:
+        """A line already read as JSON (and checked: json_line.loads), e.g. serve's online body in
+        its batch-line shape, which is then not one level deeper than the body the client sent."""
+        try:
+            return self._shaped(data, line_no)
+        except Exception as exc:  # a bug here must cost this request, never the caller
+            return self._unnamed(line_no, "internal_error", f"{type(exc).__name__}: {exc}")
+
+    def _shaped(self, data: Any, line_no: int) -> LineRequest | LineError:
         if not isinstance(data, dict):
             return self._unnamed(line_no, "unknown_shape",
                                  f"line {line_no} is {json_kind(data)}, not an object with prompt, messages or custom_id")

@@ -14,9 +14,9 @@ from ...json_line import MAX_DEPTH
 MAX_UPLOAD_BYTES = 200 * 1000 * 1000  # OpenAI: "up to 200 MB" for a batch input file
 MAX_UPLOAD_LINES = 50_000  # OpenAI: "up to 50,000 requests" a batch
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a JSON request body (long chat contexts, many embeddings inputs)
-# A request body is one level inside the batch line it is read as (online.py), and a line nests
-# at most MAX_DEPTH levels: so online requests and batch lines take the same bodies.
-MAX_JSON_DEPTH = MAX_DEPTH - 1
+# A request body nests at most as deep as a JSON line may (online.py reads it in its batch-line
+# shape as an object, not as text one level deeper).
+MAX_JSON_DEPTH = MAX_DEPTH
 MAX_METADATA_PAIRS = 16  # OpenAI's metadata: 16 pairs, keys up to 64 and values up to 512 characters
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512

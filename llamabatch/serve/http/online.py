@@ -9,7 +9,6 @@ Waiting never blocks the event loop: the engine's callback hands results to it.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import threading
 from dataclasses import dataclass
@@ -55,8 +54,8 @@ class Online:
         if stream and body.get("logprobs"):
             raise bad_request("logprobs are not streamed: ask without stream", param="logprobs")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        line = json.dumps({"custom_id": "online", "method": "POST", "url": url, "body": body}, ensure_ascii=False)
-        item = LineParser(self.engine.default_params, input_format="jsonl").parse(line, 1)
+        line = {"custom_id": "online", "method": "POST", "url": url, "body": body}  # the body is checked (app.py)
+        item = LineParser(self.engine.default_params, input_format="jsonl").parse_object(line, 1)
         if isinstance(item, LineError) or item is None:
             message = _LINE_PREFIX.sub("", item.message) if item is not None else "empty request"
             raise bad_request(message, code=item.code if item is not None else None)
