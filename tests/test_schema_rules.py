@@ -6,12 +6,13 @@ import json
 
 import pytest
 
-from llamabatch import SamplingParams
+from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.errors import InvalidRequest
 from llamabatch.schema_closing import close_schema
 from llamabatch.schema_prepare import prepared_schema_text
 from llamabatch.schema_walk import MAX_DEPTH
 
+from fake_runner import FakeRunner
 from structured_schemas import SCHEMAS
 
 
@@ -168,3 +169,14 @@ def test_grammar_with_json_schema_says_to_give_one():
 def test_a_refused_schema_is_refused_from_the_cache_with_the_same_message():
     schema = {"type": "integer", "minimum": 10, "maximum": 5}
     assert refusal(schema) == refusal(dict(schema))
+
+
+def test_the_engine_answers_such_a_schema_with_its_error_at_submit_and_runs_the_others():
+    runner = FakeRunner(n_slots=2, n_batch=64)
+    config = EngineConfig(n_parallel=2, n_batch=64, chunk_size=16, max_queue=0)
+    with Engine(config, runner=runner, default_params=SamplingParams(temperature=0, max_tokens=4)) as engine:
+        bad = engine.submit("x", SamplingParams(max_tokens=4, json_schema={"$ref": "#"})).result(10)
+        good = engine.submit("x", SamplingParams(max_tokens=4, temperature=0)).result(10)
+    assert bad.finish_reason == "error" and bad.error_code == "invalid_request"
+    assert bad.error == "json_schema: $ref cycle # -> # never reaches a schema"
+    assert good.ok
