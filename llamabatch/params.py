@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import InvalidRequest
-from .grammar_guard import grammar_problem
+from .constraints.gbnf_guard import grammar_problem
 from .json_line import find_surrogate
-from .schema_prepare import prepared_schema_text
+from .constraints.schema_prepare import prepared_schema_text
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 # Bounds on stop strings (OpenAI allows 4 of any length; llama.cpp's server any number): enough
@@ -138,7 +138,7 @@ class SamplingParams:
         if self.json_schema is not None:
             prepared_schema_text(self.json_schema)  # refused here, for every backend, before any compiles it
         if isinstance(self.grammar, str) and (problem := grammar_problem(self.grammar)) is not None:
-            # llama.cpp would crash on it (grammar_guard says how): refuse it here, whatever the backend
+            # llama.cpp would crash on it (constraints.gbnf_guard says how): refuse it here, whatever the backend
             raise InvalidRequest(problem)
         for tok, bias in self.logit_bias.items():
             _check(isinstance(tok, int) and tok >= 0, "logit_bias", "a map of token id -> bias", tok)

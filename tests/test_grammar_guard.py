@@ -6,8 +6,8 @@ import json
 import pytest
 
 from llamabatch import InvalidRequest, SamplingParams
-from llamabatch.gbnf_shape import measure
-from llamabatch.grammar_guard import (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_ELEMENTS, MAX_GRAMMAR_RULES, MAX_GROUP_DEPTH,
+from llamabatch.constraints.gbnf_shape import measure
+from llamabatch.constraints.gbnf_guard import (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_ELEMENTS, MAX_GRAMMAR_RULES, MAX_GROUP_DEPTH,
                                       grammar_problem)
 from llamabatch.llama.schema_expansion import MAX_SCHEMA_COUNT, schema_expansion_problem
 

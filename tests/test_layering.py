@@ -26,7 +26,7 @@ from test_import_graph import ROOT, _type_checking_nodes, all_modules, external_
 
 BENCHMARKS = ROOT.parent / "benchmarks"
 LAYERS: dict[str, int] = {
-    "core": 1, "llama": 2, "models": 3, "prefix_store": 3, "tables": 3, "settings": 4,
+    "constraints": 0, "core": 1, "llama": 2, "models": 3, "prefix_store": 3, "tables": 3, "settings": 4,
     "engines": 5, "supervised": 5, "cluster": 5, "jobs": 6, "chat": 7, "bench": 7, "serve": 7, "cli": 8,
 }
 VALUE_TYPES = 0  # a module directly under llamabatch/

@@ -8,9 +8,9 @@ import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.errors import InvalidRequest
-from llamabatch.schema_closing import close_schema
-from llamabatch.schema_prepare import prepared_schema_text
-from llamabatch.schema_walk import MAX_DEPTH
+from llamabatch.constraints.schema_closing import close_schema
+from llamabatch.constraints.schema_prepare import prepared_schema_text
+from llamabatch.constraints.schema_walk import MAX_DEPTH
 
 from fake_runner import FakeRunner
 from structured_schemas import SCHEMAS

@@ -1,4 +1,4 @@
-"""What llama.cpp's own GBNF sampler (the llama grammar backend) is not given, beyond grammar_guard.
+"""What llama.cpp's own GBNF sampler (the llama grammar backend) is not given, beyond constraints.gbnf_guard.
 
 Its cost: llama.cpp keeps one stack per way the grammar can go on, and at every step matches
 every one of them against every token of the vocabulary. A choice of n alternatives (an enum of
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..gbnf_shape import measure
+from ..constraints.gbnf_shape import measure
 
 if TYPE_CHECKING:
     from .vocab import Vocabulary

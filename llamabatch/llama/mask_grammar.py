@@ -31,8 +31,8 @@ import numpy as np
 
 from ..config import GRAMMAR_BACKENDS
 from ..errors import InvalidRequest
-from ..grammar_guard import size_problem
-from ..schema_prepare import prepared_schema_text
+from ..constraints.gbnf_guard import size_problem
+from ..constraints.schema_prepare import prepared_schema_text
 
 BACKENDS = GRAMMAR_BACKENDS  # what EngineConfig.grammar_backend may hold
 BACKEND_ENV = "LLAMABATCH_GRAMMAR_BACKEND"
@@ -187,7 +187,7 @@ def _tokenizer_of(vocab: Any) -> Any:
 
 
 def _check_size(what: str, text: str) -> None:
-    """The one size bound of grammar_guard, which every backend applies."""
+    """The one size bound of constraints.gbnf_guard, which every backend applies."""
     if (problem := size_problem(what, text)) is not None:
         raise InvalidRequest(problem)
 

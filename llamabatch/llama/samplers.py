@@ -11,9 +11,9 @@ import numpy as np
 from llama_cpp import llama_cpp as C
 
 from ..errors import InvalidRequest
-from ..grammar_guard import grammar_problem, size_problem
+from ..constraints.gbnf_guard import grammar_problem, size_problem
 from ..params import SamplingParams
-from ..schema_prepare import prepared_schema_text
+from ..constraints.schema_prepare import prepared_schema_text
 from .backend import first_error, log_mark
 from .greedy_pick import GreedyPick
 from .llama_grammar_limits import llama_grammar_problem

@@ -5,7 +5,7 @@ minItems n repeats the item's rule name n times, maxItems n nests n - min option
 ("(item ("," item (...)?)?)?"), and a pattern's {n} repeats its literal n times. A schema of 80
 bytes can so ask for a grammar of gigabytes (maxItems 10**9: MemoryError after minutes) or for
 100,000 nested groups (a stack overflow in llama.cpp's parser). The converted text is checked
-again by grammar_guard; this walk refuses what would be too costly even to convert.
+again by constraints.gbnf_guard; this walk refuses what would be too costly even to convert.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import json
 import re
 from typing import Any
 
-from ..grammar_guard import MAX_GRAMMAR_BYTES, MAX_GROUP_DEPTH
+from ..constraints.gbnf_guard import MAX_GRAMMAR_BYTES, MAX_GROUP_DEPTH
 
 # every count a schema may ask for: maxItems - minItems nested groups must stay under the
-# group depth grammar_guard allows (the schema's own nesting adds a few levels)
+# group depth constraints.gbnf_guard allows (the schema's own nesting adds a few levels)
 MAX_SCHEMA_COUNT = MAX_GROUP_DEPTH - 100
 COUNT_KEYS = ("minItems", "maxItems", "minLength", "maxLength")
 _QUANTIFIER = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 from .schema_checks import check_schema
 from .schema_closing import close_schema
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 MAX_DEPTH = 64  # subschemas inside subschemas; real schemas stay under 20
 MAX_NODES = 100_000  # a 512 KiB schema of small subschemas has about 20,000

@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 from .schema_walk import Subschema, pointer, walk, where
 
 COUNT_PAIRS = (("minLength", "maxLength", "string"), ("minItems", "maxItems", "array"),
