@@ -18,11 +18,14 @@ files (unless another conversation's row names the same entry: two chats opening
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any, Iterable
 
 # The newest reply's entry (what -c continues from) and the one before it (after an /undo the
 # next prompt starts with that reply's prompt).
 KEEP = 2
+
+log = logging.getLogger("llamabatch.chat")
 
 
 def text_digest(text: str) -> str:
@@ -36,6 +39,7 @@ class TurnKV:
     def __init__(self, store: Any = None, min_tokens: int = 0):
         self.store = store  # a prefix_store.PrefixStore, or None
         self.min_tokens = min_tokens  # shorter prompts are not worth a file (the engine would not restore them)
+        self._said: set[str] = set()
 
     @classmethod
     def for_engine(cls, engine: Any) -> "TurnKV":
@@ -51,7 +55,17 @@ class TurnKV:
         return self.enabled and len(prompt_tokens) > self.min_tokens
 
     def tokens_of(self, entry: str) -> list[int] | None:
-        return self.store.tokens_of(entry) if self.enabled else None
+        """The entry's tokens; None when it cannot be resumed from, said once in the log when the
+        reason is that it was saved with other KV cache types (`chat -c` after --cache-type-k)."""
+        if not self.enabled:
+            return None
+        tokens = self.store.tokens_of(entry)
+        if tokens is None:
+            why = self.store.why_not_loaded(entry)
+            if why and why not in self._said:
+                self._said.add(why)
+                log.warning("chat: %s", why)
+        return tokens
 
     def remove(self, entries: Iterable[str]) -> None:
         if self.enabled:

@@ -47,4 +47,7 @@ def open_disk_prefixes(config: EngineConfig, runner: Any) -> DiskPrefixes | None
     except OSError as exc:
         log.warning("prefix store %s is not usable (%s): running without it", config.prefix_store, exc)
         return None
+    note = store.other_kv_note()
+    if note:
+        log.warning("%s", note)  # once, as the store opens: those entries are never looked up
     return DiskPrefixes(store)

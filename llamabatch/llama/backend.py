@@ -21,6 +21,9 @@ _recent_log: deque[tuple[int, str]] = deque(maxlen=40)  # (line number, text)
 _log_count = itertools.count(1)
 # "<buffer type> model buffer size = N MiB" lines, kept apart: a load logs hundreds of lines
 _buffer_log: deque[tuple[int, str]] = deque(maxlen=64)
+# the KV cache's "size = N MiB (... K (q8_0): ..." lines and how flash attention was resolved
+_kv_log: deque[tuple[int, str]] = deque(maxlen=64)
+_KV_MARKS = ("llama_kv_cache: size =", "Flash Attention", "flash_attn            =")
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
 
@@ -33,6 +36,8 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         _recent_log.append((number, line))
         if "model buffer size" in line:
             _buffer_log.append((number, line))
+        elif any(mark in line for mark in _KV_MARKS):
+            _kv_log.append((number, line))
         log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", line)
 
 
@@ -82,3 +87,32 @@ def weight_buffers(mark: int) -> dict[str, float]:
             except (ValueError, IndexError):
                 continue
     return out
+
+
+def kv_cache_mib(mark: int) -> float | None:
+    """MiB of KV cache llama.cpp allocated after `mark` (all its caches: a sliding-window model
+    has two), from its own "llama_kv_cache: size = N MiB" lines; None when it logged none."""
+    sizes = []
+    for number, text in _kv_log:
+        if number > mark and "llama_kv_cache: size =" in text:
+            try:
+                sizes.append(float(text.split("size =", 1)[1].split()[0]))
+            except (ValueError, IndexError):
+                continue
+    return sum(sizes) if sizes else None
+
+
+def flash_attention(mark: int) -> bool | None:
+    """Whether the context made after `mark` runs flash attention, as llama.cpp logged it
+    ("auto" resolves when the graph is reserved); None when it said nothing."""
+    found = None
+    for number, text in _kv_log:
+        if number <= mark:
+            continue
+        low = text.lower()
+        if "flash attention enabled" in low or text.rstrip().endswith("= enabled"):
+            found = True
+        elif "flash attention disabled" in low or "flash attention was auto, set to disabled" in low \
+                or text.rstrip().endswith("= disabled"):
+            found = False
+    return found

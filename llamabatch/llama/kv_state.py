@@ -53,11 +53,12 @@ def restore(ctx: Any, seq: int, payload: bytes | bytearray | memoryview) -> bool
 
 
 def fingerprint(model_path: str, model: Any, *, kv_unified: bool, swa_full: bool,
-                kernels: str) -> dict[str, str]:
+                kernels: str, cache_types: str, flash_attn: bool) -> dict[str, str]:
     """What makes one process's saved KV bytes mean the same in another: the same model file
     (by content), the same llama.cpp (its state format and kernels), and the same cache layout
-    and element types. The disk prefix store keeps entries apart by this, and refuses an entry
-    whose header names another."""
+    and element types ("q8_0/q8_0": a q8_0 row read as f16 is garbage; flash attention keeps V
+    by rows, without it V is transposed). The disk prefix store keeps entries apart by this,
+    and refuses an entry whose header names another."""
     import llama_cpp
 
     from ..model_digest import model_sha256
@@ -68,6 +69,7 @@ def fingerprint(model_path: str, model: Any, *, kv_unified: bool, swa_full: bool
         "kv_layout": "unified" if kv_unified else "stream per slot",
         "swa_full": str(bool(swa_full)),
         "n_embd_layers": f"{C.llama_model_n_embd(model)}x{C.llama_model_n_layer(model)}",
-        "cache_types": "f16/f16",  # llamabatch never sets type_k/type_v: llama.cpp's default
+        "cache_types": cache_types,
+        "v_layout": "by rows (flash attention)" if flash_attn else "transposed (no flash attention)",
         "kernels": kernels,
     }

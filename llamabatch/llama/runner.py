@@ -23,7 +23,7 @@ from llama_cpp import llama_cpp as C
 
 from . import batch_invariance as invariance
 from . import kv_state, load, resources
-from .backend import gpu_offload_supported, init_backend, log_mark
+from .backend import flash_attention, gpu_offload_supported, init_backend, kv_cache_mib, log_mark
 from .chat_formats import LlamaChatFormats
 from .cpu_buffers import KernelPath
 from .cpu_kernels import derive_shapes_for, kernel_path
@@ -36,6 +36,7 @@ from .ubatch_split import ubatch_sizes
 from .samplers import Sampler, SamplerFactory, sample_row
 from .vocab import Vocabulary
 from ..config import EngineConfig
+from ..kv_cache_types import pair_name
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
 from ..core.plan import EmbedBatch, EmbedStepResult, Restore, StepPlan, StepResult
@@ -83,6 +84,14 @@ class LlamaRunner:
             C.llama_model_free(self.model)
             raise
         self.ctx = load.new_context(self.model, cparams, config, model_path, mark)
+        # the KV cache as llama.cpp made it: its types, its MiB by its own count, and whether
+        # "auto" turned flash attention on (it decides V's layout in the cache, so saved KV's too)
+        self.cache_types = pair_name(config.cache_type_k, config.cache_type_v)
+        self.kv_mib = kv_cache_mib(mark)
+        if self.kv_mib is None and need is not None:
+            self.kv_mib = need.kv_bytes / 2**20
+        resolved = flash_attention(mark)
+        self.flash_attn = resolved if resolved is not None else cparams.flash_attn_type != C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.kv = KvCache(self.ctx, self.model, swa_full=cparams.swa_full, kv_unified=self.kv_unified)
         # a unified cache lets one sequence use all of it: keep the per-slot share as the cap,
         # so the slots together never need more cells than there are
@@ -132,7 +141,10 @@ class LlamaRunner:
         CPU_REPACK 13 MiB)": the layout asked for and the buffers llama.cpp put the weights in."""
         from .determinism_check import describe_buffers
 
-        text = f"{self.kernels.name} kernels ({self.kernels.why}; weights: {describe_buffers(self.weight_buffers)})"
+        kv = f"KV {self.cache_types}" + (f" {self.kv_mib:.1f} MiB" if self.kv_mib is not None else "")
+        kv += " (flash attention on)" if self.flash_attn else " (flash attention off)"
+        text = (f"{kv}, {self.kernels.name} kernels ({self.kernels.why}; "
+                f"weights: {describe_buffers(self.weight_buffers)})")
         if self.deterministic:
             text += f"; deterministic rows: tiles of {self.shapes.tile}, at least {self.shapes.min_rows}"
         return text
@@ -233,7 +245,8 @@ class LlamaRunner:
         """What must be the same for KV bytes saved by one process to be restored by another:
         the model's content, the llama.cpp build, and the cache's layout and types."""
         return kv_state.fingerprint(self.model_path, self.model, kv_unified=self.kv_unified,
-                                    swa_full=self.kv.swa_full, kernels=self.kernels.name)
+                                    swa_full=self.kv.swa_full, kernels=self.kernels.name,
+                                    cache_types=self.cache_types, flash_attn=self.flash_attn)
 
     def _sample_chunk(self, chunk: Any, row: int, result: StepResult) -> None:
         # the chunk's own sampler, then those of an n-request's other samples, which take

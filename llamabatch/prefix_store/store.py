@@ -24,6 +24,7 @@ from .file_format import (BadEntry, decode_entry, encode_head, entry_size, read_
                           tokens_to_le)
 from .housekeeping import evict_lru, remove_dead_tmp_files
 from .index import Match, PrefixIndex, sort_key, sort_key_from_le
+from .other_kv import other_kv_entries, why_not_loaded
 from .naming import canonical_fingerprint, entry_file, entry_key, fingerprint_folder, is_entry_file
 from .writer import BackgroundWriter
 
@@ -198,6 +199,15 @@ class PrefixStore:
         """An entry's name is a hash of its tokens: BadEntry when these do not give that name."""
         if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
             raise BadEntry("its tokens do not match its name")
+
+    def other_kv_note(self) -> str | None:
+        """One line when this root holds entries of the same model saved with other KV cache
+        types or V layout (other_kv.py): they are never loaded here, and the user should know why."""
+        return other_kv_entries(self.root, self._fingerprint, self._folder_name) if self.enabled else None
+
+    def why_not_loaded(self, name: str) -> str | None:
+        """One line when entry `name` exists but belongs to other KV settings; else None."""
+        return why_not_loaded(name, self.root, self._fingerprint) if self.enabled else None
 
     def _own_entry(self, name: str) -> Path | None:
         folder, _, file_name = name.partition("/")
