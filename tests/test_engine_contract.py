@@ -67,7 +67,10 @@ def ray_session():
 
 
 def open_engine(kind: str, model_file: str, request: pytest.FixtureRequest, max_queue: int = 0) -> Any:
-    config = EngineConfig(model=model_file, n_parallel=2, n_ctx=2048, threads=1, max_queue=max_queue)
+    # a q8_0 KV cache: the settings cross the child's and Ray's wire like every other (the fake
+    # runner has no cache; tests/test_kv_cache_types_model.py runs q8_0 on both real models)
+    config = EngineConfig(model=model_file, n_parallel=2, n_ctx=2048, threads=1, max_queue=max_queue,
+                          cache_type_k="q8_0", cache_type_v="q8_0")
     if kind == "engine":
         return Engine(config, runner=supervised_child_runner.fake(config), default_params=SHORT)
     if kind == "supervised":
