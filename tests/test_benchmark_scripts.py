@@ -128,3 +128,12 @@ def test_render_report_reads_a_pngs_size_and_tells_a_blank_one(bench):
     assert facts(drawn)[:2] == (3, 2) and facts(drawn)[2] == 18  # 0..80 and 100..180 by tens; the filter byte is 0
     with pytest.raises(ValueError, match="not a PNG"):
         facts(b"GIF89a" + bytes(20))
+
+
+def test_kv_cache_types_kl_divergence_is_zero_for_one_distribution_and_grows_with_the_gap(bench):
+    kv = runpy.run_path(str(BENCHMARKS / "kv_cache_types.py"))
+    top = [{"id": 1, "logprob": -0.1}, {"id": 2, "logprob": -2.5}, {"id": 3, "logprob": -4.0}]
+    near = [{"id": 1, "logprob": -0.12}, {"id": 2, "logprob": -2.4}, {"id": 3, "logprob": -4.1}]
+    swapped = [{"id": 2, "logprob": -0.1}, {"id": 1, "logprob": -2.5}, {"id": 4, "logprob": -4.0}]
+    assert kv["kl_divergence"](top, top) == 0
+    assert 0 < kv["kl_divergence"](top, near) < kv["kl_divergence"](top, swapped)
