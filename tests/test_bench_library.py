@@ -117,3 +117,25 @@ def test_report_files_that_cannot_be_written_are_typed_errors(tmp_path):
         write_json(str(tmp_path / "missing" / "b.json"), {})
     with pytest.raises(InvalidRequest, match="--json and --from-json together"):
         load_recorded(str(tmp_path / "ok.json"), "x.json", None, 0, False)
+
+
+def test_other_kv_types_run_each_level_twice_f16_first_and_record_both():
+    settings = resolved(n_parallel=2, cache_type_k="q8_0", cache_type_v="q8_0")
+    plan = plan_generation(settings, [2], pp=4, tg=2, requests=None, prompt_lines=None, baseline=False)
+    phases: list[str] = []
+    opener = Opener()
+    run = run_generation(plan, settings, opener, phase=phases.append)
+    assert phases == ["B=2 KV f16/f16", "B=2 KV q8_0/q8_0"]
+    assert [(e.config.cache_type_k, e.config.cache_type_v) for e in opener.engines] == [("f16", "f16"),
+                                                                                        ("q8_0", "q8_0")]
+    assert [lv["kv"]["cache_types"] for lv in run.f16_figures + run.figures] == ["f16/f16", "q8_0/q8_0"]
+    assert plan.tokens_to_generate() == 2 * 2 * 2
+    document = generation_document(plan, run, settings.sampling, None, None)
+    assert document["f16_levels"] is run.f16_figures and document["settings"]["cache_type_k"] == "q8_0"
+    assert "f16_levels" not in generation_document(*_f16_run(), settings.sampling, None, None)
+
+
+def _f16_run():
+    settings = resolved(n_parallel=2)
+    plan = plan_generation(settings, [2], pp=4, tg=2, requests=None, prompt_lines=None, baseline=False)
+    return plan, run_generation(plan, settings, Opener())

@@ -47,6 +47,8 @@ def generation_document(plan: GenerationPlan, run: GenerationRun, sampling: Any,
     })
     if plan.deterministic:
         document["default_levels"] = run.default_figures
+    if plan.compare_kv:  # the same levels with an f16 cache, measured just before each
+        document["f16_levels"] = run.f16_figures
     return document
 
 

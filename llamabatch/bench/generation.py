@@ -1,5 +1,6 @@
 """bench's generation levels: for each level B a fresh engine with n_parallel = B (twice with
---deterministic: the default engine first), the same prompts for every level, and
+--deterministic: the default engine first; twice with a KV cache type other than f16: an f16
+engine first), the same prompts for every level, and
 llama-cpp-python's one-request-at-a-time baseline over them.
 
 Engines come from the caller's `open_engine(resolved)` (default: llamabatch.engines.open_engine);
@@ -37,6 +38,7 @@ class GenerationPlan:
     prompt_lines: list[tuple[int, str]] | None  # --prompts FILE's (line number, text); None: synthetic
     baseline: bool = False
     deterministic: bool = False
+    compare_kv: bool = False  # KV types other than f16/f16: each level runs with f16 first, side by side
 
     @property
     def smallest_slot(self) -> int:
@@ -44,7 +46,7 @@ class GenerationPlan:
 
     def tokens_to_generate(self) -> int:
         """The progress total: every level's tokens (twice with --deterministic), then the baseline's."""
-        return (sum(self.counts) * self.tg * (2 if self.deterministic else 1)
+        return (sum(self.counts) * self.tg * (2 if self.deterministic or self.compare_kv else 1)
                 + (max(self.counts) * self.tg if self.baseline else 0))
 
 
@@ -54,8 +56,9 @@ def plan_generation(resolved: Any, levels: list[int], pp: int, tg: int, requests
     tokens plus --tg do not fit the smallest level's slot."""
     configs = [resolved.engine.replace(n_parallel=b, max_queue=0).validate() for b in levels]
     params = resolved.sampling.replace(max_tokens=tg, ignore_eos=True).validate()
+    engine = resolved.engine
     plan = GenerationPlan(levels, [requests or b for b in levels], configs, params, pp, tg, prompt_lines,
-                          baseline, resolved.engine.deterministic)
+                          baseline, engine.deterministic, (engine.cache_type_k, engine.cache_type_v) != ("f16", "f16"))
     if prompt_lines is None and pp + tg > plan.smallest_slot:
         raise InvalidRequest(f"--pp {pp} + --tg {tg} = {pp + tg} tokens does not fit a slot of {plan.smallest_slot} "
                              f"(n_ctx / n_parallel); lower them or raise --n-ctx")
@@ -66,6 +69,7 @@ def plan_generation(resolved: Any, levels: list[int], pp: int, tg: int, requests
 class GenerationRun:
     figures: list[dict[str, Any]] = field(default_factory=list)
     default_figures: list[dict[str, Any]] = field(default_factory=list)  # --deterministic: without it
+    f16_figures: list[dict[str, Any]] = field(default_factory=list)  # other KV types: the same levels in f16
     base: dict[str, Any] | None = None  # the baseline's figures
     model: dict[str, Any] = field(default_factory=dict)
     prompts: list[list[int]] = field(default_factory=list)  # token ids, the same for every level
@@ -82,10 +86,15 @@ def run_generation(plan: GenerationPlan, resolved: Any, open_engine: OpenEngine 
     run = GenerationRun()
     for b, config, count in zip(plan.levels, plan.configs, plan.counts):
         # --deterministic: the default engine first, then the deterministic one, side by side
-        for variant in ([config.replace(deterministic=False)] if plan.deterministic else []) + [config]:
-            phase(f"B={b}" + (" deterministic" if variant.deterministic else ""))
+        # other KV cache types: an f16 engine first, then the chosen types
+        for variant in _variants(plan, config):
+            phase(f"B={b}" + (" deterministic" if variant.deterministic else "")
+                  + (f" KV {variant.cache_type_k}/{variant.cache_type_v}" if plan.compare_kv else ""))
             level = _run_level(plan, run, open_engine(dataclasses.replace(resolved, engine=variant)), count, advance)
-            (run.figures if variant.deterministic == plan.deterministic else run.default_figures).append(level)
+            if variant is config:
+                run.figures.append(level)
+            else:
+                (run.f16_figures if plan.compare_kv else run.default_figures).append(level)
     if plan.baseline:
         phase("baseline")
         first = plan.configs[0]
@@ -96,6 +105,30 @@ def run_generation(plan: GenerationPlan, resolved: Any, open_engine: OpenEngine 
         for level in run.figures:
             level.update(benchkit.speedup(level, run.base))
     return run
+
+
+def _variants(plan: GenerationPlan, config: Any) -> list[Any]:
+    """The engines one level runs on, the measured one (`config` itself) last."""
+    if plan.deterministic:
+        return [config.replace(deterministic=False), config]
+    if plan.compare_kv:
+        return [config.replace(cache_type_k="f16", cache_type_v="f16"), config]
+    return [config]
+
+
+def kv_figures(engine: Any) -> dict[str, Any]:
+    """The level's KV cache: its types, flash attention, and MiB per slot as llama.cpp allocated
+    it (the memory check's count where the runner has no log of it)."""
+    from ..kv_cache_types import pair_name
+
+    config, runner = engine.config, getattr(engine, "runner", None)
+    mib = getattr(runner, "kv_mib", None)
+    if mib is None:
+        from ..llama.resources import needs
+
+        mib = needs(config, getattr(runner, "metadata", None) or {}, 0).kv_bytes / 2**20
+    return {"cache_types": pair_name(config.cache_type_k, config.cache_type_v), "flash_attn": config.flash_attn,
+            "mib_per_slot": mib / config.n_parallel if mib else None}
 
 
 def _run_level(plan: GenerationPlan, run: GenerationRun, engine: Any, count: int,
@@ -109,9 +142,10 @@ def _run_level(plan: GenerationPlan, run: GenerationRun, engine: Any, count: int
         level_prompts = run.prompts[:count]
         level_pp = plan.pp if plan.prompt_lines is None else sum(map(len, level_prompts)) / len(level_prompts)
         measured = benchkit.run_level(engine, level_prompts, plan.params, on_token=advance)
+        kv = kv_figures(engine)
     finally:
         engine.close()
-    return benchkit.level_figures(measured, level_pp, plan.tg)
+    return {**benchkit.level_figures(measured, level_pp, plan.tg), "kv": kv}
 
 
 def build_prompts(engine: Any, prompt_lines: list[tuple[int, str]] | None, count: int, pp: int, tg: int,

@@ -13,7 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from . import chartdata, svgchart
-from .tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table,
+from .tables import (baseline_table, batched_table, deterministic_table, kv_types_table, latency_table, throughput_table,
                      tick_summary_line, ticks_table, trace_table)
 
 STYLE = """
@@ -66,6 +66,8 @@ def render(document: dict[str, Any], last_ticks: int = 0) -> str:
             parts.append(table_html(trace_table(level)))
     if document.get("default_levels"):
         parts.append(table_html(deterministic_table(document["default_levels"], levels)))
+    if document.get("f16_levels"):
+        parts.append(table_html(kv_types_table(document["f16_levels"], levels)))
     if base is not None:
         parts.append(table_html(baseline_table(base)))
     parts += ["</body>", "</html>", ""]

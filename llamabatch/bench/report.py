@@ -56,12 +56,13 @@ def check_document(document: Any) -> str | None:
     levels = document.get("levels")
     if not isinstance(levels, list) or not levels:
         return "levels: missing or empty"
-    if document.get("default_levels") is not None and not isinstance(document["default_levels"], list):
-        return "default_levels: not a list"
+    for name in ("default_levels", "f16_levels"):
+        if document.get(name) is not None and not isinstance(document[name], list):
+            return f"{name}: not a list"
     problem = _check_header(document)
     if problem:
         return problem
-    for name in ("levels", "default_levels"):
+    for name in ("levels", "default_levels", "f16_levels"):
         for i, level in enumerate(document.get(name) or []):
             problem = _check_level(level, document.get("baseline") is not None and name == "levels")
             if problem:

@@ -12,6 +12,7 @@ TICK_COLUMNS = ("Tick", "Batch", "Decode", "Prefill", "Active", "Queue", "Eval m
 BASELINE_COLUMNS = ("Requests", "Prompt tokens", "Generated", "Time s", "Request/s", "Output tok/s", "Total tok/s")
 SPEEDUP_COLUMN = "Speedup"
 DETERMINISTIC_COLUMNS = ("B", "Default tok/s", "Deterministic tok/s", "Ratio")
+KV_COLUMNS = ("B", "f16 tok/s", "tok/s", "Ratio", "f16 KV MiB/slot", "KV MiB/slot", "KV ratio")
 TRACE_COLUMNS = ("Ticks", "Count", "Wall share", "Tokens", "Decode", "Prefill", "Guessed", "Kept", "Graph runs", "Eval ms",
                  "Eval ms/token", "Sample ms", "Plan ms", "Fill ms", "After ms", "Wall ms")
 
@@ -105,6 +106,19 @@ def deterministic_table(default: Sequence[dict[str, Any]], deterministic: Sequen
     for a, b in zip(default, deterministic):
         da, db = a["latency"]["output_throughput"], b["latency"]["output_throughput"]
         table.add_row(str(a["n_parallel"]), f"{da:.2f}", f"{db:.2f}", f"{db / da:.2f}" if da else "-")
+    return table
+
+
+def kv_types_table(f16: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]]) -> Table:
+    """bench with KV types other than f16: output tokens per second and KV MiB per slot of
+    both caches per level, and their ratios."""
+    types = (other[0].get("kv") or {}).get("cache_types", "?") if other else "?"
+    table = _table(f"KV cache {types} against f16/f16 (output tokens per second, KV per slot)", KV_COLUMNS)
+    for a, b in zip(f16, other):
+        ta, tb = a["latency"]["output_throughput"], b["latency"]["output_throughput"]
+        ka, kb = (a.get("kv") or {}).get("mib_per_slot"), (b.get("kv") or {}).get("mib_per_slot")
+        table.add_row(str(a["n_parallel"]), f"{ta:.2f}", f"{tb:.2f}", f"{tb / ta:.2f}" if ta else "-",
+                      f"{ka:.2f}" if ka else "-", f"{kb:.2f}" if kb else "-", f"{kb / ka:.3f}" if ka and kb else "-")
     return table
 
 

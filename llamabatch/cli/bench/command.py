@@ -15,7 +15,7 @@ from ...bench import embed as embed_bench, report
 from ...bench.checks import check_modes, check_own_options, load_recorded
 from ...bench.document import embed_document, generation_document, write_json
 from ...bench.generation import plan_generation, run_generation
-from ...bench.tables import (baseline_table, batched_table, deterministic_table, latency_table, throughput_table, tick_summary_line, ticks_table, trace_table)
+from ...bench.tables import (baseline_table, batched_table, deterministic_table, kv_types_table, latency_table, throughput_table, tick_summary_line, ticks_table, trace_table)
 from ..engine_setup import open_engine, resolve_options
 from ..exit_status import EXIT_ERROR
 from ..env import Environment
@@ -61,6 +61,8 @@ def bench_command(
 
     --deterministic runs every level twice, default engine first, and adds a table of what the mode costs: output tokens per second of each and their ratio (the other tables show the deterministic runs).
 
+    --cache-type-k/--cache-type-v other than f16 run every level twice too, an f16 engine first, and add a table of both caches side by side: output tokens per second, KV MiB per slot (llama.cpp's count) and their ratios (the other tables show the chosen types).
+
     --baseline adds llama-cpp-python's Llama.create_completion over the same prompts, one at a time, and a Speedup column: the level's tokens per second of wall clock over the baseline's. Sampling options apply to both; --parallel and --tg replace --n-parallel and --max-tokens.
 
     --plot draws the figures in the terminal after the tables, --html FILE writes them with the tables and a machine/model/settings header as one self-contained page, and --from-json FILE does both (and the tables) from a recorded --json document without loading a model.
@@ -70,7 +72,7 @@ def bench_command(
         document = load_recorded(from_json, json_file, html_file, ticks, verbose)
         settings = document.get("settings") or {}
         _print_tables(env, document["levels"], document.get("baseline"), ticks, settings.get("n_batch") or 0,
-                      document.get("default_levels"), verbose)
+                      document.get("default_levels"), verbose, document.get("f16_levels"))
         _draw(env, document, plot, html_file, ticks)
         return
     levels, prompt_lines = check_own_options(parallel, pp, tg, requests, prompts, json_file, ticks, html_file)
@@ -102,7 +104,8 @@ def _bench_generation(levels: list[int], prompt_lines: list[tuple[int, str]] | N
                              advance=lambda n: progress.advance(task, n))  # advance: on the engine thread
     document = generation_document(plan, run, resolved.sampling, requests, prompts)
     _print_tables(env, run.figures, run.base, ticks, plan.configs[0].n_batch,
-                  run.default_figures if plan.deterministic else None, verbose)
+                  run.default_figures if plan.deterministic else None, verbose,
+                  run.f16_figures if plan.compare_kv else None)
     for level in run.figures:
         if level["errors"]:
             env.say(f"llamabatch: warning: B={level['n_parallel']}: {len(level['errors'])} of "
@@ -160,7 +163,8 @@ def _progress(env: Environment) -> Progress:
 
 
 def _print_tables(env: Environment, figures: list[dict[str, Any]], base: dict[str, Any] | None, last_ticks: int, n_batch: int,
-                  default_figures: list[dict[str, Any]] | None = None, verbose: bool = False) -> None:
+                  default_figures: list[dict[str, Any]] | None = None, verbose: bool = False,
+                  f16_figures: list[dict[str, Any]] | None = None) -> None:
     out = _stdout_console(env)
     out.print(batched_table(figures, with_speedup=base is not None))
     out.print(latency_table(figures))
@@ -172,6 +176,8 @@ def _print_tables(env: Environment, figures: list[dict[str, Any]], base: dict[st
             out.print(trace_table(level))
     if default_figures is not None:  # --deterministic: what the mode costs, level by level
         out.print(deterministic_table(default_figures, figures))
+    if f16_figures:  # KV types other than f16: what they save and cost, level by level
+        out.print(kv_types_table(f16_figures, figures))
     if base is not None:
         out.print(baseline_table(base))
         if base["stopped_early"]:
