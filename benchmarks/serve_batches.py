@@ -1,6 +1,6 @@
 """`llamabatch serve`'s three targets (issue 40), each as paired A B A B runs with ratios.
 
-    python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [-m MODEL]
+    python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
                                        [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
 
 1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
@@ -119,8 +119,10 @@ def model_figures(args: argparse.Namespace) -> None:
     from llamabatch.serve.http.service import Service
 
     model = model_path(args.model)
+    # as `llamabatch serve` runs it: llama.cpp in a supervised child unless --no-isolate
     engine = open_engine(EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots,
-                                      threads=args.threads), SamplingParams(temperature=0, max_tokens=args.tokens))
+                                      threads=args.threads), SamplingParams(temperature=0, max_tokens=args.tokens),
+                         isolated=args.isolate)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         service = Service(engine, str(workdir / "data"), online_slots=args.online_slots)
@@ -131,7 +133,8 @@ def model_figures(args: argparse.Namespace) -> None:
                         timeout=3600)
         path = write_batch(workdir / "batch.jsonl", args.lines, args.tokens)
         print(f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots ({service.inflight} for the batch, "
-              f"--online-slots {args.online_slots}), {args.threads} threads, {os.path.basename(model)}; "
+              f"--online-slots {args.online_slots}), {args.threads} threads, {os.path.basename(model)}, "
+              f"{'supervised child' if args.isolate else 'in-process engine'}; "
               f"{machine_line(model)}")
         try:
             speed, first = Pairs(), Pairs()
@@ -235,6 +238,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8, help="engine slots (default 8)")
     ap.add_argument("--online-slots", type=int, default=1, help="slots kept for online requests (default 1)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
+                    help="llama.cpp in a supervised child, as serve runs it (default); --no-isolate: in this process")
     ap.add_argument("-m", "--model", default=None, help="model (default: the bundled Gemma 3 270M)")
     ap.add_argument("--rounds", type=int, default=2, help="A B pairs of each figure (default 2)")
     ap.add_argument("--rss-lines", type=int, nargs=2, default=[10_000, 100_000], help="the two fake batch sizes")
