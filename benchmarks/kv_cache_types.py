@@ -17,6 +17,7 @@ It measures and prints; it never asserts on time. Usage:
   python benchmarks/kv_cache_types.py [--prompts 16] [--tokens 48] [--slots 8] [--rounds 2]
                                       [--threads 2] [--model PATH] [--max-memory 1GiB]
                                       [--models gemma,smollm2] [--top-logprobs 20]
+                                      [--parts memory,throughput,quality]
 """
 from __future__ import annotations
 
@@ -98,7 +99,9 @@ def quality_run(model: str, name: str, prompts: list[str], tokens: int, top: int
         texts = [r.text for r in answers]
         probe_texts = probes if probes is not None else [p + t[:len(t) * j // 4] for p, t in zip(prompts, texts)
                                                          for j in range(4)]
-        nexts = engine.generate(probe_texts, SamplingParams(max_tokens=1, temperature=0.0, logprobs=top))
+        # ignore_eos: an end-of-text token is a next token like any other, and must keep its logprobs
+        nexts = engine.generate(probe_texts, SamplingParams(max_tokens=1, temperature=0.0, logprobs=top,
+                                                            ignore_eos=True))
     return texts, [r.logprobs[0]["top_logprobs"] for r in nexts], probe_texts
 
 
@@ -122,25 +125,42 @@ def main() -> None:
     ap.add_argument("--models", default="gemma,smollm2",
                     help="models for the quality figures, comma-separated (default gemma,smollm2)")
     ap.add_argument("--top-logprobs", type=int, default=20, help="logprobs per position for the KL (default 20)")
+    ap.add_argument("--parts", default="memory,throughput,quality",
+                    help="what to measure, comma-separated (default memory,throughput,quality)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     model = model_path(args.model)
     print(f"KV cache q8_0/q8_0 against f16/f16, flash attention auto; {args.slots} slots x {SLOT_CTX} tokens, "
           f"{args.threads} threads; {machine_line(model)}", flush=True)
 
+    if "memory" in parts:
+        memory_figures(model, args)
+    if "throughput" in parts:
+        throughput_figures(model, args)
+    if "quality" in parts:
+        quality_figures(args)
+
+
+def memory_figures(model: str, args: argparse.Namespace) -> None:
     bound = {name: auto_bound(model, name, args.max_memory, args.threads) for name in ("f16", "q8_0")}
     print(f"auto slots under --max-memory {args.max_memory}: f16 {bound['f16'][0]} ({bound['f16'][1] or 'no bound'}), "
           f"q8_0 {bound['q8_0'][0]} ({bound['q8_0'][1] or 'no bound'}); ratio "
           f"{bound['q8_0'][0] / bound['f16'][0]:.2f}x", flush=True)
 
+    kv = {name: throughput(model, name, args.slots, ["warm up"], 2, args.threads)[1] for name in ("f16", "q8_0")}
+    print(f"KV per slot (llama.cpp's count, {SLOT_CTX} tokens, no prompt cache so Gemma's window layers keep "
+          f"only the window): f16 {kv['f16']:.2f} MiB, q8_0 {kv['q8_0']:.2f} MiB; ratio {kv['q8_0'] / kv['f16']:.3f}x",
+          flush=True)
+
+
+def throughput_figures(model: str, args: argparse.Namespace) -> None:
     workloads = {"uniform": sky_prompts(args.prompts), "mixed lengths": mixed_prompts(args.prompts)}
-    summary, kv = [], {}
+    summary = []
     for label, prompts in workloads.items():
         pairs = Pairs()
 
         def run(name: str, prompts: list[str] = prompts) -> float:
-            tok_s, per_slot = throughput(model, name, args.slots, prompts, args.tokens, args.threads)
-            kv[name] = per_slot
-            return tok_s
+            return throughput(model, name, args.slots, prompts, args.tokens, args.threads)[0]
 
         def report(r: int, a: float, b: float, label: str = label, pairs: Pairs = pairs) -> None:
             print(f"{label} round {r}: f16 {a:7.1f} tok/s   q8_0 {b:7.1f} tok/s   ratio {pairs.add(a, b):.3f}",
@@ -148,10 +168,10 @@ def main() -> None:
 
         run_pairs(args.rounds, lambda: run("f16"), lambda: run("q8_0"), report)
         summary.append((label, pairs.median()))
-    print(f"KV per slot (llama.cpp's count, {SLOT_CTX} tokens): f16 {kv['f16']:.2f} MiB, q8_0 {kv['q8_0']:.2f} MiB; "
-          f"ratio {kv['q8_0'] / kv['f16']:.3f}x")
     print("median q8_0/f16 throughput at equal slots: " + ", ".join(f"{label} {m:.3f}" for label, m in summary))
 
+
+def quality_figures(args: argparse.Namespace) -> None:
     for name in [m for m in args.models.split(",") if m]:
         say(f"quality: {name}")
         print(f"quality on {name} ({args.prompts} sky questions, {args.tokens} greedy tokens, "
