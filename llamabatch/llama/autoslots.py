@@ -23,7 +23,7 @@ from ..kv_cache_types import pair_name
 from ..memory_setting import memory_cap
 from ..replaced_file import replacing
 # the KV and memory figures are resources.py's (which also checks them before a context is made)
-from .resources import available_memory, kv_bytes_per_token, weights_size  # noqa: F401  (kv_bytes_per_token: re-exported)
+from .resources import available_memory, kv_bytes_per_token, weights_size
 
 log = logging.getLogger("llamabatch.autoslots")
 

@@ -91,7 +91,8 @@ class LlamaRunner:
         if self.kv_mib is None and need is not None:
             self.kv_mib = need.kv_bytes / 2**20
         resolved = flash_attention(mark)
-        self.flash_attn = resolved if resolved is not None else cparams.flash_attn_type != C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        asked_off = cparams.flash_attn_type == C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.flash_attn = resolved if resolved is not None else not asked_off
         self.kv = KvCache(self.ctx, self.model, swa_full=cparams.swa_full, kv_unified=self.kv_unified)
         # a unified cache lets one sequence use all of it: keep the per-slot share as the cap,
         # so the slots together never need more cells than there are
