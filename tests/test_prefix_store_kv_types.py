@@ -11,8 +11,8 @@ from llamabatch.prefix_store.other_kv import kv_difference
 
 BASE = {"model_sha256": "aa" * 32, "llama_cpp": "0.3.36 state v2", "kv_layout": "stream per slot",
         "swa_full": "True", "n_embd_layers": "640x18", "kernels": "llama.cpp default", "store_format": "1"}
-F16 = {**BASE, "cache_types": "f16/f16", "v_layout": "by rows (flash attention)"}
-Q8 = {**BASE, "cache_types": "q8_0/q8_0", "v_layout": "by rows (flash attention)"}
+F16 = {**BASE, "cache_types": "f16/f16"}  # V by rows (flash attention): no "v_layout" key
+Q8 = {**BASE, "cache_types": "q8_0/q8_0"}
 F16_NO_FA = {**BASE, "cache_types": "f16/f16", "v_layout": "transposed (no flash attention)"}
 TOKENS = list(range(1, 300))
 

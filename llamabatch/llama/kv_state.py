@@ -58,18 +58,22 @@ def fingerprint(model_path: str, model: Any, *, kv_unified: bool, swa_full: bool
     (by content), the same llama.cpp (its state format and kernels), and the same cache layout
     and element types ("q8_0/q8_0": a q8_0 row read as f16 is garbage; flash attention keeps V
     by rows, without it V is transposed). The disk prefix store keeps entries apart by this,
-    and refuses an entry whose header names another."""
+    and refuses an entry whose header names another. V by rows is named by leaving "v_layout"
+    out: what every entry was before the key existed (flash attention "auto" is on for CPUs),
+    so those entries keep their folder."""
     import llama_cpp
 
     from ..model_digest import model_sha256
 
-    return {
+    out = {
         "model_sha256": model_sha256(model_path) or f"unreadable:{model_path}",
         "llama_cpp": f"{llama_cpp.__version__} state v{C.LLAMA_STATE_SEQ_VERSION}",
         "kv_layout": "unified" if kv_unified else "stream per slot",
         "swa_full": str(bool(swa_full)),
         "n_embd_layers": f"{C.llama_model_n_embd(model)}x{C.llama_model_n_layer(model)}",
         "cache_types": cache_types,
-        "v_layout": "by rows (flash attention)" if flash_attn else "transposed (no flash attention)",
         "kernels": kernels,
     }
+    if not flash_attn:
+        out["v_layout"] = "transposed (no flash attention)"
+    return out

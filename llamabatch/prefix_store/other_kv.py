@@ -39,8 +39,9 @@ def kv_difference(theirs: Mapping[str, str], ours: Mapping[str, str]) -> str | N
 
 
 def describe(fingerprint: Mapping[str, str]) -> str:
-    layout = fingerprint.get("v_layout")
-    return f"KV {fingerprint.get('cache_types', 'f16/f16')}" + (f", V {layout}" if layout else "")
+    # no "v_layout": V by rows (kv_state.fingerprint names only the transposed layout)
+    layout = fingerprint.get("v_layout", "by rows (flash attention)")
+    return f"KV {fingerprint.get('cache_types', 'f16/f16')}, V {layout}"
 
 
 def why_not_loaded(name: str, root: str | os.PathLike, ours: Mapping[str, str]) -> str | None:
