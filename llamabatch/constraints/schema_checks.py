@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote
 
 from ..errors import InvalidRequest
@@ -113,24 +114,24 @@ def _number_problem(node: dict, kinds: set[str] | None) -> str | None:
 
 def _lower(node: dict) -> tuple[Fraction, bool, str] | None:
     """The lowest bound: its value, whether it is exclusive, and its words (">= 10")."""
-    found = None
-    if "minimum" in node:
-        exclusive = node.get("exclusiveMinimum") is True
-        found = (Fraction(node["minimum"]), exclusive, f"{'>' if exclusive else '>='} {_short(node['minimum'])}")
-    value = node.get("exclusiveMinimum")
-    if _is_number(value) and (found is None or Fraction(value) >= found[0]):
-        found = (Fraction(value), True, f"> {_short(value)}")
-    return found
+    return _bound(node, "minimum", "exclusiveMinimum", ">", operator.ge)
 
 
 def _upper(node: dict) -> tuple[Fraction, bool, str] | None:
+    return _bound(node, "maximum", "exclusiveMaximum", "<", operator.le)
+
+
+def _bound(node: dict, key: str, exclusive_key: str, sign: str,
+           tighter: Callable[[Fraction, Fraction], bool]) -> tuple[Fraction, bool, str] | None:
+    """One side's bound: `key` (exclusive when `exclusive_key` is true, draft 4's form), or the
+    number `exclusive_key` holds (draft 6 on) where that is as tight or tighter."""
     found = None
-    if "maximum" in node:
-        exclusive = node.get("exclusiveMaximum") is True
-        found = (Fraction(node["maximum"]), exclusive, f"{'<' if exclusive else '<='} {_short(node['maximum'])}")
-    value = node.get("exclusiveMaximum")
-    if _is_number(value) and (found is None or Fraction(value) <= found[0]):
-        found = (Fraction(value), True, f"< {_short(value)}")
+    if key in node:
+        exclusive = node.get(exclusive_key) is True
+        found = (Fraction(node[key]), exclusive, f"{sign if exclusive else sign + '='} {_short(node[key])}")
+    value = node.get(exclusive_key)
+    if _is_number(value) and (found is None or tighter(Fraction(value), found[0])):
+        found = (Fraction(value), True, f"{sign} {_short(value)}")
     return found
 
 
