@@ -13,7 +13,7 @@ same token-id prompts for both sides:
 Each workload runs every system twice, in alternating order (A B A B ...):
   server-tuned   llama-server -np N --swa-full (as a user would tune it, equal slots)
   engine         the llamabatch Engine with N slots
-  server-default llama-server with nothing but the model and threads
+  server-default llama-server with nothing but the model, threads and the KV cache flags
   engine-auto    the Engine with n_parallel="auto" (when this build has it)
 All requests are sent at once (the server gets one HTTP client per request); model load and
 server start-up are not timed; each run has one untimed warm-up request. Figures are
@@ -33,7 +33,7 @@ It measures and prints; it never asserts on time. Usage:
 
   python benchmarks/vs_llama_server.py [--slots 8] [--threads 2] [--workloads a,b,c]
       [--repeat 2] [--batched 1,4,8,16] [--bin DIR] [--model PATH] [--no-defaults] [--defaults-for a,b,c]
-      [--kv-layouts streams,unified] [--trace]
+      [--kv-layouts streams,unified] [--cache-type-k f16] [--cache-type-v f16] [--flash-attn auto] [--trace]
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ from _tool_crash import crash_line
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.bench.trace import trace_figures
+from llamabatch.kv_cache_types import CACHE_TYPES, FLASH_ATTN
 from llamabatch.llama.cpu_buffers import chosen
 from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
@@ -65,6 +66,13 @@ SLOT_CTX = 2048  # per slot, both sides: the longest mixed prompt (1,500) plus i
 
 
 CPU_BUFFERS: str | None = None  # --cpu-buffers: the weight layout both sides run (None: auto)
+# --cache-type-k/-v and --flash-attn: the KV cache both sides run (EngineConfig's names and values)
+KV: dict[str, str] = {"cache_type_k": "f16", "cache_type_v": "f16", "flash_attn": "auto"}
+
+
+def server_kv_args() -> list[str]:
+    """The same KV cache for llama-server, by its own flags."""
+    return ["-ctk", KV["cache_type_k"], "-ctv", KV["cache_type_v"], "-fa", KV["flash_attn"]]
 
 
 def engine_kernels(model: str):
@@ -253,7 +261,7 @@ def run_engine(model: str, threads: int, slots, w: Workload, unified: bool = Fal
     benchmarks/prefix_store.py runs workload (b) twice on one."""
     n = slots if isinstance(slots, int) else None
     config = EngineConfig(model=model, n_parallel=slots, n_ctx=SLOT_CTX * n if n else None, threads=threads,
-                          cpu_buffers=CPU_BUFFERS, kv_unified=unified, prefix_store=prefix_store)
+                          cpu_buffers=CPU_BUFFERS, kv_unified=unified, prefix_store=prefix_store, **KV)
     params = SamplingParams(temperature=0, max_tokens=w.max_tokens, ignore_eos=True)
     with Engine(config) as engine:
         engine.generate([w.prompts[0][:1] + [w.prompts[0][-1]]], params.replace(max_tokens=2))  # untimed warm-up
@@ -278,7 +286,7 @@ def batched_bench(binary: str, model: str, threads: int, levels: list[int]) -> d
     ctx = max(levels) * 128
     proc = subprocess.run([binary, "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", "32",
                            "-ntg", "64", "-npl", ",".join(map(str, levels)), "-t", str(threads), "-tb", str(threads),
-                           *same_kernels(model)],
+                           *same_kernels(model), *server_kv_args()],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise tool_died("llama-batched-bench", proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1][:200])
@@ -295,7 +303,7 @@ def engine_s_tg(model: str, threads: int, b: int, unified: bool = False) -> floa
     from llamabatch.bench import benchkit
 
     config = EngineConfig(model=model, n_parallel=b, n_ctx=128 * b, threads=threads, cpu_buffers=CPU_BUFFERS,
-                          kv_unified=unified)
+                          kv_unified=unified, **KV)
     with Engine(config) as engine:
         prompts = benchkit.synthetic_prompts(engine.tokenize, b, 32)
         run = benchkit.run_level(engine, prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
@@ -367,6 +375,9 @@ def parse_args() -> argparse.Namespace:
                     help="workloads that also run llama-server on its defaults and engine auto [default: all]")
     ap.add_argument("--kv-layouts", default="streams",
                     help="engine KV layouts to run, comma-separated: streams (a stream per slot), unified")
+    ap.add_argument("--cache-type-k", "-ctk", default="f16", choices=CACHE_TYPES, help="KV cache K type, both sides")
+    ap.add_argument("--cache-type-v", "-ctv", default="f16", choices=CACHE_TYPES, help="KV cache V type, both sides")
+    ap.add_argument("--flash-attn", "-fa", default="auto", choices=FLASH_ATTN, help="flash attention, both sides")
     ap.add_argument("--trace", action="store_true",
                     help="per workload, the engine's ticks by kind beside the tuned server's /metrics counters")
     args = ap.parse_args()
@@ -382,14 +393,15 @@ def compared_systems(args: argparse.Namespace, model: str, server_bin: str,
     (unless --no-defaults) the server on its defaults and the engine on auto."""
     n = args.slots
     systems = [("server-tuned", lambda w: run_server(server_bin, model, args.threads,
-                                                     ["-np", str(n), "-c", str(SLOT_CTX * n), "--swa-full"], w,
+                                                     ["-np", str(n), "-c", str(SLOT_CTX * n), "--swa-full",
+                                                      *server_kv_args()], w,
                                                      traces.setdefault("server-tuned", [])))]
     for layout in args.layouts:
         name = f"engine {n} slots" + (f" {layout}" if len(args.layouts) > 1 else "")
         systems.append((name, lambda w, name=name, unified=layout == "unified": run_engine(
             model, args.threads, n, w, unified, traces.setdefault(name, []))))
     if not args.no_defaults:
-        systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, [], w)))
+        systems.append(("server-default", lambda w: run_server(server_bin, model, args.threads, server_kv_args(), w)))
         systems.append(("engine auto", lambda w: run_engine(model, args.threads, "auto", w)))
     return systems
 
@@ -449,6 +461,7 @@ def main() -> int:
     args = parse_args()
     global CPU_BUFFERS
     CPU_BUFFERS = args.cpu_buffers
+    KV.update(cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v, flash_attn=args.flash_attn)
 
     model = model_path(args.model)
     bin_dir = args.bin or subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
