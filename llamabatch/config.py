@@ -38,13 +38,14 @@ class EngineConfig:
     a store name such as hf:ORG/REPO:QUANT or ollama:NAME:TAG (see `model_stores`).
     `model_name` is what records call the model (default: the store name as written, or
     the file name for a path).
-    `n_ctx=None` gives every slot 4096 tokens: n_ctx = 4096 * n_parallel.
+    `n_ctx=None` ("auto") gives every slot 4096 tokens (n_ctx = 4096 * n_parallel) unless the
+    work is known first: `run` sizes it from its file (llama/context_sizing.py).
     """
 
     model: str | None = None
     model_name: str | None = None
     n_parallel: int | str = 8  # or "auto": measured at start (see autoslots.py)
-    n_ctx: int | None = None
+    n_ctx: int | str | None = None  # "auto" is read as None
     n_batch: int = 512
     chunk_size: int = 256
     threads: int | None = None
@@ -167,6 +168,14 @@ def _seed(value: Any) -> Any:
     return value
 
 
+def _n_ctx(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return integer(16, 'an integer >= 16 (total context, split between slots) or "auto"')(value)
+
+
 def _slots(value: Any) -> Any:
     if value == "auto":
         return value
@@ -194,7 +203,7 @@ KEY_RULES: dict[str, Rule] = {
                            "[models] alias")),
     "model_name": optional(text("a non-empty name for records")),
     "n_parallel": _slots,
-    "n_ctx": optional(integer(16, "an integer >= 16 (total context, split between slots)")),
+    "n_ctx": _n_ctx,
     "n_batch": integer(1, "an integer >= 1"),
     "chunk_size": integer(1, "an integer >= 1"),
     "threads": optional(integer(1, "an integer >= 1")),
@@ -218,7 +227,7 @@ KEY_RULES: dict[str, Rule] = {
     "cache_type_v": choice(*CACHE_TYPES),
     "flash_attn": choice(*FLASH_ATTN),
 }
-NORMALIZED_KEYS = ("prefix_store", "prefix_store_max_bytes")
+NORMALIZED_KEYS = ("prefix_store", "prefix_store_max_bytes", "n_ctx")
 assert set(KEY_RULES) == {f.name for f in dataclasses.fields(EngineConfig)}, "one rule per EngineConfig field"
 
 

@@ -158,7 +158,10 @@ class FakeRunner:
                  embed_refusal: str = "", can_store: bool = True, restore_ok: Callable[[int], bool] | None = None,
                  force: Callable[[str], int] | None = None, can_verify: bool = False,
                  probs: Callable[[list[int]], dict[int, float]] | None = None,
-                 grammar_allows: Callable[[int], bool] | None = None):
+                 grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None):
+        # A KV pool the slots share (a unified cache): the slots together never hold more than
+        # pool_cells tokens (a plan that would is a violation), one slot up to slot_ctx of them.
+        self.pool_cells = pool_cells
         # A request with a grammar allows only the tokens grammar_allows says yes to (the
         # scripted reply is assumed to keep to it): valid_guesses cuts guesses at the first other.
         self.grammar_allows = grammar_allows
@@ -456,6 +459,13 @@ class FakeRunner:
                                        f"holds {len(self.kv[chunk.slot])} tokens")
             if chunk.start_pos + len(chunk.tokens) > self.slot_ctx:
                 self.violations.append(f"slot {chunk.slot}: chunk runs past slot_ctx {self.slot_ctx}")
+        if self.pool_cells is not None:
+            after = {slot: len(tokens) for slot, tokens in enumerate(self.kv)}
+            for chunk in plan.chunks:
+                after[chunk.slot] = chunk.start_pos + len(chunk.tokens)
+            if sum(after.values()) > self.pool_cells:
+                self.violations.append(f"the slots would hold {sum(after.values())} tokens, more than the pool's "
+                                       f"{self.pool_cells}")
             if chunk.wants_logits and chunk.sampler is None:
                 self.violations.append(f"slot {chunk.slot}: chunk wants logits but carries no sampler")
             if not chunk.wants_logits and (chunk.sampler is not None or chunk.logprobs is not None):

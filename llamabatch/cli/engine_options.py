@@ -34,7 +34,7 @@ def _opt(*decls: str, help: str, panel: str, **kw: Any) -> Any:
 ENGINE_OPTIONS: dict[str, Any] = {
     "model": Annotated[Optional[str], _opt("--model", "-m", help="GGUF file or folder[:QUANT], hf:ORG/REPO[:QUANT], ollama:NAME[:TAG], lmstudio:PUBLISHER/REPO[:QUANT] or a [models] alias (`llamabatch models` lists them); gemma = the bundled Gemma 3 270M base, smollm2 = SmolLM2-135M-Instruct [default: run, serve-stdin, chat: smollm2 when installed, else gemma; bench: gemma]", panel=ENGINE)],
     "n_parallel": Annotated[Optional[str], _opt("--n-parallel", metavar="N|auto", help="Slots: sequences decoded together; auto = measure the fastest count on this machine (cached) [default: auto; chat: 1]", panel=ENGINE)],
-    "n_ctx": Annotated[Optional[int], _opt("--n-ctx", help="Total context, split evenly between slots [default: 4096 per slot]", panel=ENGINE)],
+    "n_ctx": Annotated[Optional[str], _opt("--n-ctx", metavar="N|auto", help="Total KV context in tokens, split evenly between slots; auto = run sizes it from INPUT's longest lines (larger slots, or a pool the slots share), else 4096 per slot [default: auto]", panel=ENGINE)],
     "n_batch": Annotated[Optional[int], _opt("--n-batch", help="Most tokens in one forward pass [default: 512]", panel=ENGINE)],
     "chunk_size": Annotated[Optional[int], _opt("--chunk-size", help="Most prompt tokens per slot per tick [default: 256]", panel=ENGINE)],
     "threads": Annotated[Optional[int], _opt("--threads", "-t", help="CPU threads [default: all cores, at most 8]", panel=ENGINE)],

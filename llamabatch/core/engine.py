@@ -98,7 +98,8 @@ class Engine(EngineBase):
                                                  if self.sampling_threads else None),
                                    disk=self.disk,
                                    speculation=Speculation(runner.graph_runs, runner.valid_guesses, **runner.draft_limits)
-                                   if speculating else None)
+                                   if speculating else None,
+                                   pool_cells=getattr(runner, "pool_cells", None))
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread

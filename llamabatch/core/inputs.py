@@ -121,9 +121,22 @@ class InputPreparer:
         else:
             raise InvalidRequest(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
         if len(tokens) >= self.slot_ctx:
-            raise ContextOverflow(f"prompt has {len(tokens)} tokens but a slot holds {self.slot_ctx} "
-                                  f"(n_ctx / n_parallel), and at least one must be left for the answer")
+            raise ContextOverflow(f"prompt has {len(tokens)} tokens but {self.holds()}, and at least one must be "
+                                  f"left for the answer{self.what_helps()}")
         return tokens
+
+    def holds(self) -> str:
+        """What one request may hold, for an overflow's line."""
+        if getattr(self.runner, "pool_cells", None) is not None:
+            return (f"one request may hold at most {self.slot_ctx} tokens (the model's trained context or the "
+                    f"shared pool, whichever is less)")
+        return f"a slot holds {self.slot_ctx} (n_ctx / n_parallel)"
+
+    def what_helps(self) -> str:
+        if getattr(self.runner, "pool_cells", None) is not None:
+            return "; a larger --n-ctx helps only up to the model's trained context"
+        return ("; raise --n-ctx, or --kv-unified lets one request take up to the model's context from a pool "
+                "the slots share (`run` sizes this from its file with --n-ctx auto, the default)")
 
     def _refuse_untokenizably_long(self, text: str) -> None:
         """ContextOverflow for a text with more bytes than a full slot of the vocabulary's

@@ -84,8 +84,12 @@ class Scheduler:
                  cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
                  fork_min_tokens: int = 0, cache_generated: bool = True,
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
-                 speculation: "Speculation | None" = None):
+                 speculation: "Speculation | None" = None, pool_cells: int | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
+        # A KV pool the slots share (a unified cache): a request may hold up to slot_ctx of its
+        # cells and is admitted only when what it may come to hold fits beside what the others
+        # may (admission by room, _make_room). None: a stream of slot_ctx cells per slot.
+        self.pool_cells = pool_cells
         self.waiting: deque[Sequence] = deque()
         self.slot_ctx = slot_ctx
         self.n_batch = n_batch
@@ -150,8 +154,12 @@ class Scheduler:
                 idle += 1
             elif seq.status in (Status.PREFILLING, Status.GENERATING) and not seq.sampling_apart:
                 return True
-        # an n-request at the head of the queue needs n idle slots (nothing overtakes it)
-        return bool(self.waiting) and idle >= len(self.waiting[0].members)
+        # an n-request at the head of the queue needs n idle slots (nothing overtakes it), and in
+        # a pool the room it may come to hold
+        if not self.waiting or idle < len(self.waiting[0].members):
+            return False
+        kept = sum(len(s.cached) for s in self.slots if s.seq is None)  # idle caches give way
+        return self._room_left() + kept >= self.reserved_for(self.waiting[0])
 
     def admit(self) -> list[Admission]:
         """Give idle slots to waiting requests, FIFO. Each admission's KV change (a Trim of the
@@ -178,6 +186,8 @@ class Scheduler:
         while self.waiting and idle:
             if len(self.waiting[0].members) > len(idle):
                 break  # an n-request takes n slots at once; FIFO, so nothing overtakes it meanwhile
+            if not self._make_room(self.waiting[0], idle):
+                break  # a pool without room for it yet: FIFO, it waits for running requests to end
             seq = self.waiting.popleft()
             views = [SlotView(s.slot_id, s.cached, s.last_used) for s in idle]
             slot_id, reuse = choose_slot(seq.prompt, views, cache_prompt=self.cache_prompt)
@@ -226,6 +236,44 @@ class Scheduler:
         if self.disk is not None and self.waiting:
             self._mark_queued_saves()
         return out
+
+    # -- room in a shared KV pool ------------------------------------------------------------
+
+    def reserved_for(self, seq: Sequence) -> int:
+        """The cells a request (all its samples) may come to hold in a pool: its prompt and
+        max_tokens, at most slot_ctx each. Guesses stay within it (speculation._room)."""
+        if self.pool_cells is None:
+            return 0
+        return sum(min(self.slot_ctx, len(m.prompt) + m.params.max_tokens) for m in seq.members)
+
+    def _room_left(self) -> int:
+        """Cells of the pool neither reserved by a running request nor kept by an idle slot's
+        cache (shared cells of forks count once per slot: never less room than there is)."""
+        if self.pool_cells is None:
+            return 1 << 62
+        held = 0
+        for slot in self.slots:
+            held += self.reserved_for(slot.seq) if slot.seq is not None else len(slot.cached)
+        return self.pool_cells - held
+
+    def _make_room(self, seq: Sequence, idle: list[Slot]) -> bool:
+        """Whether `seq` fits the pool now, emptying idle slots' caches (least recently used
+        first) when it fits only without them. Always True with a stream per slot."""
+        if self.pool_cells is None:
+            return True
+        need, left = self.reserved_for(seq), self._room_left()
+        if need <= left:
+            return True
+        spare = sum(len(s.cached) for s in idle)
+        if need > left + spare:
+            return False
+        for slot in sorted(idle, key=lambda s: (s.last_used, s.slot_id)):
+            if need <= left:
+                break
+            if slot.cached:
+                left += len(slot.cached)
+                self.trim(slot.slot_id, 0)
+        return True
 
     # -- the disk prefix store -------------------------------------------------------------
 

@@ -11,7 +11,10 @@ from typing import Any, Callable
 
 from ..errors import InvalidRequest
 from ..models.default_model import why as model_why
-from ..engines import open_engine
+from ..engines import EngineFactory, open_engine
+from ..engines.preparing import prepare
+from ..llama.context_sizing import model_facts
+from .context_fit import fit_context
 from ..settings.resolved import Resolved
 from ..settings.slots import most_slots
 from ..settings.time_bounds import TimeBounds, time_bounds
@@ -153,6 +156,8 @@ def _open_engine(opened: OpenedJob, engine: Any) -> None:
         cap = most_slots(opened.resolved.engine) + 1
         lines = count_lines(opened.source, cap) if opened.source.is_file else opened.tables.rows_up_to(cap)
         if spec.ray is None:
+            if opened.source.is_file:
+                _fit_context(opened)
             opened.engine = open_engine(opened.resolved, factory=host.engine_factory, max_slots=lines,
                                         isolated=spec.isolate, watchdog_s=opened.bounds.watchdog_s,
                                         on_notice=host.tell or (lambda line: opened.tell(Notice(line, always=True))))
@@ -165,6 +170,18 @@ def _open_engine(opened: OpenedJob, engine: Any) -> None:
     opened.inflight = spec.max_inflight or held
     # as many lines to choose from as the engine(s) hold at once by default
     opened.reorder_window = spec.reorder_window if spec.reorder_window is not None else held
+
+
+def _fit_context(opened: OpenedJob) -> None:
+    """n_ctx auto: the KV cache sized from INPUT's longest lines (context_fit.py)."""
+    host = opened.host
+    factory = host.engine_factory or EngineFactory()
+    opened.resolved, _plan = fit_context(
+        opened.resolved, opened.source.name, opened.parser,
+        prepare=lambda resolved, lines: prepare(resolved, lines, factory.choose_slots),
+        open_tokenizer=lambda resolved: open_engine(resolved, factory=host.engine_factory,
+                                                    on_notice=host.tell or (lambda line: None)),
+        model_facts=lambda resolved: model_facts(resolved.engine, resolved.engine.model))
 
 
 def _close_input(opened: OpenedJob) -> None:

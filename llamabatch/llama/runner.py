@@ -94,9 +94,15 @@ class LlamaRunner:
         asked_off = cparams.flash_attn_type == C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.flash_attn = resolved if resolved is not None else not asked_off
         self.kv = KvCache(self.ctx, self.model, swa_full=cparams.swa_full, kv_unified=self.kv_unified)
-        # a unified cache lets one sequence use all of it: keep the per-slot share as the cap,
-        # so the slots together never need more cells than there are
+        # A unified cache is one pool: a request may hold up to the model's trained context
+        # (never less than an even share), and the scheduler admits it only when what it may
+        # come to hold fits beside the others' (admission by room). A stream per slot holds
+        # n_ctx / n_parallel cells each.
         self.slot_ctx = min(C.llama_n_ctx_seq(self.ctx), config.total_ctx // config.n_parallel)
+        self.pool_cells = None
+        if self.kv_unified:
+            self.pool_cells = C.llama_n_ctx_seq(self.ctx)
+            self.slot_ctx = min(self.pool_cells, max(self.slot_ctx, C.llama_model_n_ctx_train(self.model)))
         # A fork copies a slot's KV and trims the copy, and a Trim may keep part of a slot:
         # both only where the memory can keep part of a sequence (kv.py, plan.Fork, plan.Trim).
         self.can_fork = self.can_trim = self.kv.can_cut

@@ -63,7 +63,7 @@ def value_text(key: str, value: Any, resolved: Resolved) -> str:
     """A value as one short line: None in words, JSON for lists and objects, cut at 60 characters."""
     if value is None:
         if key == "n_ctx":
-            return f"(auto: {resolved.engine.total_ctx})"
+            return f"(auto: {resolved.engine.total_ctx}; run sizes it from INPUT)"
         if key == "threads":
             return f"(auto: {resolved.engine.n_threads})"
         return _UNSET.get(key, "(none)")

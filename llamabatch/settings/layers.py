@@ -91,7 +91,7 @@ def _kind(key: str) -> Any:
         return "list"
     if key == "n_parallel":
         return "slots"
-    if key in ("max_memory", "prefix_store_max_bytes"):  # "16GiB", "80%", "off" or bytes: the setting's rule reads the text
+    if key in ("max_memory", "prefix_store_max_bytes", "n_ctx"):  # "16GiB", "80%", "off", "auto" or a number: the setting's rule reads the text
         return str
     if key in ("cache_prompt", "deterministic", "kv_unified"):
         return bool

@@ -1,0 +1,122 @@
+"""`run` with `n_ctx` auto: read INPUT once before the engine opens, find what its longest
+lines need (prompt tokens + max_tokens), and size the KV cache from that
+(llama/context_sizing.py has the rule).
+
+Reading must cost little on the usual file of short lines, so a line is tokenized only when
+a bound on its tokens says it might need more than a default slot: a text of B bytes is at
+most B tokens (+ BOS), a chat at most its contents' bytes plus CHAT_ALLOWANCE for what a
+template adds. Only then is a tokenizer opened (an in-process engine with one small slot, as
+the dry run's: the model's own template and vocabulary), and only those lines go through it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+from ..config import DEFAULT_CTX_PER_SLOT
+from ..errors import LlamaBatchError
+from ..llama.context_sizing import ContextPlan, plan_context
+from ..settings.resolved import Resolved
+from .line_shapes import LineRequest
+
+CHAT_ALLOWANCE = 512  # tokens a chat template may add around the messages (a default system prompt)
+PER_MESSAGE = 16  # and around each message
+TOKENIZER_CTX = 512  # the tokenizer's one slot: tokenizing needs no context
+
+
+def token_bound(item: LineRequest) -> int | None:
+    """At most this many tokens for the line's prompt; None when no bound is cheap."""
+    prompt = item.prompt
+    if isinstance(prompt, str):
+        return len(prompt.encode("utf-8", "surrogatepass")) + 2
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, (list, tuple)) and all(isinstance(m, dict) for m in prompt):
+        size = 0
+        for message in prompt:
+            content = message.get("content")
+            size += len(str(content).encode("utf-8", "surrogatepass")) if content is not None else 0
+            size += PER_MESSAGE + sum(len(str(v)) for k, v in message.items() if k not in ("content",))
+        return size + CHAT_ALLOWANCE
+    return None
+
+
+def maybe_long(items: Iterable[Any]) -> tuple[list[int], list[LineRequest]]:
+    """(a bound on the need of each line that surely fits a default slot, the lines whose
+    need might pass one)."""
+    short, candidates = [], []
+    for item in items:
+        if not isinstance(item, LineRequest) or item.embed is not None:
+            continue  # an error line runs nothing; embeddings have a context of their own
+        bound = token_bound(item)
+        n = max(1, item.params.n)
+        if bound is None or bound + item.params.max_tokens > DEFAULT_CTX_PER_SLOT:
+            candidates.append(item)
+        else:
+            short.extend([bound + item.params.max_tokens] * n)  # each sample holds a slot
+    return short, candidates
+
+
+def line_needs(engine: Any, candidates: list[LineRequest]) -> list[int]:
+    """Prompt tokens + max_tokens of each candidate, as `engine` tokenizes it; a line it cannot
+    tokenize is left out (it fails on its own when it runs)."""
+    needs = []
+    for item in candidates:
+        try:
+            if isinstance(item.prompt, str):
+                tokens = engine.tokenize(item.prompt, special=False)
+            elif item.prompt and isinstance(item.prompt[0], dict):
+                tokens = engine.tokenize(engine.render_chat(item.prompt), special=True)
+            else:
+                tokens = list(item.prompt)
+        except (LlamaBatchError, ValueError, TypeError, KeyError):
+            continue
+        needs.extend([len(tokens) + item.params.max_tokens] * max(1, item.params.n))
+    return needs
+
+
+def parsed_lines(path: str, parser: Any) -> Iterable[Any]:
+    """INPUT's lines parsed as the run will parse them, read from the file again."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if not text.strip():
+                continue
+            try:
+                yield parser.parse(text, line_no)
+            except Exception:  # noqa: BLE001 - the run itself reports a line it cannot read
+                continue
+
+
+def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable[[Resolved, int], Resolved],
+                open_tokenizer: Callable[[Resolved], Any], model_facts: Callable[[Resolved], tuple],
+                ) -> tuple[Resolved, ContextPlan | None]:
+    """`resolved` with n_ctx, n_parallel and kv_unified sized for the lines of `path`, and the
+    plan (None: every line fits a default slot, or n_ctx was given: nothing changes).
+    `prepare(resolved, lines)` resolves the model and n_parallel (auto bounded by the lines);
+    `model_facts(resolved)` -> (trained context, KV bytes a cell takes, KV bytes allowed, what
+    allows them: llama/context_sizing.model_facts)."""
+    if resolved.engine.n_ctx is not None:
+        return resolved, None
+    short, candidates = maybe_long(parsed_lines(path, parser))
+    if not candidates:
+        return with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None
+    resolved = prepare(resolved, len(short) + len(candidates))
+    tokenizer = open_tokenizer(dataclasses.replace(resolved, engine=resolved.engine.replace(
+        n_parallel=1, n_ctx=TOKENIZER_CTX, kv_unified=False, prefix_store=None)))
+    try:
+        needs = line_needs(tokenizer, candidates)
+    finally:
+        tokenizer.close()
+    model_ctx, per_token, budget, budget_text = model_facts(resolved)
+    plan = plan_context(needs + short, int(resolved.engine.n_parallel), model_ctx, per_token, budget, budget_text,
+                        pool_allowed=not resolved.engine.deterministic)
+    if plan is None:
+        return with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None
+    engine = resolved.engine.replace(n_parallel=plan.n_parallel, n_ctx=plan.n_ctx, kv_unified=plan.kv_unified)
+    return with_reason(resolved.replace(engine=engine.validate()), plan.reason), plan
+
+
+def with_reason(resolved: Resolved, reason: str) -> Resolved:
+    """The header's "why" for the slots gains the context's."""
+    return resolved.replace(slots_reason="; ".join(r for r in (resolved.slots_reason, reason) if r))
