@@ -73,12 +73,14 @@ def plan_context(needs: Sequence[int], n_parallel: int, model_ctx: int | None, p
     why_long = f"the longest line needs {fitting[0]:,} tokens (prompt + max_tokens)"
     never = (f"; {too_long} line{'' if too_long == 1 else 's'} can never fit "
              f"(over {can_fit:,} tokens)" if too_long else "")
+    if kv_budget and per_token:
+        never += f"; the KV cache may take {kv_budget / 2**30:.1f} GiB ({budget_text})"
     if streams <= STREAMS_OVER_POOL * pool or not pool_allowed:
         if most_cells is not None and streams > most_cells:
             slots = max(1, most_cells // longest)
             return ContextPlan(slots, slots * longest, False, longest, too_long,
                                f"n_ctx auto: {slots} slot{'' if slots == 1 else 's'} x {longest:,} tokens: "
-                               f"{why_long}, and {budget_text} holds {slots} of that size{never}")
+                               f"{why_long}, and the memory allowed holds {slots} of that size{never}")
         return ContextPlan(slots, streams, False, longest, too_long,
                            f"n_ctx auto: {slots} slots x {longest:,} tokens: {why_long}{never}")
     if most_cells is not None and pool > most_cells:
