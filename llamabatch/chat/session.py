@@ -149,7 +149,7 @@ class ChatSession:
         if prompt.dropped:
             self.totals.dropped += prompt.dropped
             self.io.notice(f"context full: dropped the {_count(prompt.dropped, 'oldest exchange')} "
-                           f"to fit the {self.engine.slot_ctx}-token context")
+                           f"to fit the {self.num_ctx:,}-token context")
         params = self.request_params()
         if self._keeps_kv() and self.kv.wanted(prompt.tokens):
             params = params.replace(store_prefix=True)  # saved with the turn: -c restores it

@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from ...chat.autosave import Autosave
+from ...chat.context_size import chat_context, context_words
 from ...chat.conversation import Conversation
 from ...chat.listing import print_list
 from ...chat.repl import chat_loop
@@ -50,7 +51,7 @@ def chat_command(
 
     Every turn is saved as it happens in $XDG_STATE_HOME/llamabatch/conversations.db (SQLite); -c continues the last conversation.
 
-    Chat uses one slot (all of --n-ctx) unless --n-parallel is set.
+    Chat uses one slot (all of --n-ctx) unless --n-parallel is set. Without --n-ctx, each slot holds the model's trained context where the KV memory allowed holds that much (else what it holds, never under 4096 tokens); past that, the oldest exchanges are dropped, and the chat says so.
     """
     if list_ or search is not None:
         store = Store(create=False)
@@ -70,6 +71,7 @@ def chat_command(
     loaded = Conversation.load(load) if load is not None else None  # a bad file: one line, exit 2
     store, broken = (None, None) if no_save else open_store()
     started = time.perf_counter()
+    resolved, ctx_why = chat_context(resolved, env.engine_factory)  # n_ctx auto: up to the model's context
     engine = open_engine(resolved, env)
     load_s = time.perf_counter() - started
     try:
@@ -90,7 +92,7 @@ def chat_command(
             one_shot(session, prompt, env)
             return
         if interactive:
-            io.notice(f"{engine.model_name} · template {template.name} · {engine.slot_ctx}-token context · "
+            io.notice(f"{engine.model_name} · template {template.name} · {context_words(engine.slot_ctx, ctx_why)} · "
                       f"/help for commands, Ctrl-D or /bye to exit")
         chat_loop(session)
     finally:
