@@ -409,7 +409,8 @@ def test_dry_run_counts_tokens_and_errors_and_writes_nothing(tmp_path):
     assert r["prompt_tokens"] == {"total": 21 + 21 + 2, "max": 21, "p50": 21, "p95": 21}
     assert r["prefix_reuse_tokens"] == len("shared prefix, then ")
     assert r["max_output_tokens"] == 4 + 4 + 10
-    assert r["slots"] == {"n_parallel": 4, "slot_ctx": 256, "source": "--n-parallel"}
+    assert r["slots"] == {"n_parallel": 4, "slot_ctx": 256, "source": "--n-parallel", "n_ctx": 1024,
+                          "kv_unified": False, "context_reason": "n_ctx 1,024 as set by --n-ctx"}
     assert r["eta"]["low_s"] is None and "no calibration" in r["eta"]["basis"]
     assert not out.exists() and not list(tmp_path.glob("out.jsonl*"))
 

@@ -1,5 +1,6 @@
 """The dry run's arithmetic, apart from any file or model: streaming prompt-length stats,
-the prefix-reuse estimate, and the ETA from the `auto` calibration.
+the prefix-reuse estimate, the ETA from the `auto` calibration, and with n_ctx auto the
+most one request may hold and why a line can never fit.
 
 Everything here is constant memory in the number of lines: lengths are counted in a
 histogram (distinct lengths, not lines), prefix reuse looks only at the last few prompts.
@@ -12,6 +13,7 @@ from typing import Any, Sequence
 
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
 from ..llama import autoslots
+from ..llama.context_sizing import GRAIN, request_limit
 
 RECENT = 8  # prompts a new one is compared with for prefix reuse (about what the slots hold)
 
@@ -56,9 +58,10 @@ class PrefixReuse:
         self._recent: deque = deque(maxlen=max(1, recent))
         self.tokens = 0
 
-    def add(self, tokens: Sequence[int]) -> None:
+    def add(self, tokens: Sequence[int]) -> int:
+        """Count `tokens` in; the tokens it adds to the estimate."""
         if not self.enabled:
-            return
+            return 0
         best = 0
         for other in self._recent:
             n = 0
@@ -67,8 +70,10 @@ class PrefixReuse:
                     break
                 n += 1
             best = max(best, n)
-        self.tokens += min(best, max(0, len(tokens) - 1))  # the last prompt token is always evaluated
+        gain = min(best, max(0, len(tokens) - 1))  # the last prompt token is always evaluated
+        self.tokens += gain
         self._recent.append(list(tokens))
+        return gain
 
 
 @dataclass
@@ -88,6 +93,48 @@ def slot_ctx(config: EngineConfig, slots: int | None) -> int | None:
     if slots is None:
         return None if config.n_ctx else DEFAULT_CTX_PER_SLOT
     return config.n_ctx // slots if config.n_ctx else DEFAULT_CTX_PER_SLOT
+
+
+@dataclass(frozen=True)
+class AutoBounds:
+    """n_ctx auto's bounds on one request, as llama/context_sizing.plan_context derives them
+    from the model's facts: the model's trained context (at least 4,096), and the cells the KV
+    memory allowed holds (None: not judged)."""
+    model_ctx: int | None
+    limit: int
+    most_cells: int | None
+    budget_text: str
+
+    @classmethod
+    def of(cls, model_ctx: int | None, per_token: int | None, budget: int | None, budget_text: str) -> "AutoBounds":
+        most = budget // per_token if per_token and budget else None
+        return cls(model_ctx, request_limit(model_ctx),
+                   max(GRAIN, most // GRAIN * GRAIN) if most is not None else None, budget_text)
+
+    @property
+    def can_fit(self) -> int:
+        """The most any one line may need (prompt + max_tokens) to be planned for."""
+        return min(self.limit, self.most_cells) if self.most_cells is not None else self.limit
+
+    def never_fits(self, prompt: int, max_tokens: int, room: int) -> str:
+        """Why a prompt of `prompt` tokens cannot run where one request may hold `room`
+        tokens under n_ctx auto, with the numbers, and what would help."""
+        said = f"prompt has {prompt:,} tokens but one request may hold {room:,} under n_ctx auto"
+        if prompt >= self.limit:
+            trained = ("the model's trained context" if self.model_ctx and self.model_ctx >= DEFAULT_CTX_PER_SLOT
+                       else "as a slot held before auto; the model's trained context is "
+                       + (f"{self.model_ctx:,}" if self.model_ctx else "unknown"))
+            return (f"{said}{'' if room >= self.limit else f', and never more than {self.limit:,}'} ({trained}): "
+                    "shorten the prompt, or give --n-ctx (n_ctx / n_parallel tokens a slot; past the model's "
+                    "trained context its output may degrade)")
+        if self.most_cells is not None and prompt >= self.most_cells:
+            return (f"{said} ({self.budget_text} holds {self.most_cells:,} tokens of KV cache): more memory "
+                    "(--max-memory) or a smaller KV cache (--cache-type-k/--cache-type-v q8_0)")
+        if prompt + max_tokens > self.can_fit:
+            return (f"{said}: with max_tokens {max_tokens:,} it needs {prompt + max_tokens:,}, more than the "
+                    f"{self.can_fit:,} one request may ever hold, so the context was not sized for it; "
+                    f"max_tokens {self.can_fit - prompt:,} or less would be")
+        return f"{said}: no room is left to generate (--n-ctx gives more)"
 
 
 def eta(slots: int | None, measured: dict[int, float], at: Any, output_tokens: int,

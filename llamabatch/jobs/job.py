@@ -186,6 +186,7 @@ def estimate_job(input: str, output: str | None = None, *, host: JobHost | None 
                               open_tokenizer=lambda r: open_engine(r, factory=host.engine_factory,
                                                                    on_notice=host.tell or log.warning),
                               table_source=tables.source,
-                              table_rows=tables.rows_up_to(1 << 62) if tables.reads_table else None)
+                              table_rows=tables.rows_up_to(1 << 62) if tables.reads_table else None,
+                              sizes_context=spec.ray is None)
     finally:
         tables.close()

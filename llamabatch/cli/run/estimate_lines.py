@@ -28,8 +28,14 @@ def estimate_lines(r: dict[str, Any]) -> list[str]:
     lines.append(f"  prefix reuse   ~{r['prefix_reuse_tokens']} prompt tokens served from the cache (estimate)")
     lines.append(f"  output tokens  at most {r['max_output_tokens']} (max_tokens of every line)")
     s = r["slots"]
-    lines.append(f"  slots          {s['n_parallel'] if s['n_parallel'] else '?'} x "
-                 f"{s['slot_ctx'] if s['slot_ctx'] else '?'} tokens ({s['source']})")
+    if s.get("kv_unified") and s.get("n_ctx"):
+        lines.append(f"  slots          {s['n_parallel'] if s['n_parallel'] else '?'} sharing {s['n_ctx']} tokens, "
+                     f"one request up to {s['slot_ctx'] if s['slot_ctx'] else '?'} ({s['source']})")
+    else:
+        lines.append(f"  slots          {s['n_parallel'] if s['n_parallel'] else '?'} x "
+                     f"{s['slot_ctx'] if s['slot_ctx'] else '?'} tokens ({s['source']})")
+    if s.get("context_reason"):
+        lines.append(f"  context        {s['context_reason']}")
     e = r["eta"]
     if e["low_s"] is None:
         lines.append(f"  ETA            unknown: {e['basis']}")
