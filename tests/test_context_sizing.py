@@ -108,8 +108,9 @@ def fit(tmp_path, lines, config: EngineConfig, facts=(32768, GEMMA_CELL, AMPLE, 
         return resolved.replace(engine=resolved.engine.replace(n_parallel=min(n, n_lines)))
 
     resolved = Resolved(engine=config, sampling=SamplingParams(max_tokens=8))
-    out, plan = fit_context(resolved, str(path), LineParser(SamplingParams(max_tokens=8)), prepare=prepare,
+    out, plan, long_lines = fit_context(resolved, str(path), LineParser(SamplingParams(max_tokens=8)), prepare=prepare,
                             open_tokenizer=lambda r: tokenizer, model_facts=lambda r: facts)
+    fit.long_lines = long_lines
     return out, plan, tokenizer, prepared
 
 
@@ -119,6 +120,7 @@ def test_run_sizes_its_engine_from_the_file(tmp_path):
     assert prepared == [5] and tokenizer.closed and len(tokenizer.seen) == 4  # the short line was not tokenized
     assert (out.engine.n_parallel, out.engine.n_ctx, out.engine.kv_unified) == (4, 4 * 6144, False)
     assert "6,008 tokens" in out.slots_reason
+    assert fit.long_lines == {1, 2, 3, 4}
 
 
 def test_an_explicit_n_ctx_is_honoured_exactly(tmp_path):

@@ -426,3 +426,23 @@ def test_a_full_writer_window_does_not_wait_for_the_start_order_to_fill(tmp_path
         sink.close()
         engine.close()
     assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == list(range(20))
+
+
+# -- long lines start last (run with n_ctx auto: jobs/context_fit.py) ---------------------------
+
+def test_long_lines_start_after_every_other_line_read():
+    prompts = [f"line {i}" for i in range(30)]
+    long = {3, 17}
+    order = StartOrder(8, recent=2, last=lambda item: item.id in long)
+    started = order_of(order, prompts)
+    assert sorted(started) == list(range(30))
+    assert started[-2:] == [3, 17]  # oldest long line first, once only long lines wait
+    assert [i for i in started if i not in long] == [i for i in range(30) if i not in long]
+
+
+def test_a_window_full_of_long_lines_starts_them_rather_than_wait():
+    long = set(range(10))
+    order = StartOrder(4, recent=1, last=lambda item: item.id in long)
+    started = order_of(order, [f"p{i}" for i in range(14)])
+    assert started[:4] == [0, 1, 2, 3]  # nothing else could start: no deadlock, read order among them
+    assert sorted(started) == list(range(14))

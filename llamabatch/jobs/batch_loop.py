@@ -48,6 +48,7 @@ class BatchLoop:
     def __init__(self, engine: EngineAPI, parser: LineParser, source: Source, writer: RecordWriter,
                  window: threading.Semaphore, *, max_inflight: int, answered: Answered | None = None,
                  on_result: Callable[[LineRequest, Result], None] | None = None, reorder_window: int = 1,
+                 start_last: Callable[[Any], bool] | None = None,
                  slots: int = 1, crashes: CrashJournal | None = None):
         self.engine = engine
         self.parser = parser
@@ -67,7 +68,7 @@ class BatchLoop:
         self._stopping = False
         self._window = window
         self._inflight = threading.Semaphore(max_inflight)
-        self._order = StartOrder(reorder_window, recent=slots)  # the slots hold the last `slots` started
+        self._order = StartOrder(reorder_window, recent=slots, last=start_last)  # the slots hold the last `slots` started
         self._room = threading.Semaphore(self._order.window)  # free places in the start order
         self._seen = IdSet()
         self._handles: dict[int, RequestHandle] = {}

@@ -57,10 +57,11 @@ def maybe_long(items: Iterable[Any]) -> tuple[list[int], list[LineRequest]]:
     return short, candidates
 
 
-def line_needs(engine: Any, candidates: list[LineRequest]) -> list[int]:
-    """Prompt tokens + max_tokens of each candidate, as `engine` tokenizes it; a line it cannot
+def line_needs(engine: Any, candidates: list[LineRequest]) -> tuple[list[int], set[int]]:
+    """Prompt tokens + max_tokens of each candidate (each sample), as `engine` tokenizes it,
+    and the numbers of the lines that need more than a default slot; a line it cannot
     tokenize is left out (it fails on its own when it runs)."""
-    needs = []
+    needs, long = [], set()
     for item in candidates:
         try:
             if isinstance(item.prompt, str):
@@ -71,8 +72,11 @@ def line_needs(engine: Any, candidates: list[LineRequest]) -> list[int]:
                 tokens = list(item.prompt)
         except (LlamaBatchError, ValueError, TypeError, KeyError):
             continue
-        needs.extend([len(tokens) + item.params.max_tokens] * max(1, item.params.n))
-    return needs
+        need = len(tokens) + item.params.max_tokens
+        needs.extend([need] * max(1, item.params.n))
+        if need > DEFAULT_CTX_PER_SLOT:
+            long.add(item.line_no)
+    return needs, long
 
 
 def parsed_lines(path: str, parser: Any) -> Iterable[Any]:
@@ -90,31 +94,35 @@ def parsed_lines(path: str, parser: Any) -> Iterable[Any]:
 
 def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable[[Resolved, int], Resolved],
                 open_tokenizer: Callable[[Resolved], Any], model_facts: Callable[[Resolved], tuple],
-                ) -> tuple[Resolved, ContextPlan | None]:
-    """`resolved` with n_ctx, n_parallel and kv_unified sized for the lines of `path`, and the
-    plan (None: every line fits a default slot, or n_ctx was given: nothing changes).
+                ) -> tuple[Resolved, ContextPlan | None, frozenset[int]]:
+    """`resolved` with n_ctx, n_parallel and kv_unified sized for the lines of `path`, the
+    plan (None: every line fits a default slot, or n_ctx was given: nothing changes), and the
+    numbers of the lines longer than a default slot, which the run starts last
+    (start_order.py says why).
     `prepare(resolved, lines)` resolves the model and n_parallel (auto bounded by the lines);
     `model_facts(resolved)` -> (trained context, KV bytes a cell takes, KV bytes allowed, what
     allows them: llama/context_sizing.model_facts)."""
     if resolved.engine.n_ctx is not None:
-        return resolved, None
+        return resolved, None, frozenset()
     short, candidates = maybe_long(parsed_lines(path, parser))
     if not candidates:
-        return with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None
+        return with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None, frozenset()
     resolved = prepare(resolved, len(short) + len(candidates))
     tokenizer = open_tokenizer(dataclasses.replace(resolved, engine=resolved.engine.replace(
         n_parallel=1, n_ctx=TOKENIZER_CTX, kv_unified=False, prefix_store=None)))
     try:
-        needs = line_needs(tokenizer, candidates)
+        needs, long = line_needs(tokenizer, candidates)
     finally:
         tokenizer.close()
     model_ctx, per_token, budget, budget_text = model_facts(resolved)
     plan = plan_context(needs + short, int(resolved.engine.n_parallel), model_ctx, per_token, budget, budget_text,
                         pool_allowed=not resolved.engine.deterministic)
     if plan is None:
-        return with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None
+        return (with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None,
+                frozenset())
     engine = resolved.engine.replace(n_parallel=plan.n_parallel, n_ctx=plan.n_ctx, kv_unified=plan.kv_unified)
-    return with_reason(resolved.replace(engine=engine.validate()), plan.reason), plan
+    reason = plan.reason + ("; lines longer than 4,096 tokens start after the others" if long and len(long) < len(needs + short) else "")
+    return with_reason(resolved.replace(engine=engine.validate()), reason), plan, frozenset(long)
 
 
 def with_reason(resolved: Resolved, reason: str) -> Resolved:

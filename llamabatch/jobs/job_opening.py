@@ -48,6 +48,7 @@ class OpenedJob:
     answered: Any = None  # resume: what OUTPUT already answers
     inflight: int = 1
     reorder_window: int = 1
+    start_last: Callable[[Any], bool] | None = None  # lines the run starts after the others (context_fit.py)
     early_events: list[JobEvent] = field(default_factory=list)  # told before the Job could take them
     publish: Callable[[JobEvent], None] | None = None  # the Job's queue, once it exists
 
@@ -176,12 +177,14 @@ def _fit_context(opened: OpenedJob) -> None:
     """n_ctx auto: the KV cache sized from INPUT's longest lines (context_fit.py)."""
     host = opened.host
     factory = host.engine_factory or EngineFactory()
-    opened.resolved, _plan = fit_context(
+    opened.resolved, _plan, long_lines = fit_context(
         opened.resolved, opened.source.name, opened.parser,
         prepare=lambda resolved, lines: prepare(resolved, lines, factory.choose_slots),
         open_tokenizer=lambda resolved: open_engine(resolved, factory=host.engine_factory,
                                                     on_notice=host.tell or (lambda line: None)),
         model_facts=lambda resolved: model_facts(resolved.engine, resolved.engine.model))
+    if long_lines:
+        opened.start_last = lambda item: item.line_no in long_lines
 
 
 def _close_input(opened: OpenedJob) -> None:

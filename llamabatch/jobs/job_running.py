@@ -64,7 +64,7 @@ def _run_lines(opened: OpenedJob, stops: StopRequests) -> tuple[BatchLoop, Recor
                           on_record=finished)
     reservoir = Reservoir(spec.verify) if spec.verify else None
     run = BatchLoop(engine, opened.parser, opened.source, writer, window, max_inflight=opened.inflight,
-                    answered=opened.answered, reorder_window=opened.reorder_window,
+                    answered=opened.answered, reorder_window=opened.reorder_window, start_last=opened.start_last,
                     # a Ray worker holds 2 x its slots (cluster/pool.py): the pool's slots, near enough
                     slots=max(1, cluster.inflight_cap // 2) if cluster else engine.config.n_parallel,
                     crashes=opened.files.crashes,

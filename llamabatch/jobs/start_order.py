@@ -42,7 +42,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..common_prefix import common_prefix
 from ..core.inputs import is_chat
@@ -82,6 +82,7 @@ class _Waiting:
     key: str | None
     shared: int = 0  # the longest prefix it shares with a line met in the window (or started)
     overtaken: int = 0  # lines read after it that started before it
+    last: bool = False  # a long line: it starts only when no other line waits
 
 
 class StartOrder:
@@ -91,8 +92,15 @@ class StartOrder:
     reading); 0 and 1 both mean read order. `recent`: how many of the last started lines'
     prompts count as cached (the engine's slots)."""
 
-    def __init__(self, window: int, recent: int = 1, min_shared: int = MIN_SHARED):
+    def __init__(self, window: int, recent: int = 1, min_shared: int = MIN_SHARED,
+                 last: Callable[[Any], bool] | None = None):
         self.window = max(1, window)
+        # Lines that start last (`run` with n_ctx auto: those longer than a default slot,
+        # context_fit.py): one long prompt's prefill rides on every tick it shares with short
+        # lines and slows them all; started once only long lines wait (the window is full of
+        # them, or INPUT is read), it costs the short ones nothing. Never a deadlock: a window
+        # holding only such lines starts them.
+        self.last = last
         self.min_shared = min_shared
         self._waiting: list[_Waiting] = []  # in read order
         self._sorted: list[tuple[str, int]] = []  # (key, seq) of the waiting lines that have a key, sorted
@@ -107,7 +115,8 @@ class StartOrder:
         return len(self._waiting) >= self.window
 
     def add(self, seq: int, item: Any) -> None:
-        line = _Waiting(seq, item, prompt_key(item) if self.window > 1 else None)
+        line = _Waiting(seq, item, prompt_key(item) if self.window > 1 else None,
+                        last=bool(self.last is not None and self.last(item)))
         if line.key is not None:
             # The longest prefix a key shares with any key of a set is the one it shares with
             # a neighbour in sorted order: two comparisons, not one per waiting line. A line
@@ -127,17 +136,22 @@ class StartOrder:
     def take(self) -> tuple[int, Any]:
         """The next line to start, as (seq, item). Raises IndexError when none waits."""
         waiting = self._waiting
-        chosen = 0
+        # the lines that may start now: all but the long ones, unless only long ones wait
+        ready = [i for i, line in enumerate(waiting) if not line.last] or list(range(len(waiting)))
+        chosen = ready[0]
         # Read order until as many lines started as there are slots: the first ones decide
         # what the slots hold, and they should be as varied as INPUT is.
         warm = len(self._recent) == self._recent.maxlen
-        if warm and waiting[0].overtaken < self.window:
-            chosen = next((i for i, line in enumerate(waiting) if self._hot(line)), 0)
+        if warm and waiting[ready[0]].overtaken < self.window:
+            chosen = next((i for i in ready if self._hot(waiting[i])), ready[0])
         # Every line older than the chosen one is overtaken once more. The oldest line has
         # always been overtaken the most (whatever overtook a younger line overtook it too),
-        # so checking it alone above keeps every count <= window.
-        for line in waiting[:chosen]:
-            line.overtaken += 1
+        # so checking it alone above keeps every count <= window. (A long line waiting to
+        # start last is not counted: it waits by design.)
+        for i in ready:
+            if i >= chosen:
+                break
+            waiting[i].overtaken += 1
         line = waiting.pop(chosen)
         if line.key is not None:
             self._forget(line)
