@@ -24,7 +24,7 @@ from llamabatch.jobs.record_writer import RecordWriter
 from llamabatch.params import SamplingParams
 
 from cli_harness import FakeEngines, invoke, runner_for
-from fake_runner import FakeRunner
+from fake_runner import FakeRunner, text_tokens
 
 # Four instructions, long enough to be worth grouping (the fake: one token per character).
 INSTRUCTIONS = [f"Instruction {name}: " + (name.lower() * 7 + " ") * 30 for name in "ABCD"]
@@ -446,3 +446,49 @@ def test_a_window_full_of_long_lines_starts_them_rather_than_wait():
     started = order_of(order, [f"p{i}" for i in range(14)])
     assert started[:4] == [0, 1, 2, 3]  # nothing else could start: no deadlock, read order among them
     assert sorted(started) == list(range(14))
+
+
+def run_with_long_lines(tmp_path, n: int, long: set[int], writer_window: int, reorder_window: int):
+    """A BatchLoop over n lines whose ids in `long` start last; the runner's plans, and the records' ids."""
+    runner = FakeRunner(n_slots=2, n_batch=64, reply=lambda p: "ab")
+    engine = Engine(EngineConfig(n_parallel=2, n_batch=64, max_queue=0), runner=runner,
+                    default_params=SamplingParams(temperature=0, max_tokens=2))
+    data = "".join(json.dumps({"id": i, "prompt": "LONG" if i in long else f"q{i}"}) + "\n" for i in range(n))
+    out = tmp_path / "out.jsonl"
+    sink = open_output(str(out), "in")
+    sink.start_fresh()
+    window = threading.Semaphore(writer_window)
+    writer = RecordWriter(sink, engine.model_name, "input", window)
+    source = Source("in", io.BytesIO(data.encode()), True)
+    run = BatchLoop(engine, LineParser(engine.default_params, input_format="jsonl"), source, writer, window,
+                    max_inflight=4, reorder_window=reorder_window, slots=2, start_last=lambda item: item.id in long)
+    done = threading.Event()
+    try:
+        run.start()
+        threading.Thread(target=lambda: (watch(run, StopRequests(), lambda _event: None, None), done.set()),
+                         daemon=True).start()
+        assert done.wait(20), "the run waited forever"
+    finally:
+        run.stop_admitting()
+        writer.close()
+        sink.close()
+        engine.close()
+    ids = [json.loads(x)["id"] for x in out.read_text().splitlines()]
+    return runner, ids
+
+
+def test_a_long_line_starts_once_the_other_lines_have_ended(tmp_path):
+    runner, ids = run_with_long_lines(tmp_path, 12, {4}, writer_window=64, reorder_window=16)
+    assert ids == list(range(12))  # input order kept, one record each
+    long_id = next(c.request_id for p in runner.plans for c in p.plan.chunks if c.tokens == text_tokens("LONG"))
+    first_long = next(i for i, p in enumerate(runner.plans) if any(c.request_id == long_id for c in p.plan.chunks))
+    others = [i for i, p in enumerate(runner.plans) if any(c.request_id != long_id for c in p.plan.chunks)]
+    assert max(others) < first_long  # no tick carried the long line beside another line
+    assert runner.violations == []
+
+
+def test_a_long_line_behind_a_full_writer_window_still_starts(tmp_path):
+    # In input order the records after the long line wait for it: a writer window of 3 fills,
+    # the reader stops, and the long line must start rather than wait forever.
+    runner, ids = run_with_long_lines(tmp_path, 20, {2}, writer_window=3, reorder_window=16)
+    assert ids == list(range(20))

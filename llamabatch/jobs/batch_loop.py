@@ -309,12 +309,20 @@ class BatchLoop:
         while not self._stopping:
             if len(self._order):
                 stalled = self._stalled_at is not None and time.monotonic() >= self._stalled_at
-                if self._order.full or self._reader_done.is_set() or stalled:
+                if (self._order.full or self._reader_done.is_set() or stalled) and not self._others_first():
                     return self._order.take()
             elif self._reader_done.is_set():
                 return None
             self._changed.wait(STREAM_LINGER_S / 2)
         return None
+
+    def _others_first(self) -> bool:
+        """(lock held) Only lines that start last wait, and other lines are still in flight:
+        those end first (start_order.py says why)."""
+        if not self._order.only_last_wait():
+            return False
+        last = self._order.last
+        return any(not last(item) for item in self._items.values())  # type: ignore[misc]
 
     def _wait_for_quarantine(self, item: LineRequest) -> None:
         """(lock held) A line an earlier process died with runs alone: it waits for the engine
@@ -377,6 +385,7 @@ class BatchLoop:
                 return
             self._handles.pop(seq, None)
             self._items.pop(seq, None)
+            self._changed.notify_all()  # a line that starts last may be waiting for the others to end
             if event.error_code == ENGINE_UNAVAILABLE:  # the engine process could not be restarted
                 self._stop()
             if self.crashes is not None:

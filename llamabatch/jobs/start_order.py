@@ -98,8 +98,9 @@ class StartOrder:
         # Lines that start last (`run` with n_ctx auto: those longer than a default slot,
         # context_fit.py): one long prompt's prefill rides on every tick it shares with short
         # lines and slows them all; started once only long lines wait (the window is full of
-        # them, or INPUT is read), it costs the short ones nothing. Never a deadlock: a window
-        # holding only such lines starts them.
+        # them, or INPUT is read) and the short lines in flight have ended (batch_loop.py), it
+        # costs the short ones nothing. Never a deadlock: a window holding only such lines
+        # starts them.
         self.last = last
         self.min_shared = min_shared
         self._waiting: list[_Waiting] = []  # in read order
@@ -157,6 +158,10 @@ class StartOrder:
             self._forget(line)
             self._recent.append(line.key)
         return line.seq, line.item
+
+    def only_last_wait(self) -> bool:
+        """Whether the lines waiting are all lines that start last (and some wait)."""
+        return bool(self._waiting) and self.last is not None and all(line.last for line in self._waiting)
 
     def _forget(self, line: _Waiting) -> None:
         at = bisect.bisect_left(self._sorted, (line.key, line.seq))
