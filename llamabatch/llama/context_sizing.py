@@ -99,7 +99,7 @@ def model_facts(config: EngineConfig, model_path: str) -> tuple[int | None, int 
     from .autoslots import KV_MEMORY_SHARE
     from .gguf_header import GGUFError, read_header
     from .resources import available_memory, kv_bytes_per_token, weights_size
-    from ..memory_setting import memory_cap
+    from ..memory_setting import DEFAULT_MAX_MEMORY, memory_cap
 
     try:
         header = read_header(model_path)
@@ -110,7 +110,10 @@ def model_facts(config: EngineConfig, model_path: str) -> tuple[int | None, int 
     if memory is None:
         return header.context_length, per_token, None, ""
     budget, text = int(memory * KV_MEMORY_SHARE), f"half of the {memory / 2**30:.1f} GiB available"
-    cap = memory_cap(config.max_memory, memory) if config.max_memory is not None else None
+    # the engine's own check (resources.check) allows the KV and the weights together max_memory
+    # (default 90% of what is available): never plan past what it would refuse
+    cap = memory_cap(config.max_memory if config.max_memory is not None else DEFAULT_MAX_MEMORY, memory)
     if cap is not None and cap - weights_size(model_path) < budget:
-        budget, text = max(0, cap - weights_size(model_path)), f"max_memory {config.max_memory} less the weights"
+        budget = max(0, cap - weights_size(model_path))
+        text = f"max_memory {config.max_memory or DEFAULT_MAX_MEMORY} less the weights"
     return header.context_length, per_token, budget, text
