@@ -104,8 +104,9 @@ def fit(tmp_path, lines, config: EngineConfig, facts=(32768, GEMMA_CELL, AMPLE, 
 
     def prepare(resolved, n_lines):
         prepared.append(n_lines)
-        n = 8 if resolved.engine.n_parallel == "auto" else resolved.engine.n_parallel
-        return resolved.replace(engine=resolved.engine.replace(n_parallel=min(n, n_lines)))
+        if resolved.engine.n_parallel != "auto":
+            return resolved
+        return resolved.replace(engine=resolved.engine.replace(n_parallel=min(4, n_lines)))
 
     resolved = Resolved(engine=config, sampling=SamplingParams(max_tokens=8))
     out, plan, long_lines = fit_context(resolved, str(path), LineParser(SamplingParams(max_tokens=8)), prepare=prepare,
@@ -116,7 +117,7 @@ def fit(tmp_path, lines, config: EngineConfig, facts=(32768, GEMMA_CELL, AMPLE, 
 
 def test_run_sizes_its_engine_from_the_file(tmp_path):
     lines = [{"prompt": "a" * 6000, "max_tokens": 8} for _ in range(4)] + [{"prompt": "short"}]
-    out, plan, tokenizer, prepared = fit(tmp_path, lines, EngineConfig(model="m.gguf", n_parallel=4))
+    out, plan, tokenizer, prepared = fit(tmp_path, lines, EngineConfig(model="m.gguf", n_parallel="auto"))
     assert prepared == [5] and tokenizer.closed and len(tokenizer.seen) == 4  # the short line was not tokenized
     assert (out.engine.n_parallel, out.engine.n_ctx, out.engine.kv_unified) == (4, 4 * 6144, False)
     assert "6,008 tokens" in out.slots_reason
@@ -153,3 +154,14 @@ def test_a_file_whose_lines_all_fit_a_default_slot_keeps_today_s_engine_exactly(
     out, plan, tokenizer, prepared = fit(tmp_path, lines, config)
     assert plan is None and fit.long_lines == frozenset()
     assert out.engine == config and out.engine.n_ctx is None and not out.engine.kv_unified
+
+
+def test_an_explicit_n_parallel_is_kept_exactly():
+    budget = 3 * 5120 * GEMMA_CELL + 1000
+    plan = plan_context([5001] * 2 + [6000], 8, 32768, GEMMA_CELL, budget, slots_fixed=True)
+    # 8 slots kept; the memory allowed holds less than 8 default slots: nothing changes
+    assert plan is None
+    plan = plan_context([4300] * 8 + [5001], 4, 32768, GEMMA_CELL, 4 * 4500 * GEMMA_CELL, slots_fixed=True)
+    # streams of 5,120 do not fit the memory: 4 smaller ones (4,352 each), not fewer slots
+    assert (plan.n_parallel, plan.per_request, plan.kv_unified, plan.too_long) == (4, 4352, False, 1)
+    assert plan_context([5001], 8, 32768, GEMMA_CELL, AMPLE, slots_fixed=True).n_parallel == 8

@@ -107,6 +107,7 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
     short, candidates = maybe_long(parsed_lines(path, parser))
     if not candidates:
         return with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None, frozenset()
+    slots_fixed = resolved.engine.n_parallel != "auto"
     resolved = prepare(resolved, len(short) + len(candidates))
     tokenizer = open_tokenizer(dataclasses.replace(resolved, engine=resolved.engine.replace(
         n_parallel=1, n_ctx=TOKENIZER_CTX, kv_unified=False, prefix_store=None)))
@@ -116,7 +117,7 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
         tokenizer.close()
     model_ctx, per_token, budget, budget_text = model_facts(resolved)
     plan = plan_context(needs + short, int(resolved.engine.n_parallel), model_ctx, per_token, budget, budget_text,
-                        pool_allowed=not resolved.engine.deterministic)
+                        pool_allowed=not resolved.engine.deterministic, slots_fixed=slots_fixed)
     if plan is None:
         return (with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None,
                 frozenset())

@@ -51,12 +51,13 @@ def request_limit(model_ctx: int | None) -> int:
 
 def plan_context(needs: Sequence[int], n_parallel: int, model_ctx: int | None, per_token: int | None,
                  kv_budget: int | None, budget_text: str = "the KV memory allowed", *,
-                 pool_allowed: bool = True) -> ContextPlan | None:
+                 pool_allowed: bool = True, slots_fixed: bool = False) -> ContextPlan | None:
     """The layout for lines needing `needs` tokens each (prompt + max_tokens), with
     `n_parallel` slots; None when every line fits today's 4,096-token slots (nothing changes).
     `per_token`: KV bytes a cell takes in the chosen cache types; `kv_budget`: the bytes the
     KV cache may take (None: not judged); `pool_allowed`: False in deterministic mode (its
-    invariance rests on a stream per sequence)."""
+    invariance rests on a stream per sequence); `slots_fixed`: n_parallel was given, so it is
+    kept exactly (slots are then never fewer, a stream smaller where memory is short)."""
     limit = request_limit(model_ctx)
     most_cells = kv_budget // per_token if per_token and kv_budget else None
     if most_cells is not None:
@@ -66,7 +67,7 @@ def plan_context(needs: Sequence[int], n_parallel: int, model_ctx: int | None, p
     too_long = len(needs) - len(fitting)
     if not fitting or fitting[0] <= DEFAULT_CTX_PER_SLOT:
         return None
-    slots = max(1, min(n_parallel, len(needs)))
+    slots = n_parallel if slots_fixed else max(1, min(n_parallel, len(needs)))
     longest = rounded(fitting[0])
     streams = slots * longest
     pool = max(slots * DEFAULT_CTX_PER_SLOT, rounded(sum(fitting[:slots])))
@@ -76,6 +77,17 @@ def plan_context(needs: Sequence[int], n_parallel: int, model_ctx: int | None, p
     if kv_budget and per_token:
         never += f"; the KV cache may take {kv_budget / 2**30:.1f} GiB ({budget_text})"
     if streams <= STREAMS_OVER_POOL * pool or not pool_allowed:
+        if most_cells is not None and streams > most_cells and slots_fixed:
+            longest = most_cells // slots // GRAIN * GRAIN
+            if longest <= DEFAULT_CTX_PER_SLOT:
+                return None
+            too_long = sum(1 for n in needs if n > longest)
+            if not any(DEFAULT_CTX_PER_SLOT < n <= longest for n in needs):
+                return None  # smaller streams would help no line
+            return ContextPlan(slots, slots * longest, False, longest, too_long,
+                               f"n_ctx auto: {slots} slots (--n-parallel) x {longest:,} tokens, what the memory "
+                               f"allowed holds: {why_long}; {too_long} line{'' if too_long == 1 else 's'} can "
+                               f"never fit")
         if most_cells is not None and streams > most_cells:
             slots = max(1, most_cells // longest)
             return ContextPlan(slots, slots * longest, False, longest, too_long,
@@ -84,6 +96,8 @@ def plan_context(needs: Sequence[int], n_parallel: int, model_ctx: int | None, p
         return ContextPlan(slots, streams, False, longest, too_long,
                            f"n_ctx auto: {slots} slots x {longest:,} tokens: {why_long}{never}")
     if most_cells is not None and pool > most_cells:
+        if most_cells < slots * DEFAULT_CTX_PER_SLOT:
+            return None  # less than the default slots would hold: leave them as they were
         pool = most_cells
     return ContextPlan(slots, pool, True, min(limit, pool), too_long,
                        f"n_ctx auto: {slots} slots share a pool of {pool:,} tokens (kv_unified), one request up "
