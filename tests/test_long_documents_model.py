@@ -54,9 +54,13 @@ def test_an_explicit_n_ctx_is_honoured_exactly(model_path, tmp_path):
 
 
 def test_a_shared_pool_runs_a_request_longer_than_an_even_share_when_there_is_room(model_path, tmp_path):
-    # --kv-unified with 8,192 cells for 4 slots: an even share is 2,048, the long line ~4,300
+    # --kv-unified with 2,048 cells for 4 slots: an even share is 512, the long line ~1,000
+    # tokens (small, so the test costs a short prefill; the rule is the same at any size)
     path = tmp_path / "in.jsonl"
-    write(path, long=1, short=3)
-    records, err = run(model_path, path, "--kv-unified", "--n-ctx", "8192", "--n-parallel", "4")
+    lines = [{"id": "L0", "prompt": document(0, words=1000), "max_tokens": 4, "temperature": 0}]
+    lines += [{"id": f"s{i}", "prompt": f"Name a colour number {i}:", "max_tokens": 4, "temperature": 0}
+              for i in range(3)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records, err = run(model_path, path, "--kv-unified", "--n-ctx", "2048", "--n-parallel", "4")
     assert [r["error"] for r in records] == [None] * 4, err[-1500:]
-    assert records[0]["usage"]["prompt_tokens"] > 4096
+    assert records[0]["usage"]["prompt_tokens"] > 512
