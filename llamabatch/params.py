@@ -18,6 +18,7 @@ DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 MAX_STOPS = 16
 MAX_STOP_CHARS = 1000
 MAX_BREAKERS = 64
+MAX_PRIORITY = 1000  # priority is an integer in [-MAX_PRIORITY, MAX_PRIORITY]
 
 
 @dataclass
@@ -70,6 +71,9 @@ class SamplingParams:
     # Draft and verify for this request (prediction, else prompt lookup) where the engine's
     # `speculative` setting is auto; False: one token a tick.
     speculative: bool = True
+    # Who goes first when requests contend for slots: lower runs sooner (vLLM's convention).
+    # Admission, the tick's prefill budget and preemption follow it (core/scheduler.py).
+    priority: int = 0
 
     def replace(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
@@ -108,6 +112,9 @@ class SamplingParams:
         _check(isinstance(self.n, int) and not isinstance(self.n, bool) and self.n >= 1, "n", "an integer >= 1", self.n)
         _check(isinstance(self.store_prefix, bool), "store_prefix", "true or false", self.store_prefix)
         _check(isinstance(self.speculative, bool), "speculative", "true or false", self.speculative)
+        _check(isinstance(self.priority, int) and not isinstance(self.priority, bool)
+               and -MAX_PRIORITY <= self.priority <= MAX_PRIORITY, "priority",
+               f"an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}] (lower runs sooner)", self.priority)
         _check(self.prediction is None or isinstance(self.prediction, str), "prediction", "text", type(self.prediction).__name__)
         if self.prediction is not None and self.n > 1:
             # as OpenAI: one prediction cannot guide n different samples

@@ -52,6 +52,10 @@ class Timings:
     decode_ms: float = 0.0  # first token -> last token
     prompt_tokens_per_s: float = 0.0  # evaluated (not cached) prompt tokens / prompt_ms
     generated_tokens_per_s: float = 0.0  # tokens after the first / decode_ms
+    # preempted for higher-priority requests: how often, and the time it waited with its KV
+    # put aside (part of prompt_ms or decode_ms)
+    paused_ms: float = 0.0
+    preemptions: int = 0
 
     def to_dict(self) -> dict[str, float]:
         return {k: round(v, 3) for k, v in asdict(self).items()}

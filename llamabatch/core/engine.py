@@ -99,7 +99,9 @@ class Engine(EngineBase):
                                    disk=self.disk,
                                    speculation=Speculation(runner.graph_runs, runner.valid_guesses, **runner.draft_limits)
                                    if speculating else None,
-                                   pool_cells=getattr(runner, "pool_cells", None))
+                                   pool_cells=getattr(runner, "pool_cells", None),
+                                   park=runner.snapshot if getattr(runner, "can_park", False) else None)
+        self._preemptions = 0  # requests parked since the last tick record
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread
@@ -444,13 +446,21 @@ class Engine(EngineBase):
             self._deliver(event)
 
     def _admit(self) -> None:
-        for seq, slot, reuse, _fork in self.scheduler.admit():
+        admitted = self.scheduler.admit()
+        parked = self.scheduler.take_preempted()  # put aside for higher-priority requests: waiting again
+        if parked:
+            self._preemptions += len(parked)
+            with self._cond:
+                self._waiting_count += len(parked)
+        for seq, slot, reuse, _fork in admitted:
+            resumed = seq.parked is not None
             # the slot's KV change (a Trim to `reuse`, a Fork or a Restore) rides on this tick's plan
             self.scheduler.start(seq, slot, reuse)
             if seq.index == 0:  # samples 1..n-1 ride along with sample 0 (the one queued and counted)
                 with self._cond:
                     self._waiting_count -= 1
-                self.telemetry.record_request(RequestRecord("start", seq.request_id))
+                if not resumed:
+                    self.telemetry.record_request(RequestRecord("start", seq.request_id))
 
     def _execute(self, plan: StepPlan) -> tuple[StepPlan, StepResult]:
         """One llama_decode; on 'no KV room' try the scheduler's smaller plan, never crash."""
@@ -487,13 +497,24 @@ class Engine(EngineBase):
         plan_ms = (t_planned - t_start) * 1000
         overhead = max(0.0, wall - result.eval_ms - result.sample_ms)
         self._tick_no += 1
+        preemptions, self._preemptions = self._preemptions, 0
         self.telemetry.record_tick(TickRecord(
+            preemptions=preemptions, rows_by_priority=self._rows_by_priority(plan),
             tick=self._tick_no, batch_size=plan.n_tokens, decode_tokens=plan.decode_tokens,
             prefill_tokens=plan.prefill_tokens, active_slots=active,
             queue_depth=len(self.scheduler.waiting), eval_ms=result.eval_ms, sample_ms=result.sample_ms,
             overhead_ms=overhead, wall_ms=wall, plan_ms=plan_ms, fill_ms=result.fill_ms,
             after_ms=max(0.0, overhead - plan_ms - result.fill_ms), ubatches=result.ubatches,
             forced_tokens=forced, drafted_tokens=plan.draft_tokens, accepted_tokens=accepted))
+
+    def _rows_by_priority(self, plan: StepPlan) -> dict[int, int]:
+        """The tick's rows by their request's priority; empty when all are priority 0."""
+        rows: dict[int, int] = {}
+        for chunk in plan.chunks:
+            seq = self.scheduler.slots[chunk.slot].seq
+            priority = seq.params.priority if seq is not None else 0
+            rows[priority] = rows.get(priority, 0) + len(chunk.tokens)
+        return {} if set(rows) <= {0} else rows
 
     def _deliver(self, event: SeqEvent) -> None:
         seq = event.seq

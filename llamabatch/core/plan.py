@@ -136,6 +136,9 @@ class Restore:
     slot: int
     n_tokens: int
     payload: Any = field(repr=False, compare=False)
+    # A preempted request's own KV put back (core/scheduler.py's parking), not a store entry:
+    # it continues from its end as the store's entries do; a runner may do it where `can_park`.
+    resume: bool = False
 
 
 @dataclass
@@ -260,6 +263,9 @@ class Runner(Protocol):
     can_trim: bool  # whether a Trim may keep part of a slot (n_keep > 0); emptying one always works
     can_sample_apart: bool  # whether sample_apart chunks come back as SampleJobs (else sampled inline)
     can_store: bool  # whether slots may be saved to / restored from the disk prefix store
+    # whether a running request's slot may be snapshotted and put back into another slot later
+    # (Restore.resume): preemption keeps the request's KV in host memory this way
+    can_park: bool
     can_verify: bool  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
     draft_limits: dict[str, int]  # Speculation's max_draft and free (rows a guess takes at no cost), when they differ
     kv_fingerprint: dict[str, str]  # what must match for saved KV bytes to be restored here

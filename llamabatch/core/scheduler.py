@@ -9,10 +9,12 @@ come in as callables so tests can drive it with a scripted fake vocabulary.
 """
 from __future__ import annotations
 
+import bisect
+import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from .detok import IncrementalDetokenizer
 from .drafts import Drafter
@@ -79,13 +81,44 @@ class SaveWanted:
     tokens: list[int]
 
 
+@dataclass
+class Parked:
+    """A preempted request's place, kept while it waits: its slot's KV as bytes (None when the
+    snapshot failed: it is evaluated again), how many positions they hold, which of them the
+    slot's prefix cache may reuse, and the status it resumes with."""
+
+    payload: Any
+    n_cells: int
+    cached: list[int]
+    status: Status
+
+
+# Priority's guard against starvation: once the oldest waiting request has watched this many
+# admissions of others go ahead of it, it is admitted next whatever its priority, and it is
+# never preempted (a steady stream of higher-priority requests still leaves it every 9th slot).
+FAIR_SHARE = 8
+
+
+def priority_key(seq: Sequence) -> tuple[int, int]:
+    """Who goes first: lower priority value, then arrival (request ids are given in order)."""
+    return (seq.params.priority, seq.request_id)
+
+
 class Scheduler:
     def __init__(self, n_slots: int, slot_ctx: int, n_batch: int, chunk_size: int, policy: str,
                  cache_prompt: bool, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
                  fork_min_tokens: int = 0, cache_generated: bool = True,
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
-                 speculation: "Speculation | None" = None, pool_cells: int | None = None):
+                 speculation: "Speculation | None" = None, pool_cells: int | None = None,
+                 park: Callable[[int], Any] | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
+        # Preemption: park(slot) gives the slot's KV as bytes (runner.snapshot), put back by a
+        # Restore(resume=True) when the request resumes. None: a request waits for a free slot.
+        self.park = park
+        self.preempted: list[Sequence] = []  # parked since the engine last took them (take_preempted)
+        self._arrivals: list[tuple[int, Sequence]] = []  # heap by request id: the oldest waiting request
+        self._passed = 0  # admissions that went ahead of the oldest waiting request (FAIR_SHARE)
+        self._oldest: Sequence | None = None
         # A KV pool the slots share (a unified cache): a request may hold up to slot_ctx of its
         # cells and is admitted only when what it may come to hold fits beside what the others
         # may (admission by room, _make_room). None: a stream of slot_ctx cells per slot.
@@ -115,6 +148,7 @@ class Scheduler:
         # requests share is saved to it once. None: off.
         self.disk = disk
         self._restoring: dict[int, list[int]] = {}  # slot -> the tokens its planned Restore brings
+        self._resuming: set[int] = set()  # slots whose planned Restore puts a parked request's KV back
         self._restores: list[Restore] = []  # decided, not yet handed to the runner in a plan
         self._saves: list[SaveWanted] = []  # slots holding a prefix to save, after the last update
         # Speculative decoding (speculation.py): guesses in the rows a tick has to spare. None: off.
@@ -123,9 +157,40 @@ class Scheduler:
     # -- queue and admission -------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._enqueue(seq)
         if seq.deadline is not None:
             self._timed.extend(seq.members)  # the samples of an n-request share one deadline
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Into the queue by (priority, arrival): after every request that goes before it."""
+        key = priority_key(seq)
+        if not self.waiting or priority_key(self.waiting[-1]) <= key:
+            self.waiting.append(seq)  # the common case (one priority): the end
+        else:
+            self.waiting.insert(bisect.bisect_right(self.waiting, key, key=priority_key), seq)
+        heapq.heappush(self._arrivals, (seq.request_id, seq))
+
+    def _oldest_waiting(self) -> Sequence | None:
+        while self._arrivals and self._arrivals[0][1].status != Status.WAITING:
+            heapq.heappop(self._arrivals)  # admitted or ended since (a parked one is pushed again)
+        return self._arrivals[0][1] if self._arrivals else None
+
+    def _fair_share(self) -> None:
+        """Put the oldest waiting request at the head when FAIR_SHARE admissions went ahead of it."""
+        oldest = self._oldest_waiting()
+        if oldest is not self._oldest:
+            self._oldest, self._passed = oldest, 0
+        if oldest is None or self._passed < FAIR_SHARE or self.waiting[0] is oldest:
+            return
+        self.waiting.remove(oldest)
+        self.waiting.appendleft(oldest)
+        oldest.protected = True
+
+    def _admitted_one(self, seq: Sequence) -> None:
+        if seq is self._oldest:
+            self._oldest, self._passed = None, 0
+        else:
+            self._passed += 1
 
     def expired(self, now: float) -> list[Sequence]:
         """Unfinished sequences (waiting or running) whose deadline has passed at `now`;
@@ -183,12 +248,19 @@ class Scheduler:
         idle = [s for s in self.slots if s.seq is None and s.slot_id not in pinned]
         held: list[Sequence] = []
         fresh: set[int] = set()  # slots handed out in this call: not yet trimmed, so no fork source
-        while self.waiting and idle:
+        while self.waiting:
+            self._fair_share()
+            if not idle and not self._preempt_for(self.waiting[0], idle):
+                break
             if len(self.waiting[0].members) > len(idle):
-                break  # an n-request takes n slots at once; FIFO, so nothing overtakes it meanwhile
+                break  # an n-request takes n slots at once; in order, so nothing overtakes it meanwhile
             if not self._make_room(self.waiting[0], idle):
-                break  # a pool without room for it yet: FIFO, it waits for running requests to end
+                break  # a pool without room for it yet: in order, it waits for running requests to end
             seq = self.waiting.popleft()
+            self._admitted_one(seq)
+            if seq.parked is not None:
+                out.append(self._resume(seq, idle, fresh))
+                continue
             views = [SlotView(s.slot_id, s.cached, s.last_used) for s in idle]
             slot_id, reuse = choose_slot(seq.prompt, views, cache_prompt=self.cache_prompt)
             if reuse < self.slots[slot_id].floor:
@@ -236,6 +308,85 @@ class Scheduler:
         if self.disk is not None and self.waiting:
             self._mark_queued_saves()
         return out
+
+    # -- preemption -------------------------------------------------------------------------
+
+    def _preempt_for(self, head: Sequence, idle: list[Slot]) -> bool:
+        """Every slot is busy: when `head` has a higher priority than a running request, park
+        the running request of lowest priority (the latest to arrive among equals) and give its
+        slot to `idle`. Only a slot in a plain state is taken: one request of one sample, its
+        KV changed by nothing decided and not yet applied, no token of it being sampled apart."""
+        if self.park is None or head.group is not None:
+            return False
+        changing = ({t.slot for t in self._trims} | set(self._restoring)
+                    | {f.src_slot for f in self._forks} | {f.dst_slot for f in self._forks})
+        victims = [s for s in self.slots if s.seq is not None and s.slot_id not in changing
+                   and s.seq.group is None and not s.seq.protected and not s.seq.sampling_apart
+                   and s.seq.status in (Status.PREFILLING, Status.GENERATING)
+                   and s.seq.params.priority > head.params.priority]
+        if not victims:
+            return False
+        slot = max(victims, key=lambda s: priority_key(s.seq))  # type: ignore[arg-type]
+        self._park(slot)
+        idle.append(slot)
+        return True
+
+    def _park(self, slot: Slot) -> None:
+        """Put `slot`'s request aside: its KV as bytes (a copy, taken now, before any plan
+        changes the slot), back in the queue in its place by priority and arrival."""
+        seq = slot.seq
+        assert seq is not None
+        try:
+            payload = self.park(slot.slot_id)  # type: ignore[misc]
+        except Exception:  # no memory for the copy: it is evaluated again when it resumes
+            payload = None
+        seq.parked = Parked(payload, seq.num_computed, list(slot.cached), seq.status)
+        seq.preemptions += 1
+        seq.paused_at = time.perf_counter()
+        seq.save_at = None  # a prefix save planned for it is dropped (an optimisation only)
+        seq.slot = None
+        seq.status = Status.WAITING
+        slot.seq = None
+        slot.last_used = seq.paused_at
+        self.preempted.append(seq)
+        self._enqueue(seq)
+
+    def _resume(self, seq: Sequence, idle: list[Slot], fresh: set[int]) -> Admission:
+        """A parked request takes the least recently used idle slot; the next plan puts its KV
+        back there (a Restore), or, without its bytes, it is evaluated again from the start."""
+        slot = min(idle, key=lambda s: (s.last_used, s.slot_id))
+        idle.remove(slot)
+        fresh.add(slot.slot_id)
+        slot.seq = seq
+        self.trim(slot.slot_id, 0)
+        parked = seq.parked
+        if parked.payload is not None:
+            self._restores.append(Restore(slot.slot_id, parked.n_cells, parked.payload, resume=True))
+            self._restoring[slot.slot_id] = parked.cached
+            self._resuming.add(slot.slot_id)
+        return Admission(seq, slot.slot_id, 0)
+
+    def take_preempted(self) -> list[Sequence]:
+        """The requests parked since the last call (the engine counts them as waiting again)."""
+        out, self.preempted = self.preempted, []
+        return out
+
+    def _resumed(self, seq: Sequence, slot: Slot, ok: bool) -> None:
+        """What a parked request's Restore gave: its KV where it stopped, or (refused, or no
+        bytes to restore) nothing, and it evaluates its prompt and answer so far again."""
+        parked, seq.parked = seq.parked, None
+        if ok:
+            slot.cached = list(parked.cached)
+            slot.floor = parked.n_cells  # continued from its end only, as a store entry is
+            seq.num_computed = parked.n_cells
+            seq.status = parked.status
+        else:
+            slot.cached, slot.floor = [], 0
+            seq.num_computed = 0
+            seq.status = Status.PREFILLING  # the answer so far is evaluated as prompt; then it samples on
+        if seq.paused_at is not None:
+            seq.paused_ms += (time.perf_counter() - seq.paused_at) * 1000
+            seq.paused_at = None
 
     # -- room in a shared KV pool ------------------------------------------------------------
 
@@ -325,6 +476,14 @@ class Scheduler:
         """What a planned Restore gave: the slot holds the entry's tokens, or nothing."""
         tokens = self._restoring.pop(slot_id, [])
         slot = self.slots[slot_id]
+        if slot_id in self._resuming:
+            self._resuming.discard(slot_id)
+            if slot.seq is not None and slot.seq.parked is not None and slot.seq.status == Status.RESTORING:
+                self._resumed(slot.seq, slot, ok)
+            else:  # ended meanwhile: its cells are no prefix anyone asked for
+                slot.cached, slot.floor = [], 0
+                self.trim(slot_id, 0)
+            return
         slot.cached = tokens if ok else []
         slot.floor = len(slot.cached)
         seq = slot.seq
@@ -375,6 +534,12 @@ class Scheduler:
         planned a Restore for it, what that Restore gives; its first chunk comes after that)."""
         restoring = slot_id in self._restoring
         slot = self.slots[slot_id]
+        if seq.parked is not None:  # resumed: its own state stays; its KV comes back by the Restore
+            slot.seq, seq.slot = seq, slot_id
+            seq.status = Status.RESTORING
+            if not restoring:
+                self._resumed(seq, slot, False)
+            return
         slot.cached = slot.cached[:kept]
         slot.seq = seq
         seq.slot = slot_id
@@ -407,7 +572,8 @@ class Scheduler:
                     continue
                 seq.save_at = None  # nothing in this plan makes the slot hold exactly it: not saved
             prefills.append(seq)
-        prefills.sort(key=lambda s: s.admit_order)
+        # higher priority first: its prompt takes the tick's prefill budget before lower ones'
+        prefills.sort(key=lambda s: (s.params.priority, s.admit_order))
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
         chunks = []
         for seq, n in allocation:
@@ -560,7 +726,7 @@ class Scheduler:
         now = time.perf_counter()
         if seq.first_token_at is None:
             seq.first_token_at = now
-            seq.status = Status.GENERATING
+        seq.status = Status.GENERATING  # also a resumed request that evaluated its answer again
         detok = self._detok[seq]
         event = SeqEvent(seq)
         if self.is_eog(token):

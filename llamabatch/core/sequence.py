@@ -70,6 +70,14 @@ class Sequence:
     prediction: list[int] | None = None
     accepted_drafts: int = 0
     rejected_drafts: int = 0
+    # Priority (core/scheduler.py): a request preempted for a higher-priority one waits with its
+    # KV kept in host memory (`parked`, a scheduler.Parked) and resumes where it stopped; how often,
+    # and for how long in all. `protected`: admitted by the fair share, it is never preempted.
+    parked: Any = None
+    preemptions: int = 0
+    paused_ms: float = 0.0
+    paused_at: float | None = None
+    protected: bool = False
 
     def __post_init__(self) -> None:
         if self.params.timeout:
@@ -122,7 +130,8 @@ class Sequence:
             prompt_ms=prompt_ms, decode_ms=decode_ms,
             prompt_tokens_per_s=evaluated / (prompt_ms / 1000) if first and prompt_ms > 0 else 0.0,
             generated_tokens_per_s=((len(self.output) - 1) / (decode_ms / 1000)
-                                    if decode_ms > 0 and len(self.output) > 1 else 0.0))
+                                    if decode_ms > 0 and len(self.output) > 1 else 0.0),
+            paused_ms=self.paused_ms, preemptions=self.preemptions)
         usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached,
                       restored_tokens=self.num_restored, completion_tokens=len(self.output),
                       accepted_prediction_tokens=self.accepted_drafts,

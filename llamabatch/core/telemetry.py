@@ -38,6 +38,10 @@ class TickRecord:
     # speculative decoding: guesses this tick verified (rows of its batch), and those that joined answers
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # priority (core/scheduler.py): requests preempted before this tick, and the tick's rows by
+    # the priority of the request they belong to (empty when every row has priority 0)
+    preemptions: int = 0
+    rows_by_priority: dict[int, int] = field(default_factory=dict)
     at: float = field(default_factory=time.perf_counter)
 
     kind = "tick"
@@ -74,6 +78,7 @@ class Totals:
     forced_tokens: int = 0  # grammars' forced tokens (llama/mask_grammar.py), part of generated_tokens
     drafted_tokens: int = 0  # guesses verified (speculative decoding, core/drafts.py)
     accepted_tokens: int = 0  # of them, those that joined answers (part of generated_tokens)
+    preemptions: int = 0  # requests put aside for higher-priority ones (their KV kept, resumed later)
     eval_ms: float = 0.0
     sample_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -140,6 +145,7 @@ class Telemetry:
         t.forced_tokens += record.forced_tokens
         t.drafted_tokens += record.drafted_tokens
         t.accepted_tokens += record.accepted_tokens
+        t.preemptions += record.preemptions
         t.eval_ms += record.eval_ms
         t.sample_ms += record.sample_ms
         t.overhead_ms += record.overhead_ms

@@ -109,6 +109,10 @@ class LlamaRunner:
         # The disk prefix store needs the same (a restored slot's cells must be exactly what an
         # evaluated slot holds at its end); deterministic mode does not use it (kv_state.py says why).
         self.can_store = self.kv.can_cut and not self.deterministic
+        # A preempted request's whole sequence is snapshotted and put back to continue from its
+        # end (what the store's restores do too, without the trims that need can_cut); the bytes
+        # are the same, so deterministic mode keeps its bits.
+        self.can_park = True
         if self.deterministic:
             self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
         self.n_batch = cparams.n_batch

@@ -1,0 +1,204 @@
+"""Priority in the core scheduler (FakeRunner, no model): admission by (priority, arrival), a
+higher-priority prompt's chunk first in the tick's budget, preemption with the preempted
+request's KV kept aside and put back (or evaluated again when that fails), the fair share
+that keeps a low-priority request from starving, and a request arriving during a saturating
+batch starting within one tick while every batch request still ends exactly once."""
+from __future__ import annotations
+
+import threading
+
+from llamabatch import Engine, EngineConfig, SamplingParams
+from llamabatch.core.plan import StepPlan
+from llamabatch.core.scheduler import FAIR_SHARE
+
+from fake_runner import FakeRunner
+
+WAIT = 10
+
+
+def engine_over(runner: FakeRunner, **config) -> Engine:
+    settings = dict(n_parallel=runner.n_slots, n_batch=runner.n_batch or 64, chunk_size=16, share_prefix_min=0)
+    settings.update(config)
+    return Engine(EngineConfig(**settings), runner=runner, default_params=SamplingParams(temperature=0, max_tokens=8))
+
+
+def params(priority: int = 0, max_tokens: int = 8) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, priority=priority)
+
+
+def first_plan_of(runner: FakeRunner, request_id: int) -> int:
+    return next(p.call for p in runner.plans if any(c.request_id == request_id for c in p.plan.chunks))
+
+
+def gate() -> tuple[threading.Event, object]:
+    """A hook that holds the first execute until the event is set: what is submitted
+    meanwhile is queued together."""
+    opened = threading.Event()
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if call == 1:
+            assert opened.wait(WAIT)
+
+    return opened, hook
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival():
+    opened, hook = gate()
+    runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, hook=hook, reply=lambda p: "abc")
+    with engine_over(runner) as engine:
+        first = engine.submit("holder", params(priority=-5))  # runs; nobody below outranks it
+        queued = [engine.submit(f"q{i}", params(priority=p)) for i, p in enumerate([0, 5, -1, 0, -1])]
+        opened.set()
+        results = [h.result(timeout=WAIT) for h in [first, *queued]]
+    assert all(r.finish_reason == "stop" for r in results)
+    order = sorted(results[1:], key=lambda r: first_plan_of(runner, r.request_id))
+    # q2 (-1), q4 (-1), q0 (0), q3 (0), q1 (5)
+    assert [r.request_id for r in order] == [queued[i].request_id for i in (2, 4, 0, 3, 1)]
+    assert runner.violations == []
+
+
+def test_a_higher_priority_prompt_takes_the_ticks_prefill_budget_first():
+    opened, hook = gate()
+    runner = FakeRunner(n_slots=3, slot_ctx=256, n_batch=16, hook=hook, reply=lambda p: "ok")
+    with engine_over(runner, n_batch=16, chunk_size=16) as engine:
+        engine.submit("x", params(priority=-9))  # holds the gate
+        low = engine.submit("L" * 40, params(priority=3))  # arrives first
+        high = engine.submit("H" * 40, params(priority=1))
+        opened.set()
+        low_r, high_r = low.result(timeout=WAIT), high.result(timeout=WAIT)
+    second = runner.plans[1].plan  # both admitted together, after the gated first plan
+    rows = {c.request_id: len(c.tokens) for c in second.chunks}
+    decode_rows = sum(len(c.tokens) for c in second.chunks if c.is_decode)  # the first one's token
+    assert rows.get(high_r.request_id) == 16 - decode_rows and low_r.request_id not in rows
+    assert low_r.text == high_r.text == "ok"
+    assert runner.violations == []
+
+
+def test_a_higher_priority_request_preempts_and_the_preempted_one_resumes_unchanged():
+    submitted: dict[str, object] = {}
+    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789abcdef")
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if call == 4:  # both priority-0 requests are generating: every slot is busy
+            submitted["high"] = engine.submit("urgent", params(priority=-1, max_tokens=4))
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    with engine:
+        lows = [engine.submit(f"low{i}", params(max_tokens=16)) for i in range(2)]
+        low_results = [h.result(timeout=WAIT) for h in lows]
+        high_result = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
+        stats = engine.stats()
+    assert first_plan_of(runner, high_result.request_id) == 5  # the next tick after it arrived
+    assert high_result.text == "0123"
+    assert [r.text for r in low_results] == ["0123456789abcdef"] * 2  # as if never preempted
+    preempted = [r for r in low_results if r.timings.preemptions]
+    assert len(preempted) == 1 and preempted[0].timings.paused_ms > 0
+    assert preempted[0].request_id == lows[1].request_id  # the latest to arrive among equals
+    assert stats.preemptions == 1
+    assert [n for _, n, ok in runner.restores] and all(ok for *_, ok in runner.restores)
+    assert any(t.preemptions == 1 for t in engine.telemetry.recent_ticks)
+    assert any(t.rows_by_priority.get(-1) for t in engine.telemetry.recent_ticks)
+    assert runner.violations == []
+
+
+def test_a_restore_that_fails_evaluates_the_request_again_and_its_answer_is_the_same():
+    submitted: dict[str, object] = {}
+    runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789",
+                        restore_ok=lambda slot: False)
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if call == 3:
+            submitted["high"] = engine.submit("now", params(priority=-2, max_tokens=3))
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    with engine:
+        low = engine.submit("low", params(max_tokens=10)).result(timeout=WAIT)
+        high = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
+    assert high.text == "012" and low.text == "0123456789"
+    assert low.timings.preemptions == 1
+    assert runner.restores and not any(ok for *_, ok in runner.restores)
+    assert runner.violations == []
+
+
+def test_without_parking_a_higher_priority_request_waits_for_a_free_slot_and_goes_first():
+    opened, hook = gate()
+    runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, hook=hook, reply=lambda p: "abcd", can_park=False)
+    with engine_over(runner) as engine:
+        running = engine.submit("run", params())
+        low = engine.submit("low", params())
+        high = engine.submit("high", params(priority=-1))
+        opened.set()
+        results = [h.result(timeout=WAIT) for h in (running, low, high)]
+    assert [r.timings.preemptions for r in results] == [0, 0, 0]
+    assert first_plan_of(runner, results[2].request_id) < first_plan_of(runner, results[1].request_id)
+    assert runner.violations == []
+
+
+def test_a_low_priority_request_is_not_starved_by_a_steady_stream_of_higher_ones():
+    # One slot; a priority-5 request waits while priority-0 requests keep arriving, one more
+    # each tick: it is admitted once FAIR_SHARE of them went ahead of it, and then never preempted.
+    handles = []
+    runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "ab")
+    stop = threading.Event()
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if not stop.is_set() and call < 200:
+            handles.append(engine.submit(f"h{call}", params(priority=0, max_tokens=2)))
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    with engine:
+        first = engine.submit("first", params(priority=0, max_tokens=2))
+        low = engine.submit("low", params(priority=5, max_tokens=6))
+        result = low.result(timeout=WAIT)
+        stop.set()
+        for h in [first, *handles]:
+            h.result(timeout=WAIT)
+    started = first_plan_of(runner, result.request_id)
+    ahead = {c.request_id for p in runner.plans if p.call < started for c in p.plan.chunks} - {first.request_id}
+    assert len(ahead) == FAIR_SHARE  # exactly its share went first
+    assert result.text == "ab" and result.timings.preemptions == 0
+    assert runner.violations == []
+
+
+def test_an_online_request_during_a_saturating_batch_starts_within_one_tick_and_every_line_ends_once():
+    submitted: dict[str, object] = {}
+    ended: list[int] = []
+    runner = FakeRunner(n_slots=8, slot_ctx=256, n_batch=64, reply=lambda p: "x" * 12)
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if call == 6:
+            submitted["online"] = engine.submit("online question", params(priority=-1, max_tokens=4))
+            submitted["at"] = call
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    with engine:
+        batch = [engine.submit(f"line {i}", params(max_tokens=12),
+                               callback=lambda h, e: ended.append(h.request_id) if hasattr(e, "finish_reason") else None)
+                 for i in range(20)]
+        online = submitted_result = None
+        results = [h.result(timeout=WAIT) for h in batch]
+        online = submitted["online"].result(timeout=WAIT)  # type: ignore[attr-defined]
+        submitted_result = online
+    assert first_plan_of(runner, submitted_result.request_id) == submitted["at"] + 1
+    assert sorted(ended) == sorted(h.request_id for h in batch)  # one outcome each
+    assert all(r.text == "x" * 12 for r in results)
+    assert sum(r.timings.preemptions for r in results) == 1
+    assert runner.violations == []
+
+
+def test_priority_out_of_range_is_that_requests_error():
+    runner = FakeRunner(n_slots=1, slot_ctx=64)
+    with engine_over(runner) as engine:
+        for bad in (1001, -1001):
+            try:
+                SamplingParams(priority=bad).validate()
+            except Exception as exc:
+                assert "priority must be an integer in [-1000, 1000]" in str(exc)
+            else:
+                raise AssertionError(f"priority {bad} was accepted")
+        result = engine.submit("ok", SamplingParams(priority=2000, temperature=0)).result(timeout=WAIT)
+    assert result.finish_reason == "error" and "priority" in result.error
