@@ -155,7 +155,7 @@ class FakeRunner:
                  sample_delay: Callable[[str], float] | None = None, can_sample_apart: bool = True,
                  embed_status: dict[int, int] | None = None, embed_delay: float = 0.0,
                  embed_max_tokens: int = 64, embed_max_seqs: int = 8, default_pooling: str = "mean",
-                 embed_refusal: str = "", can_store: bool = True, restore_ok: Callable[[int], bool] | None = None,
+                 embed_refusal: str = "", can_store: bool = True, can_park: bool = True, restore_ok: Callable[[int], bool] | None = None,
                  force: Callable[[str], int] | None = None, can_verify: bool = False,
                  probs: Callable[[list[int]], dict[int, float]] | None = None,
                  grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None):
@@ -180,6 +180,7 @@ class FakeRunner:
         # The disk prefix store: snapshot() gives the slot's fake KV as bytes, a Restore puts
         # them back; restore_ok(slot) False scripts llama.cpp refusing one (the slot is emptied).
         self.can_store = can_store
+        self.can_park = can_park  # preemption: a running slot snapshotted, put back later (Restore.resume)
         self.restore_ok = restore_ok or (lambda slot: True)
         self.kv_fingerprint = {"model": "fake", "layout": "fake"}
         self.restores: list[tuple[int, int, bool]] = []  # (slot, n_tokens, took) applied, in order
@@ -402,7 +403,7 @@ class FakeRunner:
     def _apply_restores(self, plan: StepPlan) -> dict[int, bool]:
         took = {}
         for r in plan.restores:
-            if not self.can_store:
+            if not (self.can_park if r.resume else self.can_store):
                 self.violations.append(f"restore into slot {r.slot} planned for a runner that cannot (can_store False)")
             if any(c.slot == r.slot for c in plan.chunks):
                 self.violations.append(f"slot {r.slot} is restored and evaluated in the same plan")

@@ -32,7 +32,9 @@ def serve_command(
         help=f"Requests must send 'Authorization: Bearer KEY' (also ${API_KEY_ENV}) \\[default: none, "
              "loopback only]")] = None,
     online_slots: Annotated[int, typer.Option(
-        "--online-slots", min=0, help="Slots batch lines leave free for online requests")] = 1,
+        "--online-slots", min=0,
+        help="Slots batch lines leave free for online requests. 0: none; online requests still go first "
+             "(a higher priority), putting a batch line aside when every slot is busy")] = 0,
     isolate: Annotated[bool, typer.Option(
         "--isolate/--no-isolate",
         help="Run llama.cpp in a supervised child process: a request that crashes it costs a restart of the "

@@ -24,7 +24,7 @@ from typing import Any, Union
 
 from ..errors import InvalidRequest
 from ..json_line import BadJSON, loads, sniff_id
-from ..params import FIELD_TYPES, SamplingParams
+from ..params import FIELD_TYPES, MAX_PRIORITY, SamplingParams
 from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ..results import EmbeddingResult, Result, Timings, Usage
 from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedding_body, plain_embedding_record)
@@ -40,8 +40,10 @@ PLAIN, OPENAI = "plain", "openai"  # output shapes
 # Keys of a plain JSONL line that are neither sampling fields nor extra (echoed) data.
 PLAIN_KEYS = ("id", "prompt", "messages", "system")
 # OpenAI body fields accepted and ignored: the line runs on the loaded model whatever `model` says.
-IGNORED_BODY_FIELDS = ("model", "user", "metadata", "store", "service_tier", "stream_options",
-                       "parallel_tool_calls")
+IGNORED_BODY_FIELDS = ("model", "user", "metadata", "store", "stream_options", "parallel_tool_calls")
+# OpenAI's service_tier as a priority step from the line's default (lower runs sooner): "flex"
+# below it, "priority" above it; a body's own `priority` (vLLM's field) wins over it.
+SERVICE_TIERS = {"auto": 0, "default": 0, "flex": 10, "priority": -10}
 # OpenAI body features not supported: fine when absent or off, an error when asked for.
 OFF_BODY_FIELDS = ("stream", "echo", "tools", "functions", "tool_choice", "function_call", "suffix")
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs (and vLLM's default for completions)
@@ -247,7 +249,7 @@ class LineParser:
             prompt, sampling = _map_body(body, url)
             if url == CHAT_URL:
                 prompt = _with_system(prompt, self.system)
-            params = _params(sampling, self.defaults)
+            params = _params(_with_tier(sampling, body.get("service_tier"), self.defaults), self.defaults)
         except _Bad as bad:
             message = bad.message if line_id is not NO_ID else _with_line(bad.message, line_no)
             return LineError(line_no, line_id, bad.code, message, OPENAI, url if url in URLS else None)
@@ -264,12 +266,24 @@ def _params(sampling: dict[str, Any], defaults: SamplingParams) -> SamplingParam
         raise _Bad("invalid_request", str(exc)) from None
 
 
+def _with_tier(sampling: dict[str, Any], tier: Any, defaults: SamplingParams) -> dict[str, Any]:
+    """`sampling` with the priority a body's service_tier asks for (none when it gives `priority`)."""
+    if tier is None:
+        return sampling
+    if not isinstance(tier, str) or tier not in SERVICE_TIERS:
+        raise _Bad("invalid_request", f"body.service_tier must be one of {', '.join(map(json.dumps, SERVICE_TIERS))}, "
+                                      f"got {json.dumps(tier)}")
+    if "priority" in sampling:
+        return sampling
+    return {**sampling, "priority": max(-MAX_PRIORITY, min(MAX_PRIORITY, defaults.priority + SERVICE_TIERS[tier]))}
+
+
 def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
     """An OpenAI request body -> (prompt or messages, sampling fields)."""
     sampling: dict[str, Any] = {}
     for key, value in body.items():
-        if key in ("messages", "prompt", "max_completion_tokens", "response_format", "logprobs", "top_logprobs") \
-                or key in IGNORED_BODY_FIELDS:
+        if key in ("messages", "prompt", "max_completion_tokens", "response_format", "logprobs", "top_logprobs",
+                   "service_tier") or key in IGNORED_BODY_FIELDS:
             continue
         if value is None:
             continue  # OpenAI's null means "the default", which the flags supply

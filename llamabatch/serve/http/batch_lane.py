@@ -1,12 +1,11 @@
 """The engine as a batch's job sees it: the job submits as many lines as it likes, and the lane
 hands them to the engine so that batch lines hold only the slots online work leaves.
 
-Why a lane and not the job's own `max_inflight`: the engine's queue is first come, first served,
-so batch lines queued there would go ahead of an online request; and with no queue there, a
-slot a batch line leaves stays idle until the job's starter thread sends the next line. The lane
-keeps the waiting lines itself and sends the next one from the engine's own callback, as the
-previous one ends, so the slot is refilled in the same tick, and the engine never holds more
-batch lines than `slots - max(online_slots, online requests running)`.
+Why a lane and not the job's own `max_inflight`: the lane keeps the waiting lines itself and
+sends the next one from the engine's own callback, as the previous one ends, so the slot is
+refilled in the same tick, and the engine never holds more batch lines than
+`slots - online_slots`. Online requests have a higher priority than batch lines (online.py): the
+engine admits them first and, when every slot is busy, puts a batch line aside for one.
 """
 from __future__ import annotations
 

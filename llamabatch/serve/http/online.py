@@ -17,11 +17,18 @@ from typing import Any, AsyncIterator, Callable
 from ...api import EngineAPI
 from ...errors import EngineClosed, LlamaBatchError, QueueFull
 from ...jobs.line_shapes import CHAT_URL, EMBEDDINGS_URL, LineError, LineParser, LineRequest, build_record
+from ...params import MAX_PRIORITY
 from ...results import Delta
 from .api_errors import ApiError, bad_request
 from .sse import DONE, StreamShape
 
 _LINE_PREFIX = re.compile(r"^line 1(: | )")
+
+
+def online_defaults(defaults: Any) -> Any:
+    """An online request's defaults: the engine's, one priority step above a batch line's (a
+    lower number), so it goes first; a body's own `priority` or `service_tier` says otherwise."""
+    return defaults.replace(priority=max(defaults.priority - 1, -MAX_PRIORITY))
 
 
 @dataclass
@@ -55,7 +62,7 @@ class Online:
             raise bad_request("logprobs are not streamed: ask without stream", param="logprobs")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         line = {"custom_id": "online", "method": "POST", "url": url, "body": body}  # the body is checked (app.py)
-        item = LineParser(self.engine.default_params, input_format="jsonl").parse_object(line, 1)
+        item = LineParser(online_defaults(self.engine.default_params), input_format="jsonl").parse_object(line, 1)
         if isinstance(item, LineError) or item is None:
             message = _LINE_PREFIX.sub("", item.message) if item is not None else "empty request"
             raise bad_request(message, code=item.code if item is not None else None)

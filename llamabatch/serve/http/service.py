@@ -25,14 +25,14 @@ from .uploads import MultipartUpload
 
 
 def batch_inflight(n_parallel: int, online_slots: int) -> int:
-    """Lines of a batch in the engine at once while no online request runs: the slots less those
-    kept for online requests. The batch never queues lines in the engine, so an online request
-    waits behind none of them (scheduling in docs/serve.md)."""
+    """Lines of a batch in the engine at once: the slots less any kept for online requests
+    (--online-slots, 0 by default). Online requests go ahead of batch lines by priority in the
+    engine, preempting one when every slot is busy (scheduling in docs/serve.md)."""
     return max(0, n_parallel - online_slots)
 
 
 class Service:
-    def __init__(self, engine: EngineAPI, data_dir: str, *, online_slots: int = 1,
+    def __init__(self, engine: EngineAPI, data_dir: str, *, online_slots: int = 0,
                  clock: Callable[[], float] = time.time, job_settings: dict[str, Any] | None = None,
                  upload_limits: UploadLimits = UploadLimits()):
         self.engine = engine
@@ -56,8 +56,10 @@ class Service:
         self.catalogue.close()
 
     def batch_slots(self) -> int:
-        """Slots batch lines may hold now: those neither kept for nor taken by online requests."""
-        return max(0, self.n_parallel - max(self.online_slots, self.online.running))
+        """Batch lines the engine may hold now: every slot but those kept for online requests.
+        An online request does not wait for one of them to end: it has a higher priority, and
+        the engine puts a batch line aside for it (its KV kept) when every slot is busy."""
+        return self.inflight
 
     def _online_ended(self) -> None:
         lane = self._lane
