@@ -1,0 +1,58 @@
+"""Preemption on the bundled models (both families): a request put aside for a higher-priority
+one, its KV kept in host memory and put back, ends with the tokens it gets unpreempted: greedy,
+seeded sampling, and deterministic mode (there bit for bit, beside the same others)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from llamabatch import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.model
+
+TOKENS = 16
+PROMPTS = ["List three facts about the moon.", "Once upon a time"]
+GREEDY = SamplingParams(max_tokens=TOKENS, temperature=0)
+SEEDED = SamplingParams(max_tokens=TOKENS, temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=2001)
+URGENT = SamplingParams(max_tokens=4, temperature=0, priority=-1)
+
+
+def engine(path: str, deterministic: bool) -> Engine:
+    return Engine(EngineConfig(model=path, n_parallel=2, n_ctx=1024, threads=2, deterministic=deterministic))
+
+
+def run(e: Engine, interrupt: bool) -> tuple[list, object]:
+    """Both prompts in 2 slots (one greedy, one seeded); with `interrupt`, a priority -1 request
+    arrives once both have 3 tokens: every slot is busy, so one of them is preempted."""
+    counts = [0, 0]
+    both = threading.Event()
+
+    def counter(i: int):
+        def on_event(_handle, event) -> None:
+            counts[i] += len(getattr(event, "token_ids", []) or [])
+            if min(counts) >= 3:
+                both.set()
+        return on_event
+
+    handles = [e.submit(p, q, callback=counter(i)) for i, (p, q) in enumerate(zip(PROMPTS, (GREEDY, SEEDED)))]
+    urgent = None
+    if interrupt:
+        assert both.wait(120)
+        urgent = e.submit("The capital of France is", URGENT)
+    results = [h.result(timeout=300) for h in handles]
+    return results, (urgent.result(timeout=300) if urgent is not None else None)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted(family, deterministic):
+    with engine(family.path, deterministic) as e:
+        plain, _ = run(e, interrupt=False)
+        preempted, urgent = run(e, interrupt=True)
+        stats = e.stats()
+    assert urgent.finish_reason in ("stop", "length") and urgent.token_ids
+    assert stats.preemptions == 1
+    assert sum(r.timings.preemptions for r in preempted) == 1
+    assert all(r.timings.paused_ms > 0 for r in preempted if r.timings.preemptions)
+    assert [r.token_ids for r in preempted] == [r.token_ids for r in plain]
+    assert all(len(r.token_ids) > 3 for r in plain)  # both were mid-answer when it came
