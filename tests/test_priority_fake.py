@@ -79,17 +79,19 @@ def test_a_higher_priority_request_preempts_and_the_preempted_one_resumes_unchan
     runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789abcdef")
 
     def hook(call: int, plan: StepPlan) -> None:
-        if call == 4:  # both priority-0 requests are generating: every slot is busy
+        if sum(c.is_decode for c in plan.chunks) == 2 and "high" not in submitted:  # every slot is busy
             submitted["high"] = engine.submit("urgent", params(priority=-1, max_tokens=4))
+            submitted["at"] = call
 
     runner.hook = hook
     engine = engine_over(runner)
     with engine:
-        lows = [engine.submit(f"low{i}", params(max_tokens=16)) for i in range(2)]
+        with engine.hold():  # admitted together
+            lows = [engine.submit(f"low{i}", params(max_tokens=16)) for i in range(2)]
         low_results = [h.result(timeout=WAIT) for h in lows]
         high_result = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
         stats = engine.stats()
-    assert first_plan_of(runner, high_result.request_id) == 5  # the next tick after it arrived
+    assert first_plan_of(runner, high_result.request_id) == submitted["at"] + 1  # the next tick after it arrived
     assert high_result.text == "0123"
     assert [r.text for r in low_results] == ["0123456789abcdef"] * 2  # as if never preempted
     preempted = [r for r in low_results if r.timings.preemptions]
@@ -108,7 +110,7 @@ def test_a_restore_that_fails_evaluates_the_request_again_and_its_answer_is_the_
                         restore_ok=lambda slot: False)
 
     def hook(call: int, plan: StepPlan) -> None:
-        if call == 3:
+        if any(c.is_decode for c in plan.chunks) and "high" not in submitted:
             submitted["high"] = engine.submit("now", params(priority=-2, max_tokens=3))
 
     runner.hook = hook
@@ -150,8 +152,9 @@ def test_a_low_priority_request_is_not_starved_by_a_steady_stream_of_higher_ones
     runner.hook = hook
     engine = engine_over(runner)
     with engine:
-        first = engine.submit("first", params(priority=0, max_tokens=2))
-        low = engine.submit("low", params(priority=5, max_tokens=6))
+        with engine.hold():  # both queued before the first tick (and its hook) runs
+            first = engine.submit("first", params(priority=0, max_tokens=2))
+            low = engine.submit("low", params(priority=5, max_tokens=6))
         result = low.result(timeout=WAIT)
         stop.set()
         for h in [first, *handles]:
@@ -169,16 +172,17 @@ def test_an_online_request_during_a_saturating_batch_starts_within_one_tick_and_
     runner = FakeRunner(n_slots=8, slot_ctx=256, n_batch=64, reply=lambda p: "x" * 12)
 
     def hook(call: int, plan: StepPlan) -> None:
-        if call == 6:
+        if sum(c.is_decode for c in plan.chunks) == 8 and "online" not in submitted:  # every slot busy
             submitted["online"] = engine.submit("online question", params(priority=-1, max_tokens=4))
             submitted["at"] = call
 
     runner.hook = hook
     engine = engine_over(runner)
     with engine:
-        batch = [engine.submit(f"line {i}", params(max_tokens=12),
-                               callback=lambda h, e: ended.append(h.request_id) if hasattr(e, "finish_reason") else None)
-                 for i in range(20)]
+        with engine.hold():
+            batch = [engine.submit(f"line {i}", params(max_tokens=12),
+                                   callback=lambda h, e: ended.append(h.request_id) if hasattr(e, "finish_reason") else None)
+                     for i in range(20)]
         online = submitted_result = None
         results = [h.result(timeout=WAIT) for h in batch]
         online = submitted["online"].result(timeout=WAIT)  # type: ignore[attr-defined]
@@ -202,3 +206,41 @@ def test_priority_out_of_range_is_that_requests_error():
                 raise AssertionError(f"priority {bad} was accepted")
         result = engine.submit("ok", SamplingParams(priority=2000, temperature=0)).result(timeout=WAIT)
     assert result.finish_reason == "error" and "priority" in result.error
+
+
+def test_run_counts_its_preempted_lines_and_the_summary_says_so(tmp_path):
+    import json
+
+    from llamabatch.cli.run.job_summary import summary
+    from llamabatch.jobs import run_job
+
+    submitted: dict[str, object] = {}
+    # 10 ms a tick: run's starter sends the second line while the first one runs
+    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789abcdef", step_delay=0.01)
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if sum(c.is_decode for c in plan.chunks) == 2 and "urgent" not in submitted:  # every slot is busy
+            submitted["urgent"] = engine.submit("urgent", params(priority=-1, max_tokens=2))
+
+    runner.hook = hook
+    path, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    path.write_text("".join(json.dumps({"id": f"l{i}", "prompt": ["alpha", "bravo"][i], "max_tokens": 16}) + "\n"
+                            for i in range(2)))
+    with engine_over(runner) as engine:
+        report = run_job(str(path), str(out), engine=engine)
+        submitted["urgent"].result(timeout=WAIT)  # type: ignore[attr-defined]
+    assert report.ok == 2 and report.tokens.preempted == 1 and report.tokens.paused_s > 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["text"] for r in records] == ["0123456789abcdef"] * 2
+
+    class Notes:
+        lines: list[str] = []
+
+        def note(self, message: str) -> None:
+            self.lines.append(message)
+
+        say = note
+
+    notes = Notes()
+    summary(notes, report)  # type: ignore[arg-type]
+    assert any("preempted: 1 line(s) waited" in line for line in notes.lines)

@@ -17,6 +17,9 @@ class Tokens:
     # speculative decoding: guessed tokens kept in answers and guesses turned down (docs/speculative.md)
     accepted_prediction: int = 0
     rejected_prediction: int = 0
+    # priority: lines preempted by higher-priority ones, and the seconds they waited put aside
+    preempted: int = 0
+    paused_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def _report(opened: OpenedJob, run: BatchLoop, writer: RecordWriter, stops: Stop
         table_rows=table_rows, table_error=table_error,
         tokens=Tokens(s.prompt_tokens, s.cached_tokens, s.restored_tokens, s.completion_tokens,
                       dict(s.grammar_backends), s.forced_tokens, s.accepted_prediction_tokens,
-                      s.rejected_prediction_tokens),
+                      s.rejected_prediction_tokens, s.preempted, s.paused_ms / 1000),
         restarts=run.restarts, hangs=opened.engine.hangs if cluster is None else 0, isolated=tuple(run.isolated),
         read_note=run.read_note, cluster_summary=tuple(cluster.summary_lines()) if cluster else (),
         verify=verify, stopped=run.stopping)

@@ -42,6 +42,9 @@ class WriterStats:
     # speculative decoding: guesses kept in answers and guesses turned down (docs/speculative.md)
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # priority: lines put aside for higher-priority ones (their KV kept), and their pause in all
+    preempted: int = 0
+    paused_ms: float = 0.0
 
 
 class RecordWriter:
@@ -177,6 +180,10 @@ class RecordWriter:
         s.completion_tokens += result.usage.completion_tokens
         s.accepted_prediction_tokens += result.usage.accepted_prediction_tokens
         s.rejected_prediction_tokens += result.usage.rejected_prediction_tokens
+        timings = getattr(result, "timings", None)
+        if getattr(timings, "preemptions", 0):
+            s.preempted += 1
+            s.paused_ms += timings.paused_ms
         backend = getattr(result, "grammar_backend", None)
         if backend:
             s.grammar_backends[backend] = s.grammar_backends.get(backend, 0) + 1

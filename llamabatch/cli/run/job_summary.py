@@ -82,6 +82,9 @@ def summary(reporter: Reporter, report: JobReport) -> None:
         reporter.note(f"{PREFIX}speculative decoding: {t.accepted_prediction} of {guessed} guessed "
                       f"token(s) kept ({100 * t.accepted_prediction / guessed:.0f}%), "
                       f"{100 * t.accepted_prediction / max(t.generated, 1):.0f}% of the generated")
+    if t.preempted:  # priority: lines put aside for higher-priority ones, resumed where they stopped
+        reporter.note(f"{PREFIX}preempted: {t.preempted} line(s) waited {t.paused_s:.1f}s in all for "
+                      "higher-priority lines (their KV kept; answers unchanged)")
     if t.grammar_backends:  # which backend constrained the structured lines (docs/structured-output.md)
         ways = {"llguidance": "as llguidance token masks", "llama": "through llama.cpp's grammar sampler"}
         parts = ", ".join(f"{n} line(s) {ways.get(b, b)}" for b, n in sorted(t.grammar_backends.items()))
