@@ -26,6 +26,8 @@ def test_ticks_are_grouped_by_kind_with_means_and_shares():
     assert trace["mixed"]["mean_ubatches"] == 2 and trace["mixed"]["eval_ms_per_token"] == 30 / 32
     assert trace["prefill"]["mean_prefill_tokens"] == 64
     assert trace["all"]["ticks"] == 4 and trace["all"]["mean_wall_ms"] == 27.5
+    assert trace["all"]["preemptions"] == 0
+    assert trace_figures([{**ticks[0], "preemptions": 2}])["all"]["preemptions"] == 2
     assert trace_figures([]) == {}
 
 
@@ -45,4 +47,4 @@ def test_verbose_prints_the_trace_and_the_json_keeps_it(tmp_path):
     assert set(levels[1]["trace"]) <= {"decode", "mixed", "prefill", "all"} and "prefill" in levels[1]["trace"]
     quiet = invoke(["bench", "--pp", "8", "--tg", "2", "--parallel", "1"], runner=runner_for())
     assert quiet.exit_code == 0 and "Trace, B=" not in quiet.stdout
-    assert len(TRACE_COLUMNS) == 16
+    assert len(TRACE_COLUMNS) == 17 and "Preempted" in result.stdout

@@ -73,7 +73,7 @@ def test_serve_refuses_a_bad_priority_or_tier_with_a_400_naming_it(tmp_path):
 def test_an_online_request_during_a_batch_runs_at_a_higher_priority_and_every_line_ends_once(tmp_path):
     with serving(tmp_path / "data", n_parallel=2, online_slots=0, step_delay=0.003) as server:
         client = server.client()
-        assert server.service.inflight == 2  # with no online request the batch has every slot
+        assert server.service.inflight == 4  # every slot and a line queued behind each
         f = client.files.create(file=("in.jsonl", batch_file(30)), purpose="batch")
         batch_id = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h").id
         wait_batch(client, batch_id, lambda b: b.status == "in_progress")

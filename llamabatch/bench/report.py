@@ -30,8 +30,8 @@ TRACE_KEYS = ("ticks", "share_of_wall", "mean_tokens", "mean_decode_tokens", "me
               "mean_eval_ms", "eval_ms_per_token", "mean_sample_ms", "mean_plan_ms", "mean_fill_ms", "mean_after_ms",
               "mean_wall_ms")
 # keys later documents carry and earlier ones lack: checked where present
-TICK_OPTIONAL_KEYS = ("ubatches", "drafted_tokens", "accepted_tokens")
-TRACE_OPTIONAL_KEYS = ("mean_drafted_tokens", "mean_accepted_tokens")
+TICK_OPTIONAL_KEYS = ("ubatches", "drafted_tokens", "accepted_tokens", "preemptions")
+TRACE_OPTIONAL_KEYS = ("mean_drafted_tokens", "mean_accepted_tokens", "preemptions")
 BASELINE_KEYS = ("requests", "prompt_tokens", "generated_tokens", "seconds", "request_throughput",
                  "output_throughput", "total_token_throughput", "stopped_early")
 

@@ -13,7 +13,8 @@ BASELINE_COLUMNS = ("Requests", "Prompt tokens", "Generated", "Time s", "Request
 SPEEDUP_COLUMN = "Speedup"
 DETERMINISTIC_COLUMNS = ("B", "Default tok/s", "Deterministic tok/s", "Ratio")
 KV_COLUMNS = ("B", "f16 tok/s", "tok/s", "Ratio", "f16 KV MiB/slot", "KV MiB/slot", "KV ratio")
-TRACE_COLUMNS = ("Ticks", "Count", "Wall share", "Tokens", "Decode", "Prefill", "Guessed", "Kept", "Graph runs", "Eval ms",
+TRACE_COLUMNS = ("Ticks", "Count", "Wall share", "Tokens", "Decode", "Prefill", "Guessed", "Kept", "Preempted",
+                 "Graph runs", "Eval ms",
                  "Eval ms/token", "Sample ms", "Plan ms", "Fill ms", "After ms", "Wall ms")
 
 
@@ -129,7 +130,7 @@ def trace_table(level: dict[str, Any]) -> Table:
         table.add_row(kind, str(r["ticks"]), f"{r['share_of_wall']:.0%}", f"{r['mean_tokens']:.1f}",
                       f"{r['mean_decode_tokens']:.1f}", f"{r['mean_prefill_tokens']:.1f}",
                       f"{r.get('mean_drafted_tokens', 0.0):.1f}", f"{r.get('mean_accepted_tokens', 0.0):.1f}",
-                      f"{r['mean_ubatches']:.2f}",
+                      str(int(r.get("preemptions", 0))), f"{r['mean_ubatches']:.2f}",
                       f"{r['mean_eval_ms']:.2f}", f"{r['eval_ms_per_token']:.3f}", f"{r['mean_sample_ms']:.2f}",
                       f"{r['mean_plan_ms']:.2f}", f"{r['mean_fill_ms']:.2f}", f"{r['mean_after_ms']:.2f}",
                       f"{r['mean_wall_ms']:.2f}", style="bold" if kind == "all" else None)

@@ -7,7 +7,8 @@ consecutive slots share one; see llama/ubatch_split.py), and where the mean tick
 went: llama_decode, the C samplers, and the Python work before (cancels, admission,
 scheduling), while filling the llama_batch, and after (stops, detokenizing, delivery,
 telemetry). What is left (wall minus all of these) is loop bookkeeping between them. With
-speculative decoding, the guesses a tick verified (part of its decode rows) and those kept.
+speculative decoding, the guesses a tick verified (part of its decode rows) and those kept;
+with priorities, the requests preempted (put aside for higher-priority ones).
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def trace_figures(ticks: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]
             # speculative decoding: guesses verified per tick, and those kept (docs/speculative.md)
             "mean_drafted_tokens": sum(t.get("drafted_tokens", 0) for t in group) / n,
             "mean_accepted_tokens": sum(t.get("accepted_tokens", 0) for t in group) / n,
+            # priority: requests put aside for higher-priority ones before these ticks (a count)
+            "preemptions": sum(t.get("preemptions", 0) for t in group),
         }
         for name in TIMES:
             row[f"mean_{name}"] = sum(t.get(name, 0.0) for t in group) / n

@@ -3,9 +3,10 @@ hands them to the engine so that batch lines hold only the slots online work lea
 
 Why a lane and not the job's own `max_inflight`: the lane keeps the waiting lines itself and
 sends the next one from the engine's own callback, as the previous one ends, so the slot is
-refilled in the same tick, and the engine never holds more batch lines than
-`slots - online_slots`. Online requests have a higher priority than batch lines (online.py): the
-engine admits them first and, when every slot is busy, puts a batch line aside for one.
+refilled in the same tick, and the engine never holds more batch lines than the service
+allows (service.batch_inflight: every slot and one queued behind each, or with --online-slots N
+the slots less N). Online requests have a higher priority than batch lines (online.py): the
+engine admits them before queued batch lines and, when every slot is busy, puts one aside.
 """
 from __future__ import annotations
 

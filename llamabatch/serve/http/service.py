@@ -25,9 +25,14 @@ from .uploads import MultipartUpload
 
 
 def batch_inflight(n_parallel: int, online_slots: int) -> int:
-    """Lines of a batch in the engine at once: the slots less any kept for online requests
-    (--online-slots, 0 by default). Online requests go ahead of batch lines by priority in the
-    engine, preempting one when every slot is busy (scheduling in docs/serve.md)."""
+    """Lines of a batch in the engine at once. By default (no slot kept for online requests)
+    every slot and a line queued behind each: the engine admits a queued line in the tick a
+    slot frees (not after a round trip through the lane, and through the supervised child's
+    pipe), and online requests still go ahead of queued batch lines by priority, preempting
+    one when every slot is busy (scheduling in docs/serve.md). With --online-slots N, the
+    slots less N and no queue, so N slots stay free of batch lines."""
+    if online_slots == 0:
+        return 2 * n_parallel
     return max(0, n_parallel - online_slots)
 
 
@@ -56,9 +61,9 @@ class Service:
         self.catalogue.close()
 
     def batch_slots(self) -> int:
-        """Batch lines the engine may hold now: every slot but those kept for online requests.
-        An online request does not wait for one of them to end: it has a higher priority, and
-        the engine puts a batch line aside for it (its KV kept) when every slot is busy."""
+        """Batch lines the engine may hold now (batch_inflight). An online request does not wait
+        for one of them: it has a higher priority, and the engine puts a batch line aside for it
+        (its KV kept) when every slot is busy."""
         return self.inflight
 
     def _online_ended(self) -> None:
