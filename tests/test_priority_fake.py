@@ -244,3 +244,19 @@ def test_run_counts_its_preempted_lines_and_the_summary_says_so(tmp_path):
     notes = Notes()
     summary(notes, report)  # type: ignore[arg-type]
     assert any("preempted: 1 line(s) waited" in line for line in notes.lines)
+
+
+def test_a_request_queued_again_takes_its_place_by_arrival_and_the_oldest_stays_the_oldest():
+    # A parked request is queued again while the scheduler's record of who arrived first still
+    # holds its first entry (the heap drops entries lazily).
+    from llamabatch.core.scheduler import Scheduler
+    from llamabatch.core.sequence import Sequence
+
+    scheduler = Scheduler(1, 64, 64, 16, "decode-maximal", True, lambda t: b"x", lambda t: False)
+    older, seq, later = (Sequence(i, [1, 2, 3], SamplingParams(priority=5), seed=1) for i in (0, 1, 2))
+    for one in (older, seq, later):
+        scheduler.add(one)
+    scheduler.waiting.remove(seq)
+    scheduler.add(seq)  # its first entry is still in the heap
+    assert list(scheduler.waiting) == [older, seq, later]  # by arrival among equals
+    assert scheduler._oldest_waiting() is older

@@ -116,7 +116,8 @@ class Scheduler:
         # Restore(resume=True) when the request resumes. None: a request waits for a free slot.
         self.park = park
         self.preempted: list[Sequence] = []  # parked since the engine last took them (take_preempted)
-        self._arrivals: list[tuple[int, Sequence]] = []  # heap by request id: the oldest waiting request
+        self._arrivals: list[tuple[int, int, Sequence]] = []  # heap by request id: the oldest waiting request
+        self._pushed = 0
         self._passed = 0  # admissions that went ahead of the oldest waiting request (FAIR_SHARE)
         self._oldest: Sequence | None = None
         # A KV pool the slots share (a unified cache): a request may hold up to slot_ctx of its
@@ -168,12 +169,14 @@ class Scheduler:
             self.waiting.append(seq)  # the common case (one priority): the end
         else:
             self.waiting.insert(bisect.bisect_right(self.waiting, key, key=priority_key), seq)
-        heapq.heappush(self._arrivals, (seq.request_id, seq))
+        # the count breaks ties between entries of equal request ids (Sequences do not compare)
+        self._pushed += 1
+        heapq.heappush(self._arrivals, (seq.request_id, self._pushed, seq))
 
     def _oldest_waiting(self) -> Sequence | None:
-        while self._arrivals and self._arrivals[0][1].status != Status.WAITING:
+        while self._arrivals and self._arrivals[0][2].status != Status.WAITING:
             heapq.heappop(self._arrivals)  # admitted or ended since (a parked one is pushed again)
-        return self._arrivals[0][1] if self._arrivals else None
+        return self._arrivals[0][2] if self._arrivals else None
 
     def _fair_share(self) -> None:
         """Put the oldest waiting request at the head when FAIR_SHARE admissions went ahead of it."""
