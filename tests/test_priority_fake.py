@@ -260,3 +260,32 @@ def test_a_request_queued_again_takes_its_place_by_arrival_and_the_oldest_stays_
     scheduler.add(seq)  # its first entry is still in the heap
     assert list(scheduler.waiting) == [older, seq, later]  # by arrival among equals
     assert scheduler._oldest_waiting() is older
+
+
+def test_a_fair_share_request_keeps_its_rows_while_higher_prompts_arrive_every_tick():
+    # Two slots; a priority-0 request with a 40-token prompt (3 chunks of 16) arrives every tick.
+    # The priority-5 one is preempted, admitted again by the fair share, and then finishes while
+    # the stream goes on: higher prompts' ticks do not leave its rows out.
+    handles, last_submit = [], [0]
+    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef")
+    done = threading.Event()
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if not done.is_set() and call < 2000:
+            handles.append(engine.submit(f"{call:04d}" + "h" * 36, params(priority=0, max_tokens=2)))
+            last_submit[0] = call
+
+    runner.hook = hook
+    engine = engine_over(runner, n_batch=64, chunk_size=16)
+    with engine:
+        with engine.hold():
+            first = engine.submit("first", params(priority=0, max_tokens=2))
+            low = engine.submit("low", params(priority=5, max_tokens=6))
+        result = low.result(timeout=WAIT)
+        done.set()
+        for h in [first, *handles]:
+            h.result(timeout=WAIT)
+    last_chunk = max(p.call for p in runner.plans if any(c.request_id == result.request_id for c in p.plan.chunks))
+    assert result.text == "abcdef"
+    assert last_chunk < last_submit[0]  # it finished while higher prompts were still arriving
+    assert runner.violations == []
