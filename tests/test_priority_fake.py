@@ -289,3 +289,35 @@ def test_a_fair_share_request_keeps_its_rows_while_higher_prompts_arrive_every_t
     assert result.text == "abcdef"
     assert last_chunk < last_submit[0]  # it finished while higher prompts were still arriving
     assert runner.violations == []
+
+
+def test_the_fair_share_leaves_alone_a_request_held_back_for_a_prefix_another_slot_evaluates():
+    # B shares A's long prefix and waits for A's slot to evaluate it (held back in each
+    # admission), while short requests behind it are admitted: the oldest waiting request is B,
+    # passed more than FAIR_SHARE times, yet not in the queue during those admissions.
+    prefix = "P" * 200
+    runner = FakeRunner(n_slots=2, slot_ctx=512, n_batch=32, reply=lambda p: "ok")
+    with engine_over(runner, n_batch=32, chunk_size=16, share_prefix_min=8) as engine:
+        with engine.hold():
+            a = engine.submit(prefix + "a", params(max_tokens=2))
+            b = engine.submit(prefix + "b", params(max_tokens=2))
+            shorts = [engine.submit(f"s{i}", params(max_tokens=1)) for i in range(FAIR_SHARE + 4)]
+        results = [h.result(timeout=WAIT) for h in [a, b, *shorts]]
+    assert [r.error for r in results] == [None] * len(results)
+    assert [r.text for r in results[:2]] == ["ok", "ok"]
+    assert results[1].usage.cached_tokens >= 200  # B still got A's prefix
+    assert runner.violations == []
+
+
+def test_more_admissions_in_one_tick_than_the_fair_share_admit_everyone_in_order():
+    # 10 idle slots take 10 requests in one admission: those already admitted (not yet started)
+    # are not "the oldest waiting request" that the fair share would move.
+    runner = FakeRunner(n_slots=10, slot_ctx=64, n_batch=256, reply=lambda p: "ok")
+    with engine_over(runner, n_batch=256) as engine:
+        with engine.hold():
+            handles = [engine.submit(f"r{i}", params(max_tokens=2)) for i in range(12)]
+        results = [h.result(timeout=WAIT) for h in handles]
+    assert [r.error for r in results] == [None] * 12 and all(r.text == "ok" for r in results)
+    first = [first_plan_of(runner, r.request_id) for r in results]
+    assert first[:10] == [1] * 10 and min(first[10:]) > 1
+    assert runner.violations == []

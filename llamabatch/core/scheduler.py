@@ -172,9 +172,10 @@ class Scheduler:
         # the count breaks ties between entries of equal request ids (Sequences do not compare)
         self._pushed += 1
         heapq.heappush(self._arrivals, (seq.request_id, self._pushed, seq))
+        seq.queued = True
 
     def _oldest_waiting(self) -> Sequence | None:
-        while self._arrivals and self._arrivals[0][2].status != Status.WAITING:
+        while self._arrivals and not (self._arrivals[0][2].queued and self._arrivals[0][2].status == Status.WAITING):
             heapq.heappop(self._arrivals)  # admitted or ended since (a parked one is pushed again)
         return self._arrivals[0][2] if self._arrivals else None
 
@@ -185,11 +186,14 @@ class Scheduler:
             self._oldest, self._passed = oldest, 0
         if oldest is None or self._passed < FAIR_SHARE or self.waiting[0] is oldest:
             return
+        if oldest not in self.waiting:
+            return  # held back in this admission (it waits for a prefix another slot evaluates)
         self.waiting.remove(oldest)
         self.waiting.appendleft(oldest)
         oldest.protected = True
 
     def _admitted_one(self, seq: Sequence) -> None:
+        seq.queued = False
         if seq is self._oldest:
             self._oldest, self._passed = None, 0
         else:
@@ -260,8 +264,8 @@ class Scheduler:
             if not self._make_room(self.waiting[0], idle):
                 break  # a pool without room for it yet: in order, it waits for running requests to end
             seq = self.waiting.popleft()
-            self._admitted_one(seq)
             if seq.parked is not None:
+                self._admitted_one(seq)
                 out.append(self._resume(seq, idle, fresh))
                 continue
             views = [SlotView(s.slot_id, s.cached, s.last_used) for s in idle]
@@ -281,6 +285,7 @@ class Scheduler:
                     continue
                 if src is not None and n - reuse >= self.fork_min_tokens:
                     fork, reuse = self.fork(src, slot_id, n), n
+            self._admitted_one(seq)  # admitted now (a request held back above is not)
             hit = self.disk.lookup(seq.prompt, longer_than=reuse) if fork is None and self.disk is not None else None
             slot = self.slots[slot_id]
             idle.remove(slot)
@@ -783,6 +788,7 @@ class Scheduler:
         if detok is not None:
             seq.text = detok.text
         seq.status = Status.FINISHED
+        seq.queued = False
         seq.drafter = None  # its index of the prompt and answer is not needed any more
         seq.finish_reason = reason
         seq.error, seq.error_code = error, code

@@ -78,6 +78,7 @@ class Sequence:
     paused_ms: float = 0.0
     paused_at: float | None = None
     protected: bool = False
+    queued: bool = False  # in the scheduler's queue (admitted ones stay WAITING until started)
 
     def __post_init__(self) -> None:
         if self.params.timeout:
