@@ -321,3 +321,44 @@ def test_more_admissions_in_one_tick_than_the_fair_share_admit_everyone_in_order
     first = [first_plan_of(runner, r.request_id) for r in results]
     assert first[:10] == [1] * 10 and min(first[10:]) > 1
     assert runner.violations == []
+
+
+def test_parked_kv_past_its_budget_is_dropped_and_the_request_evaluated_again():
+    submitted: dict[str, object] = {}
+    runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789")
+    runner.kv_mib = 1e-9  # the engine's budget for parked KV is the KV cache's size: here 0 bytes
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if any(c.is_decode for c in plan.chunks) and "high" not in submitted:
+            submitted["high"] = engine.submit("now", params(priority=-2, max_tokens=3))
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    with engine:
+        low = engine.submit("low", params(max_tokens=10)).result(timeout=WAIT)
+        submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
+        assert engine.scheduler.parked_bytes == 0
+    assert low.text == "0123456789" and low.timings.preemptions == 1
+    assert runner.snapshots and not runner.restores  # copied, over budget, dropped: evaluated again
+    assert runner.violations == []
+
+
+def test_a_parked_request_cancelled_while_it_waits_gives_its_bytes_back():
+    submitted: dict[str, object] = {}
+    runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789" * 3, step_delay=0.002)
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if any(c.is_decode for c in plan.chunks) and "high" not in submitted:
+            submitted["high"] = engine.submit("now", params(priority=-2, max_tokens=20))
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    with engine:
+        low = engine.submit("low", params(max_tokens=30))
+        while engine.stats().preemptions == 0:
+            threading.Event().wait(0.001)
+        low.cancel()
+        assert low.result(timeout=WAIT).finish_reason == "cancelled"
+        submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
+        assert engine.scheduler.parked_bytes == 0
+    assert runner.violations == []

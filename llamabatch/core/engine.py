@@ -40,6 +40,13 @@ log = logging.getLogger("llamabatch.engine")
 __all__ = ["Engine", "EngineStats", "RequestHandle", "Prompt", "EventCallback"]
 
 
+def park_budget(runner: Any) -> int:
+    """Bytes of preempted requests' KV kept in memory at once: the KV cache's own size (what the
+    memory checks counted once), 1 GiB where the runner does not say."""
+    kv_mib = getattr(runner, "kv_mib", None)
+    return int(kv_mib * 2**20) if isinstance(kv_mib, (int, float)) and kv_mib > 0 else 1 << 30
+
+
 class Engine(EngineBase):
     """A continuous-batching engine over one model, in this process (llamabatch.api.EngineAPI).
     Use it as a context manager."""
@@ -100,7 +107,8 @@ class Engine(EngineBase):
                                    speculation=Speculation(runner.graph_runs, runner.valid_guesses, **runner.draft_limits)
                                    if speculating else None,
                                    pool_cells=getattr(runner, "pool_cells", None),
-                                   park=runner.snapshot if getattr(runner, "can_park", False) else None)
+                                   park=runner.snapshot if getattr(runner, "can_park", False) else None,
+                                   park_budget=park_budget(runner))
         self._preemptions = 0  # requests parked since the last tick record
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)

@@ -110,11 +110,15 @@ class Scheduler:
                  fork_min_tokens: int = 0, cache_generated: bool = True,
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
                  speculation: "Speculation | None" = None, pool_cells: int | None = None,
-                 park: Callable[[int], Any] | None = None):
+                 park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30):
         self.slots = [Slot(i) for i in range(n_slots)]
         # Preemption: park(slot) gives the slot's KV as bytes (runner.snapshot), put back by a
         # Restore(resume=True) when the request resumes. None: a request waits for a free slot.
         self.park = park
+        # Bytes of parked KV held at once: past it a preempted request's copy is dropped and it is
+        # evaluated again when it resumes (the engine passes the KV cache's own size).
+        self.park_budget = park_budget
+        self.parked_bytes = 0
         self.preempted: list[Sequence] = []  # parked since the engine last took them (take_preempted)
         self._arrivals: list[tuple[int, int, Sequence]] = []  # heap by request id: the oldest waiting request
         self._pushed = 0
@@ -348,6 +352,9 @@ class Scheduler:
             payload = self.park(slot.slot_id)  # type: ignore[misc]
         except Exception:  # no memory for the copy: it is evaluated again when it resumes
             payload = None
+        if payload is not None and self.parked_bytes + len(payload) > self.park_budget:
+            payload = None  # past the budget: dropped, evaluated again when it resumes
+        self.parked_bytes += len(payload) if payload is not None else 0
         seq.parked = Parked(payload, seq.num_computed, list(slot.cached), seq.status)
         seq.preemptions += 1
         seq.paused_at = time.perf_counter()
@@ -374,6 +381,10 @@ class Scheduler:
             self._resuming.add(slot.slot_id)
         return Admission(seq, slot.slot_id, 0)
 
+    def _unpark_bytes(self, parked: Parked | None) -> None:
+        if parked is not None and parked.payload is not None:
+            self.parked_bytes -= len(parked.payload)
+
     def take_preempted(self) -> list[Sequence]:
         """The requests parked since the last call (the engine counts them as waiting again)."""
         out, self.preempted = self.preempted, []
@@ -383,6 +394,7 @@ class Scheduler:
         """What a parked request's Restore gave: its KV where it stopped, or (refused, or no
         bytes to restore) nothing, and it evaluates its prompt and answer so far again."""
         parked, seq.parked = seq.parked, None
+        self._unpark_bytes(parked)
         if ok:
             slot.cached = list(parked.cached)
             slot.floor = parked.n_cells  # continued from its end only, as a store entry is
@@ -789,6 +801,9 @@ class Scheduler:
             seq.text = detok.text
         seq.status = Status.FINISHED
         seq.queued = False
+        if seq.parked is not None:  # ended while put aside: its copy goes
+            self._unpark_bytes(seq.parked)
+            seq.parked = None
         seq.drafter = None  # its index of the prompt and answer is not needed any more
         seq.finish_reason = reason
         seq.error, seq.error_code = error, code
