@@ -28,7 +28,9 @@ def slots_busy(runner: FakeRunner) -> list[int]:
 def test_short_requests_share_the_pool_and_run_side_by_side():
     engine, runner = pool_engine(pool=200)
     with engine:
-        results = engine.generate([f"p{i}" * 4 for i in range(4)], SamplingParams(temperature=0, max_tokens=8))
+        with engine.hold():  # queued together, so the first tick could admit all four
+            handles = [engine.submit(f"p{i}" * 4, SamplingParams(temperature=0, max_tokens=8)) for i in range(4)]
+        results = [h.result(timeout=WAIT) for h in handles]
     assert [r.finish_reason for r in results] == ["stop"] * 4
     assert max(slots_busy(runner)) == 4  # 4 x (8 + 8) tokens fit 200: nobody waited for room
     assert runner.violations == []
