@@ -551,3 +551,15 @@ class FakeJob:
         finally:
             with runner._lock:
                 runner.flying.pop(chunk.request_id, None)
+
+
+def gated_at_first_call() -> tuple[threading.Event, Callable[[int, StepPlan], None]]:
+    """A hook holding the engine in its first execute until the event is set: everything
+    submitted meanwhile is queued together."""
+    gate = threading.Event()
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if call == 1:
+            assert gate.wait(10)
+
+    return gate, hook

@@ -3,12 +3,9 @@ even share of the pool waits until its prompt and max_tokens fit beside what the
 requests may come to hold, then runs; one that can never fit fails alone. FakeRunner, no model."""
 from __future__ import annotations
 
-import threading
-
 from llamabatch import ContextOverflow, Engine, EngineConfig, SamplingParams
-from llamabatch.core.plan import StepPlan
 
-from fake_runner import FakeRunner
+from fake_runner import FakeRunner, gated_at_first_call
 
 WAIT = 10
 
@@ -40,18 +37,6 @@ def first_and_last_plan(runner: FakeRunner, request_id: int) -> tuple[int, int]:
     """The indexes of the first and last executed plans that evaluated a chunk of the request."""
     seen = [i for i, p in enumerate(runner.plans) if any(c.request_id == request_id for c in p.plan.chunks)]
     return seen[0], seen[-1]
-
-
-def gated_at_first_call() -> tuple[threading.Event, object]:
-    """A hook holding the engine in its first execute until the event is set: everything
-    submitted meanwhile is queued together."""
-    gate = threading.Event()
-
-    def hook(call: int, plan: StepPlan) -> None:
-        if call == 1:
-            assert gate.wait(WAIT)
-
-    return gate, hook
 
 
 def test_a_request_longer_than_an_even_share_waits_for_room_then_runs():

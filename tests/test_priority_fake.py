@@ -11,7 +11,7 @@ from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.plan import StepPlan
 from llamabatch.core.scheduler import FAIR_SHARE
 
-from fake_runner import FakeRunner
+from fake_runner import FakeRunner, gated_at_first_call
 
 WAIT = 10
 
@@ -30,20 +30,8 @@ def first_plan_of(runner: FakeRunner, request_id: int) -> int:
     return next(p.call for p in runner.plans if any(c.request_id == request_id for c in p.plan.chunks))
 
 
-def gate() -> tuple[threading.Event, object]:
-    """A hook that holds the first execute until the event is set: what is submitted
-    meanwhile is queued together."""
-    opened = threading.Event()
-
-    def hook(call: int, plan: StepPlan) -> None:
-        if call == 1:
-            assert opened.wait(WAIT)
-
-    return opened, hook
-
-
 def test_waiting_requests_are_admitted_by_priority_then_arrival():
-    opened, hook = gate()
+    opened, hook = gated_at_first_call()
     runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, hook=hook, reply=lambda p: "abc")
     with engine_over(runner) as engine:
         first = engine.submit("holder", params(priority=-5))  # runs; nobody below outranks it
@@ -58,7 +46,7 @@ def test_waiting_requests_are_admitted_by_priority_then_arrival():
 
 
 def test_a_higher_priority_prompt_takes_the_ticks_prefill_budget_first():
-    opened, hook = gate()
+    opened, hook = gated_at_first_call()
     runner = FakeRunner(n_slots=3, slot_ctx=256, n_batch=16, hook=hook, reply=lambda p: "ok")
     with engine_over(runner, n_batch=16, chunk_size=16) as engine:
         engine.submit("x", params(priority=-9))  # holds the gate
@@ -125,7 +113,7 @@ def test_a_restore_that_fails_evaluates_the_request_again_and_its_answer_is_the_
 
 
 def test_without_parking_a_higher_priority_request_waits_for_a_free_slot_and_goes_first():
-    opened, hook = gate()
+    opened, hook = gated_at_first_call()
     runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, hook=hook, reply=lambda p: "abcd", can_park=False)
     with engine_over(runner) as engine:
         running = engine.submit("run", params())
