@@ -26,6 +26,20 @@ def params(priority: int = 0, max_tokens: int = 8) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, priority=priority)
 
 
+def urgent_at_first_decode(runner: FakeRunner, urgent: SamplingParams) -> tuple[Engine, dict[str, object]]:
+    """An engine over `runner` that submits `urgent` (submitted["high"]) from inside the first
+    execute whose plan decodes: a request is generating in every slot it has by then."""
+    submitted: dict[str, object] = {}
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if any(c.is_decode for c in plan.chunks) and "high" not in submitted:
+            submitted["high"] = engine.submit("now", urgent)
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    return engine, submitted
+
+
 def first_plan_of(runner: FakeRunner, request_id: int) -> int:
     return next(p.call for p in runner.plans if any(c.request_id == request_id for c in p.plan.chunks))
 
@@ -93,16 +107,10 @@ def test_a_higher_priority_request_preempts_and_the_preempted_one_resumes_unchan
 
 
 def test_a_restore_that_fails_evaluates_the_request_again_and_its_answer_is_the_same():
-    submitted: dict[str, object] = {}
     runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789",
                         restore_ok=lambda slot: False)
 
-    def hook(call: int, plan: StepPlan) -> None:
-        if any(c.is_decode for c in plan.chunks) and "high" not in submitted:
-            submitted["high"] = engine.submit("now", params(priority=-2, max_tokens=3))
-
-    runner.hook = hook
-    engine = engine_over(runner)
+    engine, submitted = urgent_at_first_decode(runner, params(priority=-2, max_tokens=3))
     with engine:
         low = engine.submit("low", params(max_tokens=10)).result(timeout=WAIT)
         high = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
@@ -312,16 +320,10 @@ def test_more_admissions_in_one_tick_than_the_fair_share_admit_everyone_in_order
 
 
 def test_parked_kv_past_its_budget_is_dropped_and_the_request_evaluated_again():
-    submitted: dict[str, object] = {}
     runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789")
     runner.kv_mib = 1e-9  # the engine's budget for parked KV is the KV cache's size: here 0 bytes
 
-    def hook(call: int, plan: StepPlan) -> None:
-        if any(c.is_decode for c in plan.chunks) and "high" not in submitted:
-            submitted["high"] = engine.submit("now", params(priority=-2, max_tokens=3))
-
-    runner.hook = hook
-    engine = engine_over(runner)
+    engine, submitted = urgent_at_first_decode(runner, params(priority=-2, max_tokens=3))
     with engine:
         low = engine.submit("low", params(max_tokens=10)).result(timeout=WAIT)
         submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
@@ -332,15 +334,9 @@ def test_parked_kv_past_its_budget_is_dropped_and_the_request_evaluated_again():
 
 
 def test_a_parked_request_cancelled_while_it_waits_gives_its_bytes_back():
-    submitted: dict[str, object] = {}
     runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789" * 3, step_delay=0.002)
 
-    def hook(call: int, plan: StepPlan) -> None:
-        if any(c.is_decode for c in plan.chunks) and "high" not in submitted:
-            submitted["high"] = engine.submit("now", params(priority=-2, max_tokens=20))
-
-    runner.hook = hook
-    engine = engine_over(runner)
+    engine, submitted = urgent_at_first_decode(runner, params(priority=-2, max_tokens=20))
     with engine:
         low = engine.submit("low", params(max_tokens=30))
         while engine.stats().preemptions == 0:
