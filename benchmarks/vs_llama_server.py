@@ -57,7 +57,7 @@ from _tool_crash import crash_line
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.bench.trace import trace_figures
-from llamabatch.kv_cache_types import CACHE_TYPES, FLASH_ATTN
+from llamabatch.checks.kv_cache_types import CACHE_TYPES, FLASH_ATTN
 from llamabatch.llama.cpu_buffers import chosen
 from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 

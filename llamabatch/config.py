@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import InvalidRequest
-from .kv_cache_types import CACHE_TYPES, DEFAULT_CACHE_TYPE, FLASH_ATTN, is_quantized
-from .memory_setting import byte_size_rule, max_memory_rule
+from .checks.kv_cache_types import CACHE_TYPES, DEFAULT_CACHE_TYPE, FLASH_ATTN, is_quantized
+from .checks.max_memory import byte_size_rule, max_memory_rule
 from .params import SEED_ALLOWED, is_seed
-from .value_checks import Rule, boolean, choice, integer, optional, text
+from .checks.value_rules import Rule, boolean, choice, integer, optional, text
 
 # The names these settings may hold. The code behind each name lives with the engine
 # (core/policies.py, llama/cpu_buffers.py, llama/mask_grammar.py) and takes its names from here.

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from .errors import InvalidRequest
 from .constraints.gbnf_guard import grammar_problem
-from .json_line import find_surrogate
+from .files.json_line import find_surrogate
 from .constraints.schema_prepare import prepared_schema_text
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")

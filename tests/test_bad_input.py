@@ -19,8 +19,8 @@ from llamabatch.jobs.input_source import Source
 from llamabatch.jobs.output_sink import open_output
 from llamabatch.jobs.record_writer import RecordWriter
 from llamabatch.errors import InvalidRequest
-from llamabatch.jobs.line_shapes import LineError, LineParser, LineRequest
-from llamabatch.json_line import BadJSON, loads, sniff_id
+from llamabatch.openai_format.lines import LineError, LineParser, LineRequest
+from llamabatch.files.json_line import BadJSON, loads, sniff_id
 from llamabatch.params import MAX_STOP_CHARS, MAX_STOPS
 from llamabatch.serve.stdin.protocol import BadLine, parse_line
 
@@ -262,7 +262,7 @@ def test_run_answers_every_line_once_whatever_it_holds(tmp_path):
 
 def test_a_surrogate_under_a_key_with_a_newline_is_named_on_one_line():
     # found by test_fuzz: the path to the bad value spelled the key "\n" raw
-    from llamabatch.json_line import find_surrogate
+    from llamabatch.files.json_line import find_surrogate
 
     message = find_surrogate({"custom_id": {"\n": {"\ud800": None}}}, "line")
     assert message is not None and "\n" not in message and 'custom_id["\\n"]' in message, message

@@ -6,7 +6,7 @@ import json
 
 from llamabatch import EngineConfig
 from llamabatch.jobs.context_fit import fit_context, maybe_long, token_bound
-from llamabatch.jobs.line_shapes import LineParser
+from llamabatch.openai_format.lines import LineParser
 from llamabatch.llama.context_sizing import plan_context, request_limit
 from llamabatch.params import SamplingParams
 from llamabatch.settings.resolved import Resolved

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from llamabatch import Engine, EngineConfig
-from llamabatch.embed_vectors import decode_base64
+from llamabatch.openai_format.embed_vectors import decode_base64
 
 from cli_harness import invoke
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from llamabatch.jobs.line_shapes import (CHAT_URL, COMPLETIONS_URL, OPENAI, PLAIN, LineError, LineParser, LineRequest, build_record, duplicate_id_error, error_result, openai_record, plain_record, record_error_code, record_id)
+from llamabatch.openai_format.lines import (CHAT_URL, COMPLETIONS_URL, OPENAI, PLAIN, LineError, LineParser, LineRequest, build_record, duplicate_id_error, error_result, openai_record, plain_record, record_error_code, record_id)
 from llamabatch.params import SamplingParams
 from llamabatch.results import Result, Timings, Usage
 

@@ -20,7 +20,7 @@ from llamabatch import SamplingParams
 from llamabatch.serve.stdin.loop import serve
 from llamabatch.core.detok import IncrementalDetokenizer
 from llamabatch.errors import InvalidRequest
-from llamabatch.jobs.line_shapes import LineError, LineParser, LineRequest
+from llamabatch.openai_format.lines import LineError, LineParser, LineRequest
 from llamabatch.params import FIELD_TYPES
 from llamabatch.serve.stdin.protocol import BadLine, Cancel, Stats, Submit, encode, parse_line
 
@@ -231,7 +231,7 @@ from llamabatch.cli.run.report import rows as report_rows  # noqa: E402
 from llamabatch.settings.config_file import ConfigFileError, load as load_config  # noqa: E402
 from llamabatch.settings.layers import merge  # noqa: E402
 from llamabatch.tables import TableError, load_messages_template, load_template_file  # noqa: E402
-from llamabatch.whole_file import UnreadableFile, read_json  # noqa: E402
+from llamabatch.files.whole_file import UnreadableFile, read_json  # noqa: E402
 
 file_bytes = st.one_of(st.binary(max_size=200), json_values.map(as_json).map(str.encode),
                        st.sampled_from([b"\x00\xff", b"[" * 100_000, b'{"a": ' + b"9" * 5000 + b"}", b"\xef\xbb\xbf{}",

@@ -26,7 +26,7 @@ from test_import_graph import ROOT, _type_checking_nodes, all_modules, external_
 
 BENCHMARKS = ROOT.parent / "benchmarks"
 LAYERS: dict[str, int] = {
-    "constraints": 0, "core": 1, "llama": 2, "models": 3, "prefix_store": 3, "tables": 3, "settings": 4,
+    "files": 0, "checks": 0, "openai_format": 0, "constraints": 0, "core": 1, "llama": 2, "models": 3, "prefix_store": 3, "tables": 3, "settings": 4,
     "engines": 5, "supervised": 5, "cluster": 5, "jobs": 6, "chat": 7, "bench": 7, "serve": 7, "cli": 8,
 }
 VALUE_TYPES = 0  # a module directly under llamabatch/
@@ -209,3 +209,20 @@ def test_benchmarks_use_the_library_never_the_cli():
              for path in scripts}
     found = {name: mods for name, mods in found.items() if mods}
     assert not found, found
+
+
+# -- the package root and the OpenAI request format ---------------------------------------------
+
+ROOT_MODULES = {"__init__", "__main__", "api", "config", "errors", "params", "results", "version"}
+
+
+def test_the_root_holds_the_public_value_types_and_packages_only():
+    loose = sorted(p.stem for p in ROOT.glob("*.py") if p.stem not in ROOT_MODULES)
+    assert not loose, f"modules at llamabatch/'s root that belong in a package: {loose}"
+
+
+def test_outside_openai_format_only_its_public_names_are_imported():
+    found = [f"{name} imports {dep}" for name, deps in sorted(import_graph().items())
+             if package_of(name) != "openai_format"
+             for dep in sorted(deps) if dep.startswith("llamabatch.openai_format.")]
+    assert not found, "import these from llamabatch.openai_format itself:\n" + "\n".join(found)

@@ -5,8 +5,8 @@ import json
 
 from fake_runner import fake_logprobs, text_tokens
 
-from llamabatch.jobs.line_shapes import CHAT_URL, COMPLETIONS_URL, LineError, LineParser, openai_record, plain_record
-from llamabatch.jobs.logprob_shapes import chat_logprobs, completion_logprobs, covering
+from llamabatch.openai_format.lines import CHAT_URL, COMPLETIONS_URL, LineError, LineParser, openai_record, plain_record
+from llamabatch.openai_format.logprobs import chat_logprobs, completion_logprobs, covering
 from llamabatch.params import SamplingParams
 from llamabatch.results import Result, Timings, Usage
 

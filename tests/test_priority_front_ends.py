@@ -9,7 +9,7 @@ import threading
 import openai
 import pytest
 
-from llamabatch.jobs.line_shapes import LineError, LineParser
+from llamabatch.openai_format.lines import LineError, LineParser
 from llamabatch.params import SamplingParams
 from llamabatch.serve.http.online import online_defaults
 from llamabatch.serve.stdin.protocol import BadLine, parse_line

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from cli_harness import invoke, runner_for
-from llamabatch.replaced_file import replacing
+from llamabatch.files.replaced_file import replacing
 from table_files import write_csv
 
 FAST = ["--n-parallel", "2", "--max-tokens", "3", "-q"]

@@ -9,7 +9,7 @@ import pytest
 from cli_harness import invoke
 from llamabatch import EngineConfig
 from llamabatch.errors import InvalidRequest, ResourceLimit
-from llamabatch.memory_setting import memory_cap
+from llamabatch.checks.max_memory import memory_cap
 from llamabatch.llama.resources import check, check_addition, needs
 
 GIB, MIB = 2**30, 2**20

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from llamabatch.jobs.embed_records import decode_base64
+from llamabatch.openai_format.embed_records import decode_base64
 from llamabatch.core.embedding import MAX_INPUTS
 
 from fake_runner import FAKE_N_EMBD, fake_embedding, text_tokens

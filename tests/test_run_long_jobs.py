@@ -16,7 +16,7 @@ import pytest
 from cli_harness import invoke, runner_for
 from test_run_cli import FAST, bundled_env, llamabatch_run, read_records, real_run, slow_lines, the_id, wait_for_lines, write_lines
 
-from llamabatch import model_digest as model_hash
+from llamabatch.files import model_digest as model_hash
 from llamabatch.jobs.fingerprint import changes
 from llamabatch.jobs.manifest import VERSION, manifest_path, read_manifest, ManifestProblem
 from llamabatch.jobs.output_lock import OutputLock

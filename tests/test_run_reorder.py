@@ -17,8 +17,8 @@ from llamabatch.jobs.batch_loop import STREAM_LINGER_S, BatchLoop
 from llamabatch.jobs.batch_watch import StopRequests, watch
 from llamabatch.jobs.input_source import Source
 from llamabatch.jobs.output_sink import open_output
-from llamabatch.jobs.line_shapes import EmbedLine, LineParser, LineRequest
-from llamabatch.common_prefix import common_prefix
+from llamabatch.openai_format.lines import EmbedLine, LineParser, LineRequest
+from llamabatch.core.common_prefix import common_prefix
 from llamabatch.jobs.start_order import MIN_SHARED, StartOrder, prompt_key
 from llamabatch.jobs.record_writer import RecordWriter
 from llamabatch.params import SamplingParams

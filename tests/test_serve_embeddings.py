@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llamabatch.embed_vectors import decode_base64
+from llamabatch.openai_format.embed_vectors import decode_base64
 from llamabatch.serve.stdin.protocol import BadLine, parse_line
 from llamabatch.params import SamplingParams
 

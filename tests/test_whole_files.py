@@ -1,5 +1,5 @@
 """Files the command line reads whole (issue 36): a grammar, a JSON schema, a prompt template.
-Each is read through llamabatch.whole_file: at most a bounded number of bytes (a device or a
+Each is read through llamabatch.files.whole_file: at most a bounded number of bytes (a device or a
 huge file never fills memory), decoded as UTF-8 and parsed as JSON with every failure one
 line naming the flag and the file, exit 2. No model is loaded."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import os
 import pytest
 
 from cli_harness import invoke
-from llamabatch import whole_file
+from llamabatch.files import whole_file
 from llamabatch.settings.layers import merge
-from llamabatch.whole_file import MAX_WHOLE_FILE_BYTES, UnreadableFile, read_bytes, read_json, read_text
+from llamabatch.files.whole_file import MAX_WHOLE_FILE_BYTES, UnreadableFile, read_bytes, read_json, read_text
 
 
 @pytest.fixture(autouse=True)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..results import Delta, Result
-from ..whole_file import read_text
+from ..files.whole_file import read_text
 from ..core.telemetry import TickRecord
 from .trace import trace_figures
 

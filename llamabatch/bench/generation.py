@@ -119,7 +119,7 @@ def _variants(plan: GenerationPlan, config: Any) -> list[Any]:
 def kv_figures(engine: Any) -> dict[str, Any]:
     """The level's KV cache: its types, flash attention, and MiB per slot as llama.cpp allocated
     it (the memory check's count where the runner has no log of it)."""
-    from ..kv_cache_types import pair_name
+    from ..checks.kv_cache_types import pair_name
 
     config, runner = engine.config, getattr(engine, "runner", None)
     mib = getattr(runner, "kv_mib", None)

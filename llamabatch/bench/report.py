@@ -13,8 +13,8 @@ import shutil
 from typing import Any
 
 from ..errors import InvalidRequest, ReportFileError
-from ..replaced_file import replacing
-from ..whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
+from ..files.replaced_file import replacing
+from ..files.whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
 from . import chartdata, htmlreport
 
 BATCHED_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "speed_pp", "t_tg", "speed_tg", "t", "speed")

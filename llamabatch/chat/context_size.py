@@ -74,7 +74,7 @@ def _model_facts(config: EngineConfig, model_path: str) -> Facts:
     what is available) leaves beside the weights: what the engine checks before loading."""
     from ..llama.context_sizing import model_facts
     from ..llama.resources import available_memory, weights_size
-    from ..memory_setting import memory_cap
+    from ..checks.max_memory import memory_cap
 
     model_ctx, per_token, budget, text = model_facts(config, model_path)
     if budget is not None and config.max_memory is None:

@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 
 from ..models.chat_template import ChatTemplate, validate_messages
 from ..errors import InvalidRequest
-from ..replaced_file import replacing
-from ..whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
+from ..files.replaced_file import replacing
+from ..files.whole_file import NOT_JSON, NOT_UTF8, UnreadableFile, read_json
 
 TRANSCRIPT_VERSION = 1
 CHAT_ROLES = ("system", "user", "assistant")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from ..errors import LlamaBatchError
-from ..json_line import BadJSON, loads
+from ..files.json_line import BadJSON, loads
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30.0  # another chat's transaction takes milliseconds; wait rather than fail

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ..errors import ContextOverflow, InvalidRequest
-from ..json_line import surrogate_at
+from ..files.json_line import surrogate_at
 from ..results import Embedding, EmbeddingResult, Timings, Usage
 from .byte_bound import prefix_to_tokenize, too_long
 

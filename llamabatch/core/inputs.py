@@ -12,7 +12,7 @@ import threading
 from typing import Any, Callable, Protocol, Sequence as Seq, Union
 
 from ..errors import ContextOverflow, InvalidRequest
-from ..json_line import find_surrogate, surrogate_at
+from ..files.json_line import find_surrogate, surrogate_at
 from ..params import SamplingParams, random_seed
 from .byte_bound import too_long
 from .plan import Runner

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..common_prefix import common_prefix
+from .common_prefix import common_prefix
 
 @dataclass(frozen=True)
 class SlotView:

@@ -28,7 +28,7 @@ from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
 from ..core.poison import MAX_CRASHES
 from .crash_journal import CrashJournal
-from .line_shapes import LineError, LineParser, LineRequest, duplicate_id_error, error_result
+from ..openai_format import LineError, LineParser, LineRequest, duplicate_id_error, error_result
 from ..results import EmbeddingResult, Result
 from ..supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
 from .progress import RATE_WINDOW_S, Snapshot

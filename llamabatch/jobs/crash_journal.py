@@ -30,7 +30,7 @@ import threading
 from typing import Any
 
 from ..core.poison import MAX_CRASHES
-from ..replaced_file import replacing
+from ..files.replaced_file import replacing
 from .id_sets import id_key
 
 SUFFIX = ".inflight.jsonl"

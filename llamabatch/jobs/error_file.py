@@ -15,7 +15,7 @@ from typing import Any
 from ..results import Result
 from ..errors import JobFileError
 from .output_sink import Sink, open_output, stream_kind
-from .line_shapes import LineError, LineRequest, failed
+from ..openai_format import LineError, LineRequest, failed
 from .id_sets import IdSet
 
 

@@ -35,7 +35,7 @@ from ..settings.slots import planned_slots
 from .estimate_arithmetic import AutoBounds, LengthStats, PrefixReuse, RECENT, eta, slot_ctx
 from .input_source import count_nonblank, open_input
 from .output_sink import stream_kind
-from .line_shapes import LineError, LineParser, duplicate_id_error, is_unnamed_error, record_id
+from ..openai_format import LineError, LineParser, duplicate_id_error, is_unnamed_error, record_id
 from .id_sets import Answered, IdSet
 from .retry_journal import is_retryable, journal_path, whole_records
 from .manifest_fields import not_in_input

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..version import __version__
 from ..settings.resolved import Resolved
-from ..file_hash import sha256_file
+from ..files.file_hash import sha256_file
 
 NOT_IN_FINGERPRINT = ("timeout",)
 

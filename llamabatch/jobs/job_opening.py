@@ -20,7 +20,7 @@ from ..settings.slots import most_slots
 from ..settings.time_bounds import TimeBounds, time_bounds
 from .events import JobEvent, Notice, Started
 from .input_source import count_lines, open_input
-from .line_shapes import LineParser
+from ..openai_format import LineParser
 from .on_ray import open_ray_engines, require_ray
 from .output_sink import Sink, open_output, refuse_resume_to_stream
 from .resumable_output import ResumableOutput

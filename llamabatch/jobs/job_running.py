@@ -14,7 +14,7 @@ from .events import LineFinished
 from .input_source import LineCounter
 from .job_opening import OpenedJob
 from .job_report import JobReport, Tokens, VerifyOutcome
-from .line_shapes import LineError, LineRequest
+from ..openai_format import LineError, LineRequest
 from .manifest import manifest_path
 from .record_writer import RecordWriter
 from .verify import Reservoir, rerun_alone

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
 
-from .. import value_checks as checks
+from ..checks import value_rules as checks
 from ..errors import InvalidRequest
 from ..settings.file_layer import command_setting, resolve_command_settings
 from ..settings.layers import ENGINE_KEYS, SAMPLING_KEYS, SHARED_KEYS, merge

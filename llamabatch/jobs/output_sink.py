@@ -11,7 +11,7 @@ import sys
 from typing import BinaryIO, TextIO
 
 from ..errors import InvalidRequest, JobFileError
-from .line_shapes import is_unnamed_error, record_error_code, record_id
+from ..openai_format import is_unnamed_error, record_error_code, record_id
 from .id_sets import Answered
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .line_shapes import LineError, LineRequest, build_record, failed
+from ..openai_format import LineError, LineRequest, build_record, failed
 from ..results import Result
 from .output_sink import Sink
 

@@ -19,7 +19,7 @@ from .error_file import Routes, open_error_file
 from .output_sink import Sink, open_output, read_back, stream_kind
 from .fingerprint import changes, fingerprint
 from .manifest import ManifestProblem, manifest_path, read_manifest, write_manifest
-from ..model_digest import model_sha256
+from ..files.model_digest import model_sha256
 from .output_lock import OutputLock
 from .retry_journal import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
 from . import manifest_fields

@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..common_prefix import common_prefix
+from ..core.common_prefix import common_prefix
 from ..core.inputs import is_chat
 
 # A shared prefix shorter than this (characters; token ids for a token-id prompt) is not

@@ -17,9 +17,9 @@ from typing import Iterator
 from ..params import SamplingParams
 from ..tables import (PromptTemplate, Row, RowReader, TableError, is_table_input, load_messages_template,
                        load_template_file, open_table)
-from .embed_records import EmbedLine
+from ..openai_format import EmbedLine
 from .input_source import BackgroundCount
-from .line_shapes import LineError, LineRequest
+from ..openai_format import LineError, LineRequest
 
 
 @dataclass(frozen=True)

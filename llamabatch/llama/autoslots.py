@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
-from ..kv_cache_types import pair_name
-from ..memory_setting import memory_cap
-from ..replaced_file import replacing
+from ..checks.kv_cache_types import pair_name
+from ..checks.max_memory import memory_cap
+from ..files.replaced_file import replacing
 # the KV and memory figures are resources.py's (which also checks them before a context is made)
 from .resources import available_memory, kv_bytes_per_token, weights_size
 
@@ -95,7 +95,7 @@ def describe(n: int, measured: Mapping[int, float], bound_why: str, limit: int) 
 
 def cache_path() -> Path:
     """slots.json in llamabatch's cache folder ($LLAMABATCH_CACHE_DIR, else the XDG cache dir)."""
-    from ..cache_folder import cache_dir
+    from ..files.cache_folder import cache_dir
 
     return cache_dir() / "slots.json"
 

@@ -113,7 +113,7 @@ def model_facts(config: EngineConfig, model_path: str) -> tuple[int | None, int 
     from .autoslots import KV_MEMORY_SHARE
     from .gguf_header import GGUFError, read_header
     from .resources import available_memory, kv_bytes_per_token, weights_size
-    from ..memory_setting import DEFAULT_MAX_MEMORY, memory_cap
+    from ..checks.max_memory import DEFAULT_MAX_MEMORY, memory_cap
 
     try:
         header = read_header(model_path)

@@ -63,7 +63,7 @@ def fingerprint(model_path: str, model: Any, *, kv_unified: bool, swa_full: bool
     so those entries keep their folder."""
     import llama_cpp
 
-    from ..model_digest import model_sha256
+    from ..files.model_digest import model_sha256
 
     out = {
         "model_sha256": model_sha256(model_path) or f"unreadable:{model_path}",

@@ -16,7 +16,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-from ..replaced_file import replacing
+from ..files.replaced_file import replacing
 
 log = logging.getLogger("llamabatch.machine_verdicts")
 
@@ -68,7 +68,7 @@ def verdict_key(*parts: str) -> str:
 
 def verdicts_path() -> Path:
     """verdicts.json in llamabatch's cache folder ($LLAMABATCH_CACHE_DIR, else the XDG cache dir)."""
-    from ..cache_folder import cache_dir
+    from ..files.cache_folder import cache_dir
 
     return cache_dir() / "verdicts.json"
 

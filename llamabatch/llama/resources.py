@@ -28,8 +28,8 @@ from typing import Any, Mapping
 
 from ..config import EngineConfig
 from ..errors import InvalidRequest, ResourceLimit
-from ..kv_cache_types import BLOCKS, CACHE_TYPES, fits_rows, row_bytes
-from ..memory_setting import DEFAULT_MAX_MEMORY, memory_cap
+from ..checks.kv_cache_types import BLOCKS, CACHE_TYPES, fits_rows, row_bytes
+from ..checks.max_memory import DEFAULT_MAX_MEMORY, memory_cap
 
 THREADS_PER_CPU = 4  # more threads than this per CPU is a typo, not a tuning choice
 CTX_PAD = 256  # llama.cpp rounds a context up to a multiple of this

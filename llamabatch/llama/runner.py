@@ -36,7 +36,7 @@ from .ubatch_split import ubatch_sizes
 from .samplers import Sampler, SamplerFactory, sample_row
 from .vocab import Vocabulary
 from ..config import EngineConfig
-from ..kv_cache_types import pair_name
+from ..checks.kv_cache_types import pair_name
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
 from ..core.plan import EmbedBatch, EmbedStepResult, Restore, StepPlan, StepResult

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import InvalidRequest
-from ..whole_file import UnreadableFile, read_text
+from ..files.whole_file import UnreadableFile, read_text
 
 ROLES = ("system", "user", "assistant", "tool")
 

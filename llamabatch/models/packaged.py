@@ -19,9 +19,9 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import InvalidRequest, ModelLoadError
-from ..replaced_file import replacing
-from ..cache_folder import cache_dir
-from ..file_hash import sha256_file
+from ..files.replaced_file import replacing
+from ..files.cache_folder import cache_dir
+from ..files.file_hash import sha256_file
 
 
 

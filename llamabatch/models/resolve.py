@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from ..replaced_file import replacing
-from ..cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: its callers import it from here)
-from ..file_hash import sha256_file
+from ..files.replaced_file import replacing
+from ..files.cache_folder import CACHE_DIR_ENV, cache_dir  # noqa: F401 (CACHE_DIR_ENV: its callers import it from here)
+from ..files.file_hash import sha256_file
 from .default_model import BUNDLED_NAME
 from .stores import ModelRef, display_name, resolve_spelling
 

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from ..replaced_file import sync_folder
+from ..files.replaced_file import sync_folder
 from .naming import entry_file, tmp_file
 
 

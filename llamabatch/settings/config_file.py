@@ -37,8 +37,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from ..config import KEY_RULES as ENGINE_KEY_RULES
 from ..errors import InvalidRequest
 from ..params import SamplingParams
-from ..value_checks import Rule, boolean as _boolean, choice as _choice, integer as _integer, seconds as _seconds, text as _text
-from ..whole_file import UnreadableFile, read_bytes
+from ..checks.value_rules import Rule, boolean as _boolean, choice as _choice, integer as _integer, seconds as _seconds, text as _text
+from ..files.whole_file import UnreadableFile, read_bytes
 
 CONFIG_ENV = "LLAMABATCH_CONFIG"
 LOCAL_NAME = "llamabatch.toml"

@@ -13,9 +13,9 @@ from typing import Any, Mapping
 
 from ..config import EngineConfig
 from ..errors import InvalidRequest
-from ..json_line import BadJSON, loads
+from ..files.json_line import BadJSON, loads
 from ..params import SamplingParams
-from ..whole_file import read_json, read_text
+from ..files.whole_file import read_json, read_text
 from .config_file import ENGINE_RULES
 from .resolved import Resolved
 
@@ -31,7 +31,7 @@ SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads
 # needs one slot, which then gets all of --n-ctx.
 def default_store_folder() -> str:
     """Where the commands keep the disk prefix store unless told otherwise."""
-    from ..cache_folder import cache_dir
+    from ..files.cache_folder import cache_dir
 
     return str(cache_dir() / "prefix-store")
 

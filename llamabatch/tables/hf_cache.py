@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..whole_file import UnreadableFile, read_text
+from ..files.whole_file import UnreadableFile, read_text
 from .errors import TableError
 
 REF_BYTES = 4096  # a ref file holds one commit hash

@@ -19,7 +19,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..whole_file import UnreadableFile, read_json, read_text
+from ..files.whole_file import UnreadableFile, read_json, read_text
 from .cells import template_value
 from .errors import INVALID_ROW, RowProblem, TableError
 

@@ -21,8 +21,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Match, Route
 
-from ...jobs.line_shapes import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
-from ...json_line import BadJSON, loads
+from ...openai_format import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
+from ...files.json_line import BadJSON, loads
 from .api_errors import ApiError, bad_request
 from .auth import BearerAuth
 from .client_gone import unless_client_leaves

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from ...errors import LlamaBatchError
 from ...results import EmbeddingResult, Result
-from ...jobs.line_shapes import error_result
+from ...openai_format import error_result
 
 
 class LaneHandle:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...jobs.line_shapes import URLS
+from ...openai_format import URLS
 from .api_errors import bad_request, not_found
 from .catalogue import Catalogue
 from .limits import COMPLETION_WINDOWS, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE

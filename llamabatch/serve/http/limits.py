@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...json_line import MAX_DEPTH
+from ...files.json_line import MAX_DEPTH
 
 MAX_UPLOAD_BYTES = 200 * 1000 * 1000  # OpenAI: "up to 200 MB" for a batch input file
 MAX_UPLOAD_LINES = 50_000  # OpenAI: "up to 50,000 requests" a batch

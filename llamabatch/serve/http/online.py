@@ -1,6 +1,6 @@
 """The online endpoints: one request body -> one engine request, answered in OpenAI's shape.
 
-A body is read by the same line parser a batch line goes through (llamabatch.jobs.line_shapes:
+A body is read by the same line parser a batch line goes through (openai_format/lines.py:
 the same fields, checks and errors), as the batch line {"custom_id", "url", "body"} it would be;
 `stream` and `stream_options` are the only fields read here. The answer is the `body` of the
 record a batch would have written for that line, so online and batch answers have one shape.
@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable
 
 from ...api import EngineAPI
 from ...errors import EngineClosed, LlamaBatchError, QueueFull
-from ...jobs.line_shapes import CHAT_URL, EMBEDDINGS_URL, LineError, LineParser, LineRequest, build_record
+from ...openai_format import CHAT_URL, EMBEDDINGS_URL, LineError, LineParser, LineRequest, build_record
 from ...params import MAX_PRIORITY
 from ...results import Delta
 from .api_errors import ApiError, bad_request

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from ...jobs.line_shapes import CHAT_URL
+from ...openai_format import CHAT_URL
 from ...results import Delta, Result
 
 DONE = b"data: [DONE]\n\n"

@@ -9,7 +9,7 @@ batch's error file, as OpenAI reports a failed request.
 """
 from __future__ import annotations
 
-from ...jobs.line_shapes import OPENAI, LineError, LineParser
+from ...openai_format import OPENAI, LineError, LineParser
 from ...params import SamplingParams
 from .api_errors import ApiError, bad_request
 from .limits import MAX_BODY_BYTES, UploadLimits

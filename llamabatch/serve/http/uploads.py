@@ -14,7 +14,7 @@ from typing import Any
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from ...replaced_file import sync_folder
+from ...files.replaced_file import sync_folder
 from .api_errors import ApiError, bad_request
 from .limits import MAX_FILENAME
 from .upload_check import UploadCheck

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from ...errors import InvalidRequest
-from ...json_line import BadJSON, loads, sniff_id
+from ...files.json_line import BadJSON, loads, sniff_id
 from ...params import SamplingParams
-from ...request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
+from ...openai_format import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ...results import EmbeddingResult, Result
-from ...embed_vectors import check_encoding, encode as encode_vector
+from ...openai_format import check_encoding, encode_vector
 
 # Keys of a request line that are not sampling parameters.
 REQUEST_KEYS = ("id", "prompt", "messages", "stream")

@@ -1,4 +1,4 @@
-"""Batch-file line shapes for `llamabatch run`: parsing one input line, building one output record.
+"""Line and body shapes for `run`, `serve` and `serve-stdin`: parsing one input line, building one output record.
 
 Input lines:
   - text: one prompt per line (a `.txt` file, `--input-format text`, or auto-detected input
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from ..errors import InvalidRequest
-from ..json_line import BadJSON, loads, sniff_id
+from ..files.json_line import BadJSON, loads, sniff_id
 from ..params import FIELD_TYPES, MAX_PRIORITY, SamplingParams
-from ..request_fields import check_messages, check_prompt, is_int, is_request_id, json_kind
+from .fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ..results import EmbeddingResult, Result, Timings, Usage
 from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedding_body, plain_embedding_record)
-from .logprob_shapes import chat_logprobs, completion_logprobs
+from .logprobs import chat_logprobs, completion_logprobs
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results import EmbeddingResult
-from ..embed_vectors import check_encoding, decode_base64, encode  # noqa: F401  (check_encoding, decode_base64: re-exported)
+from .embed_vectors import check_encoding, decode_base64, encode  # noqa: F401  (check_encoding, decode_base64: re-exported)
 
 # The /v1/embeddings body fields: `model` and `user` are accepted and ignored (the line runs on
 # the loaded model), as for chat and completions lines.

@@ -7,7 +7,7 @@ import base64
 import struct
 from typing import Any
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 ENCODINGS = ("float", "base64")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 from .json_line import BadJSON, loads
 
 # Far above any grammar, schema, template, manifest, bench document or transcript a person

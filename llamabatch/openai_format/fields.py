@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 
 def is_int(value: Any) -> bool:

@@ -1,0 +1,23 @@
+"""The request and record format llamabatch shares with OpenAI's APIs, for `run`, `serve` and
+`serve-stdin` alike: one line or body in (plain JSONL, OpenAI Batch lines, chat, completions
+and embeddings bodies), one record out. Pure functions and dataclasses: no I/O, no model.
+
+jobs/ and serve/ import the names below, never the modules behind them (tests/test_layering.py):
+  lines.py          parse a line or body (LineParser) and build its record
+  logprobs.py       OpenAI's logprobs shapes from a result's token logprobs
+  embed_records.py  embeddings lines and records; embed_vectors.py the vectors' encodings
+  fields.py         the field checks serve-stdin's requests share with lines
+"""
+from .embed_records import EmbedLine
+from .embed_vectors import check_encoding, encode as encode_vector
+from .fields import check_messages, check_prompt, is_int, is_request_id, json_kind
+from .lines import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, OPENAI, URLS, LineError, LineParser,
+                    LineRequest, build_record, duplicate_id_error, error_result, failed, is_unnamed_error,
+                    record_error_code, record_id)
+
+__all__ = [
+    "CHAT_URL", "COMPLETIONS_URL", "EMBEDDINGS_URL", "OPENAI", "URLS", "EmbedLine", "LineError", "LineParser",
+    "LineRequest", "build_record", "check_encoding", "check_messages", "check_prompt", "duplicate_id_error",
+    "encode_vector", "error_result", "failed", "is_int", "is_request_id", "is_unnamed_error", "json_kind",
+    "record_error_code", "record_id",
+]
