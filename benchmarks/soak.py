@@ -80,7 +80,7 @@ def engine_children(pid: int) -> list[int]:
     for kid in _children(pid):
         try:
             with open(f"/proc/{kid}/cmdline", "rb") as f:
-                if b"llamabatch.cli.engine_child" in f.read():
+                if b"engine-child" in f.read():
                     found.append(kid)
         except OSError:
             pass

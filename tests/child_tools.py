@@ -65,7 +65,7 @@ def engine_children(pid: int) -> list[int]:
     found = []
     for child in children_of(pid):
         try:
-            if b"llamabatch.cli.engine_child" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"engine-child" in Path(f"/proc/{child}/cmdline").read_bytes():
                 found.append(child)
         except OSError:
             pass

@@ -46,7 +46,7 @@ def resolved_for(model: str, **engine) -> object:
 @pytest.fixture
 def checked(monkeypatch):
     """The model check passes for any path (the decision is what is tested here)."""
-    monkeypatch.setattr("llamabatch.engines.preparing.check_model", lambda resolved: None)
+    monkeypatch.setattr("llamabatch.in_process.preparing.check_model", lambda resolved: None)
 
 
 def test_chat_context_sizes_auto_and_honours_an_explicit_n_ctx(checked):

@@ -71,7 +71,7 @@ def test_every_link_resolves():
 
 
 # Paths and modules the docs name: `llamabatch/core/poison.py`, `benchmarks/soak.py`,
-# `python -m llamabatch.cli.engine_child`. Files move (the package was split into subpackages);
+# `python -m llamabatch.cli.app`. Files move (the package was split into subpackages);
 # a doc that names the old place would send a reader nowhere.
 REPO_PATH = re.compile(r"(?<![\w/.~$-])((?:llamabatch|benchmarks|tests|examples|completions)/[\w./*-]*[\w*])")
 MODULE = re.compile(r"(?<![\w/.~$-])(llamabatch(?:\.[a-z_][a-z0-9_]*)+)(?:\.[A-Z]\w*)?")

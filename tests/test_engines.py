@@ -12,7 +12,7 @@ import pytest
 from llamabatch import Engine, EngineConfig, InvalidRequest, ModelLoadError, SamplingParams
 from llamabatch.core.engine import Engine as CoreEngine
 from llamabatch.engines import EngineFactory, RunnerChoice, open_engine, register_runner
-from llamabatch.engines.runners import make_runner
+from llamabatch.in_process.runners import make_runner
 from llamabatch.llama.autoslots import CANDIDATES
 from llamabatch.settings.given import settings_for
 from llamabatch.settings.slots import most_slots

@@ -92,7 +92,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_lazy_imports_and_ignores_type_checking_ones():
     graph = import_graph()
-    assert "llamabatch.llama.runner" in graph["llamabatch.engines.runners"]  # imported inside load_model
+    assert "llamabatch.llama.runner" in graph["llamabatch.in_process.runners"]  # imported inside load_model
     assert "llamabatch.core.engine" not in graph["llamabatch.core.handle"]  # only under TYPE_CHECKING
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 

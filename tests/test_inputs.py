@@ -7,7 +7,7 @@ import pytest
 from llamabatch import ContextOverflow, InvalidRequest, SamplingParams
 from llamabatch.core.inputs import InputPreparer, is_chat
 from llamabatch.core.sequence import Status
-from llamabatch.engines.engine_parts import GgufChatTemplates
+from llamabatch.in_process.engine_parts import GgufChatTemplates
 
 from fake_runner import FakeRunner, text_tokens
 

@@ -3,31 +3,37 @@ reads the import graph: lazy imports count, `if TYPE_CHECKING:` ones do not).
 
 From the bottom up (../shared/design.md and issue 39's target tree):
 
-    value types   the top-level modules (config, params, results, errors, api, ...)
+    value types   the modules at the root (config, params, results, errors, api, version), with
+                  files/, checks/, openai_format/ and constraints/ beside them
     core          scheduler, plan, sequences, the tick loop
     llama         LlamaRunner and the llama.cpp boundary
     models, prefix_store, tables
     settings      flags > env > file > defaults, resolved once
-    engines, supervised, cluster    the only builders of engines
+    in_process    the Engine of this process, and what a child or worker needs to build one
+    supervised, cluster             an engine in a child process; engines on Ray workers
+    engines       the factory that chooses among the three
     jobs          run_job and what a batch job keeps on disk
     chat, bench, serve              the libraries behind those commands
     cli           Typer: argv in, exit status out
 
 A module imports from its own layer or below. Only cli/ imports typer or ends the process;
-only engines/ builds an engine; benchmarks use the library, never the CLI's modules (and
+only engines/ builds an engine (in_process/ builds the Engine a child or worker runs);
+benchmarks use the library, never the CLI's modules (and
 inside llamabatch/ nothing but cli/ and __main__ imports the CLI: test_import_graph.py).
 """
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from test_import_graph import ROOT, _type_checking_nodes, all_modules, external_imports, import_graph
 
 BENCHMARKS = ROOT.parent / "benchmarks"
 LAYERS: dict[str, int] = {
-    "files": 0, "checks": 0, "openai_format": 0, "constraints": 0, "core": 1, "llama": 2, "models": 3, "prefix_store": 3, "tables": 3, "settings": 4,
-    "engines": 5, "supervised": 5, "cluster": 5, "jobs": 6, "chat": 7, "bench": 7, "serve": 7, "cli": 8,
+    "files": 0, "checks": 0, "processes": 0, "openai_format": 0, "constraints": 0, "core": 1, "llama": 2, "models": 3,
+    "prefix_store": 3, "tables": 3, "settings": 4, "in_process": 5, "supervised": 6, "cluster": 6, "engines": 7,
+    "jobs": 8, "chat": 9, "bench": 9, "serve": 9, "cli": 10,
 }
 VALUE_TYPES = 0  # a module directly under llamabatch/
 PUBLIC_SURFACE = ("llamabatch", "llamabatch.__main__")  # the package root and the console entry: above every layer
@@ -154,8 +160,11 @@ def test_the_construction_scan_sees_each_spelling(tmp_path):
 
 
 def test_only_engines_builds_engines():
+    # in_process/ may build the Engine of this process (a supervised child's, a Ray worker's);
+    # SupervisedEngine and RayPool are built by the factory alone.
     found = [f"{name}: {call}" for name, path in sorted(all_modules().items())
-             if package_of(name) != "engines" for call in engine_constructions(path)]
+             for call in engine_constructions(path)
+             if package_of(name) != "engines" and not (package_of(name) == "in_process" and call.startswith("Engine("))]
     assert not found, "engines built outside llamabatch/engines/:\n" + "\n".join(found)
 
 
@@ -226,3 +235,32 @@ def test_outside_openai_format_only_its_public_names_are_imported():
              if package_of(name) != "openai_format"
              for dep in sorted(deps) if dep.startswith("llamabatch.openai_format.")]
     assert not found, "import these from llamabatch.openai_format itself:\n" + "\n".join(found)
+
+
+# -- processes llamabatch starts of itself ------------------------------------------------------
+
+CLI_MODULE = re.compile(r"llamabatch\.cli(\.\w+)*")
+
+
+def cli_module_strings(path: Path) -> list[str]:
+    """String constants in `path` that name a module of the CLI (a `python -m llamabatch.cli.x`
+    command is an import of the CLI that the import graph cannot see)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [f"{node.value!r} at line {node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and CLI_MODULE.fullmatch(node.value)]
+
+
+def test_no_module_below_the_cli_starts_a_cli_module_by_name(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('cmd = [sys.executable, "-m", "llamabatch.cli.engine_child"]\n', encoding="utf-8")
+    assert len(cli_module_strings(sample)) == 1
+    found = [f"{name}: {hit}" for name, path in sorted(all_modules().items())
+             if package_of(name) != "cli" and name not in PUBLIC_SURFACE for hit in cli_module_strings(path)]
+    assert not found, "start it as a registered process (processes/entries.py):\n" + "\n".join(found)
+
+
+def test_every_registered_process_has_an_entry_in_the_cli():
+    from llamabatch.cli.process_entries import ENTRIES
+    from llamabatch.processes.entries import NAMES
+
+    assert sorted(ENTRIES) == sorted(NAMES)

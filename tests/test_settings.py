@@ -13,7 +13,7 @@ import pytest
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models import resolve as model_resolve
 from llamabatch.models.stores import ModelRef
-from llamabatch.engines.preparing import prepare
+from llamabatch.in_process.preparing import prepare
 from llamabatch.settings.given import settings_for
 from llamabatch.settings.file_layer import resolve_settings
 from llamabatch.settings.layers import merge

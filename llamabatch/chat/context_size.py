@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
-from ..engines.preparing import prepare
+from ..in_process.preparing import prepare
 from ..errors import ResourceLimit
 from ..llama.context_sizing import GRAIN, request_limit
 from ..settings.resolved import Resolved

@@ -45,7 +45,7 @@ from ..core.handle import EventCallback, RequestHandle
 from ..core.engine_base import EngineBase, check_room, record_outcome
 from ..core.telemetry import Telemetry
 from ..errors import ClusterStartError, EngineClosed, LlamaBatchError
-from ..engines.runners import RunnerChoice
+from ..in_process.runners import RunnerChoice
 from ..params import SamplingParams
 from ..settings.slots import most_slots
 from .describe import header, slots_note
@@ -96,7 +96,7 @@ class EngineWorker:
                 # The model is resolved (the same absolute path on every node) and n_parallel
                 # "auto" decided here, on this worker's node: its CPUs, its memory, its threads
                 # (the calibration cache is per machine), bounded by the run's line count.
-                from ..engines.worker_engine import open_worker_engine
+                from ..in_process.worker_engine import open_worker_engine
                 from ..settings.given import settings_for
 
                 self._engine = open_worker_engine(settings_for(self._config, self._defaults), self._runner,

@@ -27,7 +27,7 @@ def is_chat(prompt: Any) -> bool:
 
 class ChatTemplates(Protocol):
     """Where an engine's chat template comes from and how chat messages are checked
-    (engines/chat_templates.py, over models/chat_template.py); core only renders with them."""
+    (in_process/engine_parts.py, over models/chat_template.py); core only renders with them."""
 
     def choose(self, runner: Runner, choice: str | None, has_token: Callable[[str], bool]) -> Any:
         """The template for this runner's model: `choice` (a built-in name or a Jinja file),

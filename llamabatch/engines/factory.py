@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..config import EngineConfig
 from ..settings.resolved import Resolved
 from ..settings.slots import measure_on_model
-from .preparing import prepare
-from .runners import RunnerChoice, make_runner
+from ..in_process.preparing import prepare
+from ..in_process.runners import RunnerChoice, make_runner
 
 if TYPE_CHECKING:
     from ..cluster.pool import RayPool
     from ..supervised.engine import SupervisedEngine
-    from .engine import Engine
+    from ..in_process.engine import Engine
 
 
 class EngineFactory:
@@ -58,7 +58,7 @@ class EngineFactory:
         return None
 
     def in_process(self, resolved: Resolved) -> "Engine":
-        from .engine import Engine
+        from ..in_process.engine import Engine
 
         return Engine(resolved.engine, runner=self.load_runner(resolved.engine), default_params=resolved.sampling,
                       slots_reason=resolved.slots_reason)

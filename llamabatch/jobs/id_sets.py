@@ -5,7 +5,7 @@ fingerprints in a flat array instead of Python strings, so a million ids cost ~1
 rather than ~100 MB. Two different ids sharing a 64-bit fingerprint is the price
 (about 3e-8 for a million ids): the second would be reported as a duplicate.
 
-A line whose id could not be read has none (None, line_shapes.NO_ID): it is never a
+A line whose id could not be read has none (None, openai_format/lines.py's NO_ID): it is never a
 duplicate, and OUTPUT's records of such lines are counted, not matched.
 
 A table's default ids are its row numbers, 1, 2, 3, ...: those are kept as one counter

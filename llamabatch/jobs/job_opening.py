@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ..errors import InvalidRequest
 from ..models.default_model import why as model_why
 from ..engines import EngineFactory, open_engine
-from ..engines.preparing import prepare
+from ..in_process.preparing import prepare
 from ..llama.context_sizing import model_facts
 from .context_fit import fit_context
 from ..settings.resolved import Resolved

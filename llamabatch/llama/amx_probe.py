@@ -1,7 +1,7 @@
 """The AMX probe: load a model with llama.cpp's default weight layout (AMX included where the
 build has it) and run one prefill of 32 rows and a few decode steps (`run_probe`).
 
-It runs only in a throwaway subprocess (`python -m llamabatch.cli.amx_probe MODEL`, started by
+It runs only in a throwaway subprocess (`python -m llamabatch --process amx-probe MODEL`, started by
 cpu_buffers.probe_amx): where AMX is listed but not enabled (some VMs), the first tile
 instruction kills that process with SIGILL, and the caller reads that as "AMX does not run
 here". A decode llama.cpp refuses raises AmxProbeFailed, which that process's exit status says.

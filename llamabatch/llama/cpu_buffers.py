@@ -23,11 +23,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..config import CPU_BUFFERS
+from ..processes import entries
 from . import machine_verdicts
 
 CHOICES = CPU_BUFFERS  # what EngineConfig.cpu_buffers may hold
@@ -96,10 +96,10 @@ def amx_verdict(model_path: str, run_probe: Callable[[str], tuple[bool, str]] | 
 
 
 def probe_amx(model_path: str, command: Sequence[str] | None = None, timeout: float = PROBE_TIMEOUT) -> tuple[bool, str]:
-    """Run the AMX probe (llama/amx_probe.py, through its process entry cli/amx_probe.py) in a
+    """Run the AMX probe (llama/amx_probe.py, through its registered process entry) in a
     throwaway subprocess. Whatever happens to the child — SIGILL, abort, a hang — is the
     answer "no", never an error of the caller."""
-    cmd = list(command or [sys.executable, "-m", "llamabatch.cli.amx_probe", model_path])
+    cmd = list(command or entries.command(entries.AMX_PROBE, model_path))
     try:
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               timeout=timeout, start_new_session=True)

@@ -1,5 +1,6 @@
-"""The child process of the supervised engine: what `python -m llamabatch.cli.engine_child`
-runs (`serve_parent`; that module only turns its outcome into the exit status).
+"""The child process of the supervised engine: what the registered process "engine-child"
+(`python -m llamabatch --process engine-child`) runs (`serve_parent`; the CLI's process entry
+only turns its outcome into the exit status).
 
 It runs an ordinary in-process Engine and speaks frames (the dataclasses in wire.py) with its parent:
 
@@ -19,7 +20,7 @@ also exits when its stdin closes.
 Test-only hooks (environment): LLAMABATCH_TEST_CRASH_PROMPT=TEXT makes the child call
 os.abort() when a request whose prompt is exactly TEXT produces its first token;
 LLAMABATCH_TEST_CRASH_AT_LOAD=1 makes it abort before loading the model. The runner is the
-model, loaded, unless Init names a registered one (engines/runners.py: the supervisor's unit
+model, loaded, unless Init names a registered one (in_process/runners.py: the supervisor's unit
 tests run the scripted fake runner this way).
 """
 from __future__ import annotations
@@ -188,8 +189,8 @@ def _log_llama_cpp_to_stderr() -> None:
 
 def _open_engine(init: wire.Init) -> Engine:
     """The parent resolved the settings: the child takes the model file as it is, decides
-    n_parallel "auto" (on its own process) and loads the runner (engines/worker_engine.py)."""
-    from ..engines.worker_engine import open_worker_engine
+    n_parallel "auto" (on its own process) and loads the runner (in_process/worker_engine.py)."""
+    from ..in_process.worker_engine import open_worker_engine
     from ..settings.given import from_parent
 
     return open_worker_engine(from_parent(init.config, init.default_params), init.runner)

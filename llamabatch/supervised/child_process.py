@@ -6,12 +6,12 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 from typing import Any
 
 from .. import errors
 from ..errors import LlamaBatchError, ModelLoadError
+from ..processes import entries
 from . import wire
 
 log = logging.getLogger("llamabatch.child")
@@ -31,7 +31,7 @@ class ChildProcess:
         # child too), and it exits when its stdin closes.
         env = dict(os.environ if env is None else env)
         env[PARENT_PID_ENV] = str(os.getpid())
-        self.proc = subprocess.Popen([sys.executable, "-m", "llamabatch.cli.engine_child"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(entries.command(entries.ENGINE_CHILD), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                                      env=env)
         self.kill_reason: str | None = None  # set when the parent killed it on purpose (watchdog, load bound)

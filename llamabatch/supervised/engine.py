@@ -52,7 +52,7 @@ from .child_process import ChildProcess, StartFailed
 from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog, load_bound
 
 if TYPE_CHECKING:
-    from ..engines.runners import RunnerChoice
+    from ..in_process.runners import RunnerChoice
     from ..settings.resolved import Resolved
 
 log = logging.getLogger("llamabatch.supervised")
@@ -120,7 +120,7 @@ class SupervisedEngine(EngineBase):
         `settings`: resolved settings (the engine factory's, engines/factory.py), used as they
         are; without them `config` and `default_params` are resolved here, the way Engine does.
         `runner`: a registered runner the child runs instead of loading the model (tests)."""
-        from ..engines.preparing import check_model
+        from ..in_process.preparing import check_model
         from ..settings.given import settings_for
 
         resolved = settings if settings is not None else settings_for(config, default_params)

@@ -1,0 +1,1 @@
+"""The processes llamabatch starts of itself, by registered name (entries.py)."""
