@@ -25,7 +25,7 @@ import time
 from _bench import Pairs, machine_line, workload_args
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.core.apart import THREAD_NAME
+from llamabatch.core.sampling_threads import THREAD_NAME
 
 
 def sampling_threads_cpu() -> float:

@@ -110,8 +110,8 @@ print(n, ok, [l.split()[1] for l in open("/proc/self/status") if l.startswith("V
 
 WRITE = """
 import sys
-from llamabatch.jobs.table_layout import Layout
-from llamabatch.jobs.table_output import finalize
+from llamabatch.jobs.tables.table_layout import Layout
+from llamabatch.jobs.tables.table_output import finalize
 from llamabatch.tables.arrow_import import use_system_allocator
 records, table, kind = sys.argv[1:4]
 if kind == "parquet":

@@ -1,5 +1,5 @@
 """Runners for engines in other processes in unit tests: the supervised engine's child and Ray
-workers run the one a test names with `choice(NAME)` (llamabatch/engines/runners.py).
+workers run the one a test names with `choice(NAME)` (llamabatch/in_process/runners.py).
 
 Importing this module registers every runner below under its function's name. The child and
 the workers import it by name, so their sys.path must hold tests/ (child_tools.child_env puts

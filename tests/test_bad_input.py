@@ -15,9 +15,9 @@ import pytest
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.jobs.batch_loop import BatchLoop
 from llamabatch.jobs.batch_watch import StopRequests, watch
-from llamabatch.jobs.input_source import Source
-from llamabatch.jobs.output_sink import open_output
-from llamabatch.jobs.record_writer import RecordWriter
+from llamabatch.jobs.reading.input_source import Source
+from llamabatch.jobs.writing.output_sink import open_output
+from llamabatch.jobs.writing.record_writer import RecordWriter
 from llamabatch.errors import InvalidRequest
 from llamabatch.openai_format.lines import LineError, LineParser, LineRequest
 from llamabatch.files.json_line import BadJSON, loads, sniff_id

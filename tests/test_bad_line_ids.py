@@ -9,7 +9,7 @@ import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.jobs import JobHost, estimate_job, run_job
-from llamabatch.jobs.id_sets import Answered, IdSet
+from llamabatch.jobs.resume.id_sets import Answered, IdSet
 from llamabatch.openai_format.lines import OPENAI, PLAIN, LineError, LineParser, build_record
 
 from cli_harness import FakeEngines, runner_for

@@ -19,7 +19,7 @@ from llamabatch.errors import DeterminismUnavailable
 from llamabatch.params import SamplingParams
 from llamabatch.core.plan import Chunk
 from llamabatch.results import Result, Timings, Usage
-from llamabatch.jobs.verify import Reservoir, rerun_alone
+from llamabatch.jobs.resume.verify import Reservoir, rerun_alone
 
 
 def prefill(slot: int, n: int, start: int = 0, last: bool = True) -> Chunk:

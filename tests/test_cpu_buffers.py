@@ -4,6 +4,7 @@ from ggml-cpu and deterministic mode's row rule derived from the kernels in use.
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -234,3 +235,13 @@ def test_self_check_in_a_slot_too_small_for_its_probe_says_so(monkeypatch, tmp_p
     monkeypatch.setattr(determinism_check, "generate", lambda runner, with_fillers: pytest.fail("no room to run"))
     with pytest.raises(DeterminismUnavailable, match=r"self-check needs 48 tokens per slot; this context gives 9"):
         determinism_check.check(runner)
+
+
+def test_the_probes_registered_process_entry_answers_by_its_exit_status():
+    # The probe starts as `python -m llamabatch --process amx-probe MODEL`; without MODEL the
+    # entry answers 2 (usage), which probe_amx reads as "no", never as an error of its own.
+    from llamabatch.processes import entries
+
+    proc = subprocess.run(entries.command(entries.AMX_PROBE), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--process amx-probe MODEL.gguf" in proc.stderr
+    assert cpu_buffers.probe_amx("m.gguf", entries.command(entries.AMX_PROBE))[0] is False

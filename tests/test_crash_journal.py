@@ -1,4 +1,4 @@
-"""The poison-line rule across process deaths (llamabatch/jobs/crash_journal.py): what a resume
+"""The poison-line rule across process deaths (llamabatch/jobs/resume/crash_journal.py): what a resume
 learns from the lines an earlier process started and never ended. A "death" here is a journal
 left open: the next open with resume reads it as a crash with those lines in flight."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from llamabatch.jobs.crash_journal import CrashJournal, journal_path
+from llamabatch.jobs.resume.crash_journal import CrashJournal, journal_path
 
 
 def died_with(path: str, *line_ids) -> CrashJournal:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from llamabatch import Engine, EngineConfig, InvalidRequest, ModelLoadError, SamplingParams
-from llamabatch.core.engine import Engine as CoreEngine
+from llamabatch.core.engine import EngineCore
 from llamabatch.engines import EngineFactory, RunnerChoice, open_engine, register_runner
 from llamabatch.in_process.runners import make_runner
 from llamabatch.llama.autoslots import CANDIDATES
@@ -95,8 +95,8 @@ def test_the_public_engine_takes_a_runner_and_its_slots_for_auto():
 def test_the_core_engine_takes_only_decided_settings():
     runner = FakeRunner(n_slots=2, slot_ctx=64)
     with pytest.raises(ValueError, match='n_parallel "auto" is decided before an engine starts'):
-        CoreEngine(EngineConfig(n_parallel="auto"), runner=runner)
-    with CoreEngine(EngineConfig(n_parallel=2), runner=runner, default_params=GREEDY) as engine:
+        EngineCore(EngineConfig(n_parallel="auto"), runner=runner)
+    with EngineCore(EngineConfig(n_parallel=2), runner=runner, default_params=GREEDY) as engine:
         assert engine.generate(["plain"], GREEDY.replace(max_tokens=16))[0].text == "plain!"
         chat = engine.generate([[{"role": "user", "content": "hi"}]])[0]
         assert chat.finish_reason == "error" and "chat messages need a chat template" in chat.error

@@ -10,7 +10,7 @@ import pytest
 
 from test_run_cli import llamabatch_run, write_lines
 
-from llamabatch.jobs import estimate
+from llamabatch.jobs.estimates import estimate
 
 QUICK = ["--max-tokens", "4", "--temperature", "0"]
 

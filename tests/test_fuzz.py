@@ -224,9 +224,9 @@ def _read_all(fd: int) -> bytes:
 
 from llamabatch.bench import report as bench_report  # noqa: E402
 from llamabatch.chat.conversation import Conversation  # noqa: E402
-from llamabatch.jobs import manifest_fields  # noqa: E402
-from llamabatch.jobs.fingerprint import changes  # noqa: E402
-from llamabatch.jobs.manifest import ManifestProblem, read_manifest  # noqa: E402
+from llamabatch.jobs.resume import manifest_fields  # noqa: E402
+from llamabatch.jobs.resume.fingerprint import changes  # noqa: E402
+from llamabatch.jobs.resume.manifest import ManifestProblem, read_manifest  # noqa: E402
 from llamabatch.cli.run.report import rows as report_rows  # noqa: E402
 from llamabatch.settings.config_file import ConfigFileError, load as load_config  # noqa: E402
 from llamabatch.settings.layers import merge  # noqa: E402

@@ -12,7 +12,7 @@ from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.errors import InvalidRequest, JobFileError
 from llamabatch.jobs import (Done, JobHost, LineFinished, Notice, Progress, Started, estimate_job, run_job,
                              start_job)
-from llamabatch.jobs.manifest import manifest_path, read_manifest
+from llamabatch.jobs.resume.manifest import manifest_path, read_manifest
 
 from cli_harness import FakeEngines, runner_for
 from fake_runner import FakeRunner

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llamabatch.jobs import LineFinished, run_job
-from llamabatch.jobs.manifest import read_manifest
+from llamabatch.jobs.resume.manifest import read_manifest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "prompts.jsonl"
 SMALL = dict(n_parallel=4, n_ctx=1024, max_tokens=4, temperature=0)

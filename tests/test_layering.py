@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
 }
 VALUE_TYPES = 0  # a module directly under llamabatch/
 PUBLIC_SURFACE = ("llamabatch", "llamabatch.__main__")  # the package root and the console entry: above every layer
-ENGINE_CLASSES = ("Engine", "SupervisedEngine", "RayPool")
+ENGINE_CLASSES = ("Engine", "EngineCore", "SupervisedEngine", "RayPool")
 
 
 def layer_of(module: str) -> int:
@@ -188,7 +188,7 @@ def file_executions(source: str) -> list[str]:
 
 def test_no_module_runs_code_from_a_file_path():
     # The supervised child and Ray workers get a test's runner as a registered name and an
-    # importable module (engines/runners.py), never as a file to execute.
+    # importable module (in_process/runners.py), never as a file to execute.
     sample = "importlib.util.spec_from_file_location('m', p)\nrunpy.run_path(p)\nexec(text)\nimportlib.import_module(m)\n"
     assert len(file_executions(sample)) == 3
     found = [f"{name}: {call}" for name, path in sorted(all_modules().items())
@@ -264,3 +264,39 @@ def test_every_registered_process_has_an_entry_in_the_cli():
     from llamabatch.processes.entries import NAMES
 
     assert sorted(ENTRIES) == sorted(NAMES)
+
+
+# -- for the next reader ------------------------------------------------------------------------
+
+MAX_BODY_LINES = 80
+ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+
+
+def long_functions(path: Path, limit: int = MAX_BODY_LINES) -> list[str]:
+    """Functions in `path` whose body (from its first statement to its last line, the
+    docstring included) is longer than `limit` lines."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.body[0].lineno + 1
+            if lines > limit:
+                found.append(f"{node.name} ({lines} lines) at line {node.lineno}")
+    return found
+
+
+def test_the_function_size_scan_counts_the_body(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def short():\n" + "    x = 1\n" * 80 + "\n\ndef long():\n" + "    x = 1\n" * 81,
+                      encoding="utf-8")
+    assert [f.split(" ")[0] for f in long_functions(sample)] == ["long"]
+
+
+def test_no_function_body_is_over_80_lines():
+    found = [f"{name}: {hit}" for name, path in sorted(all_modules().items()) for hit in long_functions(path)]
+    assert not found, "split these:\n" + "\n".join(found)
+
+
+def test_comments_give_the_reason_not_an_issue_number():
+    found = [f"{name}:{i}" for name, path in sorted(all_modules().items())
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if ISSUE_NUMBER.search(line)]
+    assert not found, "say why, not which issue: " + ", ".join(found)

@@ -16,7 +16,7 @@ import pytest
 
 from gguf_tools import hf_repo, link, ollama_model
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.models.listing import list_models
+from llamabatch.models.model_list import list_models
 from llamabatch.models.stores import ModelNotFound, resolve_spelling
 from llamabatch.models.resolve import resolve_model_ref
 

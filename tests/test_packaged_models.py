@@ -11,7 +11,7 @@ import pytest
 
 from llamabatch import ModelLoadError
 from llamabatch.models import default_model, packaged
-from llamabatch.models.listing import list_models
+from llamabatch.models.model_list import list_models
 from llamabatch.models.resolve import resolve_model_ref
 
 from cli_harness import invoke, runner_for

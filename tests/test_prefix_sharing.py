@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llamabatch import EngineConfig, SamplingParams
-from llamabatch.core.engine import Engine
+from llamabatch.core.engine import EngineCore
 from llamabatch.core.plan import Fork, StepResult
 from llamabatch.core.scheduler import Scheduler
 from llamabatch.core.sequence import Status
@@ -169,11 +169,11 @@ def test_owner_cancelled_mid_evaluation_hands_its_work_to_a_waiter():
 
 # -- the engine with the fake runner ------------------------------------------------------------
 
-def make_engine(runner: FakeRunner, **config) -> Engine:
+def make_engine(runner: FakeRunner, **config) -> EngineCore:
     cfg = dict(n_parallel=runner.n_slots, n_batch=64, chunk_size=16, share_prefix_min=8)
     cfg.update(config)
     runner.n_batch = cfg["n_batch"]
-    return Engine(EngineConfig(**cfg), runner=runner, default_params=GREEDY)
+    return EngineCore(EngineConfig(**cfg), runner=runner, default_params=GREEDY)
 
 
 def reply_of(prompt: str) -> str:

@@ -1,7 +1,7 @@
 """The id sets behind duplicate detection and --resume, without a model."""
 from __future__ import annotations
 
-from llamabatch.jobs.id_sets import Answered, IdSet
+from llamabatch.jobs.resume.id_sets import Answered, IdSet
 
 
 def test_idset_adds_each_id_once_and_grows():

@@ -17,10 +17,10 @@ from cli_harness import invoke, runner_for
 from test_run_cli import FAST, bundled_env, llamabatch_run, read_records, real_run, slow_lines, the_id, wait_for_lines, write_lines
 
 from llamabatch.files import model_digest as model_hash
-from llamabatch.jobs.fingerprint import changes
-from llamabatch.jobs.manifest import VERSION, manifest_path, read_manifest, ManifestProblem
-from llamabatch.jobs.output_lock import OutputLock
-from llamabatch.jobs.retry_journal import RETRYABLE, journal_path, merge_journal
+from llamabatch.jobs.resume.fingerprint import changes
+from llamabatch.jobs.resume.manifest import VERSION, manifest_path, read_manifest, ManifestProblem
+from llamabatch.jobs.writing.output_lock import OutputLock
+from llamabatch.jobs.resume.retry_journal import RETRYABLE, journal_path, merge_journal
 
 
 @pytest.fixture(autouse=True)
@@ -377,7 +377,7 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path):
 
 def test_lock_is_released_by_a_killed_process(tmp_path):
     out = tmp_path / "out.jsonl"
-    code = f"from llamabatch.jobs.output_lock import OutputLock; OutputLock({str(out)!r}).acquire(); " \
+    code = f"from llamabatch.jobs.writing.output_lock import OutputLock; OutputLock({str(out)!r}).acquire(); " \
            "print('locked', flush=True); import time; time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -591,7 +591,7 @@ def test_a_resume_reports_records_that_answer_no_input_line(tmp_path):
 
 
 def test_no_record_is_written_when_the_manifest_cannot_be(tmp_path, monkeypatch):
-    from llamabatch.jobs import resumable_output
+    from llamabatch.jobs.resume import resumable_output
 
     def full(path, manifest):
         raise OSError(28, "No space left on device")

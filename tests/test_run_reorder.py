@@ -15,12 +15,12 @@ import time
 from llamabatch import Engine, EngineConfig
 from llamabatch.jobs.batch_loop import STREAM_LINGER_S, BatchLoop
 from llamabatch.jobs.batch_watch import StopRequests, watch
-from llamabatch.jobs.input_source import Source
-from llamabatch.jobs.output_sink import open_output
+from llamabatch.jobs.reading.input_source import Source
+from llamabatch.jobs.writing.output_sink import open_output
 from llamabatch.openai_format.lines import EmbedLine, LineParser, LineRequest
 from llamabatch.core.common_prefix import common_prefix
-from llamabatch.jobs.start_order import MIN_SHARED, StartOrder, prompt_key
-from llamabatch.jobs.record_writer import RecordWriter
+from llamabatch.jobs.reading.start_order import MIN_SHARED, StartOrder, prompt_key
+from llamabatch.jobs.writing.record_writer import RecordWriter
 from llamabatch.params import SamplingParams
 
 from cli_harness import FakeEngines, invoke, runner_for
@@ -428,7 +428,7 @@ def test_a_full_writer_window_does_not_wait_for_the_start_order_to_fill(tmp_path
     assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == list(range(20))
 
 
-# -- long lines start last (run with n_ctx auto: jobs/context_fit.py) ---------------------------
+# -- long lines start last (run with n_ctx auto: jobs/reading/context_fit.py) ---------------------------
 
 def test_long_lines_start_after_every_other_line_read():
     prompts = [f"line {i}" for i in range(30)]

@@ -1,4 +1,4 @@
-"""Sampling apart from the tick (llamabatch/core/apart.py) against the scripted FakeRunner: a request
+"""Sampling apart from the tick (llamabatch/core/sampling_threads.py) against the scripted FakeRunner: a request
 whose sampling is slow (a costly grammar) does not hold up the others, and cancel, timeout,
 close and failures still give it exactly one outcome, with its sampler freed only after the
 sampling thread is done with it. No model."""
@@ -8,7 +8,7 @@ import threading
 import time
 
 from llamabatch import Delta, SamplingParams
-from llamabatch.core.apart import SamplingThreads
+from llamabatch.core.sampling_threads import SamplingThreads
 from llamabatch.core.plan import SampleStopped
 
 from fake_runner import FakeRunner

@@ -1,4 +1,4 @@
-"""Sampling apart from the tick (llamabatch/core/apart.py) on the bundled Gemma 3 270M, with grammars in
+"""Sampling apart from the tick (llamabatch/core/sampling_threads.py) on the bundled Gemma 3 270M, with grammars in
 llama.cpp's sampler (grammar_backend llama: token masks sample inline): the tokens are
 the ones inline sampling gives, a large JSON-schema enum beside plain requests finishes, and
 the supervised child samples apart too. Kept small: one or two slots, few tokens."""

@@ -229,7 +229,7 @@ def test_eof_drains_and_on_eof_cancel_cancels_from_the_flag_or_the_config_file(t
 def test_the_command_gives_back_fd_1_when_it_ends():
     # serve-stdin points fd 1 at stderr while it serves, so stray writes cannot corrupt the
     # protocol stream; afterwards fd 1 must be the caller's stdout again (an embedding caller keeps it).
-    from llamabatch.cli.serve.command import protocol_stdout
+    from llamabatch.cli.serve_stdin.command import protocol_stdout
 
     before = os.fstat(1)
     with protocol_stdout(1) as events_fd:

@@ -147,3 +147,32 @@ def test_the_batch_lane_sends_only_the_slots_it_is_given_and_refills_as_lines_en
         assert held[0].result(30).finish_reason in ("stop", "length")  # already in the engine: it finishes
         late = stopped.submit("question 9", params)
         assert late.done and late.result().finish_reason == "cancelled"
+
+
+def test_the_batch_lane_is_the_whole_engine_api_spelled_out_not_forwarded():
+    # A job reads the engine through the lane; every member of api.EngineAPI is written on the
+    # lane (no __getattr__ guessing), reads the engine's own value, and the job's `with` or
+    # close never closes the service's engine.
+    import inspect
+
+    from llamabatch import Engine, EngineConfig, SamplingParams
+    from llamabatch.api import EngineAPI
+    from llamabatch.serve.http.batch_lane import BatchLane
+
+    from fake_runner import FakeRunner
+
+    members = set(EngineAPI.__annotations__) | {n for n, _ in inspect.getmembers(EngineAPI, inspect.isfunction)
+                                                 if not n.startswith("__") or n in ("__enter__", "__exit__")}
+    assert "__getattr__" not in vars(BatchLane)
+    assert not sorted(m for m in members if m not in vars(BatchLane)), "EngineAPI members the lane lacks"
+    runner = FakeRunner(n_slots=2, slot_ctx=128, n_batch=128)
+    with Engine(EngineConfig(n_parallel=2, n_batch=128, chunk_size=32, n_ctx=256), runner=runner) as engine:
+        lane = BatchLane(engine, lambda: 2)
+        for name in ("config", "model_name", "slot_ctx", "fatal_error", "restarts", "recovers_crashes", "disk"):
+            assert getattr(lane, name) == getattr(engine, name), name
+        with lane:
+            results = lane.generate(["one", "two", "three"], SamplingParams(temperature=0, max_tokens=3))
+        assert [r.finish_reason in ("stop", "length") for r in results] == [True] * 3
+        assert lane.stats().finished == engine.stats().finished == 3
+        lane.close()
+        assert engine.submit("still open", SamplingParams(max_tokens=2)).result(30).ok

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli_harness import invoke, runner_for
-from llamabatch.jobs import table_input
+from llamabatch.jobs.tables import table_input
 from table_files import fake_hub, write_csv, write_feather, write_parquet
 
 FAST = ["--n-parallel", "2", "--max-tokens", "3", "-q"]

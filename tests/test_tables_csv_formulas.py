@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from cli_harness import invoke, runner_for
-from llamabatch.jobs.table_writers import formula_safe
+from llamabatch.jobs.tables.table_writers import formula_safe
 from table_files import write_csv
 
 FAST = ["--n-parallel", "2", "--max-tokens", "40", "-q"]

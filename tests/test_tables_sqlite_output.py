@@ -62,7 +62,7 @@ def test_an_earlier_runs_results_and_an_empty_file_are_replaced(tmp_path, rows):
 
 
 def test_a_table_added_during_the_run_is_not_destroyed_when_the_table_is_written(tmp_path, rows, monkeypatch):
-    from llamabatch.jobs import table_output
+    from llamabatch.jobs.tables import table_output
 
     out = tmp_path / "out.db"
     real = table_output.WRITERS["sqlite"]

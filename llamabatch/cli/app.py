@@ -1,7 +1,7 @@
 """The `llamabatch` command: a thin Typer front end over the engine.
 
-Commands are plain functions in their own subpackages (cli/run/, cli/serve/, cli/chat/,
-cli/bench/, cli/config/, cli/models/) and serve_http.py; this module registers them, so nothing
+Commands are plain functions in their own subpackages (cli/run/, cli/serve/, cli/serve_stdin/,
+cli/chat/, cli/bench/, cli/config/, cli/models/); this module registers them, so nothing
 imports back from here. `main()` is the one place exceptions become exit codes (exit_status.py).
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from .models.command import models_command
 from .run.command import run_command
 from .run.report import report_command
 from .run.ray_flag import with_bare_ray_flag
-from .serve.command import serve_stdin
-from .serve_http import serve_command
+from .serve_stdin.command import serve_stdin
+from .serve.command import serve_command
 
 app = typer.Typer(
     name="llamabatch",

@@ -40,7 +40,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..config import EngineConfig
-from ..core.engine import Engine, EngineStats
+from ..core.engine import EngineCore, EngineStats
 from ..core.handle import EventCallback, RequestHandle
 from ..core.engine_base import EngineBase, check_room, record_outcome
 from ..core.telemetry import Telemetry
@@ -81,7 +81,7 @@ class EngineWorker:
         self._defaults = default_params
         self._max_slots = max_slots  # n_parallel "auto": never more slots than the run has lines
         self._runner = runner  # a registered runner instead of the model (tests)
-        self._engine: Engine | None = None
+        self._engine: EngineCore | None = None
         self._handles: dict[int, Any] = {}
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()

@@ -1,7 +1,7 @@
 """How many bytes of text can hold a given number of tokens, asked before tokenizing.
 
 llama.cpp tokenizes a long run of spaces in about quadratic time (640k of them took 3.6 s), so
-one 16 MB cell stalled every other row of a run (issue 36). Under SPM and byte-level BPE each
+one 16 MB cell would stall every other row of a run. Under SPM and byte-level BPE each
 byte of the text lies in exactly one token's piece, so a text longer than `tokens x the
 vocabulary's longest piece` bytes has more than `tokens` tokens and need not be tokenized to
 know it. Runners that cannot bound it (WPM and UGM normalize whitespace away) say None.

@@ -1,4 +1,4 @@
-"""Engine: one background thread owns the llama context and runs the tick loop.
+"""EngineCore: one background thread owns the llama context and runs the tick loop.
 
 Callers submit from any thread and get a RequestHandle that streams Deltas and ends with
 exactly one Result (finish_reason stop, length, cancelled, error or timeout).
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence as Seq
 
-from .apart import GRACE, SampleJobRun, SamplingThreads, wants_apart
+from .sampling_threads import GRACE, SampleJobRun, SamplingThreads, wants_apart
 from .embedding import EmbedJob, EmbedQueue, EmbedRequest, prepare_job
 from ..config import EngineConfig
 from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError, QueueFull
@@ -37,7 +37,7 @@ from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 log = logging.getLogger("llamabatch.engine")
 
 # Callers that hold an engine import the types of its API from here.
-__all__ = ["Engine", "EngineStats", "RequestHandle", "Prompt", "EventCallback"]
+__all__ = ["EngineCore", "EngineStats", "RequestHandle", "Prompt", "EventCallback"]
 
 
 def park_budget(runner: Any) -> int:
@@ -47,9 +47,10 @@ def park_budget(runner: Any) -> int:
     return int(kv_mib * 2**20) if isinstance(kv_mib, (int, float)) and kv_mib > 0 else 1 << 30
 
 
-class Engine(EngineBase):
-    """A continuous-batching engine over one model, in this process (llamabatch.api.EngineAPI).
-    Use it as a context manager."""
+class EngineCore(EngineBase):
+    """The continuous-batching engine over a runner it is given (llamabatch.api.EngineAPI): the
+    tick loop and its thread. `llamabatch.Engine` (in_process/engine.py) is this class with the
+    model loaded and what lives in higher layers handed in; use that one."""
 
     def __init__(self, config: EngineConfig | None = None, *, runner: Any,
                  default_params: SamplingParams | None = None,
@@ -84,7 +85,7 @@ class Engine(EngineBase):
         # Everything below is shared between callers and the engine thread, under _cond.
         self._cond = threading.Condition()
         # Requests with a grammar are sampled on sampling threads, so one slow grammar does not
-        # set every slot's pace (apart.py). Deterministic mode keeps inline sampling.
+        # set every slot's pace (sampling_threads.py). Deterministic mode keeps inline sampling.
         # Where llama_decode's threads take every core, the sampling threads pause while it runs.
         self.sampling_threads = (SamplingThreads(self._cond, runner.n_slots,
                                                  yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
@@ -420,7 +421,7 @@ class Engine(EngineBase):
 
     def _launch(self, plan: StepPlan, result: StepResult) -> None:
         """Start the tick's SampleJobs, then wait a little: a cheap grammar's token still makes
-        this tick, a slow one's slot skips ticks until it lands (see apart.py)."""
+        this tick, a slow one's slot skips ticks until it lands (see sampling_threads.py)."""
         assert self.sampling_threads is not None
         runs = []
         for chunk in plan.chunks:

@@ -147,7 +147,7 @@ class Scheduler:
         self.fork_min_tokens = fork_min_tokens
         self._forks: list[Fork] = []  # decided, not yet handed to the runner in a plan
         self._trims: list[Trim] = []  # likewise; a plan applies its trims before its forks
-        # Which requests' rows are sampled apart from the tick (apart.py); None: all inline.
+        # Which requests' rows are sampled apart from the tick (sampling_threads.py); None: all inline.
         self.sample_apart = sample_apart
         # The disk prefix store (disk_prefix.py): admission restores from it, and a prefix two
         # requests share is saved to it once. None: off.
@@ -238,7 +238,7 @@ class Scheduler:
         return self._room_left() + kept >= self.reserved_for(self.waiting[0])
 
     def admit(self) -> list[Admission]:
-        """Give idle slots to waiting requests, FIFO. Each admission's KV change (a Trim of the
+        """Give idle slots to waiting requests, in priority order, then arrival. Each admission's KV change (a Trim of the
         slot's own cache to what the prompt reuses, or a Fork) rides on the next plan; the
         caller then calls `start` for each Admission.
 
@@ -290,35 +290,43 @@ class Scheduler:
                 if src is not None and n - reuse >= self.fork_min_tokens:
                     fork, reuse = self.fork(src, slot_id, n), n
             self._admitted_one(seq)  # admitted now (a request held back above is not)
-            hit = self.disk.lookup(seq.prompt, longer_than=reuse) if fork is None and self.disk is not None else None
-            slot = self.slots[slot_id]
-            idle.remove(slot)
-            fresh.add(slot_id)
-            slot.seq = seq  # reserved now so the same slot is not handed out twice
-            if hit is not None:
-                slot.cached = []  # what the restore brings is known only once it has run (update)
-                self._restores.append(Restore(slot_id, len(hit.tokens), hit.payload))
-                self._restoring[slot_id] = hit.tokens
-                reuse = 0
-            else:
-                if fork is None:
-                    self.trim(slot_id, reuse)
-                # A prefix worth keeping that its first slot went past: the trimmed cache or the
-                # forked copy holds exactly it once this tick's plan has run. The request sits
-                # that tick out and the slot is saved then (_take_waiting_saves).
-                self._mark_save(seq, reuse)
-            out.append(Admission(seq, slot_id, reuse, fork))
-            for sample in seq.members[1:]:
-                # Its KV will be a fork of sample 0's prompt: the least recently used slot loses least.
-                slot = min(idle, key=lambda s: (s.last_used, s.slot_id))
-                idle.remove(slot)
-                fresh.add(slot.slot_id)
-                slot.seq = sample
-                self.trim(slot.slot_id, 0)
-                out.append(Admission(sample, slot.slot_id, 0))
+            out.extend(self._seat(seq, slot_id, reuse, fork, idle, fresh))
         self.waiting.extendleft(reversed(held))
         if self.disk is not None and self.waiting:
             self._mark_queued_saves()
+        return out
+
+    def _seat(self, seq: Sequence, slot_id: int, reuse: int, fork: Fork | None, idle: list,
+              fresh: set[int]) -> list[Admission]:
+        """Seat an admitted request in `slot_id` (and an n-request's other samples in the least
+        recently used idle slots): the slot's KV change (a restore from the disk store, a trim
+        to what it reuses, or the fork) rides on the next plan."""
+        hit = self.disk.lookup(seq.prompt, longer_than=reuse) if fork is None and self.disk is not None else None
+        slot = self.slots[slot_id]
+        idle.remove(slot)
+        fresh.add(slot_id)
+        slot.seq = seq  # reserved now so the same slot is not handed out twice
+        if hit is not None:
+            slot.cached = []  # what the restore brings is known only once it has run (update)
+            self._restores.append(Restore(slot_id, len(hit.tokens), hit.payload))
+            self._restoring[slot_id] = hit.tokens
+            reuse = 0
+        else:
+            if fork is None:
+                self.trim(slot_id, reuse)
+            # A prefix worth keeping that its first slot went past: the trimmed cache or the
+            # forked copy holds exactly it once this tick's plan has run. The request sits
+            # that tick out and the slot is saved then (_take_waiting_saves).
+            self._mark_save(seq, reuse)
+        out = [Admission(seq, slot_id, reuse, fork)]
+        for sample in seq.members[1:]:
+            # Its KV will be a fork of sample 0's prompt: the least recently used slot loses least.
+            slot = min(idle, key=lambda s: (s.last_used, s.slot_id))
+            idle.remove(slot)
+            fresh.add(slot.slot_id)
+            slot.seq = sample
+            self.trim(slot.slot_id, 0)
+            out.append(Admission(sample, slot.slot_id, 0))
         return out
 
     # -- preemption -------------------------------------------------------------------------

@@ -53,7 +53,7 @@ class Sequence:
     index: int = 0  # which sample of an n-request (0 for the sample whose slot evaluates the prompt)
     group: list["Sequence"] | None = None  # all samples of an n-request (shared list), None when n == 1
     completed: bool = False  # the engine has freed its sampler and counted it toward the Result
-    sampling_apart: bool = False  # its next token is being sampled on a sampling thread (apart.py)
+    sampling_apart: bool = False  # its next token is being sampled on a sampling thread (sampling_threads.py)
     # The disk prefix store (disk_prefix.py): save the slot's KV when exactly this many prompt
     # tokens are in it (the prefill chunk that crosses it is cut there); of num_cached, how many
     # were restored from the store; the entry a save of this request's prompt was queued as.

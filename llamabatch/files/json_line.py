@@ -1,6 +1,6 @@
 """Reading one JSON-lines line without letting its content take anything else down.
 
-Shared by `run`'s line parser (jobs/line_shapes.py) and serve-stdin's (protocol.py). Python's
+Shared by `run`'s line parser (openai_format/lines.py) and serve-stdin's (protocol.py). Python's
 json.loads turns some inputs into exceptions that are not JSONDecodeError (a 100,000-deep
 `[[[...` is a RecursionError, a 5,000-digit integer a ValueError), and it accepts JSON's
 `\\ud800` escapes, which make lone surrogates: strings that can't be encoded as UTF-8, so

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..config import EngineConfig
-from ..core.engine import Engine as CoreEngine
+from ..core.engine import EngineCore
 from ..params import SamplingParams
 from ..settings.given import settings_for
 from .engine_parts import GgufChatTemplates, open_disk_prefixes
@@ -19,7 +19,7 @@ from .preparing import prepare
 from .runners import load_model
 
 
-class Engine(CoreEngine):
+class Engine(EngineCore):
     """A continuous-batching engine over one model, in this process (llamabatch.api.EngineAPI).
     Use it as a context manager.
 

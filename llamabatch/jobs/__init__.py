@@ -5,7 +5,17 @@
     report = run_job("prompts.jsonl", "results.jsonl", temperature=0, max_tokens=64)
     print(report.ok, report.failed, report.output)
 
-`llamabatch run` is this package behind a command line.
+`llamabatch run` is this package behind a command line. The job itself is here (job.py:
+run_job, start_job; job_opening.py, job_running.py, batch_loop.py, batch_watch.py; its settings,
+events and report); its rooms:
+
+    reading/    INPUT, the context it needs, the order lines start in
+    writing/    OUTPUT, the record writer, --error-file, the lock on OUTPUT
+    resume/     the manifest, fingerprint, journals and ids that make a run resumable; verify
+    tables/     tables in and out
+    estimates/  the dry run
+
+Line parsing and records are the OpenAI request format's (llamabatch/openai_format/).
 """
 from __future__ import annotations
 
@@ -14,7 +24,7 @@ from .job import Job, estimate_job, run_job, start_job
 from .job_report import JobReport, Tokens, VerifyOutcome
 from .job_spec import JobHost, JobSpec
 from .progress import Snapshot
-from .resumable_output import SettingsChanged
+from .resume.resumable_output import SettingsChanged
 
 __all__ = [
     "run_job", "start_job", "estimate_job", "run_frame", "Job", "JobReport", "JobHost", "JobSpec", "JobEvent",

@@ -27,15 +27,15 @@ from ..api import EngineAPI
 from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
 from ..core.poison import MAX_CRASHES
-from .crash_journal import CrashJournal
+from .resume.crash_journal import CrashJournal
 from ..openai_format import LineError, LineParser, LineRequest, duplicate_id_error, error_result
 from ..results import EmbeddingResult, Result
 from ..supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
 from .progress import RATE_WINDOW_S, Snapshot
-from .id_sets import Answered, IdSet
-from .input_source import BackgroundCount, Source
-from .start_order import StartOrder
-from .record_writer import RecordWriter
+from .resume.id_sets import Answered, IdSet
+from .reading.input_source import BackgroundCount, Source
+from .reading.start_order import StartOrder
+from .writing.record_writer import RecordWriter
 
 log = logging.getLogger("llamabatch.jobs")
 

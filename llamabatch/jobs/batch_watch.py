@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from .batch_loop import BatchLoop
 from .events import Abandoned, JobEvent, Progress, Stopping
-from .input_source import BackgroundCount
+from .reading.input_source import BackgroundCount
 from .progress import Snapshot
 
 CANCEL_GRACE_S = 5.0  # after the second stop request, cancelled lines get this long to end

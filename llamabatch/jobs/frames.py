@@ -17,7 +17,7 @@ from typing import Any, Callable
 from ..errors import InvalidRequest
 from ..tables.arrow_import import pyarrow_modules
 from .job import run_job
-from .table_output import records, response_text
+from .tables.table_output import records, response_text
 
 ERROR_COLUMN = "error"
 NOT_RUN = "not run: the job stopped before this row (cancelled or interrupted)"

@@ -17,13 +17,13 @@ from typing import Any, Callable, Iterator
 from ..engines import open_engine
 from ..errors import InvalidRequest
 from .batch_watch import StopRequests
-from .estimate import estimate_lines
+from .estimates.estimate import estimate_lines
 from .events import Done, JobEvent, Progress
 from .job_opening import OpenedJob, checked_tables, line_parser, open_job
 from .job_report import JobReport
 from .job_running import run_opened
 from .job_spec import JobHost, log, resolve_engine_settings, settings_of_engine, split_settings
-from .written_files import refuse_own_file
+from .writing.written_files import refuse_own_file
 
 EVENT_WAIT_S = 0.1  # how often run_job looks at its `cancel` event while no event comes
 _PROGRESS = object()  # the queue's place for the latest Progress event

@@ -7,26 +7,34 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import InvalidRequest
 from ..models.default_model import why as model_why
 from ..engines import EngineFactory, open_engine
 from ..in_process.preparing import prepare
 from ..llama.context_sizing import model_facts
-from .context_fit import fit_context
+from .reading.context_fit import fit_context
 from ..settings.resolved import Resolved
 from ..settings.slots import most_slots
 from ..settings.time_bounds import TimeBounds, time_bounds
 from .events import JobEvent, Notice, Started
-from .input_source import count_lines, open_input
+from .reading.input_source import count_lines, open_input
 from ..openai_format import LineParser
 from .on_ray import open_ray_engines, require_ray
-from .output_sink import Sink, open_output, refuse_resume_to_stream
-from .resumable_output import ResumableOutput
+from .writing.output_sink import Sink, open_output, refuse_resume_to_stream
+from .resume.resumable_output import ResumableOutput
 from .job_spec import COMMAND, JobHost, JobSpec
-from .table_plan import TablePlan, plan_tables
-from .written_files import refuse_own_file
+from .tables.table_plan import TablePlan, plan_tables
+from .writing.written_files import refuse_own_file
+from .reading.input_source import Source
+from .resume.id_sets import Answered
+from .tables.table_input import TableParser, TableSource
+from ..openai_format import LineRequest
+
+if TYPE_CHECKING:
+    from ..api import EngineAPI
+    from ..cluster.pool import RayPool  # imports ray: only where a job runs on Ray
 
 
 @dataclass
@@ -37,18 +45,18 @@ class OpenedJob:
     resolved: Resolved
     host: JobHost
     tables: TablePlan
-    parser: Any  # LineParser, or a table INPUT's TableParser
+    parser: LineParser | TableParser  # a table INPUT's rows are read as lines by its own parser
     files: ResumableOutput
-    source: Any  # input_source.Source, or a table INPUT's TableSource
+    source: Source | TableSource
     sink: Sink
     bounds: TimeBounds
-    engine: Any = None
-    cluster: Any = None  # run on Ray: the RayPool (also the engine)
+    engine: EngineAPI | None = None  # None until open_engine (the settings are checked first)
+    cluster: RayPool | None = None  # run on Ray: the pool (also the engine)
     owns_engine: bool = True  # the job closes it at the end (not a shared engine)
-    answered: Any = None  # resume: what OUTPUT already answers
+    answered: Answered | None = None  # resume: what OUTPUT already answers
     inflight: int = 1
     reorder_window: int = 1
-    start_last: Callable[[Any], bool] | None = None  # lines the run starts after the others (context_fit.py)
+    start_last: Callable[[LineRequest], bool] | None = None  # lines the run starts after the others (context_fit.py)
     early_events: list[JobEvent] = field(default_factory=list)  # told before the Job could take them
     publish: Callable[[JobEvent], None] | None = None  # the Job's queue, once it exists
 
@@ -66,7 +74,7 @@ def format_for_path(path: str) -> str:
     return "auto"
 
 
-def line_parser(spec: JobSpec, resolved: Resolved, tables: TablePlan) -> Any:
+def line_parser(spec: JobSpec, resolved: Resolved, tables: TablePlan) -> LineParser | TableParser:
     if tables.reads_table:
         return tables.parser
     fmt = format_for_path(spec.input) if spec.input_format == "auto" else spec.input_format
@@ -85,7 +93,7 @@ def checked_tables(spec: JobSpec, resolved: Resolved) -> TablePlan:
     return plan_tables(spec, resolved.sampling)
 
 
-def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: Any = None) -> OpenedJob:
+def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: "EngineAPI | None" = None) -> OpenedJob:
     """Open everything, or raise (typed) with nothing left open."""
     if spec.ray is not None:
         require_ray()  # no Ray: one line before anything opens
@@ -110,7 +118,7 @@ def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: Any = Non
     return opened
 
 
-def _open_files(spec: JobSpec, resolved: Resolved, host: JobHost, tables: TablePlan, parser: Any,
+def _open_files(spec: JobSpec, resolved: Resolved, host: JobHost, tables: TablePlan, parser: LineParser | TableParser,
                 bounds: TimeBounds) -> OpenedJob:
     early: list[JobEvent] = []
     files = ResumableOutput(resolved, spec.input, tables.records_output, error_file=spec.error_file,
@@ -147,7 +155,7 @@ def _open_files(spec: JobSpec, resolved: Resolved, host: JobHost, tables: TableP
     return opened
 
 
-def _open_engine(opened: OpenedJob, engine: Any) -> None:
+def _open_engine(opened: OpenedJob, engine: "EngineAPI | None") -> None:
     """The shared engine, or the job's own (auto never opens more slots than lines, locally
     and on each Ray worker); how many lines run at once and are read ahead."""
     spec, host = opened.spec, opened.host

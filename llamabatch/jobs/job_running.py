@@ -11,13 +11,13 @@ from typing import Any, Callable
 from .batch_loop import BatchLoop
 from .batch_watch import StopRequests, watch
 from .events import LineFinished
-from .input_source import LineCounter
+from .reading.input_source import LineCounter
 from .job_opening import OpenedJob
 from .job_report import JobReport, Tokens, VerifyOutcome
 from ..openai_format import LineError, LineRequest
-from .manifest import manifest_path
-from .record_writer import RecordWriter
-from .verify import Reservoir, rerun_alone
+from .resume.manifest import manifest_path
+from .writing.record_writer import RecordWriter
+from .resume.verify import Reservoir, rerun_alone
 from ..errors import JobFileError
 from ..results import Result
 

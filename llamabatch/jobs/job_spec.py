@@ -18,7 +18,7 @@ from ..errors import InvalidRequest
 from ..settings.file_layer import command_setting, resolve_command_settings
 from ..settings.layers import ENGINE_KEYS, SAMPLING_KEYS, SHARED_KEYS, merge
 from ..settings.resolved import Resolved
-from .table_input import TableOptions
+from .tables.table_input import TableOptions
 
 COMMAND = "run"  # the config file's table these settings read, and the default model's command
 CONFIG_KEYS = ("order", "max_inflight", "reorder_window", "error_file")  # run's own keys in [run]

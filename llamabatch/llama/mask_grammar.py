@@ -4,7 +4,7 @@ request's own chain samples from it.
 
 llama.cpp's GBNF sampler instead walks its grammar stacks over every candidate of the
 vocabulary at each step (262,144 of them for Gemma 3): milliseconds a token, which made
-JSON-schema lines run at a quarter of the speed of plain ones (issue 37). llguidance was
+JSON-schema lines run at a quarter of the speed of plain ones. llguidance was
 chosen by measurement (docs/structured-output.md): a 3 MB abi3 wheel with no required
 dependencies; xgrammar, the other mask library the fast servers use, requires torch,
 transformers and triton, gigabytes a CPU tool should not carry for a mask.
@@ -38,7 +38,7 @@ BACKENDS = GRAMMAR_BACKENDS  # what EngineConfig.grammar_backend may hold
 BACKEND_ENV = "LLAMABATCH_GRAMMAR_BACKEND"
 COMPILED_KEPT = 256  # compiled grammars kept per model (a file's lines mostly share a few schemas)
 # Keys and items separated as people write JSON (and as llama.cpp's converter allows), with no
-# other whitespace: the separators are then forced text, evaluated without sampling (issue 37).
+# other whitespace: the separators are then forced text, evaluated without sampling, at prefill speed.
 JSON_OPTIONS = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
 

@@ -1,4 +1,4 @@
-"""A logits row sampled away from the llama context, on a sampling thread (see apart.py).
+"""A logits row sampled away from the llama context, on a sampling thread (see sampling_threads.py).
 
 `llama_sampler_sample(chain, ctx, row)` reads the context's logits, which the next
 llama_decode overwrites, so a row sampled while the engine decodes on is first copied

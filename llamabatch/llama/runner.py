@@ -84,6 +84,38 @@ class LlamaRunner:
             C.llama_model_free(self.model)
             raise
         self.ctx = load.new_context(self.model, cparams, config, model_path, mark)
+        self._read_kv_cache(config, cparams, mark, need)
+        self.n_batch = cparams.n_batch
+        self.n_ubatch = cparams.n_ubatch
+        self.batch = C.llama_batch_init(self.n_batch, 0, 1)
+        # Rows may be sampled on sampling threads (sampling_threads.py); deterministic mode samples inline.
+        self.can_sample_apart = not self.deterministic
+        # Decode chunks may carry guesses to verify (speculative decoding). Deterministic mode
+        # pads each decode token with a row after it in its stream (batch_invariance.py): a
+        # guess takes that row at no cost, and a slot takes no more rows than a pass pads.
+        self.can_verify = True
+        self.draft_limits = ({"max_draft": invariance.max_decode_rows(self.shapes) - 1,
+                              "free": invariance.DECODE_ROWS - 1} if self.deterministic else {})
+        self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
+        self.logprobs = LogprobReporter(self.vocab)
+        # Embeddings run in a context of their own, made on first use (embedder.py says why).
+        self.embedder = Embedder(self.model, config, self.deterministic, self.metadata,
+                                 taken=need.total if need is not None else 0)
+        self.n_embd = self.embedder.n_embd
+        self.embed_max_tokens, self.embed_max_seqs = self.embedder.max_tokens, self.embedder.max_seqs
+        self.default_pooling = config.pooling or default_pooling(self.metadata)
+        self.embed_refusal = self.embedder.refusal
+        if self.deterministic:
+            from .determinism_check import check
+
+            try:
+                check(self)  # refuses, with one line naming the kernels, where the row rule does not hold
+            except BaseException:
+                self.close()
+                raise
+
+    def _read_kv_cache(self, config: EngineConfig, cparams: Any, mark: Any, need: Any) -> None:
+        """The KV cache as the new context made it, and what this runner can do with it."""
         # the KV cache as llama.cpp made it: its types, its MiB by its own count, and whether
         # "auto" turned flash attention on (it decides V's layout in the cache, so saved KV's too)
         self.cache_types = pair_name(config.cache_type_k, config.cache_type_v)
@@ -115,34 +147,6 @@ class LlamaRunner:
         self.can_park = True
         if self.deterministic:
             self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
-        self.n_batch = cparams.n_batch
-        self.n_ubatch = cparams.n_ubatch
-        self.batch = C.llama_batch_init(self.n_batch, 0, 1)
-        # Rows may be sampled on sampling threads (apart.py); deterministic mode samples inline.
-        self.can_sample_apart = not self.deterministic
-        # Decode chunks may carry guesses to verify (speculative decoding). Deterministic mode
-        # pads each decode token with a row after it in its stream (batch_invariance.py): a
-        # guess takes that row at no cost, and a slot takes no more rows than a pass pads.
-        self.can_verify = True
-        self.draft_limits = ({"max_draft": invariance.max_decode_rows(self.shapes) - 1,
-                              "free": invariance.DECODE_ROWS - 1} if self.deterministic else {})
-        self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
-        self.logprobs = LogprobReporter(self.vocab)
-        # Embeddings run in a context of their own, made on first use (embedder.py says why).
-        self.embedder = Embedder(self.model, config, self.deterministic, self.metadata,
-                                 taken=need.total if need is not None else 0)
-        self.n_embd = self.embedder.n_embd
-        self.embed_max_tokens, self.embed_max_seqs = self.embedder.max_tokens, self.embedder.max_seqs
-        self.default_pooling = config.pooling or default_pooling(self.metadata)
-        self.embed_refusal = self.embedder.refusal
-        if self.deterministic:
-            from .determinism_check import check
-
-            try:
-                check(self)  # refuses, with one line naming the kernels, where the row rule does not hold
-            except BaseException:
-                self.close()
-                raise
 
     # -- model facts -------------------------------------------------------------------
 

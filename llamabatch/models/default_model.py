@@ -4,7 +4,7 @@ file names one.
 The rule (README, "Which model answers"): the chat-tuned SmolLM2-135M-Instruct when it is
 installed (the README's install puts it there), else the bundled Gemma 3 270M base model, with
 one line saying how to get the chat-tuned one. Chat messages and OpenAI Batch lines are what
-most files hold, and a base model answers them by echoing the instructions (issue 36); `-m
+most files hold, and a base model answers them by echoing the instructions; `-m
 gemma` still picks the base model for plain completions. `bench` and the library keep the
 bundled Gemma: their figures and callers name what they measure.
 """

@@ -2,7 +2,7 @@
 
 OpenAI's /v1/embeddings response body, exactly: {"object": "list", "data": [{"object":
 "embedding", "index": i, "embedding": [floats] or base64}], "model", "usage": {"prompt_tokens",
-"total_tokens"}}; vectors as floats or base64 (llamabatch/embed_vectors.py).
+"total_tokens"}}; vectors as floats or base64 (llamabatch/openai_format/embed_vectors.py).
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from ..core.embedding import EmbedRequest
-from ..core.engine import Engine
+from ..core.engine import EngineCore
 from ..core.handle import RequestHandle
 from ..errors import LlamaBatchError
 from ..results import Delta, Result
@@ -52,7 +52,7 @@ STRAY_FLUSH_S = 0.002  # events outside a tick (a submit that failed, a cancel) 
 class Link:
     """The child's side of the pipes: submits into the engine, batches what comes out."""
 
-    def __init__(self, engine: Engine, out_fd: int):
+    def __init__(self, engine: EngineCore, out_fd: int):
         self.engine = engine
         self.out_fd = out_fd
         self._outbox: list[wire.Item] = []
@@ -187,7 +187,7 @@ def _log_llama_cpp_to_stderr() -> None:
     runner_log.propagate = False
 
 
-def _open_engine(init: wire.Init) -> Engine:
+def _open_engine(init: wire.Init) -> EngineCore:
     """The parent resolved the settings: the child takes the model file as it is, decides
     n_parallel "auto" (on its own process) and loads the runner (in_process/worker_engine.py)."""
     from ..in_process.worker_engine import open_worker_engine

@@ -13,7 +13,7 @@ import typer
 from ...chat.autosave import Autosave
 from ...chat.context_size import chat_context, context_words
 from ...chat.conversation import Conversation
-from ...chat.listing import print_list
+from ...chat.conversation_list import print_list
 from ...chat.repl import chat_loop
 from ...chat.saved import conversation_meta, open_store, read_stored, resume_stored
 from ...chat.session import ChatSession

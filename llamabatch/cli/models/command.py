@@ -19,7 +19,7 @@ def models_command(
 
     NAME is what to pass to -m / --model. Only GGUF headers are read: no model is loaded.
     """
-    from ...models.listing import list_models, places
+    from ...models.model_list import list_models, places
     from ...settings.file_layer import current_config
 
     env = environment_of(ctx)

@@ -7,7 +7,7 @@ import shlex
 
 from ...jobs import JobReport
 from ...jobs.job_report import VerifyOutcome
-from ...jobs.output_sink import stream_kind
+from ...jobs.writing.output_sink import stream_kind
 from ..exit_status import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from .job_view import PREFIX, Interrupts
 from .progress import Reporter, clock_duration

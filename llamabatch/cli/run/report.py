@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from ..engine_options import environment_of
-from ...jobs.manifest import manifest_path, read_manifest, SUFFIX
+from ...jobs.resume.manifest import manifest_path, read_manifest, SUFFIX
 
 
 def report_command(

@@ -1,1 +1,1 @@
-"""`llamabatch serve-stdin`: the JSON-lines co-process."""
+"""`llamabatch serve`: the HTTP service's command line."""

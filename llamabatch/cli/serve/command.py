@@ -1,103 +1,93 @@
-"""`llamabatch serve-stdin`: a JSONL co-process. The protocol and its threads are the
-library's (llamabatch/serve/stdin/); this module is the command line around them."""
+"""`llamabatch serve`: OpenAI's Files and Batches API and online completions over HTTP. The
+service is the library's (llamabatch/serve/http/); this module is its command line: flags,
+the engine, one line saying where it listens, and the exit."""
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
-from enum import Enum
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from ...settings.file_layer import command_setting
-from ...errors import StreamUnusable
+from ...errors import InvalidRequest
 from ..engine_setup import open_engine, resolve_options
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
-from ...settings.time_bounds import time_bounds
-from ..time_bound_flags import SERVE_DRAIN_HELP, WATCHDOG_HELP
+from ..exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
-
-class OnEof(str, Enum):
-    drain = "drain"
-    cancel = "cancel"
+API_KEY_ENV = "LLAMABATCH_API_KEY"
+SERVE_EXTRA = "llamabatch serve needs the serve extra (Starlette, uvicorn, python-multipart): pip install 'llamabatch[serve]'"
 
 
 @with_engine_options
-def serve_stdin(
-    # None = not given: the config file's [serve-stdin] table may set these, then the defaults apply.
-    max_queue: Annotated[Optional[int], typer.Option(
-        "--max-queue", min=0, show_default=False,
-        help="Most requests waiting for a slot; one more gets an error event with code queue_full at once. "
-             "0 = no limit \\[default: 0]")] = None,
-    on_eof: Annotated[Optional[OnEof], typer.Option(
-        "--on-eof", show_default=False,
-        help="At end of input: drain = finish what is in flight, then exit; cancel = cancel it, then exit "
-             "\\[default: drain]")] = None,
+def serve_command(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but a loopback address "
+                                                     "needs --api-key")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: a free one, printed)")] = 8080,
+    data_dir: Annotated[Optional[str], typer.Option(
+        "--data-dir", metavar="DIR", show_default=False,
+        help="Where files, batches and their catalogue are kept \\[default: $XDG_DATA_HOME/llamabatch/serve, "
+             "else ~/.local/share/llamabatch/serve]")] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", metavar="KEY", show_default=False,
+        help=f"Requests must send 'Authorization: Bearer KEY' (also ${API_KEY_ENV}) \\[default: none, "
+             "loopback only]")] = None,
+    online_slots: Annotated[int, typer.Option(
+        "--online-slots", min=0,
+        help="Slots batch lines leave free for online requests. 0: none; online requests still go first "
+             "(a higher priority), putting a batch line aside when every slot is busy")] = 0,
     isolate: Annotated[bool, typer.Option(
         "--isolate/--no-isolate",
-        help="Run llama.cpp in a supervised child process: a crash costs a restart and the request causing it "
-             "gets an engine_crashed error. --no-isolate: in this process (a crash ends the server).")] = True,
-    watchdog: Annotated[Optional[float], typer.Option(
-        "--watchdog", min=0.0, metavar="SECONDS", show_default=False, help=WATCHDOG_HELP)] = None,
-    drain_timeout: Annotated[Optional[float], typer.Option(
-        "--drain-timeout", min=0.0, metavar="SECONDS", show_default=False,
-        help=SERVE_DRAIN_HELP)] = None,
+        help="Run llama.cpp in a supervised child process: a request that crashes it costs a restart of the "
+             "child and gets an engine_crashed error, not the server. --no-isolate: in this process")] = True,
+    allow_changed_settings: Annotated[bool, typer.Option(
+        "--allow-changed-settings",
+        help="A batch resumed at start whose settings differ from those it started with (another --temperature, "
+             "model, ...) finishes with the new ones, recorded in its manifest, instead of failing")] = False,
     *,
     opts: EngineOptions,
     env: Environment,
 ) -> None:
-    """Serve requests from stdin as a JSON-lines co-process: requests in, events out, one per line.
-
-    Requests join the running batch as they arrive: {"id": "a1", "prompt": "..."} or {"id": "a1", "messages": [...]}
-
-    A request may set any sampling field, and "stream": true for token events.
-
-    Control lines: {"op": "cancel", "id": "a1"} and {"op": "stats"}.
-
-    Events: ready (model loaded), token, done, error, stats. Every request ends with exactly one done or error.
-    """
-    from ...serve.stdin.loop import serve
-
-    resolved = resolve_options(opts, env)
-    bounds = time_bounds("serve-stdin", watchdog, drain_timeout, env.config_path)
-    if max_queue is None:
-        max_queue = command_setting("serve-stdin", "max_queue", 0, env.config_path)
-    eof = on_eof.value if on_eof is not None else command_setting("serve-stdin", "on_eof", "drain", env.config_path)
-    resolved.engine = resolved.engine.replace(max_queue=max_queue).validate()
-    in_fd, out_fd = env.fileno("stdin"), env.fileno("stdout")
-    if in_fd is None or out_fd is None:  # the loop reads and writes raw fds (llamabatch/serve/stdin/loop.py)
-        raise StreamUnusable("serve-stdin needs stdin and stdout with file descriptors")
-    with protocol_stdout(out_fd) as events_fd:
-        engine = open_engine(resolved, env, isolated=isolate, watchdog_s=bounds.watchdog_s)
-        if engine.slots_reason:  # for people, on stderr: the ready event has the count
-            print(f"llamabatch serve-stdin: {engine.config.n_parallel} slots x {engine.slot_ctx} tokens "
-                  f"({engine.slots_reason})", file=env.stderr, flush=True)
-        try:
-            code = serve(engine, in_fd, events_fd, eof, drain_timeout=bounds.drain_timeout_s, say=env.say)
-        finally:
-            engine.close()  # serve closes it too; this covers a failure inside serve
-    raise typer.Exit(code)
-
-
-@contextlib.contextmanager
-def protocol_stdout(fd: int) -> Iterator[int]:
-    """The fd to write events to. When events go to the process's stdout (fd 1), the
-    protocol owns it while serving: yield a private copy of fd 1 and point fd 1 at stderr
-    meanwhile, so nothing else (a stray print, a C library's printf) can corrupt the stream.
-    fd 1 is put back afterwards: a caller that embeds the command keeps its stdout."""
-    if fd != 1:  # an embedding caller's own stream: nothing else writes there
-        yield fd
-        return
-    sys.stdout.flush()
-    events_fd = os.dup(1)
-    saved_fd = os.dup(1)
-    os.dup2(2, 1)
+    """Serve OpenAI's Files and Batches API and /v1/chat/completions, /v1/completions and
+    /v1/embeddings on one engine: batches run one at a time, in order, and survive restarts;
+    online requests go ahead of batch lines. Until Ctrl-C or SIGTERM."""
     try:
-        yield events_fd
+        from ...serve.http.app import build_app
+        from ...serve.http.server import check_bind, listen
+        from ...serve.http.service import Service
+        from ...serve.http.data_dir import default_data_dir
+    except ImportError as exc:
+        raise InvalidRequest(f"{SERVE_EXTRA} ({exc.name} is missing)") from None
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+    check_bind(host, key)
+    folder = data_dir or default_data_dir()
+    resolved = resolve_options(opts, env)
+    engine = open_engine(resolved, env, isolated=isolate)
+    try:
+        service = Service(engine, folder, online_slots=online_slots,
+                          job_settings={"allow_changed_settings": allow_changed_settings})
+        try:
+            listening = listen(build_app(service, key), host, port)
+            service.start()
+            shown = f"[{host}]" if ":" in host else host
+            env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
+                    f"({engine.stats().n_parallel} slots, data in {service.data.root})")
+            stopped_by = _serve_until_stopped(listening)
+        finally:
+            service.close(timeout=30)
     finally:
-        sys.stdout.flush()  # what a stray print left in Python's buffer goes to stderr, as meant
-        os.dup2(saved_fd, 1)
-        os.close(saved_fd)
-        os.close(events_fd)
+        engine.close()
+    if stopped_by is not None:
+        raise typer.Exit(stopped_by)
+
+
+def _serve_until_stopped(listening: Any) -> int | None:
+    """Serve; the exit code of the signal that stopped it (None: stopped otherwise). uvicorn shuts
+    down on Ctrl-C or SIGTERM and then raises the signal again (KeyboardInterrupt, or app.main's
+    Terminated): the way `serve` is meant to end, so it exits 130 or 143 and says nothing more."""
+    try:
+        listening.run()
+    except Terminated:
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return None

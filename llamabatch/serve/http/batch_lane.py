@@ -68,8 +68,55 @@ class BatchLane:
         self._stopped = False
         self._lock = threading.RLock()
 
-    def __getattr__(self, name: str) -> Any:  # stats, kill, fatal_error, restarts, ...: the engine's
-        return getattr(self._engine, name)
+    # The rest of the engine API (api.EngineAPI) is the engine's own: what the job reads of the
+    # engine (its model, slots, health, totals) is the engine's, whichever lane it goes through.
+    config = property(lambda self: self._engine.config)
+    default_params = property(lambda self: self._engine.default_params)
+    telemetry = property(lambda self: self._engine.telemetry)
+    model_name = property(lambda self: self._engine.model_name)
+    slot_ctx = property(lambda self: self._engine.slot_ctx)
+    kernels = property(lambda self: self._engine.kernels)
+    slots_reason = property(lambda self: self._engine.slots_reason)
+    fatal_error = property(lambda self: self._engine.fatal_error)
+    restarts = property(lambda self: self._engine.restarts)
+    hangs = property(lambda self: self._engine.hangs)
+    isolated = property(lambda self: self._engine.isolated)
+    recovers_crashes = property(lambda self: self._engine.recovers_crashes)
+    disk = property(lambda self: self._engine.disk)
+
+    def __enter__(self) -> "BatchLane":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None  # the service owns the engine: a job's `with` never closes it
+
+    def stats(self) -> Any:
+        return self._engine.stats()
+
+    def hold(self) -> Any:
+        return self._engine.hold()
+
+    def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
+        return self._engine.subscribe(callback)
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        return self._engine.tokenize(text, special=special)
+
+    def save_prefix(self, prompt: Any, *, timeout: float | None = None) -> Any:
+        return self._engine.save_prefix(prompt, timeout=timeout)
+
+    def generate(self, prompts: Any, params: Any = None) -> list[Any]:
+        many = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        return [h.result() for h in [self.submit(p, q, stream=False) for p, q in zip(prompts, many)]]
+
+    def embed(self, inputs: Any, **kw: Any) -> list[Any]:
+        return self.submit_embedding(inputs, **kw).result().embeddings
+
+    def close(self, timeout: float | None = None) -> None:
+        self.stop()  # the lane closes; the engine is the service's, closed when the service stops
+
+    def kill(self) -> None:
+        self._engine.kill()
 
     def submit(self, prompt: Any, params: Any = None, *, stream: bool = True, callback: Any = None) -> LaneHandle:
         handle = LaneHandle(self, callback, "generate")

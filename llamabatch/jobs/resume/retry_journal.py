@@ -33,8 +33,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from ..files.replaced_file import replacing, sync_folder
-from ..openai_format import record_error_code, record_id
+from ...files.replaced_file import replacing, sync_folder
+from ...openai_format import record_error_code, record_id
 from .id_sets import Answered, IdSet, id_key
 
 RETRYABLE = frozenset({"timeout", "engine_crashed", "engine_unavailable", "engine_error", "decode_error",

@@ -14,14 +14,14 @@ import os
 from collections import Counter
 from typing import Any
 
-from ..version import __version__
-from ..llama.machine_verdicts import llama_cpp_version
-from ..settings.resolved import Resolved
-from .input_source import count_nonblank
+from ...version import __version__
+from ...llama.machine_verdicts import llama_cpp_version
+from ...settings.resolved import Resolved
+from ..reading.input_source import count_nonblank
 from .fingerprint import json_safe, template_identity
-from ..openai_format import record_error_code, record_id
+from ...openai_format import record_error_code, record_id
 from .manifest import FORMAT, VERSION, now_iso
-from ..files.file_hash import sha256_file
+from ...files.file_hash import sha256_file
 from .retry_journal import whole_records
 
 FIRST_MB = 1 << 20

@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..params import SamplingParams
-from ..tables import TableError
-from ..tables.arrow_import import pyarrow_modules, use_system_allocator
-from ..tables.csv_table import CsvTable
-from ..errors import InvalidRequest, JobFileError
+from ...params import SamplingParams
+from ...tables import TableError
+from ...tables.arrow_import import pyarrow_modules, use_system_allocator
+from ...tables.csv_table import CsvTable
+from ...errors import InvalidRequest, JobFileError
 from .table_input import (TableCounter, TableParser, TableSource, open_table_input, output_inside_input,
                           reads_table)
 from .sqlite_output import NotOurDatabase, refuse_foreign

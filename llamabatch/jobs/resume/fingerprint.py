@@ -16,9 +16,9 @@ import json
 import os
 from typing import Any
 
-from ..version import __version__
-from ..settings.resolved import Resolved
-from ..files.file_hash import sha256_file
+from ...version import __version__
+from ...settings.resolved import Resolved
+from ...files.file_hash import sha256_file
 
 NOT_IN_FINGERPRINT = ("timeout",)
 

@@ -22,9 +22,9 @@ import re
 from array import array
 from typing import Any, Iterator
 
-from ..openai_format import record_error_code, record_id
+from ...openai_format import record_error_code, record_id
 from .table_layout import Layout
-from ..files.replaced_file import replacing
+from ...files.replaced_file import replacing
 from .sqlite_output import refuse_foreign
 from .table_writers import WRITERS
 

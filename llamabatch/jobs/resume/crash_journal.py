@@ -29,8 +29,8 @@ import os
 import threading
 from typing import Any
 
-from ..core.poison import MAX_CRASHES
-from ..files.replaced_file import replacing
+from ...core.poison import MAX_CRASHES
+from ...files.replaced_file import replacing
 from .id_sets import id_key
 
 SUFFIX = ".inflight.jsonl"

@@ -44,8 +44,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..core.common_prefix import common_prefix
-from ..core.inputs import is_chat
+from ...core.common_prefix import common_prefix
+from ...core.inputs import is_chat
 
 # A shared prefix shorter than this (characters; token ids for a token-id prompt) is not
 # worth reordering for: ~16 tokens of text, less than one prefill chunk saves.

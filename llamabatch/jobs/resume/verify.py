@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-from ..results import Result
+from ...results import Result
 
 
 @dataclass

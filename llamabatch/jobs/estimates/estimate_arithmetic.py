@@ -11,9 +11,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
-from ..llama import autoslots
-from ..llama.context_sizing import GRAIN, request_limit
+from ...config import DEFAULT_CTX_PER_SLOT, EngineConfig
+from ...llama import autoslots
+from ...llama.context_sizing import GRAIN, request_limit
 
 RECENT = 8  # prompts a new one is compared with for prefix reuse (about what the slots hold)
 

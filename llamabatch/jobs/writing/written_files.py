@@ -1,6 +1,6 @@
 """The files one `llamabatch run` writes for its OUTPUT, so that `--error-file` can't be one of
-them (issue 36: `--error-file OUTPUT.manifest.json` took error records, then the manifest was
-renamed over them and those lines had no record anywhere).
+them: `--error-file OUTPUT.manifest.json` would take error records, then the manifest would be
+renamed over them and those lines would have no record anywhere.
 
 Beside a regular OUTPUT a run writes: OUTPUT itself (or, for a table OUTPUT, the table and
 its records file), OUTPUT.manifest.json (manifest.py), OUTPUT.lock (output_lock.py),
@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import re
 
-from ..errors import InvalidRequest
-from .manifest import manifest_path
+from ...errors import InvalidRequest
+from ..resume.manifest import manifest_path
 from .output_lock import SUFFIX as LOCK_SUFFIX
-from .retry_journal import journal_path
+from ..resume.retry_journal import journal_path
 
 
 def own_files(output: str, records_output: str) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterator, TextIO
 
-from ..errors import JobFileError
+from ...errors import JobFileError
 
 
 def _why(exc: OSError) -> str:

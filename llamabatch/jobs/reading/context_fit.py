@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Iterable
 
-from ..config import DEFAULT_CTX_PER_SLOT
-from ..errors import LlamaBatchError
-from ..llama.context_sizing import ContextPlan, plan_context
-from ..settings.resolved import Resolved
-from ..openai_format import LineRequest
+from ...config import DEFAULT_CTX_PER_SLOT
+from ...errors import LlamaBatchError
+from ...llama.context_sizing import ContextPlan, plan_context
+from ...settings.resolved import Resolved
+from ...openai_format import LineRequest
 
 CHAT_ALLOWANCE = 512  # tokens a chat template may add around the messages (a default system prompt)
 PER_MESSAGE = 16  # and around each message

@@ -12,9 +12,9 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import JobFileError
-from ..files.replaced_file import replacing, sync_folder
-from ..files.whole_file import MISSING, NOT_JSON, NOT_UTF8, UnreadableFile, read_json
+from ...errors import JobFileError
+from ...files.replaced_file import replacing, sync_folder
+from ...files.whole_file import MISSING, NOT_JSON, NOT_UTF8, UnreadableFile, read_json
 
 FORMAT = "llamabatch-run-manifest"
 VERSION = 1  # bumped when a field changes meaning; a newer file is refused on --resume

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..openai_format import LineError, LineRequest, build_record, failed
-from ..results import Result
+from ...openai_format import LineError, LineRequest, build_record, failed
+from ...results import Result
 from .output_sink import Sink
 
 log = logging.getLogger("llamabatch.jobs")

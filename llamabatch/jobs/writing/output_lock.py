@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from ..errors import JobFileError
+from ...errors import JobFileError
 
 SUFFIX = ".lock"
 

@@ -14,12 +14,12 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..params import SamplingParams
-from ..tables import (PromptTemplate, Row, RowReader, TableError, is_table_input, load_messages_template,
+from ...params import SamplingParams
+from ...tables import (PromptTemplate, Row, RowReader, TableError, is_table_input, load_messages_template,
                        load_template_file, open_table)
-from ..openai_format import EmbedLine
-from .input_source import BackgroundCount
-from ..openai_format import LineError, LineRequest
+from ...openai_format import EmbedLine
+from ..reading.input_source import BackgroundCount
+from ...openai_format import LineError, LineRequest
 
 
 @dataclass(frozen=True)

@@ -27,18 +27,18 @@ import os
 from collections import Counter
 from typing import Any, Callable
 
-from ..config import DEFAULT_CTX_PER_SLOT
-from ..errors import InvalidRequest, LlamaBatchError
-from ..llama import context_sizing
-from ..settings.resolved import Resolved
-from ..settings.slots import planned_slots
+from ...config import DEFAULT_CTX_PER_SLOT
+from ...errors import InvalidRequest, LlamaBatchError
+from ...llama import context_sizing
+from ...settings.resolved import Resolved
+from ...settings.slots import planned_slots
 from .estimate_arithmetic import AutoBounds, LengthStats, PrefixReuse, RECENT, eta, slot_ctx
-from .input_source import count_nonblank, open_input
-from .output_sink import stream_kind
-from ..openai_format import LineError, LineParser, duplicate_id_error, is_unnamed_error, record_id
-from .id_sets import Answered, IdSet
-from .retry_journal import is_retryable, journal_path, whole_records
-from .manifest_fields import not_in_input
+from ..reading.input_source import count_nonblank, open_input
+from ..writing.output_sink import stream_kind
+from ...openai_format import LineError, LineParser, duplicate_id_error, is_unnamed_error, record_id
+from ..resume.id_sets import Answered, IdSet
+from ..resume.retry_journal import is_retryable, journal_path, whole_records
+from ..resume.manifest_fields import not_in_input
 
 SHOWN_ERRORS = 5
 SHOWN_FOREIGN = 5
@@ -58,7 +58,7 @@ def _prompt_tokens(engine: Any, prompt: Any) -> list[int]:
 def _embed_tokens(engine: Any, inputs: Any) -> list[int]:
     """An embeddings line's tokens, all its inputs together (each is checked as the engine
     checks it: core/embedding.py; an input too long for n_batch is the engine's to say)."""
-    from ..core.embedding import split_inputs
+    from ...core.embedding import split_inputs
 
     tokens: list[int] = []
     for i, item in enumerate(split_inputs(inputs)):

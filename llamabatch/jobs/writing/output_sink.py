@@ -10,9 +10,9 @@ import stat
 import sys
 from typing import BinaryIO, TextIO
 
-from ..errors import InvalidRequest, JobFileError
-from ..openai_format import is_unnamed_error, record_error_code, record_id
-from .id_sets import Answered
+from ...errors import InvalidRequest, JobFileError
+from ...openai_format import is_unnamed_error, record_error_code, record_id
+from ..resume.id_sets import Answered
 
 
 def _why(exc: OSError) -> str:
@@ -144,7 +144,7 @@ def stream_kind(path: str) -> str | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    from ..llama.gguf_header import file_kind
+    from ...llama.gguf_header import file_kind
 
     return "a pipe" if stat.S_ISFIFO(mode) and path.startswith(("/dev/", "/proc/")) else file_kind(mode)
 

@@ -12,15 +12,15 @@ import json
 import os
 from typing import Any, Callable
 
-from ..errors import InvalidRequest, JobFileError
-from ..settings.resolved import Resolved
+from ...errors import InvalidRequest, JobFileError
+from ...settings.resolved import Resolved
 from .crash_journal import CrashJournal, journal_path as crash_journal_path
-from .error_file import Routes, open_error_file
-from .output_sink import Sink, open_output, read_back, stream_kind
+from ..writing.error_file import Routes, open_error_file
+from ..writing.output_sink import Sink, open_output, read_back, stream_kind
 from .fingerprint import changes, fingerprint
 from .manifest import ManifestProblem, manifest_path, read_manifest, write_manifest
-from ..files.model_digest import model_sha256
-from .output_lock import OutputLock
+from ...files.model_digest import model_sha256
+from ..writing.output_lock import OutputLock
 from .retry_journal import RetryAnswered, journal_path, merge_journal, retryable_ids, whole_records
 from . import manifest_fields
 from .manifest_fields import not_in_input

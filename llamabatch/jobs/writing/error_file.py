@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..results import Result
-from ..errors import JobFileError
+from ...results import Result
+from ...errors import JobFileError
 from .output_sink import Sink, open_output, stream_kind
-from ..openai_format import LineError, LineRequest, failed
-from .id_sets import IdSet
+from ...openai_format import LineError, LineRequest, failed
+from ..resume.id_sets import IdSet
 
 
 def open_error_file(path: str, output: str | None, input_path: str) -> Sink:

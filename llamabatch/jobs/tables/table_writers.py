@@ -11,7 +11,7 @@ import re
 import sqlite3
 from typing import Any, Callable, Iterable, Iterator
 
-from ..tables.arrow_import import pyarrow_modules
+from ...tables.arrow_import import pyarrow_modules
 from .table_layout import Layout
 
 ROW_GROUP = 10_000  # Parquet rows per row group; SQLite rows per transaction

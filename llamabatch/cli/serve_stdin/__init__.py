@@ -1,0 +1,1 @@
+"""`llamabatch serve-stdin`: the JSON-lines co-process."""
