@@ -21,20 +21,34 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=1)
+def _modules() -> tuple[tuple[str, Path], ...]:
+    return tuple((module_name(p), p) for p in sorted(ROOT.rglob("*.py")))
+
+
 def all_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in ROOT.rglob("*.py")}
+    return dict(_modules())
+
+
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per test process (the layering rules walk every
+    module several times)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:
     skip: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and any(
+                (isinstance(n, ast.Name) and n.id == "TYPE_CHECKING") or (isinstance(n, ast.Attribute) and n.attr == "TYPE_CHECKING")
+                for n in ast.walk(node.test)):
             skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     return skip
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     skip = _type_checking_nodes(tree)
     is_package = path.name == "__init__.py"
     out: set[str] = set()
@@ -111,7 +125,7 @@ def test_nothing_outside_cli_imports_the_cli():
 
 def external_imports(path: Path) -> set[str]:
     """The top-level names of every module `path` imports, lazy imports included."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -27,7 +27,7 @@ import ast
 import re
 from pathlib import Path
 
-from test_import_graph import ROOT, _type_checking_nodes, all_modules, external_imports, import_graph
+from test_import_graph import ROOT, _type_checking_nodes, all_modules, external_imports, import_graph, parsed
 
 BENCHMARKS = ROOT.parent / "benchmarks"
 LAYERS: dict[str, int] = {
@@ -108,7 +108,7 @@ def _ends_the_process(node: ast.AST) -> bool:
 
 def process_enders(path: Path) -> list[int]:
     """Lines of `path` that end the process: sys.exit, os._exit, exit(), raise SystemExit."""
-    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if _ends_the_process(node)]
+    return [node.lineno for node in ast.walk(parsed(path)) if _ends_the_process(node)]
 
 
 def test_the_process_enders_scan_finds_each_kind():
@@ -136,7 +136,7 @@ def test_only_the_cli_imports_typer():
 def engine_constructions(path: Path) -> list[str]:
     """`Engine(...)`, `SupervisedEngine(...)`, `RayPool(...)` and `RayPool.start(...)` calls
     in `path`, spelled `X(...)` or `module.X(...)`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     skip = _type_checking_nodes(tree)
     found = []
     for node in ast.walk(tree):
@@ -173,11 +173,11 @@ def test_only_engines_builds_engines():
 FILE_EXECUTION = ("spec_from_file_location", "exec_module", "run_path", "exec", "execfile")
 
 
-def file_executions(source: str) -> list[str]:
+def file_executions(source: str | ast.AST) -> list[str]:
     """Calls in `source` that run code from a file or a string: importlib's
     spec_from_file_location and exec_module, runpy.run_path, exec."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(source) if isinstance(source, str) else source):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
@@ -192,14 +192,14 @@ def test_no_module_runs_code_from_a_file_path():
     sample = "importlib.util.spec_from_file_location('m', p)\nrunpy.run_path(p)\nexec(text)\nimportlib.import_module(m)\n"
     assert len(file_executions(sample)) == 3
     found = [f"{name}: {call}" for name, path in sorted(all_modules().items())
-             for call in file_executions(path.read_text(encoding="utf-8"))]
+             for call in file_executions(parsed(path))]
     assert not found, found
 
 
 # -- who may import the CLI (inside llamabatch/: test_import_graph.py) ---------------------------
 
 def _imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -245,7 +245,7 @@ CLI_MODULE = re.compile(r"llamabatch\.cli(\.\w+)*")
 def cli_module_strings(path: Path) -> list[str]:
     """String constants in `path` that name a module of the CLI (a `python -m llamabatch.cli.x`
     command is an import of the CLI that the import graph cannot see)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parsed(path)
     return [f"{node.value!r} at line {node.lineno}" for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and CLI_MODULE.fullmatch(node.value)]
 
@@ -276,7 +276,7 @@ def long_functions(path: Path, limit: int = MAX_BODY_LINES) -> list[str]:
     """Functions in `path` whose body (from its first statement to its last line, the
     docstring included) is longer than `limit` lines."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             lines = node.end_lineno - node.body[0].lineno + 1
             if lines > limit:
