@@ -300,3 +300,18 @@ def test_comments_give_the_reason_not_an_issue_number():
     found = [f"{name}:{i}" for name, path in sorted(all_modules().items())
              for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if ISSUE_NUMBER.search(line)]
     assert not found, "say why, not which issue: " + ", ".join(found)
+
+
+def test_the_readmes_map_of_the_code_names_every_package_and_only_those():
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## How the code is laid out", 1)[1].split("\n## ", 1)[0]
+    tree = section.split("```", 2)[1]
+    named = set(re.findall(r"(?<![\w/])([a-z_]+)/", tree)) - {"llamabatch", "reading", "writing", "resume", "estimates"}
+    named_rooms = set(re.findall(r"jobs/[^\n]*", tree)[0].split("rooms:")[1].replace(",", " ").replace("/", " ").split())
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    rooms = {p.name for p in (ROOT / "jobs").iterdir() if (p / "__init__.py").exists()}
+    assert named == packages, (sorted(named - packages), sorted(packages - named))
+    assert named_rooms == rooms, (sorted(named_rooms), sorted(rooms))
+    assert set(LAYERS) == packages  # and each package has its layer
+    root_files = set(re.findall(r"(\w+)\.py", tree.split("the public value types")[0]))
+    assert root_files == ROOT_MODULES - {"__main__"}, sorted(root_files)
