@@ -68,8 +68,8 @@ def test_self_check_holds_on_each_layout(model_path, cpu_path, monkeypatch):
 
     runner = LlamaRunner(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, deterministic=True,
                                       cpu_buffers=cpu_path), model_path)
-    # the check's own two probe runs, read as it makes them (running the probe twice more after
-    # it cost as much again, and compared the same two runs)
+    # the check's own two probe runs, recorded as it makes them: running the probe twice more
+    # after it doubled the test's time and compared the same two things again
     generate, runs = determinism_check.generate, {}
 
     def recorded(runner_, *, with_fillers, **kw):
