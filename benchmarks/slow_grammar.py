@@ -11,7 +11,7 @@ result, and the B/A ratios (issue 28's target: decode time within 2x). B cancels
 request once the plain ones are done, and the next run starts only after its sampling
 thread has stopped. Each pair also prints the process's CPU seconds in both runs and how many of B's went to the
 sampling thread: on a shared machine, where wall times swing with other jobs, that says
-whether B did more work beside the plain requests. `--inline` samples B's enum in the tick (as before apart.py): expect
+whether B did more work beside the plain requests. `--inline` samples B's enum in the tick (as before sampling threads, core/sampling_threads.py): expect
 every plain token to wait for an enum token. Measures only; never asserts on time.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from llamabatch.core.sampling_threads import THREAD_NAME
 
 
 def sampling_threads_cpu() -> float:
-    """CPU seconds used so far by this process's sampling threads (named apart.THREAD_NAME
+    """CPU seconds used so far by this process's sampling threads (named sampling_threads.THREAD_NAME
     at the OS level), from /proc; 0 elsewhere."""
     total = 0
     for task in glob.glob("/proc/self/task/*"):
@@ -75,7 +75,7 @@ def main() -> None:
     workload_args(ap, tokens=8, threads=2)
     ap.add_argument("--enum", type=int, default=10000, help="strings in the enum (default 10000)")
     ap.add_argument("--pairs", type=int, default=2, help="A B pairs (default 2)")
-    ap.add_argument("--inline", action="store_true", help="sample the enum in the tick, as before apart.py")
+    ap.add_argument("--inline", action="store_true", help="sample the enum in the tick, as before sampling threads")
     args = ap.parse_args()
     print(f"{args.plain} plain requests x {args.tokens} tokens (greedy) beside one json_schema enum of "
           f"{args.enum} strings; {args.threads} threads, {args.plain + 1} slots; {machine_line()}; enum sampled "

@@ -47,7 +47,7 @@ def chat_context(resolved: Resolved, factory: Any = None, *,
                  facts: Callable[[EngineConfig, str], Facts] | None = None) -> tuple[Resolved, str]:
     """`resolved` with n_ctx sized for a chat (see the module docstring), and why in a few
     words ("" when nothing was decided: n_ctx given, or the model's context unknown).
-    The model is resolved and checked first, and n_parallel "auto" decided (engines.preparing,
+    The model is resolved and checked first, and n_parallel "auto" decided (in_process.preparing,
     with `factory`'s slot chooser); opening the engine afterwards repeats none of it."""
     if resolved.engine.n_ctx is not None:
         return resolved, ""

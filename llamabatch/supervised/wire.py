@@ -32,7 +32,7 @@ _HEADER = struct.Struct(">I")
 class Init:
     config: Any  # EngineConfig, with the model file resolved and max_queue 0 (the parent bounds the queue)
     default_params: Any  # SamplingParams
-    runner: Any = None  # engines.runners.RunnerChoice: a registered runner instead of the model
+    runner: Any = None  # in_process.runners.RunnerChoice: a registered runner instead of the model
 
 
 @dataclass(frozen=True)
