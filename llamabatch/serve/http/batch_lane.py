@@ -14,6 +14,7 @@ import collections
 import threading
 from typing import Any, Callable, Iterator
 
+from ...core.engine_base import EngineBase
 from ...errors import LlamaBatchError
 from ...results import EmbeddingResult, Result
 from ...openai_format import error_result
@@ -105,12 +106,9 @@ class BatchLane:
     def save_prefix(self, prompt: Any, *, timeout: float | None = None) -> Any:
         return self._engine.save_prefix(prompt, timeout=timeout)
 
-    def generate(self, prompts: Any, params: Any = None) -> list[Any]:
-        many = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        return [h.result() for h in [self.submit(p, q, stream=False) for p, q in zip(prompts, many)]]
-
-    def embed(self, inputs: Any, **kw: Any) -> list[Any]:
-        return self.submit_embedding(inputs, **kw).result().embeddings
+    # Built on submit and submit_embedding, as every engine's are: through the lane.
+    generate = EngineBase.generate
+    embed = EngineBase.embed
 
     def close(self, timeout: float | None = None) -> None:
         self.stop()  # the lane closes; the engine is the service's, closed when the service stops
