@@ -151,6 +151,37 @@ def test_failed_assembly_leaves_no_torn_model(tmp_path, monkeypatch):
     assert list((tmp_path / "models").iterdir()) == []
 
 
+def test_processes_starting_together_assemble_the_model_once(tmp_path, monkeypatch):
+    """On a new machine a suite's workers (or a pool's) all start at once: one assembles, the
+    others wait and take its file, so nobody renames a second copy over a file already in use."""
+    import threading
+    import time
+
+    monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("LLAMABATCH_MODEL", raising=False)
+    calls: list[str] = []
+
+    def slow_assemble(output_path, *args, **kwargs):
+        calls.append(str(output_path))
+        time.sleep(0.3)  # long enough for every other start to find no model yet
+        Path(output_path).write_bytes(b"GGUF assembled")
+
+    monkeypatch.setattr(bundled, "assemble", slow_assemble)
+    found: list[tuple[str, int]] = []
+
+    def start() -> None:
+        path = models.resolve_model(None)
+        found.append((path, os.stat(path).st_ino))
+
+    starts = [threading.Thread(target=start) for _ in range(3)]
+    for thread in starts:
+        thread.start()
+    for thread in starts:
+        thread.join(10)
+    assert len(calls) == 1
+    assert len(found) == 3 and len(set(found)) == 1  # one path, one file
+
+
 def test_checksum_mismatch_while_assembling_is_a_model_load_error(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("LLAMABATCH_MODEL", raising=False)

@@ -171,12 +171,19 @@ def test_the_catalogue_is_readable_by_its_owner_only_in_a_data_dir_others_can_re
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_stop_signal_ends_serve_quietly_with_its_exit_code(tmp_path, sig, code):
+def _sigint_as(disposition):
+    """A child's SIGINT as a terminal gives it (default) or as a shell without job control gives a
+    background command (ignored: then uvicorn's raise of the signal after its shutdown does nothing)."""
+    return lambda: signal.signal(signal.SIGINT, disposition)
+
+
+@pytest.mark.parametrize("sig, code, sigint", [(signal.SIGTERM, 143, signal.SIG_DFL), (signal.SIGINT, 130, signal.SIG_DFL),
+                                               (signal.SIGINT, 130, signal.SIG_IGN)], ids=["term", "int", "int-inherited-ignored"])
+def test_a_stop_signal_ends_serve_quietly_with_its_exit_code(tmp_path, sig, code, sigint):
     args = ["serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "-m", fake_gguf(tmp_path),
             "--n-parallel", "2", "--n-ctx", "512", "--threads", "1", "--prefix-store", "off"]
     proc = subprocess.Popen([sys.executable, fake_cli.PATH, "fake", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=child_env())
+                            stderr=subprocess.PIPE, text=True, env=child_env(), preexec_fn=_sigint_as(sigint))
     killer = threading.Timer(60, proc.kill)
     killer.start()
     try:

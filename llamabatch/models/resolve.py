@@ -6,11 +6,13 @@ and sanity-checking a path must stay cheap and testable without loading a model.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import ModelLoadError
 from ..files.replaced_file import replacing
@@ -90,16 +92,44 @@ def bundled_model_path() -> str:
 
     target = cache_dir() / "models" / MODEL_NAME
     expected = EXPECTED_SHA256.lower()
-    if target.is_file():
-        if _stamp_matches(target, expected):
-            return str(target)
-        if _sha256_or_none(target) == expected:
-            _write_stamp(target, expected)
-            return str(target)
-        # A corrupt, truncated or unreadable cache entry: fall through and rebuild it.
-    _assemble_atomically(assemble, target)
-    _write_stamp(target, expected)
+    if target.is_file() and _stamp_matches(target, expected):
+        return str(target)
+    # Several processes may start at once on a new machine (a pool's workers, a test suite's): one
+    # assembles while the others wait for it, instead of each writing 250 MB and renaming its own
+    # copy over a file another has already loaded and keyed caches by (size and mtime).
+    with _assembling_lock(target.parent):
+        if target.is_file():
+            if _stamp_matches(target, expected):
+                return str(target)
+            if _sha256_or_none(target) == expected:
+                _write_stamp(target, expected)
+                return str(target)
+            # A corrupt, truncated or unreadable cache entry: fall through and rebuild it.
+        _assemble_atomically(assemble, target)
+        _write_stamp(target, expected)
     return str(target)
+
+
+@contextlib.contextmanager
+def _assembling_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on the models folder itself (no lock file is left behind); where the
+    folder cannot be made or locked (no fcntl, a read-only cache) there is no lock, as before."""
+    try:
+        import fcntl
+
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 def _assemble_atomically(assemble, target: Path) -> None:

@@ -83,11 +83,13 @@ def serve_command(
 def _serve_until_stopped(listening: Any) -> int | None:
     """Serve; the exit code of the signal that stopped it (None: stopped otherwise). uvicorn shuts
     down on Ctrl-C or SIGTERM and then raises the signal again (KeyboardInterrupt, or app.main's
-    Terminated): the way `serve` is meant to end, so it exits 130 or 143 and says nothing more."""
+    Terminated): the way `serve` is meant to end, so it exits 130 or 143 and says nothing more.
+    Where the raise does nothing (SIGINT inherited as ignored), the signal uvicorn caught says it."""
     try:
         listening.run()
     except Terminated:
         return EXIT_TERMINATED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    return None
+    sig = listening.stop_signal
+    return None if sig is None else 128 + int(sig)

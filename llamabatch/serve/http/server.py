@@ -60,6 +60,11 @@ class Listening:
         """Serve until SIGINT/SIGTERM (in the main thread) or stop()."""
         self.server.run(sockets=[self.sock])
 
+    @property
+    def stop_signal(self) -> int | None:
+        """The signal that stopped the server (SIGINT, SIGTERM), or None."""
+        return getattr(self.server, "stop_signal", None)
+
     def stop(self) -> None:
         self.server.should_exit = True
 
@@ -72,6 +77,25 @@ class Listening:
         return thread
 
 
+def _server_class() -> type:
+    import uvicorn
+
+    class SignalledServer(uvicorn.Server):
+        """uvicorn's Server, remembering the signal that stopped it. uvicorn raises that signal
+        again once it has shut down, but where the process inherited SIGINT ignored (started in
+        the background by a shell without job control) the raise does nothing, and `serve` would
+        exit 0 after a Ctrl-C or `kill -INT`; `stop_signal` lets it exit 130 all the same."""
+
+        stop_signal: int | None = None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.stop_signal is None:
+                self.stop_signal = sig
+            super().handle_exit(sig, frame)
+
+    return SignalledServer
+
+
 def listen(app: Any, host: str, port: int) -> Listening:
     import uvicorn
 
@@ -79,4 +103,4 @@ def listen(app: Any, host: str, port: int) -> Listening:
     # both sides time out together, a request sent on a connection the server is closing is reset
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", server_header=False,
                             timeout_graceful_shutdown=5, timeout_keep_alive=75)
-    return Listening(uvicorn.Server(config), bind(host, port))
+    return Listening(_server_class()(config), bind(host, port))
