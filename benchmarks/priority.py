@@ -4,8 +4,9 @@
 
 1. Time to first token of a short chat request (`Engine.submit(..., priority=-1)`) on an idle
    engine (A) and while --slots priority-0 requests hold every slot (B): ratio B / A per pair
-   (target <= 1.5 median). The same request at priority 0 beside the same batch (C: it waits for
-   a slot, as every request did before priority) is printed beside it.
+   (target <= 1.5 median). Printed beside it: the same request at priority 0 (C: it waits for
+   a slot, as every request did before priority), and at priority -1 with the decode in flight
+   left to finish (D: the engine before core/tick_interrupt.py).
 2. The batch's own speed: --slots requests of --tokens tokens alone (A) and with one urgent
    request arriving every second (B): ratio of output tokens per second B / A (target >= 0.9).
 3. What a preemption costs in memory: the bytes of the parked slot's KV (llama.cpp's own
@@ -63,19 +64,26 @@ def wait_all_started(engine, n: int) -> None:
         time.sleep(0.005)
 
 
-def ttft_pair(engine, args: argparse.Namespace) -> tuple[float, float, float]:
+def ttft_pair(engine, args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """Idle, then beside the batch: priority -1, priority 0, and priority -1 with the decode in
+    flight left to finish (the engine before core/tick_interrupt.py)."""
     idle = first_token_s(engine, -1)
     out = []
-    for priority in (-1, 0):
+    for priority, interrupting in ((-1, True), (0, True), (-1, False)):
         handles = batch(engine, args)
         wait_all_started(engine, args.slots)
         time.sleep(random.uniform(0.0, 0.1))  # arriving anywhere in a tick (a decode tick of 8 rows: 50-70 ms here)
-        out.append(first_token_s(engine, priority))
+        if not interrupting:  # this benchmark's switch only: the engine has no setting for it
+            engine.runner.interruptible = lambda plan: False
+        try:
+            out.append(first_token_s(engine, priority))
+        finally:
+            vars(engine.runner).pop("interruptible", None)
         for h in handles:
             h.cancel()
         for h in handles:
             h.result()
-    return idle, out[0], out[1]
+    return idle, out[0], out[1], out[2]
 
 
 def batch_speed(engine, args: argparse.Namespace, with_urgent: bool) -> float:
@@ -122,17 +130,21 @@ def main() -> None:
           f"{machine_line(model_path(args.model))}")
     with open_engine(args) as engine:
         first_token_s(engine, 0)  # warm: the first decode builds the graphs
-        ttft, waiting = Pairs(), []
+        ttft, waiting, uninterrupted = Pairs(), [], []
         for r in range(1, args.rounds + 1):
-            idle, urgent, plain = ttft_pair(engine, args)
+            idle, urgent, plain, waited = ttft_pair(engine, args)
             ratio = ttft.add(idle, urgent)
             waiting.append(plain / idle)
+            uninterrupted.append(waited / idle)
             print(f"ttft round {r}: idle {idle * 1000:.0f} ms, priority -1 beside {args.slots} running "
-                  f"{urgent * 1000:.0f} ms -> {ratio:.2f}x; priority 0 (waits for a slot) {plain * 1000:.0f} ms "
-                  f"-> {plain / idle:.2f}x")
+                  f"{urgent * 1000:.0f} ms -> {ratio:.2f}x; the same not interrupting the decode in flight "
+                  f"{waited * 1000:.0f} ms -> {waited / idle:.2f}x; priority 0 (waits for a slot) "
+                  f"{plain * 1000:.0f} ms -> {plain / idle:.2f}x")
         p95 = statistics.quantiles(ttft.ratios, n=20)[-1] if len(ttft.ratios) > 1 else ttft.ratios[0]
+        p95_before = statistics.quantiles(uninterrupted, n=20)[-1] if len(uninterrupted) > 1 else uninterrupted[0]
         print(f"median: TTFT beside a full batch {ttft.median():.2f}x idle (target <= 1.5), p95 {p95:.2f}x "
-              f"(target <= 2.5); without priority {statistics.median(waiting):.2f}x")
+              f"(target <= 2.5); not interrupting the decode in flight {statistics.median(uninterrupted):.2f}x, "
+              f"p95 {p95_before:.2f}x; without priority {statistics.median(waiting):.2f}x")
         speed = Pairs()
         for r in range(1, max(2, args.rounds // 2) + 1):
             alone, shared = batch_speed(engine, args, False), batch_speed(engine, args, True)
@@ -141,6 +153,7 @@ def main() -> None:
                   f"-> {ratio:.2f}x")
         print(f"median: batch speed {speed.median():.2f}x with urgent requests (target >= 0.9)")
         stats = engine.stats()
+    print(f"decodes interrupted for an urgent request: {stats.interrupted_ticks}")
     if parked:
         print(f"preemptions: {stats.preemptions}; a parked slot's KV: median {statistics.median(parked) / 2**20:.2f} MiB, "
               f"max {max(parked) / 2**20:.2f} MiB (llama_state_seq_get_size)")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
-from llamabatch.core.plan import EmbedBatch, EmbedStepResult, Runner, SampleStopped, StepPlan, StepResult
+from llamabatch.core.plan import INTERRUPTED, EmbedBatch, EmbedStepResult, Runner, SampleStopped, StepPlan, StepResult
 from llamabatch.llama.ubatch_split import ubatch_sizes
 
 EOG = 1  # end of generation
@@ -145,6 +145,9 @@ class FakeRunner:
                   grammar), inline or in a FakeJob; None: no delay.
     can_sample_apart: whether chunks marked sample_apart become FakeJobs (like LlamaRunner
                   outside deterministic mode); False samples them inline.
+    can_interrupt: whether interrupt() stops an execute() part-way (like LlamaRunner's decode of
+                  one graph run): the step_delay ends early, the trims, restores and forks stay
+                  applied and the decode returns INTERRUPTED with nothing kept or sampled.
     """
 
     def __init__(self, n_slots: int = 4, slot_ctx: int = 64, *, n_batch: int | None = None,
@@ -158,7 +161,11 @@ class FakeRunner:
                  embed_refusal: str = "", can_store: bool = True, can_park: bool = True, restore_ok: Callable[[int], bool] | None = None,
                  force: Callable[[str], int] | None = None, can_verify: bool = False,
                  probs: Callable[[list[int]], dict[int, float]] | None = None,
-                 grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None):
+                 grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None,
+                 can_interrupt: bool = True):
+        self.can_interrupt = can_interrupt
+        self._stop = threading.Event()  # interrupt() sets it; clear_interrupt() clears it
+        self.interrupted_calls: list[int] = []  # execute() calls that interrupt() stopped
         # A KV pool the slots share (a unified cache): the slots together never hold more than
         # pool_cells tokens (a plan that would is a violation), one slot up to slot_ctx of them.
         self.pool_cells = pool_cells
@@ -276,18 +283,31 @@ class FakeRunner:
             return self.status(call, plan)
         return self.status.get(call, 0)
 
+    def interruptible(self, plan: StepPlan) -> bool:
+        return self.can_interrupt and len(ubatch_sizes([(c.slot, len(c.tokens)) for c in plan.chunks],
+                                                       self.n_batch or 512, unified=False)) == 1
+
+    def interrupt(self) -> None:
+        self._stop.set()
+
+    def clear_interrupt(self) -> None:
+        self._stop.clear()
+
     def execute(self, plan: StepPlan) -> StepResult:
         self.calls += 1
         call = self.calls
         if self.hook is not None:
             self.hook(call, plan)
         if self.step_delay:
-            time.sleep(self.step_delay)
+            self._stop.wait(self.step_delay)  # the decode's time, cut short by interrupt()
         self._apply_trims(plan)  # first, as the real runner: a trimmed slot may be a fork's destination
         restored = self._apply_restores(plan)
         self._apply_forks(plan)  # before the decode, and kept even when the decode fails
         self._check(plan)
         status = self._status_for(call, plan)
+        if self._stop.is_set() and self.interruptible(plan):
+            status = INTERRUPTED
+            self.interrupted_calls.append(call)
         # a copy of the plan as it was, sharing (not copying) the samplers it carries
         shared = {id(x): x for c in plan.chunks for x in (c.sampler, *(sm for _, sm in c.siblings))}
         shared.update({id(r.payload): r.payload for r in plan.restores})  # KV bytes: shared too (a memoryview)
@@ -298,7 +318,8 @@ class FakeRunner:
         if status != 0:
             # "no KV room" (1): llama.cpp rolled the batch back, so a smaller retry may follow.
             # Any other failure may leave part of the batch in the cache: unknown until trimmed.
-            if status != 1:
+            # An interrupted one (2) took its cells out again, as llama.cpp does.
+            if status not in (1, INTERRUPTED):
                 self.stale.update(chunk.slot for chunk in plan.chunks)
             return result
         for chunk in plan.chunks:

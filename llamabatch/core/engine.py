@@ -25,7 +25,7 @@ from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError, 
 from .handle import EventCallback, RequestHandle
 from .inputs import ChatTemplates, InputPreparer, Prompt
 from ..params import SamplingParams
-from .plan import EmbedBatch, StepPlan, StepResult
+from .plan import INTERRUPTED, EmbedBatch, StepPlan, StepResult
 from ..results import Delta, EmbeddingResult
 from .disk_prefix import DiskPrefixes
 from .scheduler import SaveWanted, Scheduler, SeqEvent
@@ -33,6 +33,7 @@ from .sequence import Sequence, Status
 from .engine_base import EngineBase, check_room, error_result, record_outcome
 from .speculation import Speculation
 from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
+from .tick_interrupt import TickInterrupt
 
 log = logging.getLogger("llamabatch.engine")
 
@@ -111,6 +112,7 @@ class EngineCore(EngineBase):
                                    park=runner.snapshot if getattr(runner, "can_park", False) else None,
                                    park_budget=park_budget(runner))
         self._preemptions = 0  # requests parked since the last tick record
+        self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight
         self._inbox: list[Sequence | EmbedJob] = []
         self.embeds = EmbedQueue()  # accepted embeddings requests (embedding.py)
         self._rejected: list[tuple[RequestHandle, LlamaBatchError]] = []  # bad input, ended on the engine thread
@@ -190,6 +192,7 @@ class EngineCore(EngineBase):
             self._waiting_count += 1
             self._handles[request_id] = handle
             self._inbox.append(seq)
+            self._tick_interrupt.arrived(seq.params.priority)
             self._cond.notify()
         return handle
 
@@ -475,16 +478,37 @@ class EngineCore(EngineBase):
         """One llama_decode; on 'no KV room' try the scheduler's smaller plan, never crash."""
         restored = None  # the first try applies the plan's restores; a smaller plan carries none
         while True:
-            result = self.runner.execute(plan)
+            result = self._execute_interruptibly(plan)
             restored = result.restored if restored is None else restored
             if result.status == 0:
                 result.restored = restored
                 return plan, result
+            if result.status == INTERRUPTED:  # nothing of it ran: the next tick plans again (tick_interrupt.py)
+                return StepPlan(), StepResult(eval_ms=result.eval_ms, restored=restored, interrupted=True)
             smaller = self.scheduler.shrink(plan) if result.status == 1 else None
             if smaller is None:
                 self._fail_batch(plan, result.status)
                 return StepPlan(), StepResult(eval_ms=result.eval_ms, restored=restored)
             plan = smaller
+
+    def _execute_interruptibly(self, plan: StepPlan) -> StepResult:
+        best = None
+        rows = [self.scheduler.slots[chunk.slot].seq for chunk in plan.chunks]
+        # a tick with a fair-share request's rows is never interrupted, or a stream of higher
+        # arrivals, one each tick, would stop every tick it has (no starvation: scheduler.py)
+        if self.runner.interruptible(plan) and not any(seq is not None and seq.protected for seq in rows):
+            best = min(self._priority_of(chunk.slot) for chunk in plan.chunks)
+        with self._cond:
+            self._tick_interrupt.arm(best, (s.params.priority for s in self._inbox if isinstance(s, Sequence)))
+        try:
+            return self.runner.execute(plan)
+        finally:
+            with self._cond:
+                self._tick_interrupt.disarm()
+
+    def _priority_of(self, slot: int) -> int:
+        seq = self.scheduler.slots[slot].seq
+        return seq.params.priority if seq is not None else 0
 
     def _fail_batch(self, plan: StepPlan, status: int) -> None:
         """End every request in a plan llama_decode refused; their slots' KV is emptied by
@@ -499,7 +523,7 @@ class EngineCore(EngineBase):
     def _record_tick(self, plan: StepPlan, result: StepResult, active: int, t_start: float,
                      t_planned: float, forced: int = 0, accepted: int = 0) -> None:
         wall = (time.perf_counter() - t_start) * 1000
-        if self.scheduler.speculation is not None:  # what a tick costs here, for choosing guesses
+        if self.scheduler.speculation is not None and plan.chunks:  # what a tick costs here, for choosing guesses
             logit_rows = sum(1 + c.n_draft for c in plan.chunks if c.wants_logits)
             self.scheduler.speculation.cost.observe(result.ubatches, plan.n_tokens, logit_rows,
                                                     result.eval_ms + result.sample_ms)
@@ -508,7 +532,7 @@ class EngineCore(EngineBase):
         self._tick_no += 1
         preemptions, self._preemptions = self._preemptions, 0
         self.telemetry.record_tick(TickRecord(
-            preemptions=preemptions, rows_by_priority=self._rows_by_priority(plan),
+            preemptions=preemptions, rows_by_priority=self._rows_by_priority(plan), interrupted=result.interrupted,
             tick=self._tick_no, batch_size=plan.n_tokens, decode_tokens=plan.decode_tokens,
             prefill_tokens=plan.prefill_tokens, active_slots=active,
             queue_depth=len(self.scheduler.waiting), eval_ms=result.eval_ms, sample_ms=result.sample_ms,
@@ -520,8 +544,7 @@ class EngineCore(EngineBase):
         """The tick's rows by their request's priority; empty when all are priority 0."""
         rows: dict[int, int] = {}
         for chunk in plan.chunks:
-            seq = self.scheduler.slots[chunk.slot].seq
-            priority = seq.params.priority if seq is not None else 0
+            priority = self._priority_of(chunk.slot)
             rows[priority] = rows.get(priority, 0) + len(chunk.tokens)
         return {} if set(rows) <= {0} else rows
 

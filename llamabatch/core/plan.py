@@ -170,7 +170,8 @@ class StepPlan:
 
 @dataclass
 class StepResult:
-    """What one llama_decode gave. status follows llama_decode: 0 ok, 1 no KV room, <0 fatal."""
+    """What one llama_decode gave. status follows llama_decode: 0 ok, 1 no KV room, 2 stopped by
+    Runner.interrupt (INTERRUPTED), <0 fatal."""
 
     status: int = 0
     sampled: dict[int, int] = field(default_factory=dict)  # slot -> token sampled after its chunk
@@ -193,6 +194,10 @@ class StepResult:
     # output before the slot's `sampled` token), and their logprob records when asked for
     accepted: dict[int, int] = field(default_factory=dict)
     accepted_logprobs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    interrupted: bool = False  # the engine's record of a tick whose decode was interrupted (nothing kept)
+
+
+INTERRUPTED = 2  # llama_decode's "aborted": the decode was stopped and its cells taken out again
 
 
 @dataclass
@@ -298,6 +303,18 @@ class Runner(Protocol):
 
     def snapshot(self, slot: int) -> bytes | bytearray:
         """The slot's KV as bytes, for the disk prefix store (a Restore puts them back)."""
+
+    def interruptible(self, plan: StepPlan) -> bool:
+        """Whether `interrupt()` can stop `execute(plan)` part-way with nothing of its decode kept
+        (one graph run; not in deterministic mode, whose passes are several decodes)."""
+        ...
+
+    def interrupt(self) -> None:
+        """From any thread: the interruptible execute() in flight stops at its next graph node and
+        returns status INTERRUPTED, its trims, restores and forks applied, its decode undone and
+        nothing sampled. Set until clear_interrupt(); call it only while such a plan runs."""
+
+    def clear_interrupt(self) -> None: ...
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply plan.trims, then plan.restores, then plan.forks, then one llama_decode of the plan's chunks;

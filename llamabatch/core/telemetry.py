@@ -42,6 +42,9 @@ class TickRecord:
     # the priority of the request they belong to (empty when every row has priority 0)
     preemptions: int = 0
     rows_by_priority: dict[int, int] = field(default_factory=dict)
+    # the tick's decode was stopped part-way for a request that outranked every row of it
+    # (core/tick_interrupt.py): nothing of it was kept, its rows run again in a later tick
+    interrupted: bool = False
     at: float = field(default_factory=time.perf_counter)
 
     kind = "tick"
@@ -79,6 +82,7 @@ class Totals:
     drafted_tokens: int = 0  # guesses verified (speculative decoding, core/drafts.py)
     accepted_tokens: int = 0  # of them, those that joined answers (part of generated_tokens)
     preemptions: int = 0  # requests put aside for higher-priority ones (their KV kept, resumed later)
+    interrupted_ticks: int = 0  # decodes stopped part-way for a request that outranked all their rows
     eval_ms: float = 0.0
     sample_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -146,6 +150,7 @@ class Telemetry:
         t.drafted_tokens += record.drafted_tokens
         t.accepted_tokens += record.accepted_tokens
         t.preemptions += record.preemptions
+        t.interrupted_ticks += record.interrupted
         t.eval_ms += record.eval_ms
         t.sample_ms += record.sample_ms
         t.overhead_ms += record.overhead_ms

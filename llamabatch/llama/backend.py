@@ -24,6 +24,9 @@ _buffer_log: deque[tuple[int, str]] = deque(maxlen=64)
 # the KV cache's "size = N MiB (... K (q8_0): ..." lines and how flash attention was resolved
 _kv_log: deque[tuple[int, str]] = deque(maxlen=64)
 _KV_MARKS = ("llama_kv_cache: size =", "Flash Attention", "flash_attn            =")
+# what llama_decode logs as a warning and an error when a decode was interrupted on purpose
+# (decode_interrupt.py): the cells it takes out again, and its return value 2; not a problem
+_INTERRUPT_MARKS = ("removing memory module entries", "failed to decode, ret = 2")
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
 
@@ -38,7 +41,8 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             _buffer_log.append((number, line))
         elif any(mark in line for mark in _KV_MARKS):
             _kv_log.append((number, line))
-        log.log(_GGML_LEVELS.get(level, logging.DEBUG), "%s", line)
+        level = logging.DEBUG if any(mark in line for mark in _INTERRUPT_MARKS) else _GGML_LEVELS.get(level, logging.DEBUG)
+        log.log(level, "%s", line)
 
 
 _backend_lock = threading.Lock()

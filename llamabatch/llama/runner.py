@@ -25,6 +25,7 @@ from . import batch_invariance as invariance
 from . import kv_state, load, resources
 from .backend import flash_attention, gpu_offload_supported, init_backend, kv_cache_mib, log_mark
 from .chat_formats import LlamaChatFormats
+from .decode_interrupt import DecodeInterrupt
 from .cpu_buffers import KernelPath
 from .cpu_kernels import derive_shapes_for, kernel_path
 from .embedder import Embedder, default_pooling
@@ -88,6 +89,7 @@ class LlamaRunner:
         self.n_batch = cparams.n_batch
         self.n_ubatch = cparams.n_ubatch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._interrupt = DecodeInterrupt(self.ctx)
         # Rows may be sampled on sampling threads (sampling_threads.py); deterministic mode samples inline.
         self.can_sample_apart = not self.deterministic
         # Decode chunks may carry guesses to verify (speculative decoding). Deterministic mode
@@ -191,6 +193,18 @@ class LlamaRunner:
         self.samplers.free(sampler)
 
     # -- one tick ----------------------------------------------------------------------
+
+    def interruptible(self, plan: StepPlan) -> bool:
+        # One graph run: llama.cpp undoes only the ubatch it was computing, so a plan of several
+        # would keep its first ones. Deterministic mode's passes are several decodes.
+        runs = [(c.slot, len(c.tokens)) for c in plan.chunks]
+        return self._interrupt.available and not self.deterministic and bool(runs) and self.graph_runs(runs) == 1
+
+    def interrupt(self) -> None:
+        self._interrupt.stop()
+
+    def clear_interrupt(self) -> None:
+        self._interrupt.clear()
 
     def execute(self, plan: StepPlan) -> StepResult:
         for trim in plan.trims:  # first: a slot trimmed here may be a fork's destination below

@@ -1,0 +1,84 @@
+"""A request that outranks every row of the decode in flight stops that decode (FakeRunner, no
+model; core/tick_interrupt.py): the tick counts as not run, the urgent prompt's tick comes next,
+and the interrupted rows run again unchanged. Requests of equal priority, runners that cannot
+stop a decode and ticks of a fair-share request are never interrupted (the fair-share case:
+test_priority_fake.py's stream of higher prompts, one each tick)."""
+from __future__ import annotations
+
+import pytest
+
+from llamabatch.core.plan import StepPlan
+
+from fake_runner import FakeRunner
+from test_priority_fake import WAIT, engine_over, params, urgent_at_first_decode
+
+
+def chunks_of(runner: FakeRunner, call: int) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    plan = next(p.plan for p in runner.plans if p.call == call)
+    return [(c.request_id, c.slot, c.start_pos, tuple(c.tokens)) for c in plan.chunks]
+
+
+def test_an_urgent_arrival_stops_the_decode_in_flight_and_its_prompt_runs_next_alone():
+    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef")
+    engine, submitted = urgent_at_first_decode(runner, params(priority=-1, max_tokens=3))
+    with engine:
+        with engine.hold():  # admitted together
+            batch = [engine.submit(f"line {i}", params(priority=0)) for i in range(2)]
+        answers = [h.result(timeout=WAIT) for h in batch]
+        urgent = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
+        stats = engine.stats()
+    (stopped,) = runner.interrupted_calls
+    assert [p.status for p in runner.plans if p.call == stopped] == [2]
+    after = [p.plan for p in runner.plans if p.call > stopped]
+    assert {c.request_id for c in after[0].chunks} == {urgent.request_id}  # the urgent prompt's tick
+    # the stopped rows run again as they were: nothing of them was kept
+    again = [(c.request_id, c.slot, c.start_pos, tuple(c.tokens)) for p in after[1:] for c in p.chunks]
+    assert set(chunks_of(runner, stopped)) <= set(again)
+    assert [a.text for a in answers] == ["abcdef", "abcdef"] and urgent.text == "abc"
+    assert stats.interrupted_ticks == 1
+    assert runner.violations == []
+
+
+@pytest.mark.parametrize("urgent_priority, can_interrupt", [(0, True), (-1, False)],
+                         ids=["equal-priority", "runner-cannot-stop-a-decode"])
+def test_nothing_is_interrupted_where_it_need_not_or_cannot_be(urgent_priority, can_interrupt):
+    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef", can_interrupt=can_interrupt)
+    engine, submitted = urgent_at_first_decode(runner, params(priority=urgent_priority, max_tokens=3))
+    with engine:
+        with engine.hold():  # admitted together
+            batch = [engine.submit(f"line {i}", params(priority=0)) for i in range(2)]
+        answers = [h.result(timeout=WAIT) for h in batch]
+        urgent = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
+        stats = engine.stats()
+    assert runner.interrupted_calls == [] and stats.interrupted_ticks == 0
+    assert all(p.status == 0 for p in runner.plans)
+    assert [a.text for a in answers] == ["abcdef", "abcdef"] and urgent.text == "abc"
+
+
+def test_a_resumed_requests_restore_on_an_interrupted_tick_holds_and_it_ends_unchanged():
+    # Two slots, two batch requests. u1 preempts the later one (b); when b's KV is put back, the
+    # Restore rides on a tick with a's row, and u2 interrupts that tick and preempts b again: the
+    # restore stays applied (and recorded), b is parked from the restored slot and resumed once
+    # more, and both answers are the unpreempted ones.
+    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=lambda p: "abcdefgh")
+    submitted: dict[str, object] = {}
+
+    def hook(call: int, plan: StepPlan) -> None:
+        if "u1" not in submitted and any(c.is_decode for c in plan.chunks):
+            submitted["u1"] = engine.submit("u1", params(priority=-1, max_tokens=2))
+        elif "u1" in submitted and "u2" not in submitted and plan.restores and plan.chunks:
+            submitted["u2"] = engine.submit("u2", params(priority=-1, max_tokens=2))
+
+    runner.hook = hook
+    engine = engine_over(runner)
+    with engine:
+        with engine.hold():  # admitted together
+            batch = [engine.submit(name, params(priority=0)) for name in ("a", "b")]
+        a, b = (h.result(timeout=WAIT) for h in batch)
+        urgent = [submitted[k].result(timeout=WAIT) for k in ("u1", "u2")]  # type: ignore[attr-defined]
+    assert a.text == b.text == "abcdefgh" and [u.text for u in urgent] == ["ab", "ab"]
+    restoring = [p for p in runner.plans if p.plan.restores and p.plan.chunks]
+    assert len(runner.interrupted_calls) == 2 and restoring[0].call in runner.interrupted_calls
+    assert [took for _, _, took in runner.restores] == [True, True]  # the interrupted tick's, then the last
+    assert (a.timings.preemptions, b.timings.preemptions) == (0, 2)
+    assert runner.violations == []

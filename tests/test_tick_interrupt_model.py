@@ -1,0 +1,93 @@
+"""Interrupting a decode on the bundled models (both families; core/tick_interrupt.py,
+llama/decode_interrupt.py): llama.cpp stops part-way and keeps nothing of it, the same decode
+run again gives the same token as a slot never interrupted, and through the engine an urgent
+request that interrupts the batch's decode leaves every batch answer as it is without it."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from llamabatch import Engine, EngineConfig
+from llamabatch.core.plan import INTERRUPTED, Chunk, StepPlan
+from llamabatch.llama.runner import LlamaRunner
+from llamabatch.params import SamplingParams
+
+from test_priority_model import GREEDY, PROMPTS, SEEDED, URGENT
+
+pytestmark = pytest.mark.model
+
+LONG = " ".join(f"Item {i} weighs {i * 7 % 13} grams and costs {i % 5} coins." for i in range(30))
+
+
+def test_an_interrupted_decode_keeps_nothing_and_the_same_decode_then_gives_the_same_tokens(family):
+    runner = LlamaRunner(EngineConfig(model=family.path, n_parallel=2, n_ctx=2048, threads=2), family.path)
+    samplers = [runner.build_sampler(SamplingParams(temperature=0), 0) for _ in range(2)]
+    try:
+        prompt = runner.tokenize(LONG, special=False)
+        assert runner.interruptible(StepPlan([Chunk(0, 0, prompt, 0, True, False, sampler=samplers[0])]))
+        # slot 1, never interrupted: its prefill's time, its first token
+        t0 = time.perf_counter()
+        whole = runner.execute(StepPlan([Chunk(1, 1, prompt, 0, True, False, sampler=samplers[1])]))
+        took = time.perf_counter() - t0
+        # slot 0: the same prefill, stopped a fifth of the way in from another thread
+        timer = threading.Timer(took / 5, runner.interrupt)
+        timer.start()
+        stopped = runner.execute(StepPlan([Chunk(0, 0, prompt, 0, True, False, sampler=samplers[0])]))
+        timer.join()
+        runner.clear_interrupt()
+        assert stopped.status == INTERRUPTED and stopped.sampled == {}
+        assert runner.kv.next_pos(0) == 0  # nothing of it kept
+        again = runner.execute(StepPlan([Chunk(0, 0, prompt, 0, True, False, sampler=samplers[0])]))
+        assert again.status == 0 and again.sampled[0] == whole.sampled[1]
+        # a decode interrupted before its first node, then each slot decoding alone: same tokens
+        runner.interrupt()
+        assert runner.execute(StepPlan([Chunk(0, 0, [again.sampled[0]], len(prompt), True, True,
+                                              sampler=samplers[0])])).status == INTERRUPTED
+        runner.clear_interrupt()
+        assert runner.kv.next_pos(0) == len(prompt)
+        tokens = {0: [again.sampled[0]], 1: [whole.sampled[1]]}
+        for step in range(6):
+            for slot in (0, 1):
+                result = runner.execute(StepPlan([Chunk(slot, slot, [tokens[slot][-1]], len(prompt) + step, True, True,
+                                                        sampler=samplers[slot])]))
+                tokens[slot].append(result.sampled[slot])
+        assert tokens[0] == tokens[1]
+    finally:
+        for sampler in samplers:
+            runner.free_sampler(sampler)
+        runner.close()
+
+
+def run(e: Engine, urgent_at_decode_tick: int | None) -> tuple[list, object]:
+    """Both prompts in 3 slots (one greedy, one seeded); with `urgent_at_decode_tick`, a priority
+    -1 request is submitted from inside that decode tick of both, before its llama_decode starts."""
+    real, seen, sent = e.runner.execute, [0], {}
+
+    def execute(plan: StepPlan):
+        if urgent_at_decode_tick is not None and len(plan.chunks) == 2 and all(c.is_decode for c in plan.chunks):
+            seen[0] += 1
+            if seen[0] == urgent_at_decode_tick:
+                sent["urgent"] = e.submit("The capital of France is", URGENT)
+        return real(plan)
+
+    e.runner.execute = execute
+    try:
+        with e.hold():
+            handles = [e.submit(p, q) for p, q in zip(PROMPTS, (GREEDY, SEEDED))]
+        results = [h.result(timeout=300) for h in handles]
+        urgent = sent["urgent"].result(timeout=300) if "urgent" in sent else None
+    finally:
+        del e.runner.execute
+    return results, urgent
+
+
+def test_an_urgent_request_interrupts_the_batchs_decode_and_no_batch_token_changes(family):
+    with Engine(EngineConfig(model=family.path, n_parallel=3, n_ctx=1536, threads=2)) as e:
+        plain, _ = run(e, None)
+        interrupted, urgent = run(e, urgent_at_decode_tick=3)
+        stats = e.stats()
+    assert urgent is not None and urgent.finish_reason in ("stop", "length") and urgent.token_ids
+    assert stats.interrupted_ticks == 1
+    assert [r.token_ids for r in interrupted] == [r.token_ids for r in plain]
