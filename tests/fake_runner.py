@@ -145,9 +145,11 @@ class FakeRunner:
                   grammar), inline or in a FakeJob; None: no delay.
     can_sample_apart: whether chunks marked sample_apart become FakeJobs (like LlamaRunner
                   outside deterministic mode); False samples them inline.
-    can_interrupt: whether interrupt() stops an execute() part-way (like LlamaRunner's decode of
-                  one graph run): the step_delay ends early, the trims, restores and forks stay
-                  applied and the decode returns INTERRUPTED with nothing kept or sampled.
+    can_interrupt: whether interrupt() stops an execute() part-way (like LlamaRunner's decode):
+                  the step_delay ends early, the trims, restores and forks stay applied and the
+                  decode returns INTERRUPTED with nothing kept or sampled.
+    eval_ms:      what each decode says it took (the engine leaves a decode it thinks more than
+                  half done to finish: tests of interrupts give a realistic 40).
     """
 
     def __init__(self, n_slots: int = 4, slot_ctx: int = 64, *, n_batch: int | None = None,
@@ -162,8 +164,9 @@ class FakeRunner:
                  force: Callable[[str], int] | None = None, can_verify: bool = False,
                  probs: Callable[[list[int]], dict[int, float]] | None = None,
                  grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None,
-                 can_interrupt: bool = True):
+                 can_interrupt: bool = True, eval_ms: float = 0.5):
         self.can_interrupt = can_interrupt
+        self.eval_ms = eval_ms  # what each decode reports it took (the engine estimates tick times from it)
         self._stop = threading.Event()  # interrupt() sets it; clear_interrupt() clears it
         self.interrupted_calls: list[int] = []  # execute() calls that interrupt() stopped
         # A KV pool the slots share (a unified cache): the slots together never hold more than
@@ -313,7 +316,7 @@ class FakeRunner:
         shared.update({id(r.payload): r.payload for r in plan.restores})  # KV bytes: shared too (a memoryview)
         record = ExecutedPlan(call, copy.deepcopy(plan, shared), status)
         self.plans.append(record)
-        result = StepResult(status=status, eval_ms=0.5, ubatches=len(ubatch_sizes(
+        result = StepResult(status=status, eval_ms=self.eval_ms, ubatches=len(ubatch_sizes(
             [(c.slot, len(c.tokens)) for c in plan.chunks], self.n_batch or 512, unified=False)), restored=restored)
         if status != 0:
             # "no KV room" (1): llama.cpp rolled the batch back, so a smaller retry may follow.

@@ -19,7 +19,7 @@ def chunks_of(runner: FakeRunner, call: int) -> list[tuple[int, int, int, tuple[
 
 
 def test_an_urgent_arrival_stops_the_decode_in_flight_and_its_prompt_runs_next_alone():
-    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef")
+    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef", eval_ms=40)
     engine, submitted = urgent_at_first_decode(runner, params(priority=-1, max_tokens=3))
     with engine:
         with engine.hold():  # admitted together
@@ -42,7 +42,8 @@ def test_an_urgent_arrival_stops_the_decode_in_flight_and_its_prompt_runs_next_a
 @pytest.mark.parametrize("urgent_priority, can_interrupt", [(0, True), (-1, False)],
                          ids=["equal-priority", "runner-cannot-stop-a-decode"])
 def test_nothing_is_interrupted_where_it_need_not_or_cannot_be(urgent_priority, can_interrupt):
-    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef", can_interrupt=can_interrupt)
+    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef", can_interrupt=can_interrupt,
+                        eval_ms=40)
     engine, submitted = urgent_at_first_decode(runner, params(priority=urgent_priority, max_tokens=3))
     with engine:
         with engine.hold():  # admitted together
@@ -60,7 +61,7 @@ def test_a_resumed_requests_restore_on_an_interrupted_tick_holds_and_it_ends_unc
     # Restore rides on a tick with a's row, and u2 interrupts that tick and preempts b again: the
     # restore stays applied (and recorded), b is parked from the restored slot and resumed once
     # more, and both answers are the unpreempted ones.
-    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=lambda p: "abcdefgh")
+    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=lambda p: "abcdefgh", eval_ms=40)
     submitted: dict[str, object] = {}
 
     def hook(call: int, plan: StepPlan) -> None:
@@ -82,3 +83,36 @@ def test_a_resumed_requests_restore_on_an_interrupted_tick_holds_and_it_ends_unc
     assert [took for _, _, took in runner.restores] == [True, True]  # the interrupted tick's, then the last
     assert (a.timings.preemptions, b.timings.preemptions) == (0, 2)
     assert runner.violations == []
+
+
+class CountingRunner:
+    def __init__(self) -> None:
+        self.stopped = 0
+
+    def interrupt(self) -> None:
+        self.stopped += 1
+
+    def clear_interrupt(self) -> None:
+        pass
+
+
+def test_a_decode_more_than_half_done_is_left_to_finish():
+    import time
+
+    from llamabatch.core.tick_interrupt import TickInterrupt
+
+    early, late = CountingRunner(), CountingRunner()
+    for runner, run_ms, wait_s in ((early, 1000.0, 0.0), (late, 2.0, 0.02)):
+        ticks = TickInterrupt(runner)
+        ticks.observe(run_ms, 1)  # graph runs take run_ms
+        ticks.arm(0, [], graph_runs=1)
+        time.sleep(wait_s)  # early: at once, far under half of 1 s; late: 20 ms into a 2 ms decode
+        ticks.arrived(-1)
+        ticks.disarm()
+    assert (early.stopped, late.stopped) == (1, 0)
+    fresh = CountingRunner()
+    ticks = TickInterrupt(fresh)  # no decode timed yet: any outranking arrival interrupts
+    ticks.arm(0, [], graph_runs=3)
+    ticks.arrived(0)  # equal priority: never
+    ticks.arrived(-1)
+    assert fresh.stopped == 1

@@ -4,6 +4,7 @@ run again gives the same token as a slot never interrupted, and through the engi
 request that interrupts the batch's decode leaves every batch answer as it is without it."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -91,3 +92,43 @@ def test_an_urgent_request_interrupts_the_batchs_decode_and_no_batch_token_chang
     assert urgent is not None and urgent.finish_reason in ("stop", "length") and urgent.token_ids
     assert stats.interrupted_ticks == 1
     assert [r.token_ids for r in interrupted] == [r.token_ids for r in plain]
+
+
+def test_a_tick_of_several_graph_runs_interrupted_in_a_later_one_keeps_nothing_either(family, caplog):
+    # A decode row beside a long prompt: llama.cpp splits the batch into a run of one row per
+    # sequence and a run of the rest of the prompt. Stopped in the second, it has kept the
+    # first; the runner takes that out too, and the plan run again gives what slots 2 and 3,
+    # never interrupted, got from the same plan.
+    runner = LlamaRunner(EngineConfig(model=family.path, n_parallel=4, n_ctx=4096, threads=2), family.path)
+    caplog.clear()  # what loading logged
+    samplers = [runner.build_sampler(SamplingParams(temperature=0), 0) for _ in range(4)]
+    try:
+        prompt = runner.tokenize(LONG, special=False)[:300]
+        short = prompt[:12]
+        firsts = {}
+        for slot in (0, 2):
+            firsts[slot] = runner.execute(StepPlan([Chunk(slot, slot, short, 0, True, False, sampler=samplers[slot])])).sampled[slot]
+
+        def mixed(a: int, b: int) -> StepPlan:
+            return StepPlan([Chunk(a, a, [firsts[a]], len(short), True, True, sampler=samplers[a]),
+                             Chunk(b, b, prompt, 0, True, False, sampler=samplers[b])])
+
+        assert runner.graph_runs([(0, 1), (1, len(prompt))]) == 2 and runner.interruptible(mixed(0, 1))
+        t0 = time.perf_counter()
+        reference = runner.execute(mixed(2, 3))
+        took = time.perf_counter() - t0
+        timer = threading.Timer(took / 2, runner.interrupt)  # well into the second run
+        timer.start()
+        stopped = runner.execute(mixed(0, 1))
+        timer.join()
+        runner.clear_interrupt()
+        assert stopped.status == INTERRUPTED
+        assert (runner.kv.next_pos(0), runner.kv.next_pos(1)) == (len(short), 0)
+        again = runner.execute(mixed(0, 1))
+        assert again.status == 0 and (again.sampled[0], again.sampled[1]) == (reference.sampled[2], reference.sampled[3])
+        # llama.cpp's lines about the stop are not warnings here: it was asked for (backend.py)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    finally:
+        for sampler in samplers:
+            runner.free_sampler(sampler)
+        runner.close()

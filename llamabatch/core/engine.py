@@ -498,13 +498,17 @@ class EngineCore(EngineBase):
         # arrivals, one each tick, would stop every tick it has (no starvation: scheduler.py)
         if self.runner.interruptible(plan) and not any(seq is not None and seq.protected for seq in rows):
             best = min(self._priority_of(chunk.slot) for chunk in plan.chunks)
+        runs = self.runner.graph_runs([(c.slot, len(c.tokens)) for c in plan.chunks]) if best is not None else 0
         with self._cond:
-            self._tick_interrupt.arm(best, (s.params.priority for s in self._inbox if isinstance(s, Sequence)))
+            self._tick_interrupt.arm(best, (s.params.priority for s in self._inbox if isinstance(s, Sequence)), runs)
         try:
-            return self.runner.execute(plan)
+            result = self.runner.execute(plan)
         finally:
             with self._cond:
                 self._tick_interrupt.disarm()
+        if result.status == 0:
+            self._tick_interrupt.observe(result.eval_ms, result.ubatches)
+        return result
 
     def _priority_of(self, slot: int) -> int:
         seq = self.scheduler.slots[slot].seq

@@ -24,9 +24,11 @@ _buffer_log: deque[tuple[int, str]] = deque(maxlen=64)
 # the KV cache's "size = N MiB (... K (q8_0): ..." lines and how flash attention was resolved
 _kv_log: deque[tuple[int, str]] = deque(maxlen=64)
 _KV_MARKS = ("llama_kv_cache: size =", "Flash Attention", "flash_attn            =")
-# what llama_decode logs as a warning and an error when a decode was interrupted on purpose
-# (decode_interrupt.py): the cells it takes out again, and its return value 2; not a problem
-_INTERRUPT_MARKS = ("removing memory module entries", "failed to decode, ret = 2")
+# what llama.cpp logs as warnings and errors when a decode was interrupted on purpose
+# (decode_interrupt.py): the graph's status (1: GGML_STATUS_ABORTED), the cells it takes out
+# again, and llama_decode's return value 2; not problems
+_INTERRUPT_MARKS = ("compute_async failed with error 1", "failed to compute graph, compute status: 1",
+                    "removing memory module entries", "failed to decode, ret = 2")
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _GGML_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR, 5: logging.DEBUG}
 

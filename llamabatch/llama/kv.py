@@ -21,6 +21,17 @@ class KvCache:
         self.can_cut = bool((swa_full or C.llama_model_n_swa(model) == 0)
                             and not C.llama_model_is_recurrent(model) and not C.llama_model_is_hybrid(model))
         self.n_swa = max(0, int(C.llama_model_n_swa(model)))  # 0: no sliding-window layers
+        self.cannot_cut_at_all = bool(C.llama_model_is_recurrent(model) or C.llama_model_is_hybrid(model))
+
+    def can_undo(self, ends: list[int]) -> bool:
+        """Whether removing a batch's cells again (from each sequence's first position in it)
+        restores the memory as it was, for a batch whose sequences end at positions `ends`
+        (exclusive). A decode of several graph runs may overwrite a window layer's cells that have
+        left the window; none has while every position is below the window, and none ever does
+        in a full-size SWA cache or a model without windows. Recurrent state cannot be cut at all."""
+        if self.cannot_cut_at_all:
+            return False
+        return self.can_cut or all(end < self.n_swa for end in ends)
 
     def next_pos(self, seq: int) -> int:
         """How many positions sequence `seq` holds (its last position + 1; 0 when empty)."""

@@ -40,7 +40,7 @@ from ..config import EngineConfig
 from ..checks.kv_cache_types import pair_name
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
-from ..core.plan import EmbedBatch, EmbedStepResult, Restore, StepPlan, StepResult
+from ..core.plan import INTERRUPTED, EmbedBatch, EmbedStepResult, Restore, StepPlan, StepResult
 
 
 class LlamaRunner:
@@ -195,10 +195,19 @@ class LlamaRunner:
     # -- one tick ----------------------------------------------------------------------
 
     def interruptible(self, plan: StepPlan) -> bool:
-        # One graph run: llama.cpp undoes only the ubatch it was computing, so a plan of several
-        # would keep its first ones. Deterministic mode's passes are several decodes.
+        # llama.cpp undoes only the graph run it was computing; of a plan of several, the runs
+        # done before are taken out here (_undo), where the memory allows (kv.can_undo).
+        # Deterministic mode's passes are several decodes.
+        if not (self._interrupt.available and not self.deterministic and plan.chunks):
+            return False
         runs = [(c.slot, len(c.tokens)) for c in plan.chunks]
-        return self._interrupt.available and not self.deterministic and bool(runs) and self.graph_runs(runs) == 1
+        return self.graph_runs(runs) == 1 or self.kv.can_undo([c.start_pos + len(c.tokens) for c in plan.chunks])
+
+    def _undo(self, plan: StepPlan) -> None:
+        """After an interrupted decode: every chunk's cells out again, the graph runs llama.cpp
+        finished before the interrupt included (the one it stopped in, it took out itself)."""
+        for chunk in plan.chunks:
+            self.kv.drop_from(chunk.slot, chunk.start_pos)
 
     def interrupt(self) -> None:
         self._interrupt.stop()
@@ -246,6 +255,8 @@ class LlamaRunner:
         result = StepResult(status=status, eval_ms=(t1 - t0) * 1000, fill_ms=(t0 - t_fill) * 1000,
                             ubatches=len(ubatch_sizes([(c.slot, len(c.tokens)) for c in plan.chunks],
                                                       self.n_ubatch, self.kv_unified)))
+        if status == INTERRUPTED:
+            self._undo(plan)
         if status != 0:
             return result
         for chunk, row in rows:
