@@ -18,15 +18,23 @@ def chunks_of(runner: FakeRunner, call: int) -> list[tuple[int, int, int, tuple[
     return [(c.request_id, c.slot, c.start_pos, tuple(c.tokens)) for c in plan.chunks]
 
 
-def test_an_urgent_arrival_stops_the_decode_in_flight_and_its_prompt_runs_next_alone():
-    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef", eval_ms=40)
-    engine, submitted = urgent_at_first_decode(runner, params(priority=-1, max_tokens=3))
+def two_lines_and_an_urgent_one(urgent_priority: int, can_interrupt: bool = True):
+    """Two priority-0 requests in 4 slots; a request of `urgent_priority` arrives inside their
+    first decode. (runner, the two results, the urgent result, the engine's stats)."""
+    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef", can_interrupt=can_interrupt,
+                        eval_ms=40)
+    engine, submitted = urgent_at_first_decode(runner, params(priority=urgent_priority, max_tokens=3))
     with engine:
         with engine.hold():  # admitted together
             batch = [engine.submit(f"line {i}", params(priority=0)) for i in range(2)]
         answers = [h.result(timeout=WAIT) for h in batch]
         urgent = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
         stats = engine.stats()
+    return runner, answers, urgent, stats
+
+
+def test_an_urgent_arrival_stops_the_decode_in_flight_and_its_prompt_runs_next_alone():
+    runner, answers, urgent, stats = two_lines_and_an_urgent_one(-1)
     (stopped,) = runner.interrupted_calls
     assert [p.status for p in runner.plans if p.call == stopped] == [2]
     after = [p.plan for p in runner.plans if p.call > stopped]
@@ -42,15 +50,7 @@ def test_an_urgent_arrival_stops_the_decode_in_flight_and_its_prompt_runs_next_a
 @pytest.mark.parametrize("urgent_priority, can_interrupt", [(0, True), (-1, False)],
                          ids=["equal-priority", "runner-cannot-stop-a-decode"])
 def test_nothing_is_interrupted_where_it_need_not_or_cannot_be(urgent_priority, can_interrupt):
-    runner = FakeRunner(n_slots=4, slot_ctx=256, n_batch=64, reply=lambda p: "abcdef", can_interrupt=can_interrupt,
-                        eval_ms=40)
-    engine, submitted = urgent_at_first_decode(runner, params(priority=urgent_priority, max_tokens=3))
-    with engine:
-        with engine.hold():  # admitted together
-            batch = [engine.submit(f"line {i}", params(priority=0)) for i in range(2)]
-        answers = [h.result(timeout=WAIT) for h in batch]
-        urgent = submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
-        stats = engine.stats()
+    runner, answers, urgent, stats = two_lines_and_an_urgent_one(urgent_priority, can_interrupt)
     assert runner.interrupted_calls == [] and stats.interrupted_ticks == 0
     assert all(p.status == 0 for p in runner.plans)
     assert [a.text for a in answers] == ["abcdef", "abcdef"] and urgent.text == "abc"
