@@ -18,10 +18,9 @@ class KvCache:
         # Keeping part of a sequence (a Trim with n_keep > 0, the trimmed copy of a Fork):
         # recurrent and hybrid memories cannot remove part of a sequence, and without the
         # full-size SWA cache the early cells may already be gone (Gemma 3: a 512-token window).
-        self.can_cut = bool((swa_full or C.llama_model_n_swa(model) == 0)
-                            and not C.llama_model_is_recurrent(model) and not C.llama_model_is_hybrid(model))
         self.n_swa = max(0, int(C.llama_model_n_swa(model)))  # 0: no sliding-window layers
         self.cannot_cut_at_all = bool(C.llama_model_is_recurrent(model) or C.llama_model_is_hybrid(model))
+        self.can_cut = (swa_full or self.n_swa == 0) and not self.cannot_cut_at_all
 
     def can_undo(self, ends: list[int]) -> bool:
         """Whether removing a batch's cells again (from each sequence's first position in it)

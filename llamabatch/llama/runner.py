@@ -197,8 +197,9 @@ class LlamaRunner:
     def interruptible(self, plan: StepPlan) -> bool:
         # llama.cpp undoes only the graph run it was computing; of a plan of several, the runs
         # done before are taken out here (_undo), where the memory allows (kv.can_undo).
+        # Recurrent state is rewritten in place, so not even one run can be taken out again.
         # Deterministic mode's passes are several decodes.
-        if not (self._interrupt.available and not self.deterministic and plan.chunks):
+        if not (self._interrupt.available and not self.deterministic and plan.chunks) or self.kv.cannot_cut_at_all:
             return False
         runs = [(c.slot, len(c.tokens)) for c in plan.chunks]
         return self.graph_runs(runs) == 1 or self.kv.can_undo([c.start_pos + len(c.tokens) for c in plan.chunks])
