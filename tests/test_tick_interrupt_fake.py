@@ -5,9 +5,13 @@ stop a decode and ticks of a fair-share request are never interrupted (the fair-
 test_priority_fake.py's stream of higher prompts, one each tick)."""
 from __future__ import annotations
 
-import pytest
+import threading
 
-from llamabatch.core.plan import StepPlan
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llamabatch.core.plan import INTERRUPTED, StepPlan
 
 from fake_runner import FakeRunner
 from test_priority_fake import WAIT, engine_over, params, urgent_at_first_decode
@@ -116,3 +120,55 @@ def test_a_decode_more_than_half_done_is_left_to_finish():
     ticks.arrived(0)  # equal priority: never
     ticks.arrived(-1)
     assert fresh.stopped == 1
+
+
+def answers(requests: list[tuple[int, int, int, int]], slots: int, stopped: set[int]) -> list[tuple[str, str]]:
+    """(text, finish_reason) of each (priority, max_tokens, prompt length, arrival) request, in
+    order, with the decodes of the `stopped` call numbers returning INTERRUPTED (as a real
+    interrupt leaves them: nothing kept). Arrival 0: submitted before the first tick; n: from
+    inside the engine's n-th decode, so a later urgent request finds the slots busy."""
+    runner = FakeRunner(n_slots=slots, slot_ctx=256, n_batch=32, reply=lambda p: "re " + p[:9],
+                        status=lambda call, plan: INTERRUPTED if call in stopped and plan.chunks else 0)
+    handles: dict[int, object] = {}
+    lock = threading.Lock()
+
+    def submit(i: int) -> None:
+        with lock:  # the hook (engine thread) and the test thread: each request once
+            if i in handles:
+                return
+            priority, tokens, length, _ = requests[i]
+            handles[i] = engine.submit(f"p{i} " + "x" * length, params(priority=priority, max_tokens=tokens))
+
+    def hook(call: int, plan: StepPlan) -> None:
+        for i, request in enumerate(requests):
+            if request[3] == call:
+                submit(i)
+
+    runner.hook = hook
+    engine = engine_over(runner, n_batch=32, chunk_size=16)
+    with engine:
+        with engine.hold():
+            for i, request in enumerate(requests):
+                if request[3] == 0:
+                    submit(i)
+        while len(handles) < len(requests):  # a request whose call never came (all else ended): now
+            with lock:
+                known = list(handles.values())
+            for handle in known:
+                handle.result(timeout=WAIT)  # type: ignore[attr-defined]
+            missing = [i for i in range(len(requests)) if i not in handles]
+            if missing:  # (the hook may have taken it meanwhile: submit() then does nothing)
+                submit(missing[0])
+        results = {i: h.result(timeout=WAIT) for i, h in handles.items()}  # type: ignore[attr-defined]
+    assert runner.violations == []
+    return [(results[i].text, results[i].finish_reason) for i in range(len(requests))]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(st.tuples(st.sampled_from([-1, 0, 3]), st.integers(1, 14), st.integers(0, 40),
+                                   st.sampled_from([0, 0, 2, 4, 7])), min_size=1, max_size=8),
+       stopped=st.sets(st.integers(1, 80), max_size=20), slots=st.integers(1, 3))
+def test_interrupted_decodes_anywhere_change_no_answer(requests, stopped, slots):
+    # priorities, prompts longer than a chunk, fewer slots than requests, urgent ones arriving
+    # while others run (preemption and restores), with any of the first 80 decodes stopped
+    assert answers(requests, slots, stopped) == answers(requests, slots, set())
