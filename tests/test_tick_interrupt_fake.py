@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llamabatch import SamplingParams
 from llamabatch.core.plan import INTERRUPTED, StepPlan
 
 from fake_runner import FakeRunner
@@ -122,9 +123,9 @@ def test_a_decode_more_than_half_done_is_left_to_finish():
     assert fresh.stopped == 1
 
 
-def answers(requests: list[tuple[int, int, int, int]], slots: int, stopped: set[int]) -> list[tuple[str, str]]:
-    """(text, finish_reason) of each (priority, max_tokens, prompt length, arrival) request, in
-    order, with the decodes of the `stopped` call numbers returning INTERRUPTED (as a real
+def answers(requests: list[tuple[int, int, int, int, int]], slots: int, stopped: set[int]) -> list[tuple]:
+    """(text, finish_reason, the samples') of each (priority, max_tokens, prompt length, arrival,
+    n samples) request, in order, with the decodes of the `stopped` call numbers returning INTERRUPTED (as a real
     interrupt leaves them: nothing kept). Arrival 0: submitted before the first tick; n: from
     inside the engine's n-th decode, so a later urgent request finds the slots busy."""
     runner = FakeRunner(n_slots=slots, slot_ctx=256, n_batch=32, reply=lambda p: "re " + p[:9],
@@ -136,8 +137,9 @@ def answers(requests: list[tuple[int, int, int, int]], slots: int, stopped: set[
         with lock:  # the hook (engine thread) and the test thread: each request once
             if i in handles:
                 return
-            priority, tokens, length, _ = requests[i]
-            handles[i] = engine.submit(f"p{i} " + "x" * length, params(priority=priority, max_tokens=tokens))
+            priority, tokens, length, _, n = requests[i]
+            handles[i] = engine.submit(f"p{i} " + "x" * length, SamplingParams(temperature=0, max_tokens=tokens,
+                                                                            priority=priority, n=n))
 
     def hook(call: int, plan: StepPlan) -> None:
         for i, request in enumerate(requests):
@@ -161,14 +163,16 @@ def answers(requests: list[tuple[int, int, int, int]], slots: int, stopped: set[
                 submit(missing[0])
         results = {i: h.result(timeout=WAIT) for i, h in handles.items()}  # type: ignore[attr-defined]
     assert runner.violations == []
-    return [(results[i].text, results[i].finish_reason) for i in range(len(requests))]
+    return [(results[i].text, results[i].finish_reason, [(s.text, s.finish_reason) for s in results[i].samples or []])
+            for i in range(len(requests))]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(requests=st.lists(st.tuples(st.sampled_from([-1, 0, 3]), st.integers(1, 14), st.integers(0, 40),
-                                   st.sampled_from([0, 0, 2, 4, 7])), min_size=1, max_size=8),
+                                   st.sampled_from([0, 0, 2, 4, 7]), st.sampled_from([1, 1, 2])), min_size=1, max_size=8),
        stopped=st.sets(st.integers(1, 80), max_size=20), slots=st.integers(1, 3))
 def test_interrupted_decodes_anywhere_change_no_answer(requests, stopped, slots):
     # priorities, prompts longer than a chunk, fewer slots than requests, urgent ones arriving
-    # while others run (preemption and restores), with any of the first 80 decodes stopped
+    # while others run (preemption and restores), n samples (forks), with any of the first 80
+    # decodes stopped
     assert answers(requests, slots, stopped) == answers(requests, slots, set())
