@@ -2,10 +2,12 @@
 model; core/tick_interrupt.py): the tick counts as not run, the urgent prompt's tick comes next,
 and the interrupted rows run again unchanged. Requests of equal priority, runners that cannot
 stop a decode and ticks of a fair-share request are never interrupted (the fair-share case:
-test_priority_fake.py's stream of higher prompts, one each tick)."""
+test_priority_fake.py's stream of higher prompts, one each tick), nor is a decode more than half
+done; and, as a property, decodes stopped anywhere change no answer."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 from llamabatch import SamplingParams
 from llamabatch.core.plan import INTERRUPTED, StepPlan
+from llamabatch.core.tick_interrupt import TickInterrupt
 
 from fake_runner import FakeRunner
 from test_priority_fake import WAIT, engine_over, params, urgent_at_first_decode
@@ -102,10 +105,6 @@ class CountingRunner:
 
 
 def test_a_decode_more_than_half_done_is_left_to_finish():
-    import time
-
-    from llamabatch.core.tick_interrupt import TickInterrupt
-
     early, late = CountingRunner(), CountingRunner()
     for runner, run_ms, wait_s in ((early, 1000.0, 0.0), (late, 2.0, 0.02)):
         ticks = TickInterrupt(runner)
@@ -125,9 +124,10 @@ def test_a_decode_more_than_half_done_is_left_to_finish():
 
 def answers(requests: list[tuple[int, int, int, int, int]], slots: int, stopped: set[int]) -> list[tuple]:
     """(text, finish_reason, the samples') of each (priority, max_tokens, prompt length, arrival,
-    n samples) request, in order, with the decodes of the `stopped` call numbers returning INTERRUPTED (as a real
-    interrupt leaves them: nothing kept). Arrival 0: submitted before the first tick; n: from
-    inside the engine's n-th decode, so a later urgent request finds the slots busy."""
+    n samples) request, in order, with the decodes of the `stopped` call numbers returning
+    INTERRUPTED (as a real interrupt leaves them: nothing kept). Arrival 0: submitted before the
+    first tick; n: from inside the engine's n-th decode, so a later urgent request finds the
+    slots busy."""
     runner = FakeRunner(n_slots=slots, slot_ctx=256, n_batch=32, reply=lambda p: "re " + p[:9],
                         status=lambda call, plan: INTERRUPTED if call in stopped and plan.chunks else 0)
     handles: dict[int, object] = {}
