@@ -9,8 +9,10 @@ real process on the model without them carries `@pytest.mark.model` itself.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import pytest
@@ -103,6 +105,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # tests) were measured: 899 s against 909 s for the whole suite, 24.6 against 17.4 CPU
             # minutes, so on 2 cores one lane; a module's model fixture also loads once.
             item.add_marker(pytest.mark.xdist_group("model"))
+        elif item.path.name in SOURCE_SCANS:
+            item.add_marker(pytest.mark.xdist_group("source_scans"))
+
+
+# Modules whose rules walk the syntax trees of every llamabatch module (test_import_graph.py's
+# `parsed` keeps them). One worker runs them all, so the package is parsed once, and the trees
+# (about 400,000 objects) are let go after the last of them: every full garbage collection
+# later in that worker, and pytest's five at its exit, would walk them again otherwise.
+SOURCE_SCANS = {"test_import_graph.py", "test_layering.py"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if item.path.name in SOURCE_SCANS and (nextitem is None or nextitem.path.name not in SOURCE_SCANS):
+        import test_import_graph
+
+        test_import_graph.forget_parsed()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # What collection imported (llamabatch, its dependencies, the test modules) lives as long as
+    # the worker. Frozen, the garbage collector stops walking it in every full collection.
+    gc.collect()
+    gc.freeze()
 
 
 # Hypothesis profiles for tests/test_fuzz.py: "fast" in the normal suite (a few seconds), "long"
@@ -152,4 +178,7 @@ def _own_prefix_store(tmp_path_factory, monkeypatch):
     """Every test gets an empty disk prefix store of its own (the commands' default is on, in
     the user's cache folder): what one test saves never serves another, and nothing is written
     to the home of whoever runs the suite. Processes a test starts inherit it."""
-    monkeypatch.setenv("LLAMABATCH_PREFIX_STORE", str(tmp_path_factory.mktemp("prefix-store")))
+    # mkdtemp, not tmp_path_factory.mktemp: that one lists the whole base folder to number its
+    # folders, which grows by two every test
+    monkeypatch.setenv("LLAMABATCH_PREFIX_STORE", tempfile.mkdtemp(prefix="prefix-store-",
+                                                                   dir=tmp_path_factory.getbasetemp()))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.feather as feather
-import pyarrow.parquet as pq
+from lazy_modules import lazy
+
+pa = lazy("pyarrow")
+feather = lazy("pyarrow.feather")
+pq = lazy("pyarrow.parquet")
 
 
 def write_csv(path: Path, text: str | bytes) -> Path:

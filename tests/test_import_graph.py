@@ -32,9 +32,15 @@ def all_modules() -> dict[str, Path]:
 
 @functools.lru_cache(maxsize=None)
 def parsed(path: Path) -> ast.Module:
-    """A module's syntax tree, parsed once per test process (the layering rules walk every
-    module several times)."""
+    """A module's syntax tree, parsed once and kept until forget_parsed() (the layering rules
+    walk every module several times)."""
     return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def forget_parsed() -> None:
+    """Let the syntax trees go (conftest.py, after the last test that walks them)."""
+    parsed.cache_clear()
+    import_graph.cache_clear()
 
 
 def _type_checking_nodes(tree: ast.AST) -> set[int]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 
-import pandas
-import polars
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
@@ -13,6 +11,10 @@ from llamabatch.errors import InvalidRequest
 from llamabatch.jobs import run_frame
 
 from fake_runner import FakeRunner
+from lazy_modules import lazy
+
+pandas = lazy("pandas")
+polars = lazy("polars")
 
 SLOT_CTX = 64
 

@@ -315,3 +315,22 @@ def test_the_readmes_map_of_the_code_names_every_package_and_only_those():
     assert set(LAYERS) == packages  # and each package has its layer
     root_files = set(re.findall(r"(\w+)\.py", tree.split("the public value types")[0]))
     assert root_files == ROOT_MODULES - {"__main__"}, sorted(root_files)
+
+
+# -- where the shared CLI layer and settings sit ---------------------------------------------
+
+COMMAND_FOLDERS = ("run", "serve", "chat", "bench", "config", "models")
+
+
+def test_the_shared_cli_layer_imports_no_command_folder_and_settings_no_cli():
+    graph = import_graph()
+    shared = [name for name in graph if name.startswith("llamabatch.cli.") and name.count(".") == 2
+              and name.split(".")[2] not in COMMAND_FOLDERS and name != "llamabatch.cli.app"]  # app registers them
+    assert "llamabatch.cli.engine_options" in shared and "llamabatch.cli.exit_status" in shared
+    assert "llamabatch.cli.engine_setup" in shared
+    for name in shared:
+        folders = {d.split(".")[2] for d in graph[name] if d.startswith("llamabatch.cli.") and d.count(".") >= 3}
+        assert not folders & set(COMMAND_FOLDERS), (name, folders)
+    for name, deps in graph.items():
+        if name.startswith("llamabatch.settings"):
+            assert not any(d.startswith("llamabatch.cli") for d in deps), (name, deps)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 
-import openai
 import pytest
 
 from llamabatch.openai_format.lines import LineError, LineParser
@@ -15,6 +14,9 @@ from llamabatch.serve.http.online import online_defaults
 from llamabatch.serve.stdin.protocol import BadLine, parse_line
 
 from http_server import CHAT, batch_file, ended, records, serving, wait_batch
+from lazy_modules import lazy
+
+openai = lazy("openai")
 
 CHAT_BODY = {"messages": [{"role": "user", "content": "hi"}]}
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import time
 
-import openai
 import pytest
 
 from http_server import CHAT, COMPLETIONS, EMBEDDINGS, batch_file, batch_lines, ended, raw, records, serving, wait_batch
+from lazy_modules import lazy
+
+openai = lazy("openai")
 
 
 def test_upload_create_poll_download_with_a_bad_line_as_its_error_record(tmp_path):

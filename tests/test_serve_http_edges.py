@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 
-import openai
 import pytest
 
 import fake_cli
@@ -25,6 +24,9 @@ from llamabatch.serve.http.api_errors import ApiError
 from llamabatch.serve.http.upload_check import MAX_LINE_BYTES, UploadCheck
 
 from http_server import CHAT, COMPLETIONS, batch_file, multipart, raw, reply, serving
+from lazy_modules import lazy
+
+openai = lazy("openai")
 
 
 def _until(condition, timeout: float = 10.0, what: str = "the condition") -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from llamabatch.errors import InvalidRequest
@@ -14,6 +13,9 @@ from llamabatch.serve.http.server import check_bind
 
 from cli_harness import invoke
 from http_server import CHAT, batch_file, ended, multipart, raw, records, serving, wait_batch
+from lazy_modules import lazy
+
+openai = lazy("openai")
 
 
 def test_the_limits_are_openais():

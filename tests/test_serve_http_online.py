@@ -6,10 +6,12 @@ import array
 import base64
 import threading
 
-import openai
 import pytest
 
 from http_server import CHAT, batch_file, ended, raw, records, serving, wait_batch
+from lazy_modules import lazy
+
+openai = lazy("openai")
 
 
 def test_chat_completion_in_openais_shape(tmp_path):

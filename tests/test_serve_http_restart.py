@@ -13,9 +13,6 @@ import sys
 import threading
 import time
 
-import openai
-from openai import OpenAI
-
 import fake_cli
 from supervised_child_runner import POISON
 from child_tools import child_env, fake_gguf
@@ -23,11 +20,14 @@ from llamabatch.serve.http.batch_files import cut_torn_tail
 from llamabatch.serve.http.catalogue import Catalogue
 
 from http_server import CHAT, batch_file, ended, records, serving, wait_batch
+from lazy_modules import lazy
+
+openai = lazy("openai")
 
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 
 
-def start_server(tmp_path, data_dir, runner: str = "slow", *more: str) -> tuple[subprocess.Popen, OpenAI]:
+def start_server(tmp_path, data_dir, runner: str = "slow", *more: str) -> tuple[subprocess.Popen, openai.OpenAI]:
     args = ["serve", "--port", "0", "--data-dir", str(data_dir), "-m", fake_gguf(tmp_path), "--n-parallel", "4",
             "--n-ctx", "1024", "--threads", "1", "--temperature", "0", "--max-tokens", "8",
             "--prefix-store", "off", *more]
@@ -45,7 +45,7 @@ def start_server(tmp_path, data_dir, runner: str = "slow", *more: str) -> tuple[
     finally:
         killer.cancel()
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # never let a full pipe stop it
-    client = OpenAI(base_url=f"http://127.0.0.1:{found.group(1)}/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{found.group(1)}/v1", api_key="unused", max_retries=0, timeout=30)
     return proc, client
 
 

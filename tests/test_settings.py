@@ -221,24 +221,3 @@ def test_no_isolate_builds_in_process_with_the_same_settings(tmp_path):
     assert result.exit_code == 0, result.stderr
     (engine,) = factory.engines
     assert isinstance(engine, Engine) and engine.config.n_parallel == 2 and factory.slot_choices == []
-
-
-# -- where the layer sits -----------------------------------------------------------------------
-
-COMMAND_FOLDERS = ("run", "serve", "chat", "bench", "config", "models")
-
-
-def test_the_shared_cli_layer_imports_no_command_folder_and_settings_no_cli():
-    from test_import_graph import import_graph
-
-    graph = import_graph()
-    shared = [name for name in graph if name.startswith("llamabatch.cli.") and name.count(".") == 2
-              and name.split(".")[2] not in COMMAND_FOLDERS and name != "llamabatch.cli.app"]  # app registers them
-    assert "llamabatch.cli.engine_options" in shared and "llamabatch.cli.exit_status" in shared
-    assert "llamabatch.cli.engine_setup" in shared
-    for name in shared:
-        folders = {d.split(".")[2] for d in graph[name] if d.startswith("llamabatch.cli.") and d.count(".") >= 3}
-        assert not folders & set(COMMAND_FOLDERS), (name, folders)
-    for name, deps in graph.items():
-        if name.startswith("llamabatch.settings"):
-            assert not any(d.startswith("llamabatch.cli") for d in deps), (name, deps)

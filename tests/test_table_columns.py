@@ -7,11 +7,13 @@ import csv
 import json
 import sqlite3
 
-import pyarrow.parquet as pq
 import pytest
 
 from cli_harness import invoke, runner_for
 from table_files import write_csv
+from lazy_modules import lazy
+
+pq = lazy("pyarrow.parquet")
 
 FAST = ["--n-parallel", "2", "--max-tokens", "3", "-q"]
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import sys
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from llamabatch.tables import PromptTemplate, TableError, open_table, read_rows
@@ -14,6 +12,10 @@ from llamabatch.tables.cells import MAX_CELL_BYTES
 from llamabatch.tables.hf_cache import hub_cache_dir
 
 from table_files import damage_row_group, fake_hub, write_csv, write_feather, write_parquet
+from lazy_modules import lazy
+
+pa = lazy("pyarrow")
+pq = lazy("pyarrow.parquet")
 
 
 def rows_of(path, template="{text}", **kw):

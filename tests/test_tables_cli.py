@@ -12,13 +12,15 @@ import sqlite3
 import sys
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from cli_harness import invoke, runner_for
 from llamabatch.jobs.tables import table_input
 from table_files import fake_hub, write_csv, write_feather, write_parquet
+from lazy_modules import lazy
+
+pa = lazy("pyarrow")
+pq = lazy("pyarrow.parquet")
 
 FAST = ["--n-parallel", "2", "--max-tokens", "3", "-q"]
 

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import time
 
-import pyarrow.parquet as pq
 import pytest
 
 from table_files import fake_hub, write_csv, write_feather, write_parquet
+from lazy_modules import lazy
+
+pq = lazy("pyarrow.parquet")
 
 pytestmark = pytest.mark.model
 

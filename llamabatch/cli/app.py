@@ -6,11 +6,13 @@ imports back from here. `main()` is the one place exceptions become exit codes (
 """
 from __future__ import annotations
 
+import functools
 import logging
 import sys
-from typing import Annotated, Optional, Sequence, TextIO
+from typing import Annotated, Any, Callable, Optional, Sequence, TextIO
 
 import typer
+import typer.main
 from typer.exceptions import TyperException
 
 from .. import __version__
@@ -71,6 +73,15 @@ app.command("models")(models_command)
 app.add_typer(config_app, name="config")
 
 
+@functools.cache
+def _command() -> Callable[..., Any]:
+    """The click command Typer builds from `app`, built once per process: building it reads
+    every command's signature and annotations (about 15 ms), which `app(...)` would redo on
+    every call of main() in one process (an embedding program, the test suite). Typer's own
+    __call__ adds only its pretty-exception hook, which `pretty_exceptions_enable=False` turns off."""
+    return typer.main.get_command(app)
+
+
 def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]) in `env` (default: the real
     streams) and return its exit code: 0 ok, 1 error, 2 usage, 130 interrupted, 143 terminated.
@@ -87,7 +98,7 @@ def _main(argv: Sequence[str] | None, env: Environment) -> int:
         given = list(argv) if argv is not None else sys.argv[1:]
         env.argv = tuple(given)
         args = with_bare_ray_flag(given)
-        result = app(args=args, prog_name="llamabatch", standalone_mode=False, obj=env)
+        result = _command()(args=args, prog_name="llamabatch", standalone_mode=False, obj=env)
         return result if isinstance(result, int) else 0  # click returns an Exit's code here
     except typer.Exit as exc:
         if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into Exit(130)
