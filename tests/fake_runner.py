@@ -18,12 +18,13 @@ request ignores EOG; FILL also replaces EOG while min_tokens suppresses it).
 from __future__ import annotations
 
 import array
+import bisect
 
 import copy
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
@@ -120,6 +121,13 @@ class FakeSampler:
         return "llama" if self.params.grammar or self.params.json_schema is not None else None
 
 
+def _as_it_was(plan: StepPlan) -> StepPlan:
+    """A copy of the plan that later changes to it do not reach: its chunks and their token and
+    sibling lists are copied; the samplers, and the trims, forks and restores (frozen), are shared."""
+    chunks = [replace(c, tokens=list(c.tokens), siblings=list(c.siblings)) for c in plan.chunks]
+    return StepPlan(chunks, list(plan.forks), list(plan.trims), list(plan.restores))
+
+
 @dataclass
 class ExecutedPlan:
     call: int  # 1-based execute() call number
@@ -183,6 +191,7 @@ class FakeRunner:
         self.can_verify = can_verify
         self.draft_limits: dict[str, int] = {}
         self.probs = probs
+        self._last_dist: tuple[dict, list[int], list[float]] | None = None  # _draw's: (distribution, ids, cumulative)
         # A grammar's forced tokens (llama/mask_grammar.py): after each inline sample, force(the
         # reply's text so far) says how many of the reply's next tokens come forced, unsampled.
         self.force = force
@@ -311,10 +320,7 @@ class FakeRunner:
         if self._stop.is_set() and self.interruptible(plan):
             status = INTERRUPTED
             self.interrupted_calls.append(call)
-        # a copy of the plan as it was, sharing (not copying) the samplers it carries
-        shared = {id(x): x for c in plan.chunks for x in (c.sampler, *(sm for _, sm in c.siblings))}
-        shared.update({id(r.payload): r.payload for r in plan.restores})  # KV bytes: shared too (a memoryview)
-        record = ExecutedPlan(call, copy.deepcopy(plan, shared), status)
+        record = ExecutedPlan(call, _as_it_was(plan), status)
         self.plans.append(record)
         result = StepResult(status=status, eval_ms=self.eval_ms, ubatches=len(ubatch_sizes(
             [(c.slot, len(c.tokens)) for c in plan.chunks], self.n_batch or 512, unified=False)), restored=restored)
@@ -389,9 +395,11 @@ class FakeRunner:
         if sampler.rng is None:
             sampler.rng = np.random.default_rng(sampler.seed)
         dist = self.probs(self.kv[chunk.slot][:chunk.start_pos + len(chunk.tokens) - chunk.n_draft + i])
-        ids = np.array(list(dist), dtype=np.int64)
-        p = np.array(list(dist.values()), dtype=np.float64)
-        return int(ids[min(int(np.searchsorted(np.cumsum(p / p.sum()), sampler.rng.random(), side="right")), len(ids) - 1)])
+        if self._last_dist is None or self._last_dist[0] is not dist:  # a fixed distribution: worked out once
+            p = np.array(list(dist.values()), dtype=np.float64)
+            self._last_dist = (dist, list(dist), np.cumsum(p / p.sum()).tolist())
+        _, ids, cumulative = self._last_dist
+        return ids[min(bisect.bisect_right(cumulative, sampler.rng.random()), len(ids) - 1)]
 
     def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
         if self.grammar_allows is None or not (sampler.params.grammar or sampler.params.json_schema is not None):

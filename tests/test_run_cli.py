@@ -216,7 +216,7 @@ def test_input_order_waits_for_a_slow_line_and_completion_order_does_not(tmp_pat
 
 
 def test_the_config_files_run_table_sets_order_and_max_inflight_and_flags_beat_it(tmp_path):
-    lines = [{"id": "slow", "prompt": "Count:", "max_tokens": 100, "ignore_eos": True}]
+    lines = [{"id": "slow", "prompt": "Count:", "max_tokens": 30, "ignore_eos": True}]  # 30 ticks to the others' 2
     lines += [{"id": f"fast{i}", "prompt": f"Word {i}:", "max_tokens": 1} for i in range(5)]
     inp = write_lines(tmp_path / "in.jsonl", lines)
     config = tmp_path / "llamabatch.toml"

@@ -1,7 +1,8 @@
 """`llamabatch serve` stopped in the middle of a batch (SIGKILL, SIGTERM), then started again on
 the same data dir: the batch finishes, and every line has exactly one record across the output
 and error files. Real processes (tests/fake_cli.py: the command line with the registered "slow"
-fake runner, 50 ms a step), driven with the openai SDK; and in-process servers left with batches
+fake runner, 50 ms a step, so a stop lands mid-batch; the restarted one runs the 5 ms "fake"),
+driven with the openai SDK; and in-process servers left with batches
 in each unfinished status."""
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_kill_9_mid_batch_then_restart_finishes_every_line_exactly_once(tmp_path
         wait_batch(client, batch.id, lambda b: b.request_counts.completed >= 6)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        proc, client = start_server(tmp_path, data_dir)
+        proc, client = start_server(tmp_path, data_dir, "fake")  # the rest at the fake's own pace: 5 ms a step
         done = wait_batch(client, batch.id, ended, timeout=120)
         outputs, errors = records(client, done.output_file_id), records(client, done.error_file_id)
     finally:
@@ -87,7 +88,7 @@ def test_sigterm_stops_the_server_and_a_restart_resumes_the_batch(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 143
         started = time.monotonic()
-        proc, client = start_server(tmp_path, data_dir)
+        proc, client = start_server(tmp_path, data_dir, "fake")
         assert client.batches.retrieve(batch.id).status == "in_progress"
         done = wait_batch(client, batch.id, ended, timeout=120)
         outputs, errors = records(client, done.output_file_id), records(client, done.error_file_id)

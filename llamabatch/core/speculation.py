@@ -57,8 +57,18 @@ class TickCost:
         self._xy = np.zeros(3)
 
     @property
+    def coef(self) -> np.ndarray:
+        return self._coef
+
+    @coef.setter
+    def coef(self, value: np.ndarray) -> None:
+        self._coef = value
+        # ms() runs for every option `choose` weighs, several per tick: plain floats, not a numpy dot
+        self._terms = (float(value[0]), float(value[1]), float(value[2]))
+
+    @property
     def run_ms(self) -> float:
-        return float(self.coef[0])
+        return self._terms[0]
 
     def observe(self, runs: int, rows: int, logit_rows: int, ms: float) -> None:
         if runs <= 0 or rows <= 0 or ms <= 0:
@@ -76,7 +86,8 @@ class TickCost:
             self.coef = coef
 
     def ms(self, runs: int, rows: int, logit_rows: int) -> float:
-        return float(self.coef @ (runs, rows, logit_rows))
+        run_ms, row_ms, logit_ms = self._terms
+        return run_ms * runs + row_ms * rows + logit_ms * logit_rows
 
 
 def expected(rate: float, n: int) -> float:
