@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import array
 import bisect
-
 import copy
 import math
 import threading
@@ -191,7 +190,7 @@ class FakeRunner:
         self.can_verify = can_verify
         self.draft_limits: dict[str, int] = {}
         self.probs = probs
-        self._last_dist: tuple[dict, list[int], list[float]] | None = None  # _draw's: (distribution, ids, cumulative)
+        self._last_dist: tuple[tuple, list[int], list[float]] | None = None  # _draw's: (distribution, ids, cumulative)
         # A grammar's forced tokens (llama/mask_grammar.py): after each inline sample, force(the
         # reply's text so far) says how many of the reply's next tokens come forced, unsampled.
         self.force = force
@@ -395,9 +394,10 @@ class FakeRunner:
         if sampler.rng is None:
             sampler.rng = np.random.default_rng(sampler.seed)
         dist = self.probs(self.kv[chunk.slot][:chunk.start_pos + len(chunk.tokens) - chunk.n_draft + i])
-        if self._last_dist is None or self._last_dist[0] is not dist:  # a fixed distribution: worked out once
+        key = tuple(dist.items())
+        if self._last_dist is None or self._last_dist[0] != key:  # most tests fix one distribution
             p = np.array(list(dist.values()), dtype=np.float64)
-            self._last_dist = (dist, list(dist), np.cumsum(p / p.sum()).tolist())
+            self._last_dist = (key, list(dist), np.cumsum(p / p.sum()).tolist())
         _, ids, cumulative = self._last_dist
         return ids[min(bisect.bisect_right(cumulative, sampler.rng.random()), len(ids) - 1)]
 
