@@ -2,8 +2,7 @@
 the same data dir: the batch finishes, and every line has exactly one record across the output
 and error files. Real processes (tests/fake_cli.py: the command line with the registered "slow"
 fake runner, 50 ms a step, so a stop lands mid-batch; the restarted one runs the 5 ms "fake"),
-driven with the openai SDK; and in-process servers left with batches
-in each unfinished status."""
+driven with the openai SDK; and in-process servers left with batches in each unfinished status."""
 from __future__ import annotations
 
 import json
