@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 
 from .config import EngineConfig
-from .engines import Engine
 from .core.handle import RequestHandle
 from .errors import (ContextOverflow, DecodeError, DeterminismUnavailable, EngineClosed, InvalidRequest, LlamaBatchError, ModelLoadError, QueueFull)
 from .params import SamplingParams
@@ -35,7 +34,13 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # `import llamabatch` stays the engine alone: the jobs package loads when a job is first run
+    # Loaded on first use, so that `import llamabatch` (and with it every `llamabatch` command,
+    # `--help` and each shell completion) does not pay for what it does not run: the engine
+    # (numpy, the scheduler) when `Engine` is first named, the jobs package when a job is first run.
+    if name == "Engine":
+        from .engines import Engine
+
+        return Engine
     if name == "run_job":
         from .jobs.job import run_job
 

@@ -13,7 +13,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import engines
 from ..errors import InvalidRequest
 from . import benchkit
 
@@ -22,6 +21,8 @@ OpenEngine = Callable[[Any], Any]  # resolved settings -> an open engine (Engine
 
 def default_opener(resolved: Any) -> Any:
     """An engine as a library user gets one: llamabatch.engines.open_engine over the real factory."""
+    from .. import engines  # the engine loads when one is opened: `llamabatch bench --help` never does
+
     return engines.open_engine(resolved)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import engines
 from ..settings.file_layer import resolve_command_settings
 from ..settings.resolved import Resolved
 from .engine_options import EngineOptions
@@ -29,6 +28,8 @@ def open_engine(resolved: Resolved, environment: Environment, max_slots: int | N
     the model loaded, n_parallel "auto" decided, bounded by `max_slots`; `isolated`: in a
     supervised child process; `watchdog_s`: its watchdog floor). Its notices (a chat-template
     fallback, an unusable prefix store) are lines on stderr."""
+    from .. import engines  # here, not at the top: a command's --help never loads the engine
+
     return engines.open_engine(resolved, factory=environment.engine_factory, max_slots=max_slots,
                                isolated=isolated, watchdog_s=watchdog_s,
                                on_notice=lambda line: environment.say(f"llamabatch: {line}"))

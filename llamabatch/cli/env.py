@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from ..engines import EngineFactory
+if TYPE_CHECKING:
+    from ..engines import EngineFactory
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -32,7 +33,9 @@ class Environment:
     stdin_isatty: bool | None = None  # None: ask the stream
     stdout_isatty: bool | None = None
     stderr_isatty: bool | None = None
-    engine_factory: EngineFactory = field(default_factory=EngineFactory)  # tests: one over the fake runner
+    # None: the real one, built where an engine is opened (so a command that opens none, --help
+    # and shell completion among them, never imports the engine); tests: one over the fake runner
+    engine_factory: EngineFactory | None = None
     debug: bool = False  # --debug: tracebacks instead of one-line errors, llama.cpp logs on stderr
     config_path: str | None = None  # the global --config FILE
     argv: tuple[str, ...] = ()  # the command line as given (main sets it), e.g. for run's resume hint

@@ -6,24 +6,18 @@ module turns the command line into a session over the terminal or the pipes (cha
 from __future__ import annotations
 
 import time
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from ...chat.autosave import Autosave
-from ...chat.context_size import chat_context, context_words
-from ...chat.conversation import Conversation
-from ...chat.conversation_list import print_list
-from ...chat.repl import chat_loop
-from ...chat.saved import conversation_meta, open_store, read_stored, resume_stored
-from ...chat.session import ChatSession
-from ...chat.store import Store, default_path
 from ...errors import InvalidRequest
 from ..engine_setup import open_engine, resolve_options
 from ..exit_status import EXIT_ERROR
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
-from .chat_io import pipe_io, terminal_io
+
+if TYPE_CHECKING:
+    from ...chat.session import ChatSession
 
 
 @with_engine_options
@@ -53,6 +47,17 @@ def chat_command(
 
     Chat uses one slot (all of --n-ctx) unless --n-parallel is set. Without --n-ctx, each slot holds the model's trained context where the KV memory allowed holds that much (else what it holds, never under 4096 tokens); past that, the oldest exchanges are dropped, and the chat says so.
     """
+    # The chat library (prompt_toolkit, SQLite) loads when a chat starts: `chat --help` never does
+    from ...chat.autosave import Autosave
+    from ...chat.context_size import chat_context, context_words
+    from ...chat.conversation import Conversation
+    from ...chat.conversation_list import print_list
+    from ...chat.repl import chat_loop
+    from ...chat.saved import conversation_meta, open_store, read_stored, resume_stored
+    from ...chat.session import ChatSession
+    from ...chat.store import Store, default_path
+    from .chat_io import pipe_io, terminal_io
+
     if list_ or search is not None:
         store = Store(create=False)
         try:

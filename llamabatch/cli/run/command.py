@@ -11,14 +11,10 @@ from typing import Any, Optional
 
 import typer
 
-from ...jobs import JobHost, estimate_job, start_job
 from ..exit_status import EXIT_OK, EXIT_USAGE, fail
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
 from ..time_bound_flags import DRAIN_HELP, WATCHDOG_HELP
-from .estimate_lines import estimate_lines
-from .job_summary import exit_status
-from .job_view import follow
 
 
 class Order(str, Enum):
@@ -203,6 +199,12 @@ def run(input_path: str, output: str | None, settings: dict[str, Any], env: Envi
         progress_every: float = 10.0, dry_run: bool = False, as_json: bool = False) -> int:
     """The command's body: the job's settings (run's options and the shared ones), then how
     it shows; returns the exit status. Typed errors end it through app.main (exit_code_for)."""
+    # The job (and the engine under it) loads when a job runs: `run --help` and completion never do
+    from ...jobs import JobHost, estimate_job, start_job
+    from .estimate_lines import estimate_lines
+    from .job_summary import exit_status
+    from .job_view import follow
+
     if as_json and not dry_run:
         raise fail("--json goes with --dry-run (the records are JSON already; `llamabatch report OUTPUT --json` "
                    "prints the manifest)", EXIT_USAGE)

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import re
 
-from ...jobs.on_ray import LOCAL
-
 # What --ray accepts as its optional ADDRESS; anything else after a bare --ray is the next argument.
 _ADDRESS = re.compile(r"^(auto|local|ray://\S+|\[[0-9a-fA-F:]+\]:\d+|[\w.-]+:\d+)$")
 
@@ -13,6 +11,10 @@ def with_bare_ray_flag(argv: list[str]) -> list[str]:
     """Typer has no options with an optional value, so a bare `--ray` is spelled `--ray=local`
     here before parsing. `--ray ADDRESS` keeps its value only when it looks like an address
     (auto, HOST:PORT, ray://HOST:PORT), so `run --ray prompts.jsonl` still means the file."""
+    if "--ray" not in argv:
+        return list(argv)  # every command line passes here: the jobs package loads only for --ray
+    from ...jobs.on_ray import LOCAL
+
     out = []
     for i, arg in enumerate(argv):
         if arg == "--":

@@ -8,7 +8,6 @@ from typing import Any
 import typer
 
 from ..engine_options import environment_of
-from ...jobs.resume.manifest import manifest_path, read_manifest, SUFFIX
 
 
 def report_command(
@@ -22,6 +21,8 @@ def report_command(
 
 
 def show_report(output: str, as_json: bool, stdout: Any) -> None:
+    from ...jobs.resume.manifest import manifest_path, read_manifest, SUFFIX  # the jobs package: only when run
+
     path = output if output.endswith(SUFFIX) else manifest_path(output)
     manifest = read_manifest(path)  # ManifestProblem, a JobFileError: one line, exit 1
     if as_json:
