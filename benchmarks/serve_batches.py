@@ -1,7 +1,7 @@
 """`llamabatch serve`'s targets (issues 40 and 46), each as paired A B A B runs with ratios.
 
     python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
-                                       [--online-slots 0] [--no-online-each-second]
+                                       [--online-slots 1] [--no-online-each-second]
                                        [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
 
 1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
@@ -144,10 +144,12 @@ def model_figures(args: argparse.Namespace) -> None:
     from llamabatch.serve.http.service import Service
 
     model = model_path(args.model)
-    # as `llamabatch serve` runs it: llama.cpp in a supervised child unless --no-isolate
-    engine = open_engine(EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots,
-                                      threads=args.threads), SamplingParams(temperature=0, max_tokens=args.tokens),
-                         isolated=args.isolate)
+    config = EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots, threads=args.threads)
+    params = SamplingParams(temperature=0, max_tokens=args.tokens)
+    # as `llamabatch serve` runs it: llama.cpp in a supervised child unless --no-isolate, with
+    # --online-slots on top of --slots; `run` opens its own engine of --slots
+    engine = open_engine(config, params, isolated=args.isolate, extra_slots=args.online_slots)
+    run_engine = open_engine(config, params, isolated=args.isolate) if args.online_slots else engine
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         service = Service(engine, str(workdir / "data"), online_slots=args.online_slots)
@@ -157,18 +159,18 @@ def model_figures(args: argparse.Namespace) -> None:
         client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
                         timeout=3600)
         path = write_batch(workdir / "batch.jsonl", args.lines, args.tokens)
-        print(f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots ({service.inflight} for the batch, "
-              f"--online-slots {args.online_slots}), {args.threads} threads, {os.path.basename(model)}, "
+        print(f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots + {args.online_slots} for online "
+              f"requests (--online-slots; `run`: {args.slots}), {args.threads} threads, {os.path.basename(model)}, "
               f"{'supervised child' if args.isolate else 'in-process engine'}; "
               f"{machine_line(model)}")
         try:
             speed, first, shared = Pairs(), Pairs(), Pairs()
             for r in range(1, args.rounds + 1):
-                run_s, server_s = through_run(engine, path, args.lines, workdir), through_server(client, path, args.lines)
+                run_s, server_s = through_run(run_engine, path, args.lines, workdir), through_server(client, path, args.lines)
                 ratio = speed.add(server_s, run_s)
                 print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run")
                 if args.online_each_second:
-                    run_s = through_run(engine, path, args.lines, workdir)
+                    run_s = through_run(run_engine, path, args.lines, workdir)
                     busy_s, answered = through_server_with_online(client, path, args.lines)
                     ratio = shared.add(busy_s, run_s)
                     print(f"throughput with an online request each second, round {r}: run {run_s:.2f} s, server "
@@ -185,6 +187,8 @@ def model_figures(args: argparse.Namespace) -> None:
             thread.join(10)
             service.close(30)
             engine.close()
+            if run_engine is not engine:
+                run_engine.close()
 
 
 # -- peak RSS on the fake runner ----------------------------------------------------------------
@@ -269,7 +273,8 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=1000, help="lines of the model batch (default 1000)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens each line generates (default 16)")
     ap.add_argument("--slots", type=int, default=8, help="engine slots (default 8)")
-    ap.add_argument("--online-slots", type=int, default=0, help="slots kept for online requests (default 0)")
+    ap.add_argument("--online-slots", type=int, default=1,
+                    help="slots for online requests on top of --slots, as serve's flag (default 1)")
     ap.add_argument("--online-each-second", action=argparse.BooleanOptionalAction, default=True,
                     help="also the batch's throughput while an online request arrives every second (default on)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")

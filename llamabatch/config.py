@@ -53,6 +53,10 @@ class EngineConfig:
     cache_prompt: bool = True
     n_gpu_layers: int = 0
     max_queue: int = 0
+    # Of the n_parallel slots, how many only a request above the default priority (priority < 0)
+    # may take: it then starts beside a full batch without putting a line of it aside. serve
+    # adds its --online-slots this way, on top of --n-parallel (settings/slots.with_extra_slots).
+    reserved_slots: int = 0
     chat_template: str | None = None  # a built-in NAME or a Jinja FILE; None = the GGUF's own or a fallback
     seed: int | None = None  # engine-wide default seed for requests that set none (None = random)
     # Prefix sharing across slots: a prompt sharing at least this many tokens with what another
@@ -143,6 +147,9 @@ class EngineConfig:
             _bad("n_ctx", f"an integer >= 16 per slot ({16 * slots} for {slots} slots)", self.n_ctx)
         if self.n_batch < slots:
             _bad("n_batch", f"an integer >= n_parallel ({slots})", self.n_batch)
+        if self.reserved_slots and self.n_parallel != "auto" and self.reserved_slots >= slots:
+            _bad("reserved_slots", f"fewer than n_parallel ({slots}): requests at the default priority need a slot",
+                 self.reserved_slots)
         if self.deterministic and self.kv_unified:
             # the invariance rests on one KV stream per sequence (llamabatch/llama/batch_invariance.py)
             _bad("kv_unified", "false when deterministic is on", self.kv_unified)
@@ -211,6 +218,7 @@ KEY_RULES: dict[str, Rule] = {
     "cache_prompt": boolean,
     "n_gpu_layers": integer(-1, "an integer >= -1 (-1 = all)"),
     "max_queue": integer(0, "an integer >= 0 (0 = unbounded)"),
+    "reserved_slots": integer(0, "an integer >= 0"),
     "chat_template": optional(_chat_template),
     "seed": optional(_seed),
     "share_prefix_min": integer(0, "an integer >= 0 (0 = off)"),

@@ -65,8 +65,9 @@ def test_the_config_file_takes_its_engine_keys_and_rules_from_engine_config():
     # one owner: the file's rule for a key is EngineConfig's rule object itself
     for key, rule in config_file.ENGINE_RULES.items():
         assert rule is KEY_RULES[key], key
-    # model_name is not a file key: a [models] alias names the model
-    assert set(KEY_RULES) - set(config_file.ENGINE_RULES) == {"seed", "max_queue", "model_name"}
+    # model_name is not a file key: a [models] alias names the model; reserved_slots: serve's
+    # --online-slots sets it
+    assert set(KEY_RULES) - set(config_file.ENGINE_RULES) == {"seed", "max_queue", "model_name", "reserved_slots"}
     assert config_file.COMMAND_RULES["serve-stdin"]["max_queue"] is KEY_RULES["max_queue"]
     assert "seed" in config_file.SAMPLING_KEYS
     # and so a file says what EngineConfig says

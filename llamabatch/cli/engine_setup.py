@@ -23,13 +23,13 @@ def resolve_options(opts: EngineOptions, environment: Environment) -> Resolved:
 
 
 def open_engine(resolved: Resolved, environment: Environment, max_slots: int | None = None, *,
-                isolated: bool = False, watchdog_s: float | None = None) -> "EngineAPI":
+                isolated: bool = False, watchdog_s: float | None = None, extra_slots: int = 0) -> "EngineAPI":
     """The command's engine, from the environment's factory (llamabatch.engines.open_engine:
     the model loaded, n_parallel "auto" decided, bounded by `max_slots`; `isolated`: in a
-    supervised child process; `watchdog_s`: its watchdog floor). Its notices (a chat-template
-    fallback, an unusable prefix store) are lines on stderr."""
+    supervised child process; `watchdog_s`: its watchdog floor; `extra_slots`: slots on top of
+    n_parallel). Its notices (a chat-template fallback, an unusable prefix store) are lines on stderr."""
     from .. import engines  # here, not at the top: a command's --help never loads the engine
 
     return engines.open_engine(resolved, factory=environment.engine_factory, max_slots=max_slots,
-                               isolated=isolated, watchdog_s=watchdog_s,
+                               isolated=isolated, watchdog_s=watchdog_s, extra_slots=extra_slots,
                                on_notice=lambda line: environment.say(f"llamabatch: {line}"))

@@ -110,6 +110,7 @@ class EngineCore(EngineBase):
                                    if speculating else None,
                                    pool_cells=getattr(runner, "pool_cells", None),
                                    park=runner.snapshot if getattr(runner, "can_park", False) else None,
+                                   reserved=self.config.reserved_slots,
                                    park_budget=park_budget(runner))
         self._preemptions = 0  # requests parked since the last tick record
         self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight
@@ -244,7 +245,8 @@ class EngineCore(EngineBase):
             yield
 
     def stats(self) -> EngineStats:
-        return self.telemetry.stats([s.state for s in self.scheduler.slots], self._waiting_count, self.slot_ctx)
+        return self.telemetry.stats([s.state for s in self.scheduler.slots], self._waiting_count, self.slot_ctx,
+                                    self.scheduler.reserved)
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Receive every TickRecord and RequestRecord (on the engine thread). Returns unsubscribe."""

@@ -110,8 +110,12 @@ class Scheduler:
                  fork_min_tokens: int = 0, cache_generated: bool = True,
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
                  speculation: "Speculation | None" = None, pool_cells: int | None = None,
-                 park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30):
+                 park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30, reserved: int = 0):
         self.slots = [Slot(i) for i in range(n_slots)]
+        # Slots only a request above the default priority may take (EngineConfig.reserved_slots):
+        # requests at priority 0 or below run in the others, so an urgent arrival beside a full
+        # batch takes a free slot instead of putting a batch request aside (_park).
+        self.reserved = reserved
         # Preemption: park(slot) gives the slot's KV as bytes (runner.snapshot), put back by a
         # Restore(resume=True) when the request resumes. None: a request waits for a free slot.
         self.park = park
@@ -261,6 +265,8 @@ class Scheduler:
         fresh: set[int] = set()  # slots handed out in this call: not yet trimmed, so no fork source
         while self.waiting:
             self._fair_share()
+            if self._takes_a_reserved_slot(self.waiting[0]) and not self._urgent_first():
+                break  # in order: every request behind it is at the default priority or below too
             if not idle and not self._preempt_for(self.waiting[0], idle):
                 break
             if len(self.waiting[0].members) > len(idle):
@@ -328,6 +334,27 @@ class Scheduler:
             self.trim(slot.slot_id, 0)
             out.append(Admission(sample, slot.slot_id, 0))
         return out
+
+    # -- reserved slots ----------------------------------------------------------------------
+
+    def _takes_a_reserved_slot(self, seq: Sequence) -> bool:
+        """Would admitting `seq` (at the default priority or below) leave fewer free slots than
+        are reserved for requests above it?"""
+        if not self.reserved or seq.params.priority < 0:
+            return False
+        held = sum(1 for s in self.slots if s.seq is not None and s.seq.params.priority >= 0)
+        return held + len(seq.members) > len(self.slots) - self.reserved
+
+    def _urgent_first(self) -> bool:
+        """The head may not take a reserved slot; it is at the head out of priority order only when
+        the fair share put it there. Then an urgent request behind it goes first (it does not take
+        the head's turn: the head still gets the next slot it may take). False: there is none."""
+        urgent = next((s for s in self.waiting if s.params.priority < 0), None)
+        if urgent is None:
+            return False
+        self.waiting.remove(urgent)
+        self.waiting.appendleft(urgent)
+        return True
 
     # -- preemption -------------------------------------------------------------------------
 

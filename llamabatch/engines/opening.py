@@ -17,7 +17,9 @@ from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..prefix_store.folder_check import unusable_because
 from ..settings.given import settings_for
+from ..in_process.preparing import prepare
 from ..settings.resolved import Resolved
+from ..settings.slots import with_extra_slots
 from .factory import EngineFactory
 
 if TYPE_CHECKING:
@@ -44,19 +46,23 @@ def _without_unusable_store(resolved: Resolved, say: Callable[[str], None]) -> R
 
 def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingParams | None = None, *,
                 factory: EngineFactory | None = None, max_slots: int | None = None, isolated: bool = False,
-                watchdog_s: float | None = None, on_notice: Callable[[str], None] | None = None) -> "EngineAPI":
+                watchdog_s: float | None = None, on_notice: Callable[[str], None] | None = None,
+                extra_slots: int = 0) -> "EngineAPI":
     """An open engine (close it, or use it as a context manager): an Engine in this process, or
     with `isolated` a SupervisedEngine (llama.cpp in a child process; a crash costs a restart).
 
     The model is checked and n_parallel "auto" decided here, once, bounded by `max_slots`
     (e.g. the number of lines a job has). `watchdog_s`: the supervised engine's watchdog
     floor (None: its default; 0: off). `on_notice`: one line for people at a time (default:
-    a logged warning). Raises ModelLoadError (one line) for a model that cannot load,
-    InvalidRequest for settings that cannot work."""
+    a logged warning). `extra_slots`: slots added once n_parallel is decided (serve's slots
+    for online requests, on top of the batch's). Raises ModelLoadError (one line) for a model
+    that cannot load, InvalidRequest for settings that cannot work."""
     say = on_notice or (lambda line: log.warning("%s", line))
     resolved = _without_unusable_store(_resolved(spec, params), say)
-    engine = (factory or EngineFactory()).open(resolved, max_slots=max_slots, isolated=isolated,
-                                               watchdog_s=watchdog_s)
+    factory = factory or EngineFactory()
+    if extra_slots:
+        resolved = with_extra_slots(prepare(resolved, max_slots, factory.choose_slots), extra_slots)
+    engine = factory.open(resolved, max_slots=max_slots, isolated=isolated, watchdog_s=watchdog_s)
     if on_notice is not None:
         engine.on_notice = on_notice
     return engine

@@ -57,7 +57,8 @@ class ConfigFileError(InvalidRequest):
 # EngineConfig.validate's job once every layer is merged. Two EngineConfig keys are not
 # top-level file keys: `seed` is a sampling key ([sampling] seed), and `max_queue` is
 # serve-stdin's own (COMMAND_RULES below), as only that command has a bounded queue.
-_NOT_FILE_ENGINE_KEYS = ("seed", "max_queue", "model_name")  # model_name: an alias names the model
+# model_name: an alias names the model; reserved_slots: serve's --online-slots sets it
+_NOT_FILE_ENGINE_KEYS = ("seed", "max_queue", "model_name", "reserved_slots")
 ENGINE_RULES: dict[str, Rule] = {key: rule for key, rule in ENGINE_KEY_RULES.items()
                                  if key not in _NOT_FILE_ENGINE_KEYS}
 

@@ -66,3 +66,19 @@ def choose_slots(resolved: Resolved, max_slots: int | None = None,
     choice = chooser(resolved.engine, resolved.engine.model, max_slots)
     engine = resolved.engine.replace(n_parallel=choice.n_parallel).validate()
     return resolved.replace(engine=engine, slots_reason=choice.reason)
+
+
+def with_extra_slots(resolved: Resolved, extra: int) -> Resolved:
+    """`resolved` (n_parallel a count) with `extra` more slots, each as large as the others (a
+    set --n-ctx grows by their share, an unset one follows n_parallel), reserved for requests
+    above the default priority (EngineConfig.reserved_slots). serve opens its engine this way,
+    so the slots it keeps for online requests come on top of the batch's, not out of them
+    (--online-slots, docs/serve.md)."""
+    if extra <= 0:
+        return resolved
+    config = resolved.engine
+    n = int(config.n_parallel)
+    n_ctx = config.n_ctx + extra * (config.n_ctx // n) if config.n_ctx else config.n_ctx
+    engine = config.replace(n_parallel=n + extra, n_ctx=n_ctx, n_batch=max(config.n_batch, n + extra),
+                            reserved_slots=config.reserved_slots + extra).validate()
+    return resolved.replace(engine=engine)

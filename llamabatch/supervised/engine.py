@@ -300,7 +300,7 @@ class SupervisedEngine(EngineBase):
         with self._lock:
             outside = len(self._flights) - len(self._in_child)  # held here: restart, quarantine, hold()
         states = ["idle"] * idle + ["prefilling"] * prefilling + ["generating"] * generating
-        return self.telemetry.stats(states, child_queue + outside, self.slot_ctx)
+        return self.telemetry.stats(states, child_queue + outside, self.slot_ctx, self.config.reserved_slots)
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Receive every TickRecord and RequestRecord (on the supervisor thread). Returns unsubscribe."""

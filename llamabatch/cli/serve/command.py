@@ -33,8 +33,9 @@ def serve_command(
              "loopback only]")] = None,
     online_slots: Annotated[int, typer.Option(
         "--online-slots", min=0,
-        help="Slots batch lines leave free for online requests. 0: none; online requests still go first "
-             "(a higher priority), putting a batch line aside when every slot is busy")] = 0,
+        help="Slots for online requests on top of --n-parallel, which batches keep to themselves (each costs "
+             "one slot's KV cache). 0: none; online requests still go first (a higher priority), putting a "
+             "batch line aside when every slot is busy")] = 1,
     isolate: Annotated[bool, typer.Option(
         "--isolate/--no-isolate",
         help="Run llama.cpp in a supervised child process: a request that crashes it costs a restart of the "
@@ -61,7 +62,7 @@ def serve_command(
     check_bind(host, key)
     folder = data_dir or default_data_dir()
     resolved = resolve_options(opts, env)
-    engine = open_engine(resolved, env, isolated=isolate)
+    engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
     try:
         service = Service(engine, folder, online_slots=online_slots,
                           job_settings={"allow_changed_settings": allow_changed_settings})
@@ -70,7 +71,7 @@ def serve_command(
             service.start()
             shown = f"[{host}]" if ":" in host else host
             env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
-                    f"({engine.stats().n_parallel} slots, data in {service.data.root})")
+                    f"({_slots(engine.stats().n_parallel - online_slots, online_slots)}, data in {service.data.root})")
             stopped_by = _serve_until_stopped(listening)
         finally:
             service.close(timeout=30)
@@ -78,6 +79,10 @@ def serve_command(
         engine.close()
     if stopped_by is not None:
         raise typer.Exit(stopped_by)
+
+
+def _slots(batch: int, online: int) -> str:
+    return f"{batch} slots" + (f" + {online} for online requests" if online else "")
 
 
 def _serve_until_stopped(listening: Any) -> int | None:
