@@ -1,14 +1,15 @@
 """`llamabatch serve`'s targets (issues 40 and 46), each as paired A B A B runs with ratios.
 
     python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
-                                       [--online-slots 1] [--no-online-each-second]
+                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens]
                                        [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
 
 1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
    batch, polls every 0.2 s and downloads the output) vs `llamabatch run`'s job on the same file
    and the same open engine (llamabatch.jobs.run_job, what the command runs once its engine is
    open): ratio = run's wall time / the server's (target >= 0.97). Every line generates exactly
-   --tokens tokens (ignore_eos). Then the same with one online chat request arriving every second
+   --tokens tokens (ignore_eos), or with --vary-tokens a length around it (the same mean). Then
+   the same with one online chat request arriving every second
    (target >= 0.9; --no-online-each-second skips it).
 2. Online time to first token: 8 streamed chat requests one after another with no batch running
    vs while a --lines batch runs (the batch is cancelled after them): ratio = median TTFT with
@@ -39,11 +40,15 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 
-def write_batch(path: Path, n: int, tokens: int) -> Path:
+def write_batch(path: Path, n: int, tokens: int, vary: bool = False) -> Path:
+    """n lines of exactly `tokens` tokens each, or with `vary` of tokens/2 to 3*tokens/2 (a fixed
+    pattern, the same mean): lines of one length end together, so the slots' prompts are
+    evaluated together; answers of many lengths, as real batches have, end one at a time."""
     prompts = essay_prompts(n)
     with open(path, "w") as f:
         for i, prompt in enumerate(prompts):
-            body = {"model": "any", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+            length = tokens // 2 + (i * 7) % (tokens + 1) if vary else tokens
+            body = {"model": "any", "prompt": prompt, "max_tokens": length, "temperature": 0, "ignore_eos": True}
             f.write(json.dumps({"custom_id": f"l{i}", "method": "POST", "url": COMPLETIONS, "body": body}) + "\n")
     return path
 
@@ -158,8 +163,8 @@ def model_figures(args: argparse.Namespace) -> None:
         thread = listening.run_in_thread()
         client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
                         timeout=3600)
-        path = write_batch(workdir / "batch.jsonl", args.lines, args.tokens)
-        print(f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots + {args.online_slots} for online "
+        path = write_batch(workdir / "batch.jsonl", args.lines, args.tokens, args.vary_tokens)
+        print(f"{args.lines} lines x {args.tokens} tokens{' on average' if args.vary_tokens else ''}, {args.slots} slots + {args.online_slots} for online "
               f"requests (--online-slots; `run`: {args.slots}), {args.threads} threads, {os.path.basename(model)}, "
               f"{'supervised child' if args.isolate else 'in-process engine'}; "
               f"{machine_line(model)}")
@@ -272,9 +277,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=1000, help="lines of the model batch (default 1000)")
     ap.add_argument("--tokens", type=int, default=16, help="tokens each line generates (default 16)")
+    ap.add_argument("--vary-tokens", action="store_true",
+                    help="lines of --tokens/2 to 3x--tokens/2 tokens (the same mean) instead of all --tokens")
     ap.add_argument("--slots", type=int, default=8, help="engine slots (default 8)")
-    ap.add_argument("--online-slots", type=int, default=1,
-                    help="slots for online requests on top of --slots, as serve's flag (default 1)")
+    ap.add_argument("--online-slots", type=int, default=0,
+                    help="slots for online requests on top of --slots, as serve's flag (default 0)")
     ap.add_argument("--online-each-second", action=argparse.BooleanOptionalAction, default=True,
                     help="also the batch's throughput while an online request arrives every second (default on)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")

@@ -1,8 +1,8 @@
 """Reserved slots in the core scheduler (FakeRunner, no model): EngineConfig.reserved_slots of
-the n_parallel slots are only for requests above the default priority (priority < 0). Requests
-at the default priority or below never hold them; an urgent request beside a full batch takes
-one at once and puts nothing aside; a request the fair share put at the head does not keep an
-urgent one behind it from a reserved slot."""
+the n_parallel slots (the last ids) are only for requests above the default priority (priority
+< 0). Requests at the default priority or below never hold them; an urgent request beside a
+full batch takes one at once and puts nothing aside; a request the fair share put at the head
+does not keep an urgent one behind it from a reserved slot."""
 from __future__ import annotations
 
 import pytest
@@ -35,8 +35,7 @@ def test_requests_at_the_default_priority_or_below_never_hold_a_reserved_slot():
         stats = engine.stats()
     assert all(r.text == "abcdef" for r in results)
     assert stats.reserved_slots == 1 and stats.n_parallel == 3
-    busiest = max(len({c.slot for c in p.plan.chunks}) for p in runner.plans)
-    assert busiest == 2  # two at once, never the third slot
+    assert {c.slot for p in runner.plans for c in p.plan.chunks} == {0, 1}  # never the reserved (last) slot
     assert runner.violations == []
 
 
@@ -59,6 +58,9 @@ def test_an_urgent_request_beside_a_full_batch_takes_the_reserved_slot_and_puts_
         stats = engine.stats()
     urgent_first = next(p for p in runner.plans if any(c.request_id == urgent.request_id for c in p.plan.chunks))
     assert urgent_first.call == submitted["at"] + 1  # the next tick
+    # in the reserved slot, the last: the batch's slots stay consecutive ids (scheduler._open_to)
+    assert {c.slot for p in runner.plans for c in p.plan.chunks if c.request_id == urgent.request_id} == {2}
+    assert {c.slot for p in runner.plans for c in p.plan.chunks if c.request_id != urgent.request_id} == {0, 1}
     assert stats.preemptions == 0 and all(r.timings.preemptions == 0 for r in results)
     assert all(r.text == "x" * 12 for r in results)
     assert runner.violations == []

@@ -34,8 +34,8 @@ def serve_command(
     online_slots: Annotated[int, typer.Option(
         "--online-slots", min=0,
         help="Slots for online requests on top of --n-parallel, which batches keep to themselves (each costs "
-             "one slot's KV cache). 0: none; online requests still go first (a higher priority), putting a "
-             "batch line aside when every slot is busy")] = 1,
+             "one slot's KV cache, and on a CPU a decode row more than the batch's). 0: none; online requests "
+             "still go first (a higher priority), putting a batch line aside when every slot is busy")] = 0,
     isolate: Annotated[bool, typer.Option(
         "--isolate/--no-isolate",
         help="Run llama.cpp in a supervised child process: a request that crashes it costs a restart of the "
