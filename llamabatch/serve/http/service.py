@@ -25,17 +25,15 @@ from .uploads import MultipartUpload
 
 
 def batch_inflight(n_parallel: int, online_slots: int, reserved_slots: int = 0) -> int:
-    """Lines of a batch in the engine at once. By default (no slot kept for online requests)
-    every slot and a line queued behind each: the engine admits a queued line in the tick a
-    slot frees (not after a round trip through the lane, and through the supervised child's
-    pipe), and online requests still go ahead of queued batch lines by priority, preempting
-    one when every slot is busy (scheduling in docs/serve.md). With --online-slots N, the
-    slots less N and no queue, so N slots stay free of batch lines: `llamabatch serve` opens
-    its engine with those N on top of --n-parallel, so the batch keeps all of its own and an
-    online request neither waits nor puts a batch line aside (which would end out of step
-    with the lines it started with, and their successors' prompts would then fill more ticks).
-    Its engine reserves them (`reserved_slots`: batch lines never take them), so the batch's own
-    slots keep their queued lines too."""
+    """Lines of a batch in the engine at once: a line for each of the batch's slots and one
+    queued behind each, so the engine admits a queued line in the tick a slot frees (not after
+    a round trip through the lane and the supervised child's pipe). The batch's slots are all
+    of them less the `online_slots` kept for online requests; the engine keeps those free of
+    batch lines itself when it reserves them (`reserved_slots`, what `llamabatch serve
+    --online-slots N` opens: N on top of --n-parallel). An engine that does not reserve them
+    gets the batch's slots and no queue, so queued lines cannot take them. Online requests go
+    ahead of queued batch lines by priority either way, putting one aside when every slot is
+    busy (scheduling in docs/serve.md)."""
     if online_slots <= reserved_slots:
         return 2 * (n_parallel - online_slots)
     return max(0, n_parallel - online_slots)
@@ -51,9 +49,10 @@ class Service:
         self.data = DataDir(data_dir)
         self.catalogue = Catalogue(self.data.catalogue)
         self.online = Online(engine, on_end=self._online_ended)
-        self.n_parallel = engine.stats().n_parallel
+        stats = engine.stats()
+        self.n_parallel = stats.n_parallel
         self.online_slots = online_slots
-        self.inflight = batch_inflight(self.n_parallel, online_slots, engine.stats().reserved_slots)
+        self.inflight = batch_inflight(self.n_parallel, online_slots, stats.reserved_slots)
         self._lane: BatchLane | None = None
         self.job_settings = dict(job_settings or {})
         self.queue = BatchQueue(self.catalogue, self.data, self._start_job, clock)
