@@ -1,7 +1,7 @@
 """`llamabatch serve`'s targets (issues 40 and 46), each as paired A B A B runs with ratios.
 
     python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
-                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens]
+                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens] [--kv-unified]
                                        [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
 
 1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
@@ -149,7 +149,8 @@ def model_figures(args: argparse.Namespace) -> None:
     from llamabatch.serve.http.service import Service
 
     model = model_path(args.model)
-    config = EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots, threads=args.threads)
+    config = EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots, threads=args.threads,
+                          kv_unified=args.kv_unified)
     params = SamplingParams(temperature=0, max_tokens=args.tokens)
     # as `llamabatch serve` runs it: llama.cpp in a supervised child unless --no-isolate, with
     # --online-slots on top of --slots; `run` opens its own engine of --slots
@@ -166,7 +167,8 @@ def model_figures(args: argparse.Namespace) -> None:
         path = write_batch(workdir / "batch.jsonl", args.lines, args.tokens, args.vary_tokens)
         print(f"{args.lines} lines x {args.tokens} tokens{' on average' if args.vary_tokens else ''}, {args.slots} slots + {args.online_slots} for online "
               f"requests (--online-slots; `run`: {args.slots}), {args.threads} threads, {os.path.basename(model)}, "
-              f"{'supervised child' if args.isolate else 'in-process engine'}; "
+              f"{'supervised child' if args.isolate else 'in-process engine'}, "
+              f"{'one KV cache shared by the slots' if args.kv_unified else 'a KV stream per slot'}; "
               f"{machine_line(model)}")
         try:
             speed, first, shared = Pairs(), Pairs(), Pairs()
@@ -284,6 +286,8 @@ def main() -> None:
                     help="slots for online requests on top of --slots, as serve's flag (default 0)")
     ap.add_argument("--online-each-second", action=argparse.BooleanOptionalAction, default=True,
                     help="also the batch's throughput while an online request arrives every second (default on)")
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="one KV cache shared by the slots, for both the server and run (default: a stream per slot)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                     help="llama.cpp in a supervised child, as serve runs it (default); --no-isolate: in this process")
