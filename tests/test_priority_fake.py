@@ -41,7 +41,7 @@ def urgent_at_first_decode(runner: FakeRunner, urgent: SamplingParams) -> tuple[
 
 
 def first_plan_of(runner: FakeRunner, request_id: int) -> int:
-    return next(p.call for p in runner.plans if any(c.request_id == request_id for c in p.plan.chunks))
+    return runner.plans_with(request_id)[0].call
 
 
 def test_waiting_requests_are_admitted_by_priority_then_arrival():

@@ -56,7 +56,7 @@ def test_an_urgent_request_beside_a_full_batch_takes_the_reserved_slot_and_puts_
         results = [h.result(timeout=WAIT) for h in batch]
         urgent = submitted["urgent"].result(timeout=WAIT)  # type: ignore[attr-defined]
         stats = engine.stats()
-    urgent_first = next(p for p in runner.plans if any(c.request_id == urgent.request_id for c in p.plan.chunks))
+    urgent_first = runner.plans_with(urgent.request_id)[0]
     assert urgent_first.call == submitted["at"] + 1  # the next tick
     # in the reserved slot, the last: the batch's slots stay consecutive ids (scheduler._open_to)
     assert {c.slot for p in runner.plans for c in p.plan.chunks if c.request_id == urgent.request_id} == {2}
@@ -91,9 +91,7 @@ def test_a_fair_share_head_does_not_keep_an_urgent_request_from_a_reserved_slot(
         urgent = submitted["urgent"].result(timeout=WAIT)  # type: ignore[attr-defined]
         for h in [first, *submitted["stream"]]:  # type: ignore[misc]
             h.result(timeout=WAIT)
-    starts = {r.request_id: next(p.call for p in runner.plans if any(c.request_id == r.request_id for c in p.plan.chunks))
-              for r in (low_result, urgent)}
-    assert starts[urgent.request_id] == submitted["at"] + 1
+    assert runner.plans_with(urgent.request_id)[0].call == submitted["at"] + 1
     assert low_result.text == "ab"
     assert runner.violations == []
 
