@@ -9,7 +9,7 @@ streams, the batch with online traffic on streams, then the same two on the unif
 batch is `Engine.generate` over --lines essay prompts of exactly --tokens tokens; the online
 traffic is one chat of 8 tokens at priority -1, the next one a second after the last ended, as
 `benchmarks/serve_batches.py` sends through the server. Printed per round: each run's wall time
-and ticks by kind (decode only, mixed prompt and decode, prompt only, stopped for an urgent
+and ticks by kind (decode only, mixed prompt and decode, prefill only, stopped for an urgent
 arrival: count, seconds, graph runs per tick); per pair, the batch alone over the batch with
 online traffic (what serve_batches.py's target of >= 0.9 asks of `serve`), and the unified
 cache's wall over the streams'.
@@ -19,7 +19,6 @@ Measures and prints; asserts nothing on time.
 from __future__ import annotations
 
 import argparse
-import collections
 import threading
 import time
 from typing import Any
@@ -28,14 +27,17 @@ from _bench import Pairs, essay_prompts, machine_line, model_path
 
 
 def tick_kinds(ticks: list[Any]) -> str:
-    kinds: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0])
-    for r in ticks:
-        kind = ("stopped" if r.interrupted else "decode" if r.prefill_tokens == 0
-                else "prompt" if r.decode_tokens == 0 else "mixed")
-        kinds[kind][0] += 1
-        kinds[kind][1] += r.wall_ms / 1000
-        kinds[kind][2] += r.ubatches
-    return "; ".join(f"{k} {int(n)} ticks {s:.2f} s {runs / n:.2f} runs" for k, (n, s, runs) in sorted(kinds.items()))
+    """The ticks by kind as `bench --verbose` groups them (llamabatch/bench/trace.py), and apart
+    from them the decodes stopped for an urgent arrival (nothing of them was kept)."""
+    from llamabatch.bench.trace import trace_figures
+
+    figures = trace_figures([r.to_dict() for r in ticks if not r.interrupted])
+    parts = [f"{kind} {row['ticks']:.0f} ticks {row['ticks'] * row['mean_wall_ms'] / 1000:.2f} s "
+             f"{row['mean_ubatches']:.2f} runs" for kind, row in figures.items() if kind != "all"]
+    stopped = [r for r in ticks if r.interrupted]
+    if stopped:
+        parts.append(f"stopped {len(stopped)} ticks {sum(r.wall_ms for r in stopped) / 1000:.2f} s")
+    return "; ".join(parts)
 
 
 def run_batch(engine: Any, ticks: list[Any], args: argparse.Namespace, online: bool) -> tuple[float, int, int]:
