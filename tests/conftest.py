@@ -183,7 +183,7 @@ def pytest_xdist_auto_num_workers(config):
     overlap more of it than 4 (7 alternated pairs, 4 workers' time over 6's: 1.13, 1.20, 0.99,
     0.95, 1.10, 1.14, 1.14; 8 workers gained nothing over 6). Where model tests run, 4: they run
     one at a time on one worker, and the other workers' CPU competes with their llama.cpp
-    threads (the whole suite took 687 s on 6 workers against 554-609 s on 4, in clean-clone CI
+    threads (the whole suite took 687 s on 6 workers against 543-609 s on 4, in clean-clone CI
     runs)."""
     return 6 if "not model" in (config.option.markexpr or "") else 4
 
