@@ -1,7 +1,7 @@
 """`llamabatch serve`'s targets (issues 40 and 46), each as paired A B A B runs with ratios.
 
     python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
-                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens] [--kv-unified]
+                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens] [--no-kv-unified]
                                        [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
 
 1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
@@ -286,8 +286,9 @@ def main() -> None:
                     help="slots for online requests on top of --slots, as serve's flag (default 0)")
     ap.add_argument("--online-each-second", action=argparse.BooleanOptionalAction, default=True,
                     help="also the batch's throughput while an online request arrives every second (default on)")
-    ap.add_argument("--kv-unified", action="store_true",
-                    help="one KV cache shared by the slots, for both the server and run (default: a stream per slot)")
+    ap.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=True,
+                    help="one KV cache shared by the slots, for both the server and run, as `llamabatch serve` "
+                         "opens its engine (default); --no-kv-unified: a stream per slot, `run`'s default")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                     help="llama.cpp in a supervised child, as serve runs it (default); --no-isolate: in this process")

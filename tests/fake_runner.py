@@ -295,8 +295,7 @@ class FakeRunner:
         return self.status.get(call, 0)
 
     def interruptible(self, plan: StepPlan) -> bool:
-        return self.can_interrupt and len(ubatch_sizes([(c.slot, len(c.tokens)) for c in plan.chunks],
-                                                       self.n_batch or 512, unified=False)) == 1
+        return self.can_interrupt and self.graph_runs([(c.slot, len(c.tokens)) for c in plan.chunks]) == 1
 
     def interrupt(self) -> None:
         self._stop.set()
@@ -321,8 +320,8 @@ class FakeRunner:
             self.interrupted_calls.append(call)
         record = ExecutedPlan(call, _as_it_was(plan), status)
         self.plans.append(record)
-        result = StepResult(status=status, eval_ms=self.eval_ms, ubatches=len(ubatch_sizes(
-            [(c.slot, len(c.tokens)) for c in plan.chunks], self.n_batch or 512, unified=False)), restored=restored)
+        result = StepResult(status=status, eval_ms=self.eval_ms,
+                            ubatches=self.graph_runs([(c.slot, len(c.tokens)) for c in plan.chunks]), restored=restored)
         if status != 0:
             # "no KV room" (1): llama.cpp rolled the batch back, so a smaller retry may follow.
             # Any other failure may leave part of the batch in the cache: unknown until trimmed.
@@ -407,7 +406,7 @@ class FakeRunner:
         return next((i for i, t in enumerate(tokens) if not self.grammar_allows(t)), len(tokens))
 
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:
-        return len(ubatch_sizes(runs, self.n_batch or 512, unified=False))
+        return len(ubatch_sizes(runs, self.n_batch or 512, unified=self.pool_cells is not None))
 
     def _apply_trims(self, plan: StepPlan) -> None:
         for t in plan.trims:

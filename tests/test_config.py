@@ -81,6 +81,19 @@ def test_chat_defaults_to_one_slot_below_every_other_layer(clean_env, monkeypatc
     assert show(command="chat")["n_parallel"] == ("auto", f"{clean_env / 'llamabatch.toml'}:1")
 
 
+def test_serve_shares_one_kv_cache_by_default_unless_told_or_deterministic(clean_env, monkeypatch):
+    assert show(command="serve")["kv_unified"] == (True, "default (serve)")
+    for command in ("run", "serve-stdin", "chat"):  # the others keep a stream per slot
+        assert show(command=command)["kv_unified"] == (False, "default")
+    assert show("--no-kv-unified", command="serve")["kv_unified"] == (False, "flag")
+    # deterministic mode needs a stream per slot: serve's default gives way instead of refusing
+    assert show("--deterministic", command="serve")["kv_unified"] == (False, "default")
+    write(clean_env / "llamabatch.toml", "[serve]\nkv_unified = false\n")
+    assert show(command="serve")["kv_unified"] == (False, f"{clean_env / 'llamabatch.toml'}:2")
+    monkeypatch.setenv("LLAMABATCH_KV_UNIFIED", "1")
+    assert show(command="serve")["kv_unified"] == (True, "env LLAMABATCH_KV_UNIFIED")
+
+
 def test_file_overrides_default_with_file_and_line(clean_env):
     path = write(clean_env / "llamabatch.toml", LOCAL)
     values = show()

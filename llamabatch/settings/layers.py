@@ -39,11 +39,16 @@ def default_store_folder() -> str:
 # The disk prefix store is on for the commands that serve many or long prompts (a callable
 # default is read when the command runs: the cache folder follows the environment); bench
 # measures evaluation, and the library opens none unless asked.
+# serve opens one KV cache shared by its slots, as llama-server does when it picks its slots
+# itself: online requests beside a batch cost the batch less (docs/performance.md, "The KV
+# layout beside online traffic"), and one online request may take up to the model's context
+# from the pool while `run` can size its cache from its file first. Deterministic mode keeps
+# a stream per slot (its row rule needs one), so there the default does not apply.
 COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {
     "chat": {"n_parallel": 1, "prefix_store": default_store_folder},
     "run": {"n_parallel": "auto", "prefix_store": default_store_folder},
     "serve-stdin": {"n_parallel": "auto", "prefix_store": default_store_folder},
-    "serve": {"n_parallel": "auto", "prefix_store": default_store_folder},
+    "serve": {"n_parallel": "auto", "prefix_store": default_store_folder, "kv_unified": True},
 }
 
 
@@ -120,6 +125,8 @@ def merge(flags: Mapping[str, Any], command: str = "", file_values: Mapping[str,
             chosen[key], sources[key] = env, f"env {env_name(key)}"
         elif key in file_values:
             chosen[key], sources[key] = file_values[key]
+        elif key == "kv_unified" and chosen.get("deterministic"):
+            sources[key] = "default"  # deterministic mode needs a stream per slot (COMMAND_DEFAULTS)
         elif key in COMMAND_DEFAULTS.get(command, {}):
             default = COMMAND_DEFAULTS[command][key]
             chosen[key], sources[key] = default() if callable(default) else default, f"default ({command})"

@@ -71,7 +71,8 @@ def serve_command(
             service.start()
             shown = f"[{host}]" if ":" in host else host
             env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
-                    f"({_slots(engine.stats().n_parallel - online_slots, online_slots)}, data in {service.data.root})")
+                    f"({_slots(engine.stats().n_parallel - online_slots, online_slots, resolved.engine.kv_unified)}, "
+                    f"data in {service.data.root})")
             stopped_by = _serve_until_stopped(listening)
         finally:
             service.close(timeout=30)
@@ -81,8 +82,10 @@ def serve_command(
         raise typer.Exit(stopped_by)
 
 
-def _slots(batch: int, online: int) -> str:
-    return f"{batch} slots" + (f" + {online} for online requests" if online else "")
+def _slots(batch: int, online: int, shared: bool) -> str:
+    """"8 slots + 1 for online requests, one KV cache they share": what a user tunes next."""
+    return (f"{batch} slots" + (f" + {online} for online requests" if online else "")
+            + (", one KV cache they share" if shared else ", a KV stream each"))
 
 
 def _serve_until_stopped(listening: Any) -> int | None:
