@@ -10,7 +10,9 @@
    open): ratio = run's wall time / the server's (target >= 0.97). Every line generates exactly
    --tokens tokens (ignore_eos), or with --vary-tokens a length around it (the same mean). Then
    the same with one online chat request arriving every second
-   (target >= 0.9; --no-online-each-second skips it).
+   (target >= 0.9; --no-online-each-second skips it). Each run also prints this process's CPU
+   seconds (client, server and batch lane, or `run`'s job), which share the cores with the
+   engine's llama.cpp threads.
 2. Online time to first token: 8 streamed chat requests one after another with no batch running
    vs while a --lines batch runs (the batch is cancelled after them): ratio = median TTFT with
    the batch / without (target <= 1.5).
@@ -109,6 +111,15 @@ def through_server_with_online(client: Any, path: Path, lines: int) -> tuple[flo
     return wall, asked[0]
 
 
+def cpu_timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    """fn(*args) and the CPU seconds this process spent meanwhile, every thread (the openai
+    client, the server and its batch lane, or `run`'s job): what the front end takes from the
+    cores llama.cpp's threads run on (the engine's own child process is not counted)."""
+    start = time.process_time()
+    out = fn(*args)
+    return out, time.process_time() - start
+
+
 def ttft(client: Any, n: int = 8) -> float:
     """Median seconds to the first streamed content of n chat requests, one after another."""
     times = []
@@ -173,15 +184,18 @@ def model_figures(args: argparse.Namespace) -> None:
         try:
             speed, first, shared = Pairs(), Pairs(), Pairs()
             for r in range(1, args.rounds + 1):
-                run_s, server_s = through_run(run_engine, path, args.lines, workdir), through_server(client, path, args.lines)
+                (run_s, run_cpu), (server_s, server_cpu) = (cpu_timed(through_run, run_engine, path, args.lines, workdir),
+                                                            cpu_timed(through_server, client, path, args.lines))
                 ratio = speed.add(server_s, run_s)
-                print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run")
+                print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run "
+                      f"(this process's CPU: run {run_cpu:.1f} s, server {server_cpu:.1f} s)")
                 if args.online_each_second:
-                    run_s = through_run(run_engine, path, args.lines, workdir)
-                    busy_s, answered = through_server_with_online(client, path, args.lines)
+                    run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
+                    (busy_s, answered), busy_cpu = cpu_timed(through_server_with_online, client, path, args.lines)
                     ratio = shared.add(busy_s, run_s)
                     print(f"throughput with an online request each second, round {r}: run {run_s:.2f} s, server "
-                          f"{busy_s:.2f} s ({answered} online answered) -> server {ratio:.3f}x run")
+                          f"{busy_s:.2f} s ({answered} online answered) -> server {ratio:.3f}x run "
+                          f"(this process's CPU: run {run_cpu:.1f} s, server {busy_cpu:.1f} s)")
                 idle, busy = ttft(client), ttft_during_batch(client, path)
                 ratio = first.add(idle, busy)
                 print(f"ttft round {r}: idle {idle * 1000:.0f} ms, during a batch {busy * 1000:.0f} ms -> {ratio:.2f}x")

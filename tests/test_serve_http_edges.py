@@ -199,6 +199,7 @@ def test_a_stop_signal_ends_serve_quietly_with_its_exit_code(tmp_path, sig, code
         reader.start()
         ready = READY.search(said[-1]) if said else None
         assert ready, f"serve ended before listening: {''.join(said)}"
+        assert "(2 slots, one KV cache they share, data in" in said[-1]  # serve's own default layout
         port = ready.group(1)
         assert raw("GET", f"http://127.0.0.1:{port}/v1/models").status == 200
         proc.send_signal(sig)
