@@ -96,6 +96,15 @@ def test_the_calibration_cache_keeps_cache_types_apart():
     assert len(json.loads(cache_path().read_text())) == 2
 
 
+def test_the_calibration_cache_keeps_kv_layouts_apart():
+    curve = Curve({n: 100.0 for n in CANDIDATES})
+    choose(AUTO, MODEL, measure=curve, memory=64 * GIB)
+    shared = choose(AUTO.replace(kv_unified=True), MODEL, measure=curve, memory=64 * GIB)
+    assert not shared.from_cache and len(curve.calls) == 2
+    assert choose(AUTO.replace(kv_unified=True), MODEL, measure=curve, memory=64 * GIB).from_cache
+    assert len(curve.calls) == 2
+
+
 def test_auto_reuses_its_cache_and_measures_only_what_is_missing():
     curve = Curve({4: 84, 8: 122, 12: 110, 16: 171, 24: 160, 32: 150})
     first = choose(AUTO, MODEL, measure=curve, memory=64 * GIB)

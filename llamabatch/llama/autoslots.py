@@ -121,12 +121,15 @@ def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None, kv:
 
 
 def kv_setting(config: EngineConfig) -> str:
-    """The cache key's part for the KV types and flash attention; "" for the defaults, which
-    keeps the key calibrations had before these settings existed."""
+    """The cache key's part for the KV types, flash attention and layout; "" for the defaults,
+    which keeps the key calibrations had before these settings existed. The layout decides how
+    llama.cpp splits a tick (llama/ubatch_split.py), and so the curve: `serve`, which shares one
+    cache by default, does not reuse a curve measured on a stream per slot."""
     types = pair_name(config.cache_type_k, config.cache_type_v)
+    layout = "|kv_unified" if config.kv_unified else ""
     if types == "f16/f16" and config.flash_attn == "auto":
-        return ""
-    return f"|kv={types}|flash_attn={config.flash_attn}"
+        return layout
+    return f"|kv={types}|flash_attn={config.flash_attn}{layout}"
 
 
 def read_cache(key: str) -> dict | None:
