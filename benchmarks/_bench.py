@@ -302,6 +302,22 @@ def run_pairs(rounds: int, run_a: Callable[[], Any], run_b: Callable[[], Any],
     return pairs
 
 
+# -- tick traces ---------------------------------------------------------------------------
+
+def tick_kinds(ticks: list[Any]) -> str:
+    """The ticks by kind as `bench --verbose` groups them (llamabatch/bench/trace.py), and apart
+    from them the decodes stopped for an urgent arrival (nothing of them was kept)."""
+    from llamabatch.bench.trace import trace_figures
+
+    figures = trace_figures([r.to_dict() for r in ticks if not r.interrupted])
+    parts = [f"{kind} {row['ticks']:.0f} ticks {row['ticks'] * row['mean_wall_ms'] / 1000:.2f} s "
+             f"{row['mean_ubatches']:.2f} runs" for kind, row in figures.items() if kind != "all"]
+    stopped = [r for r in ticks if r.interrupted]
+    if stopped:
+        parts.append(f"stopped {len(stopped)} ticks {sum(r.wall_ms for r in stopped) / 1000:.2f} s")
+    return "; ".join(parts)
+
+
 def server_completion(port: int, prompt: list[int], n: int, **fields: Any) -> dict:
     """One greedy llama-server /completion of token ids (prompt cache on), its JSON answer;
     `fields` adds to the body (ignore_eos, json_schema, ...)."""

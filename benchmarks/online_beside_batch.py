@@ -33,21 +33,7 @@ import threading
 import time
 from typing import Any
 
-from _bench import Pairs, essay_prompts, machine_line, model_path
-
-
-def tick_kinds(ticks: list[Any]) -> str:
-    """The ticks by kind as `bench --verbose` groups them (llamabatch/bench/trace.py), and apart
-    from them the decodes stopped for an urgent arrival (nothing of them was kept)."""
-    from llamabatch.bench.trace import trace_figures
-
-    figures = trace_figures([r.to_dict() for r in ticks if not r.interrupted])
-    parts = [f"{kind} {row['ticks']:.0f} ticks {row['ticks'] * row['mean_wall_ms'] / 1000:.2f} s "
-             f"{row['mean_ubatches']:.2f} runs" for kind, row in figures.items() if kind != "all"]
-    stopped = [r for r in ticks if r.interrupted]
-    if stopped:
-        parts.append(f"stopped {len(stopped)} ticks {sum(r.wall_ms for r in stopped) / 1000:.2f} s")
-    return "; ".join(parts)
+from _bench import Pairs, essay_prompts, machine_line, model_path, tick_kinds
 
 
 def chat(engine: Any, n: int) -> Any:

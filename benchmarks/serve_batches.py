@@ -1,7 +1,7 @@
 """`llamabatch serve`'s targets (issues 40 and 46), each as paired A B A B runs with ratios.
 
     python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
-                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens] [--no-kv-unified]
+                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens] [--no-kv-unified] [--trace]
                                        [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
 
 1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import Pairs, essay_prompts, machine_line, model_path, say
+from _bench import Pairs, essay_prompts, machine_line, model_path, say, tick_kinds
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 CHAT = "/v1/chat/completions"
@@ -111,6 +111,20 @@ def through_server_with_online(client: Any, path: Path, lines: int) -> tuple[flo
     return wall, asked[0]
 
 
+class Traced:
+    """The engine's tick records (Engine.subscribe, forwarded from serve's supervised child too)
+    since the last `take`, with --trace: where a run's time went, by kind of tick."""
+
+    def __init__(self, engine: Any, on: bool):
+        self.ticks: list[Any] = []
+        if on:
+            engine.subscribe(lambda r: self.ticks.append(r) if getattr(r, "kind", "") == "tick" else None)
+
+    def take(self) -> str:
+        ticks, self.ticks = self.ticks, []
+        return f"\n  ticks: {tick_kinds(ticks)}" if ticks else ""
+
+
 def cpu_timed(fn: Any, *args: Any) -> tuple[Any, float]:
     """fn(*args) and the CPU seconds this process spent meanwhile, every thread (the openai
     client, the server and its batch lane, or `run`'s job): what the front end takes from the
@@ -183,20 +197,26 @@ def model_figures(args: argparse.Namespace) -> None:
               f"{machine_line(model)}")
         try:
             speed, first, shared = Pairs(), Pairs(), Pairs()
+            traced = {e: Traced(e, args.trace) for e in {engine, run_engine}}
             for r in range(1, args.rounds + 1):
-                (run_s, run_cpu), (server_s, server_cpu) = (cpu_timed(through_run, run_engine, path, args.lines, workdir),
-                                                            cpu_timed(through_server, client, path, args.lines))
+                run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
+                run_ticks = traced[run_engine].take()
+                server_s, server_cpu = cpu_timed(through_server, client, path, args.lines)
                 ratio = speed.add(server_s, run_s)
                 print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run "
-                      f"(this process's CPU: run {run_cpu:.1f} s, server {server_cpu:.1f} s)")
+                      f"(this process's CPU: run {run_cpu:.1f} s, server {server_cpu:.1f} s)"
+                      f"{run_ticks}{traced[engine].take()}")
                 if args.online_each_second:
                     run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
+                    run_ticks = traced[run_engine].take()
                     (busy_s, answered), busy_cpu = cpu_timed(through_server_with_online, client, path, args.lines)
                     ratio = shared.add(busy_s, run_s)
                     print(f"throughput with an online request each second, round {r}: run {run_s:.2f} s, server "
                           f"{busy_s:.2f} s ({answered} online answered) -> server {ratio:.3f}x run "
-                          f"(this process's CPU: run {run_cpu:.1f} s, server {busy_cpu:.1f} s)")
+                          f"(this process's CPU: run {run_cpu:.1f} s, server {busy_cpu:.1f} s)"
+                          f"{run_ticks}{traced[engine].take()}")
                 idle, busy = ttft(client), ttft_during_batch(client, path)
+                traced[engine].take()  # the first-token figure's ticks are not printed
                 ratio = first.add(idle, busy)
                 print(f"ttft round {r}: idle {idle * 1000:.0f} ms, during a batch {busy * 1000:.0f} ms -> {ratio:.2f}x")
             print(f"median: server {speed.median():.3f}x run (target >= 0.97); "
@@ -304,6 +324,8 @@ def main() -> None:
                     help="one KV cache shared by the slots, for both the server and run, as `llamabatch serve` "
                          "opens its engine (default); --no-kv-unified: a stream per slot, `run`'s default")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
+    ap.add_argument("--trace", action="store_true",
+                    help="print each throughput run's ticks by kind (run's first, then the server's)")
     ap.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                     help="llama.cpp in a supervised child, as serve runs it (default); --no-isolate: in this process")
     ap.add_argument("-m", "--model", default=None, help="model (default: the bundled Gemma 3 270M)")
