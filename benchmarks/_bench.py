@@ -290,6 +290,11 @@ class Pairs:
         return statistics.median(self.ratios) if self.ratios else math.nan
 
 
+def p95(values: Sequence[float]) -> float:
+    """The 95th percentile (statistics.quantiles' default method); the value itself for one."""
+    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
+
+
 def run_pairs(rounds: int, run_a: Callable[[], Any], run_b: Callable[[], Any],
               report: Callable[[int, Any, Any], None]) -> list[tuple[Any, Any]]:
     """A B A B ...: `rounds` pairs, each reported as soon as it is measured (1-based round)."""

@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any
 
-from _bench import Pairs, essay_prompts, machine_line, model_path, tick_kinds
+from _bench import Pairs, essay_prompts, machine_line, model_path, p95, tick_kinds
 
 
 def chat(engine: Any, n: int) -> Any:
@@ -66,10 +66,6 @@ def run_batch(engine: Any, ticks: list[Any], args: argparse.Namespace, online: b
     if online:
         thread.join()
     return wall, ttfts, sum(r.preemptions for r in ticks)
-
-
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import statistics
 import threading
 import time
 
-from _bench import Pairs, essay_prompts, machine_line, model_path, say
+from _bench import Pairs, essay_prompts, machine_line, model_path, p95, say
 
 # a short chat question, different each time (a prompt the prefix cache holds would make the
 # idle figure one decode row); about 25 tokens with the chat template
@@ -140,11 +140,9 @@ def main() -> None:
                   f"{urgent * 1000:.0f} ms -> {ratio:.2f}x; the same not interrupting the decode in flight "
                   f"{waited * 1000:.0f} ms -> {waited / idle:.2f}x; priority 0 (waits for a slot) "
                   f"{plain * 1000:.0f} ms -> {plain / idle:.2f}x")
-        p95 = statistics.quantiles(ttft.ratios, n=20)[-1] if len(ttft.ratios) > 1 else ttft.ratios[0]
-        p95_before = statistics.quantiles(uninterrupted, n=20)[-1] if len(uninterrupted) > 1 else uninterrupted[0]
-        print(f"median: TTFT beside a full batch {ttft.median():.2f}x idle (target <= 1.5), p95 {p95:.2f}x "
+        print(f"median: TTFT beside a full batch {ttft.median():.2f}x idle (target <= 1.5), p95 {p95(ttft.ratios):.2f}x "
               f"(target <= 2.5); not interrupting the decode in flight {statistics.median(uninterrupted):.2f}x, "
-              f"p95 {p95_before:.2f}x; without priority {statistics.median(waiting):.2f}x")
+              f"p95 {p95(uninterrupted):.2f}x; without priority {statistics.median(waiting):.2f}x")
         speed = Pairs()
         for r in range(1, max(2, args.rounds // 2) + 1):
             alone, shared = batch_speed(engine, args, False), batch_speed(engine, args, True)
