@@ -88,6 +88,13 @@ def test_pairs_keep_each_ratio_and_their_median(bench):
     assert result == [(1, 2), (3, 4)] and seen == [(1, 1, 2), (2, 3, 4)]  # A B A B, reported as measured
 
 
+def test_p95_is_the_last_of_twenty_quantiles_and_one_value_its_own(bench):
+    # statistics.quantiles' exclusive method, as priority.py's published p95 figures used
+    assert bench.p95([float(i) for i in range(1, 11)]) == pytest.approx(10.45)
+    assert bench.p95([float(i) for i in range(1, 101)]) == pytest.approx(95.95)
+    assert bench.p95([2.0]) == 2.0
+
+
 def test_run_input_lines_and_records(bench, tmp_path):
     path = bench.write_prompt_lines(tmp_path / "in.jsonl", ["a", "b"], 5)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
