@@ -309,6 +309,20 @@ def run_pairs(rounds: int, run_a: Callable[[], Any], run_b: Callable[[], Any],
 
 # -- tick traces ---------------------------------------------------------------------------
 
+class TickLog:
+    """Every tick record `engine` reports (Engine.subscribe; a supervised engine forwards its
+    child's), kept until `take`."""
+
+    def __init__(self, engine: Any):
+        self.records: list[Any] = []
+        engine.subscribe(lambda r: self.records.append(r) if getattr(r, "kind", "") == "tick" else None)
+
+    def take(self) -> list[Any]:
+        """The records since the last take."""
+        records, self.records = self.records, []
+        return records
+
+
 def tick_kinds(ticks: list[Any]) -> str:
     """The ticks by kind as `bench --verbose` groups them (llamabatch/bench/trace.py), and apart
     from them the decodes stopped for an urgent arrival (nothing of them was kept)."""

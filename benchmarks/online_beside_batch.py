@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any
 
-from _bench import Pairs, essay_prompts, machine_line, model_path, p95, tick_kinds
+from _bench import Pairs, TickLog, essay_prompts, machine_line, model_path, p95, tick_kinds
 
 
 def chat(engine: Any, n: int) -> Any:
@@ -45,11 +45,11 @@ def chat(engine: Any, n: int) -> Any:
                          SamplingParams(temperature=0, max_tokens=8, priority=-1)).result()
 
 
-def run_batch(engine: Any, ticks: list[Any], args: argparse.Namespace, online: bool) -> tuple[float, list[float], int]:
-    """The batch's wall seconds, the online chats' times to first token (ms), lines put aside."""
+def run_batch(engine: Any, log: TickLog, args: argparse.Namespace, online: bool) -> tuple[float, list[float], list[Any]]:
+    """The batch's wall seconds, the online chats' times to first token (ms), its tick records."""
     from llamabatch import SamplingParams
 
-    ticks.clear()
+    log.take()
     stop, ttfts = threading.Event(), []
 
     def sender() -> None:
@@ -65,7 +65,7 @@ def run_batch(engine: Any, ticks: list[Any], args: argparse.Namespace, online: b
     stop.set()
     if online:
         thread.join()
-    return wall, ttfts, sum(r.preemptions for r in ticks)
+    return wall, ttfts, log.take()
 
 
 def main() -> None:
@@ -82,12 +82,11 @@ def main() -> None:
     from llamabatch import Engine, EngineConfig
 
     model = model_path(args.model)
-    engines, ticks = {}, {}
+    engines, logs = {}, {}
     for layout in ("streams", "unified"):
         engines[layout] = Engine(EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots,
                                               threads=args.threads, kv_unified=layout == "unified"))
-        ticks[layout] = []
-        engines[layout].subscribe(lambda r, into=ticks[layout]: into.append(r) if getattr(r, "kind", "") == "tick" else None)
+        logs[layout] = TickLog(engines[layout])
     print(f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots, {args.threads} threads, "
           f"engine in-process; {machine_line(model)}")
     kept, floors = {layout: Pairs() for layout in engines}, {layout: [] for layout in engines}
@@ -96,7 +95,7 @@ def main() -> None:
     try:
         idle = {}
         for layout, engine in engines.items():  # warm-up: the weights paged in, the template cached
-            run_batch(engine, ticks[layout], argparse.Namespace(lines=args.slots, tokens=2), online=False)
+            run_batch(engine, logs[layout], argparse.Namespace(lines=args.slots, tokens=2), online=False)
             chat(engine, -1)
             idle[layout] = statistics.median(chat(engine, n).timings.ttft_ms for n in range(args.idle_chats))
             print(f"{layout}: an urgent chat's time to first token on the idle engine, median of "
@@ -105,17 +104,18 @@ def main() -> None:
             walls = {}
             for layout, engine in engines.items():
                 for online in (False, True):
-                    wall, ttfts, parked = run_batch(engine, ticks[layout], args, online)
+                    wall, ttfts, ticks = run_batch(engine, logs[layout], args, online)
                     walls[layout, online] = wall
                     if not online:
-                        decode_s = [t.wall_ms / 1000 for t in ticks[layout] if t.decode_tokens and not t.prefill_tokens]
+                        decode_s = [t.wall_ms / 1000 for t in ticks if t.decode_tokens and not t.prefill_tokens]
                         decode_tick = statistics.mean(decode_s) if decode_s else 0.0
                     over = [t / idle[layout] for t in ttfts]
                     slowdown[layout] += over
                     print(f"round {r} {layout:8} {'online' if online else 'alone '} {wall:6.2f} s"
                           + (f" ({len(ttfts)} chats, first token / idle median {statistics.median(over):.2f} "
-                             f"max {max(over):.2f}; {parked} lines put aside)" if ttfts else "")
-                          + f": {tick_kinds(ticks[layout])}")
+                             f"max {max(over):.2f}; {sum(t.preemptions for t in ticks)} lines put aside)"
+                             if ttfts else "")
+                          + f": {tick_kinds(ticks)}")
                 chats = len(ttfts)
                 floor = walls[layout, False] / (walls[layout, False]
                                                 + chats * (idle[layout] / 1000 + 7 * decode_tick / args.slots))

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import Pairs, essay_prompts, machine_line, model_path, say, tick_kinds
+from _bench import Pairs, TickLog, essay_prompts, machine_line, model_path, say, tick_kinds
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 CHAT = "/v1/chat/completions"
@@ -111,20 +111,6 @@ def through_server_with_online(client: Any, path: Path, lines: int) -> tuple[flo
     return wall, asked[0]
 
 
-class Traced:
-    """The engine's tick records (Engine.subscribe, forwarded from serve's supervised child too)
-    since the last `take`, with --trace: where a run's time went, by kind of tick."""
-
-    def __init__(self, engine: Any, on: bool):
-        self.ticks: list[Any] = []
-        if on:
-            engine.subscribe(lambda r: self.ticks.append(r) if getattr(r, "kind", "") == "tick" else None)
-
-    def take(self) -> str:
-        ticks, self.ticks = self.ticks, []
-        return f"\n  ticks: {tick_kinds(ticks)}" if ticks else ""
-
-
 def cpu_timed(fn: Any, *args: Any) -> tuple[Any, float]:
     """fn(*args) and the CPU seconds this process spent meanwhile, every thread (the openai
     client, the server and its batch lane, or `run`'s job): what the front end takes from the
@@ -197,26 +183,32 @@ def model_figures(args: argparse.Namespace) -> None:
               f"{machine_line(model)}")
         try:
             speed, first, shared = Pairs(), Pairs(), Pairs()
-            traced = {e: Traced(e, args.trace) for e in {engine, run_engine}}
+            # --trace: where each run's time went, by kind of tick
+            logs = {e: TickLog(e) for e in {engine, run_engine}} if args.trace else {}
+
+            def traced(e: Any) -> str:
+                ticks = logs[e].take() if e in logs else []
+                return f"\n  ticks: {tick_kinds(ticks)}" if ticks else ""
+
             for r in range(1, args.rounds + 1):
                 run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
-                run_ticks = traced[run_engine].take()
+                run_ticks = traced(run_engine)
                 server_s, server_cpu = cpu_timed(through_server, client, path, args.lines)
                 ratio = speed.add(server_s, run_s)
                 print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run "
                       f"(this process's CPU: run {run_cpu:.1f} s, server {server_cpu:.1f} s)"
-                      f"{run_ticks}{traced[engine].take()}")
+                      f"{run_ticks}{traced(engine)}")
                 if args.online_each_second:
                     run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
-                    run_ticks = traced[run_engine].take()
+                    run_ticks = traced(run_engine)
                     (busy_s, answered), busy_cpu = cpu_timed(through_server_with_online, client, path, args.lines)
                     ratio = shared.add(busy_s, run_s)
                     print(f"throughput with an online request each second, round {r}: run {run_s:.2f} s, server "
                           f"{busy_s:.2f} s ({answered} online answered) -> server {ratio:.3f}x run "
                           f"(this process's CPU: run {run_cpu:.1f} s, server {busy_cpu:.1f} s)"
-                          f"{run_ticks}{traced[engine].take()}")
+                          f"{run_ticks}{traced(engine)}")
                 idle, busy = ttft(client), ttft_during_batch(client, path)
-                traced[engine].take()  # the first-token figure's ticks are not printed
+                traced(engine)  # the first-token figure's ticks are not printed
                 ratio = first.add(idle, busy)
                 print(f"ttft round {r}: idle {idle * 1000:.0f} ms, during a batch {busy * 1000:.0f} ms -> {ratio:.2f}x")
             print(f"median: server {speed.median():.3f}x run (target >= 0.97); "

@@ -95,6 +95,20 @@ def test_p95_is_the_last_of_twenty_quantiles_and_one_value_its_own(bench):
     assert bench.p95([2.0]) == 2.0
 
 
+def test_tick_log_keeps_only_tick_records_until_taken(bench):
+    class Engine:
+        def subscribe(self, callback):
+            self.callback = callback
+
+    engine = Engine()
+    log = bench.TickLog(engine)
+    tick, request = argparse.Namespace(kind="tick"), argparse.Namespace(kind="request")
+    engine.callback(tick)
+    engine.callback(request)
+    assert log.take() == [tick]
+    assert log.take() == []
+
+
 def test_run_input_lines_and_records(bench, tmp_path):
     path = bench.write_prompt_lines(tmp_path / "in.jsonl", ["a", "b"], 5)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
