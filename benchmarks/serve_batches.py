@@ -1,7 +1,7 @@
 """`llamabatch serve`'s targets (issues 40 and 46), each as paired A B A B runs with ratios.
 
     python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
-                                       [--online-slots 0] [--no-online-each-second] [--vary-tokens] [--no-kv-unified] [--trace]
+                                       [--online-slots 0] [--no-online-each-second | --online-only] [--vary-tokens] [--no-kv-unified] [--trace]
                                        [--rounds 2] [--rss-lines 10000 100000] [--skip-model] [--skip-rss]
 
 1. Throughput: a --lines batch through the server (the openai SDK uploads the file, creates the
@@ -10,7 +10,8 @@
    open): ratio = run's wall time / the server's (target >= 0.97). Every line generates exactly
    --tokens tokens (ignore_eos), or with --vary-tokens a length around it (the same mean). Then
    the same with one online chat request arriving every second
-   (target >= 0.9; --no-online-each-second skips it). Each run also prints this process's CPU
+   (target >= 0.9; --no-online-each-second skips it, --online-only measures only this pair each
+   round, for more pairs of it in the same time). Each run also prints this process's CPU
    seconds (client, server and batch lane, or `run`'s job), which share the cores with the
    engine's llama.cpp threads.
 2. Online time to first token: 8 streamed chat requests one after another with no batch running
@@ -191,13 +192,14 @@ def model_figures(args: argparse.Namespace) -> None:
                 return f"\n  ticks: {tick_kinds(ticks)}" if ticks else ""
 
             for r in range(1, args.rounds + 1):
-                run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
-                run_ticks = traced(run_engine)
-                server_s, server_cpu = cpu_timed(through_server, client, path, args.lines)
-                ratio = speed.add(server_s, run_s)
-                print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run "
-                      f"(this process's CPU: run {run_cpu:.1f} s, server {server_cpu:.1f} s)"
-                      f"{run_ticks}{traced(engine)}")
+                if not args.online_only:
+                    run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
+                    run_ticks = traced(run_engine)
+                    server_s, server_cpu = cpu_timed(through_server, client, path, args.lines)
+                    ratio = speed.add(server_s, run_s)
+                    print(f"throughput round {r}: run {run_s:.2f} s, server {server_s:.2f} s -> server {ratio:.3f}x run "
+                          f"(this process's CPU: run {run_cpu:.1f} s, server {server_cpu:.1f} s)"
+                          f"{run_ticks}{traced(engine)}")
                 if args.online_each_second:
                     run_s, run_cpu = cpu_timed(through_run, run_engine, path, args.lines, workdir)
                     run_ticks = traced(run_engine)
@@ -207,14 +209,18 @@ def model_figures(args: argparse.Namespace) -> None:
                           f"{busy_s:.2f} s ({answered} online answered) -> server {ratio:.3f}x run "
                           f"(this process's CPU: run {run_cpu:.1f} s, server {busy_cpu:.1f} s)"
                           f"{run_ticks}{traced(engine)}")
+                if args.online_only:
+                    continue
                 idle, busy = ttft(client), ttft_during_batch(client, path)
                 traced(engine)  # the first-token figure's ticks are not printed
                 ratio = first.add(idle, busy)
                 print(f"ttft round {r}: idle {idle * 1000:.0f} ms, during a batch {busy * 1000:.0f} ms -> {ratio:.2f}x")
-            print(f"median: server {speed.median():.3f}x run (target >= 0.97); "
-                  f"TTFT during a batch {first.median():.2f}x idle (target <= 1.5)"
-                  + (f"; with an online request each second {shared.median():.3f}x run (target >= 0.9)"
-                     if shared.ratios else ""))
+            if speed.ratios:
+                print(f"median: server {speed.median():.3f}x run (target >= 0.97); "
+                      f"TTFT during a batch {first.median():.2f}x idle (target <= 1.5)")
+            if shared.ratios:
+                print(f"median: with an online request each second {shared.median():.3f}x run (target >= 0.9) over "
+                      f"{len(shared.ratios)} pairs: {', '.join(f'{x:.3f}' for x in shared.ratios)}")
         finally:
             listening.stop()
             thread.join(10)
@@ -315,6 +321,9 @@ def main() -> None:
     ap.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=True,
                     help="one KV cache shared by the slots, for both the server and run, as `llamabatch serve` "
                          "opens its engine (default); --no-kv-unified: a stream per slot, `run`'s default")
+    ap.add_argument("--online-only", action="store_true",
+                    help="each round only the pair for the online-each-second figure (run, then the server with "
+                         "chats): more pairs of that figure in the same time")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     ap.add_argument("--trace", action="store_true",
                     help="print each throughput run's ticks by kind (run's first, then the server's)")
@@ -326,6 +335,8 @@ def main() -> None:
     ap.add_argument("--skip-model", action="store_true", help="only the fake-runner RSS figure")
     ap.add_argument("--skip-rss", action="store_true", help="only the model figures")
     args = ap.parse_args()
+    if args.online_only and not args.online_each_second:
+        ap.error("--online-only measures the online-each-second pair: not with --no-online-each-second")
     if not args.skip_model:
         model_figures(args)
     if not args.skip_rss:

@@ -48,6 +48,16 @@ def _argv(argv: list[str]):
         sys.argv = saved
 
 
+def test_serve_batches_refuses_only_the_online_pair_without_the_online_pair(bench):
+    err = io.StringIO()
+    script = BENCHMARKS / "serve_batches.py"
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as ended, \
+            _argv([str(script), "--online-only", "--no-online-each-second"]):
+        runpy.run_path(str(script), run_name="__main__")
+    assert ended.value.code == 2
+    assert "--online-only measures the online-each-second pair" in err.getvalue()
+
+
 def test_there_are_scripts_to_check():
     assert len(SCRIPTS) >= 11
 
