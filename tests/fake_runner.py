@@ -171,7 +171,7 @@ class FakeRunner:
                  force: Callable[[str], int] | None = None, can_verify: bool = False,
                  probs: Callable[[list[int]], dict[int, float]] | None = None,
                  grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None,
-                 can_interrupt: bool = True, eval_ms: float = 0.5):
+                 can_interrupt: bool = True, eval_ms: float = 0.5, restored_whole_below: int | None = None):
         self.can_interrupt = can_interrupt
         self.eval_ms = eval_ms  # what each decode reports it took (the engine estimates tick times from it)
         self._stop = threading.Event()  # interrupt() sets it; clear_interrupt() clears it
@@ -200,6 +200,10 @@ class FakeRunner:
         self.can_store = can_store
         self.can_park = can_park  # preemption: a running slot snapshotted, put back later (Restore.resume)
         self.restore_ok = restore_ok or (lambda slot: True)
+        # a restore of fewer tokens than this brings every position back (a sequence inside the
+        # sliding window): such a slot may be cut back anywhere. None: like Gemma 3's window
+        # layers past their window, only from its restored end (self.floor)
+        self.restored_whole_below = restored_whole_below
         self.kv_fingerprint = {"model": "fake", "layout": "fake"}
         self.restores: list[tuple[int, int, bool]] = []  # (slot, n_tokens, took) applied, in order
         # slot -> its restored length: like Gemma 3's window layers in llama.cpp, a restored slot
@@ -444,7 +448,9 @@ class FakeRunner:
             if ok and len(tokens) != r.n_tokens:
                 self.violations.append(f"restore into slot {r.slot} says {r.n_tokens} tokens, the bytes hold {len(tokens)}")
             self.kv[r.slot] = tokens if ok else []
-            self.floor[r.slot] = len(self.kv[r.slot])
+            n = len(self.kv[r.slot])
+            whole = self.restored_whole_below is not None and n < self.restored_whole_below
+            self.floor[r.slot] = 0 if whole else n
             self.stale.discard(r.slot)
             took[r.slot] = ok
             self.restores.append((r.slot, r.n_tokens, ok))

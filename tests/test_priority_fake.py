@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.plan import StepPlan
 from llamabatch.core.scheduler import FAIR_SHARE
@@ -117,6 +119,27 @@ def test_a_restore_that_fails_evaluates_the_request_again_and_its_answer_is_the_
     assert high.text == "012" and low.text == "0123456789"
     assert low.timings.preemptions == 1
     assert runner.restores and not any(ok for *_, ok in runner.restores)
+    assert runner.violations == []
+
+
+@pytest.mark.parametrize("whole_below, reused", [(None, 0), (1000, 14), (5, 0)],
+                         ids=["restores-continue-from-their-end", "restored-whole", "restored-past-the-window"])
+def test_a_slot_restored_whole_leaves_its_prompt_prefix_to_the_next_request(whole_below, reused):
+    """A line put aside and resumed leaves its slot holding its tokens again. Where the restore
+    brought every position back (fewer tokens than the runner's restored_whole_below: a
+    sequence inside the sliding window), the next request keeps the prefix they share, as
+    after an evaluated slot; otherwise the slot continues from its end only and is emptied."""
+    runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789",
+                        restored_whole_below=whole_below)
+    engine, submitted = urgent_at_first_decode(runner, params(priority=-1, max_tokens=3))
+    with engine:
+        low = engine.submit("shared prefix one", params(max_tokens=10)).result(timeout=WAIT)
+        submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
+        after = engine.submit("shared prefix two", params(max_tokens=4)).result(timeout=WAIT)
+    assert low.timings.preemptions == 1 and low.text == "0123456789"
+    assert runner.restores and all(ok for *_, ok in runner.restores)
+    assert after.usage.cached_tokens == reused  # "shared prefix " is 14 tokens
+    assert after.text == "0123"
     assert runner.violations == []
 
 

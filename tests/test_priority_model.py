@@ -56,3 +56,31 @@ def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted(family, determi
     assert all(r.timings.paused_ms > 0 for r in preempted if r.timings.preemptions)
     assert [r.token_ids for r in preempted] == [r.token_ids for r in plain]
     assert all(len(r.token_ids) > 3 for r in plain)  # both were mid-answer when it came
+
+
+def test_a_resumed_slot_leaves_its_prompt_prefix_to_the_next_request(family):
+    """A request put aside and resumed (both families' sequences here are shorter than any
+    sliding window, so the restore brings every position back): the next request in its slot
+    keeps the prefix their prompts share instead of evaluating it again, and answers as it
+    does on a fresh engine."""
+    later = "List three facts about the sun."
+    with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2)) as e:
+        fresh = e.submit(later, GREEDY).result(timeout=300)
+    with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2)) as e:
+        three = threading.Event()
+        seen = [0]
+
+        def on_event(_handle, event) -> None:
+            seen[0] += len(getattr(event, "token_ids", []) or [])
+            if seen[0] >= 3:
+                three.set()
+
+        low = e.submit(PROMPTS[0], GREEDY, callback=on_event)
+        assert three.wait(120)
+        urgent = e.submit("The capital of France is", URGENT).result(timeout=300)
+        low_result = low.result(timeout=300)
+        after = e.submit(later, GREEDY).result(timeout=300)
+    assert low_result.timings.preemptions == 1 and urgent.token_ids
+    assert fresh.usage.cached_tokens == 0
+    assert after.usage.cached_tokens >= 4  # at least "List three facts about" (and BOS)
+    assert after.token_ids == fresh.token_ids

@@ -111,7 +111,8 @@ class EngineCore(EngineBase):
                                    pool_cells=getattr(runner, "pool_cells", None),
                                    park=runner.snapshot if getattr(runner, "can_park", False) else None,
                                    reserved=self.config.reserved_slots,
-                                   park_budget=park_budget(runner))
+                                   park_budget=park_budget(runner),
+                                   restored_whole_below=getattr(runner, "restored_whole_below", None))
         self._preemptions = 0  # requests parked since the last tick record
         self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight
         self._inbox: list[Sequence | EmbedJob] = []

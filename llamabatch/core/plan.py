@@ -130,7 +130,9 @@ class Restore:
     what the restore really gave (0 tokens after a failure). An entry is only ever continued
     from its end: with Gemma 3's sliding window llama.cpp saves only the last 512 positions of
     the window layers, so a restored slot cannot be trimmed shorter (the store only offers
-    entries whose whole token list starts the prompt).
+    entries whose whole token list starts the prompt). A slot restored with fewer tokens than
+    the runner's `restored_whole_below` holds every position of every layer, so later requests
+    may keep any prefix of it, as of a slot that evaluated them.
     """
 
     slot: int
@@ -271,6 +273,10 @@ class Runner(Protocol):
     # whether a running request's slot may be snapshotted and put back into another slot later
     # (Restore.resume): preemption keeps the request's KV in host memory this way
     can_park: bool
+    # A slot restored (Restore) with fewer tokens than this holds all of them in every layer (a
+    # sliding window's cells go only once a sequence outgrows the window), so a Trim may keep any
+    # prefix of it; None: it is continued from its end only.
+    restored_whole_below: int | None
     can_verify: bool  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
     draft_limits: dict[str, int]  # Speculation's max_draft and free (rows a guess takes at no cost), when they differ
     kv_fingerprint: dict[str, str]  # what must match for saved KV bytes to be restored here

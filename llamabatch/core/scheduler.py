@@ -110,7 +110,8 @@ class Scheduler:
                  fork_min_tokens: int = 0, cache_generated: bool = True,
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
                  speculation: "Speculation | None" = None, pool_cells: int | None = None,
-                 park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30, reserved: int = 0):
+                 park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30, reserved: int = 0,
+                 restored_whole_below: int | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
         # Slots only a request above the default priority may take (EngineConfig.reserved_slots):
         # requests at priority 0 or below run in the others, so an urgent arrival beside a full
@@ -123,6 +124,9 @@ class Scheduler:
         # evaluated again when it resumes (the engine passes the KV cache's own size).
         self.park_budget = park_budget
         self.parked_bytes = 0
+        # A slot restored (parked request or store entry) with fewer tokens than this may be cut
+        # back anywhere (Runner.restored_whole_below); else only from its restored end (its floor).
+        self.restored_whole_below = restored_whole_below
         self.preempted: list[Sequence] = []  # parked since the engine last took them (take_preempted)
         self._arrivals: list[tuple[int, int, Sequence]] = []  # heap by request id: the oldest waiting request
         self._pushed = 0
@@ -441,7 +445,7 @@ class Scheduler:
         self._unpark_bytes(parked)
         if ok:
             slot.cached = list(parked.cached)
-            slot.floor = parked.n_cells  # continued from its end only, as a store entry is
+            slot.floor = self._restored_floor(parked.n_cells)
             seq.num_computed = parked.n_cells
             seq.status = parked.status
         else:
@@ -451,6 +455,14 @@ class Scheduler:
         if seq.paused_at is not None:
             seq.paused_ms += (time.perf_counter() - seq.paused_at) * 1000
             seq.paused_at = None
+
+    def _restored_floor(self, n_cells: int) -> int:
+        """The shortest prefix a slot restored with `n_cells` tokens may be cut back to: any (0)
+        when the restore brought every position back, else only its restored end. A line put
+        aside for an online request thus leaves its slot's prompt prefix to the next line as an
+        evaluated slot does (on Gemma 3, 10-20 tokens a preemption otherwise evaluated again)."""
+        whole = self.restored_whole_below
+        return 0 if whole is not None and n_cells < whole else n_cells
 
     # -- room in a shared KV pool ------------------------------------------------------------
 
@@ -549,7 +561,7 @@ class Scheduler:
                 self.trim(slot_id, 0)
             return
         slot.cached = tokens if ok else []
-        slot.floor = len(slot.cached)
+        slot.floor = self._restored_floor(len(slot.cached))
         seq = slot.seq
         if seq is None or seq.status != Status.RESTORING:
             return  # ended meanwhile: the slot keeps what it holds for a later request
