@@ -59,8 +59,8 @@ def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted(family, determi
 
 
 def test_a_resumed_slot_leaves_its_prompt_prefix_to_the_next_request(family):
-    """A request put aside and resumed (both families' sequences here are shorter than any
-    sliding window, so the restore brings every position back): the next request in its slot
+    """A request put aside and resumed (both families' sequences here are shorter than half
+    of any sliding window, so the restore brings every position back): the next request in its slot
     keeps the prefix their prompts share instead of evaluating it again, and answers as it
     does on a fresh engine."""
     later = "List three facts about the sun."

@@ -274,8 +274,8 @@ class Runner(Protocol):
     # (Restore.resume): preemption keeps the request's KV in host memory this way
     can_park: bool
     # A slot restored (Restore) with fewer tokens than this holds all of them in every layer (a
-    # sliding window's cells go only once a sequence outgrows the window), so a Trim may keep any
-    # prefix of it; None: it is continued from its end only.
+    # sliding window's cells go only once the sequence outgrows what its mask keeps), so a Trim
+    # may keep any prefix of it; None: it is continued from its end only.
     restored_whole_below: int | None
     can_verify: bool  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
     draft_limits: dict[str, int]  # Speculation's max_draft and free (rows a guess takes at no cost), when they differ
