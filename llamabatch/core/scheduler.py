@@ -460,7 +460,8 @@ class Scheduler:
         """The shortest prefix a slot restored with `n_cells` tokens may be cut back to: any (0)
         when the restore brought every position back, else only its restored end. A line put
         aside for an online request thus leaves its slot's prompt prefix to the next line as an
-        evaluated slot does (on Gemma 3, 10-20 tokens a preemption otherwise evaluated again)."""
+        evaluated slot does (on online_beside_batch.py's lines, about 6 prompt tokens a preemption
+        that were evaluated again before)."""
         whole = self.restored_whole_below
         return 0 if whole is not None and n_cells < whole else n_cells
 

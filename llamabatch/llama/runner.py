@@ -148,9 +148,9 @@ class LlamaRunner:
         # are the same, so deterministic mode keeps its bits.
         self.can_park = True
         # What a restore brings back whole: every position of a model without window layers, and
-        # of a sequence shorter than half the window (llama.cpp drops a window layer's cells only
-        # once its mask hides them, which no window type, standard, chunked or symmetric (half on
-        # each side), does for positions that close). kv.trim checks it again.
+        # of a sequence shorter than half the window. llama.cpp drops a window layer's cells only
+        # once the window's mask hides them, and no window type (standard, chunked, or symmetric,
+        # which keeps half on each side) hides positions that close. kv.trim checks it again.
         self.restored_whole_below = self.kv.n_swa // 2 if self.kv.n_swa else (1 << 62)
         if self.deterministic:
             self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
