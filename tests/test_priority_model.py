@@ -58,15 +58,17 @@ def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted(family, determi
     assert all(len(r.token_ids) > 3 for r in plain)  # both were mid-answer when it came
 
 
-def test_a_resumed_slot_leaves_its_prompt_prefix_to_the_next_request(family):
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_a_resumed_slot_leaves_its_prompt_prefix_to_the_next_request(family, deterministic):
     """A request put aside and resumed (both families' sequences here are shorter than half
     of any sliding window, so the restore brings every position back): the next request in its slot
     keeps the prefix their prompts share instead of evaluating it again, and answers as it
     does on a fresh engine."""
     later = "List three facts about the sun."
-    with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2)) as e:
+    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2, deterministic=deterministic)
+    with Engine(config) as e:
         fresh = e.submit(later, GREEDY).result(timeout=300)
-    with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2)) as e:
+    with Engine(config) as e:
         three = threading.Event()
         seen = [0]
 
