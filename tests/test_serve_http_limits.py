@@ -3,6 +3,7 @@ batch input files, request body size, the API key, the loopback rule and CORS.""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -11,7 +12,8 @@ from llamabatch.serve.http import app as app_module
 from llamabatch.serve.http.limits import UploadLimits
 from llamabatch.serve.http.server import check_bind
 
-from cli_harness import invoke
+from child_tools import fake_gguf
+from cli_harness import invoke, runner_for
 from http_server import CHAT, batch_file, ended, multipart, raw, records, serving, wait_batch
 from lazy_modules import lazy
 
@@ -96,6 +98,47 @@ def test_the_command_refuses_a_non_loopback_host_without_a_key_in_one_line(tmp_p
     result = invoke(["serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path)], env={"LLAMABATCH_API_KEY": ""})
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "refusing to listen on 0.0.0.0 without an API key" in result.stderr
+
+
+def _serve_on(tmp_path, *address: str):
+    return invoke(["serve", *address, "--data-dir", str(tmp_path / "data"), "-m", fake_gguf(tmp_path),
+                   "--n-parallel", "2", "--n-ctx", "512", "--no-isolate"], runner=runner_for(),
+                  env={"LLAMABATCH_API_KEY": "key"})
+
+
+def test_a_port_in_use_is_one_line_naming_it_before_any_engine_opens(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = _serve_on(tmp_path, "--port", str(port))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr == (f"llamabatch: error: cannot listen on 127.0.0.1:{port}: port {port} is already in use; "
+                             "choose another --port (0: a free one)\n")
+    assert result.engines == []  # refused before the model would load
+
+
+@pytest.mark.parametrize("host, says", [("192.0.2.1", "--host 192.0.2.1 is not an address of this machine"),
+                                        ("no-such-host.invalid", "--host no-such-host.invalid is not an address "
+                                                                 "this machine knows")])
+def test_a_host_that_cannot_be_listened_on_is_one_line_naming_it(tmp_path, host, says):
+    result = _serve_on(tmp_path, "--host", host, "--port", "0")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and f"cannot listen on {host}:0: {says}" in result.stderr, result.stderr
+    assert result.engines == []
+
+
+def test_serve_failing_before_its_batches_start_says_one_line(tmp_path, monkeypatch):
+    """The batch queue is closed without having started (no 'cannot join thread' on top)."""
+    from llamabatch.serve.http import server
+
+    def no_listening(*_args, **_kw):
+        raise InvalidRequest("no listening today")
+
+    monkeypatch.setattr(server, "listen", no_listening)
+    result = _serve_on(tmp_path, "--port", "0")
+    assert (result.exit_code, result.stderr) == (2, "llamabatch: error: no listening today\n")
+    assert len(result.engines) == 1  # it got past the engine: the queue was built, never started
 
 
 def test_batch_line_records_keep_their_custom_ids_for_malformed_json(tmp_path):

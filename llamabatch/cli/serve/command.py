@@ -53,7 +53,7 @@ def serve_command(
     online requests go ahead of batch lines. Until Ctrl-C or SIGTERM."""
     try:
         from ...serve.http.app import build_app
-        from ...serve.http.server import check_bind, listen
+        from ...serve.http.server import bind, check_bind, listen
         from ...serve.http.service import Service
         from ...serve.http.data_dir import default_data_dir
     except ImportError as exc:
@@ -62,12 +62,18 @@ def serve_command(
     check_bind(host, key)
     folder = data_dir or default_data_dir()
     resolved = resolve_options(opts, env)
-    engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
+    # the address first: a port taken or a host not of this machine is one line, before the model loads
+    sock = bind(host, port)
+    try:
+        engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
+    except BaseException:
+        sock.close()
+        raise
     try:
         service = Service(engine, folder, online_slots=online_slots,
                           job_settings={"allow_changed_settings": allow_changed_settings})
         try:
-            listening = listen(build_app(service, key), host, port)
+            listening = listen(build_app(service, key), host, port, sock)
             service.start()
             shown = f"[{host}]" if ":" in host else host
             env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
@@ -77,6 +83,7 @@ def serve_command(
         finally:
             service.close(timeout=30)
     finally:
+        sock.close()  # uvicorn closes it when it served; not when Service or the app failed first
         engine.close()
     if stopped_by is not None:
         raise typer.Exit(stopped_by)

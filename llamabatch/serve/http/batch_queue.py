@@ -61,7 +61,8 @@ class BatchQueue:
             running = self._running
         if running is not None:
             running[1].cancel(in_flight=True)
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # never started: the server failed before start()
+            self._thread.join(timeout)
 
     @property
     def running_id(self) -> str | None:

@@ -7,6 +7,7 @@ the port before the first request.
 """
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import threading
@@ -34,17 +35,34 @@ def check_bind(host: str, api_key: str | None) -> None:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    """The listening socket. Raises InvalidRequest (one line naming the address) when it cannot
+    be had: the port taken, a host that is no address of this machine, a name that resolves to
+    none. `serve` binds before it opens the engine, so this costs no model load."""
+    name = host.strip("[]")
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-    except OSError:
+        sock.bind((name, port))
+        sock.listen(128)
+    except OSError as exc:
         sock.close()
-        raise
-    sock.listen(128)
+        raise InvalidRequest(_cannot_listen(host, port, exc)) from None
     return sock
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """Why `host`:`port` cannot be listened on, and what to change, in one line."""
+    where = f"{'[' + host.strip('[]') + ']' if ':' in host else host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"cannot listen on {where}: port {port} is already in use; choose another --port (0: a free one)"
+    if isinstance(exc, socket.gaierror):  # the name resolves to no address
+        return f"cannot listen on {where}: --host {host} is not an address this machine knows ({exc.strerror})"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {where}: --host {host} is not an address of this machine"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {where}: port {port} needs privileges; choose a --port above 1023"
+    return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
 @dataclass
@@ -96,11 +114,12 @@ def _server_class() -> type:
     return SignalledServer
 
 
-def listen(app: Any, host: str, port: int) -> Listening:
+def listen(app: Any, host: str, port: int, sock: socket.socket | None = None) -> Listening:
+    """uvicorn serving `app` on `sock` (already bound: `bind`), else on a socket bound here."""
     import uvicorn
 
     # keep-alive well past clients' own (the openai SDK's pool drops idle connections after 5 s): when
     # both sides time out together, a request sent on a connection the server is closing is reset
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", server_header=False,
                             timeout_graceful_shutdown=5, timeout_keep_alive=75)
-    return Listening(_server_class()(config), bind(host, port))
+    return Listening(_server_class()(config), sock if sock is not None else bind(host, port))
