@@ -13,6 +13,10 @@ from test_run_cli import llamabatch_run, write_lines
 from llamabatch.jobs.estimates import estimate
 
 QUICK = ["--max-tokens", "4", "--temperature", "0"]
+# what a set slot's overflow says would help, as the engine says it in a run (core/overflow_words.py)
+SLOT_HELPS = ("(n_ctx / n_parallel), and at least one must be left for the answer; raise --n-ctx, or --kv-unified lets "
+              "one request take up to the model's context from a pool the slots share (`run` sizes this from its file "
+              "with --n-ctx auto, the default)")
 
 
 @pytest.fixture(autouse=True)
@@ -74,9 +78,9 @@ def test_a_line_over_the_model_context_is_flagged_with_the_numbers_and_what_woul
     r = dry_run(tmp_path, lines, "--n-parallel", "4", *QUICK)
     assert (r["valid"], r["invalid"], r["invalid_by_code"]) == (3, 1, {"context_overflow": 1})
     assert r["first_errors"] == [
-        "context_overflow: line 3: prompt has 10,000 tokens but one request may hold 8,192 under n_ctx auto (the "
-        "model's trained context): shorten the prompt, or give --n-ctx (n_ctx / n_parallel tokens a slot; past "
-        "the model's trained context its output may degrade)"]
+        "context_overflow: line 3: prompt has 10,000 tokens but the model's trained context is 8,192 tokens, "
+        "prompt and answer together: shorten the prompt, or give --n-ctx (n_ctx / n_parallel tokens a slot; past "
+        "the model's trained context its output may degrade)"]  # the engine's words (core/overflow_words.py)
     assert r["prompt_tokens"]["total"] == 8 + 8 + 5000  # the flagged line is not counted
     assert r["max_output_tokens"] == 4 + 4 + 500
     # needs 5,500, 12, 12 (and 10,004, over the model's context): 4 streams of 5,632 cost more than
@@ -164,7 +168,8 @@ def test_an_explicit_n_ctx_keeps_the_fixed_slot_and_reads_no_model_facts(tmp_pat
     r = dry_run(tmp_path, SHORT + [{"id": "long", "prompt": "x" * 300}], "--n-parallel", "4", "--n-ctx", "1024",
                 *QUICK)
     assert not seen
-    assert r["first_errors"] == ["context_overflow: line 3: prompt has 300 tokens but a slot holds 256"]
+    assert r["first_errors"] == [
+        "context_overflow: line 3: prompt has 300 tokens but a slot holds 256 " + SLOT_HELPS]
     assert r["slots"] == {"n_parallel": 4, "slot_ctx": 256, "source": "--n-parallel", "n_ctx": 1024,
                           "kv_unified": False, "context_reason": "n_ctx 1,024 as set by --n-ctx"}
 
@@ -176,7 +181,8 @@ def test_stdin_is_not_read_ahead_so_auto_keeps_a_default_slot(tmp_path, monkeypa
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert not seen
-    assert r["first_errors"] == ["context_overflow: line 3: prompt has 5000 tokens but a slot holds 4096"]
+    assert r["first_errors"] == [
+        "context_overflow: line 3: prompt has 5,000 tokens but a slot holds 4,096 " + SLOT_HELPS]
     assert r["slots"]["context_reason"] == ("n_ctx auto: 4,096 tokens a slot (the run sizes the context from a "
                                             "file INPUT only)")
 

@@ -49,7 +49,7 @@ def test_an_explicit_n_ctx_is_honoured_exactly(model_path, tmp_path):
     assert "1 slots x 4096 tokens" in err or "1 slots x 4,096 tokens" in err, err[-1500:]
     assert records[0]["error"]["code"] == "context_overflow"
     message = records[0]["error"]["message"]
-    assert "a slot holds 4096" in message and "--n-ctx" in message
+    assert "a slot holds 4,096" in message and "--n-ctx" in message
     assert records[1]["error"] is None
 
 

@@ -15,6 +15,7 @@ from ..errors import ContextOverflow, InvalidRequest
 from ..files.json_line import find_surrogate, surrogate_at
 from ..params import SamplingParams, random_seed
 from .byte_bound import too_long
+from .overflow_words import bytes_overflow, prompt_overflow, trained_context
 from .plan import Runner
 from .sequence import Sequence
 
@@ -120,23 +121,14 @@ class InputPreparer:
             tokens = list(prompt)
         else:
             raise InvalidRequest(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
-        if len(tokens) >= self.slot_ctx:
-            raise ContextOverflow(f"prompt has {len(tokens)} tokens but {self.holds()}, and at least one must be "
-                                  f"left for the answer{self.what_helps()}")
+        if len(tokens) >= self.slot_ctx:  # the same words as the dry run's (overflow_words.py)
+            raise ContextOverflow(prompt_overflow(len(tokens), self.slot_ctx, trained=self.trained_context(),
+                                                  pool=getattr(self.runner, "pool_cells", None) is not None))
         return tokens
 
-    def holds(self) -> str:
-        """What one request may hold, for an overflow's line."""
-        if getattr(self.runner, "pool_cells", None) is not None:
-            return (f"one request may hold at most {self.slot_ctx} tokens (the model's trained context or the "
-                    f"shared pool, whichever is less)")
-        return f"a slot holds {self.slot_ctx} (n_ctx / n_parallel)"
-
-    def what_helps(self) -> str:
-        if getattr(self.runner, "pool_cells", None) is not None:
-            return "; a larger --n-ctx helps only up to the model's trained context"
-        return ("; raise --n-ctx, or --kv-unified lets one request take up to the model's context from a pool "
-                "the slots share (`run` sizes this from its file with --n-ctx auto, the default)")
+    def trained_context(self) -> int | None:
+        """The model's trained context, from the runner's metadata (None: it does not say)."""
+        return trained_context(getattr(self.runner, "metadata", None))
 
     def _refuse_untokenizably_long(self, text: str) -> None:
         """ContextOverflow for a text with more bytes than a full slot of the vocabulary's
@@ -144,8 +136,8 @@ class InputPreparer:
         submitting thread (core/byte_bound.py)."""
         size = too_long(self.runner, text, self.slot_ctx)
         if size is not None:
-            raise ContextOverflow(f"prompt has {size:,} bytes, more than a slot's {self.slot_ctx} tokens can hold "
-                                  f"(at most {self.runner.longest_token_bytes()} bytes a token in this vocabulary)")
+            raise ContextOverflow(bytes_overflow(size, self.slot_ctx, self.runner.longest_token_bytes(),
+                                                 trained=self.trained_context()))
 
     def prediction_tokens(self, prediction: str | None, n_prompt: int) -> list[int] | None:
         """The tokens of a request's `prediction` (without the BOS the tokenizer puts first),

@@ -32,7 +32,8 @@ from ...errors import InvalidRequest, LlamaBatchError
 from ...llama import context_sizing
 from ...settings.resolved import Resolved
 from ...settings.slots import planned_slots
-from .estimate_arithmetic import AutoBounds, LengthStats, PrefixReuse, RECENT, eta, slot_ctx
+from ...core.overflow_words import prompt_overflow, trained_context
+from .estimate_arithmetic import AutoBounds, LengthStats, PrefixReuse, RECENT, eta, request_room
 from ..reading.input_source import count_nonblank, open_input
 from ..writing.output_sink import stream_kind
 from ...openai_format import LineError, LineParser, duplicate_id_error, is_unnamed_error, record_id
@@ -115,11 +116,16 @@ def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, outp
     lines = count_nonblank(input_path) if source.is_file else table_rows
     slots, measured, at = planned_slots(config, config.model or "", lines)
     plans = config.n_ctx is None and sizes_context and source.is_file
-    ctx = None if plans else slot_ctx(config, slots)
-    scan = _Scan(source, side, retry_failed, ctx, slots, config.cache_prompt and not config.deterministic,
-                 _Pending() if plans else None)
     tokenizer = resolved.engine.replace(n_parallel=1, n_ctx=TOKENIZER_CTX)
-    engine = open_tokenizer(dataclasses.replace(resolved, engine=tokenizer))
+    try:
+        engine = open_tokenizer(dataclasses.replace(resolved, engine=tokenizer))
+    except BaseException:
+        source.close()
+        raise
+    trained = trained_context(getattr(getattr(engine, "runner", None), "metadata", None))
+    ctx = None if plans else request_room(config, slots, trained)
+    scan = _Scan(source, side, retry_failed, ctx, slots, config.cache_prompt and not config.deterministic,
+                 _Pending() if plans else None, trained, pool=bool(config.kv_unified))
     try:
         scan.read(engine, parser)
     finally:
@@ -211,8 +217,11 @@ class _Scan:
     `pending` collects for the plan and `settle` finishes."""
 
     def __init__(self, source: Any, side: _OutputSide | None, retry_failed: bool, ctx: int | None,
-                 slots: int | None, reuse_on: bool, pending: _Pending | None):
+                 slots: int | None, reuse_on: bool, pending: _Pending | None, trained: int | None = None,
+                 pool: bool = False):
         self.source, self.side, self.retry_failed, self.ctx, self.pending = source, side, retry_failed, ctx, pending
+        self.trained = trained  # the model's trained context (None: unknown), for an overflow's words
+        self.pool = pool  # one request's room is from a pool the slots share (kv_unified)
         self.seen = IdSet()
         self.lengths = LengthStats()
         self.reuse = PrefixReuse(slots or RECENT, enabled=reuse_on)
@@ -245,8 +254,8 @@ class _Scan:
                 if not tokens:
                     raise LlamaBatchError("prompt is empty")
                 if ctx is not None and len(tokens) >= ctx and not embed:
-                    item = LineError(line_no, item.id, "context_overflow",
-                                     f"line {line_no}: prompt has {len(tokens)} tokens but a slot holds {ctx}")
+                    item = LineError(line_no, item.id, "context_overflow", f"line {line_no}: " + prompt_overflow(
+                        len(tokens), ctx, trained=self.trained, pool=self.pool))
             except LlamaBatchError as exc:
                 item = LineError(line_no, item.id, exc.code, f"line {line_no}: {exc}")
             except Exception as exc:  # a template that fails on this line's messages: this line's error

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ...config import DEFAULT_CTX_PER_SLOT, EngineConfig
+from ...core.overflow_words import PAST_TRAINING_HELPS, past_training
 from ...llama import autoslots
 from ...llama.context_sizing import GRAIN, request_limit
 
@@ -95,6 +96,16 @@ def slot_ctx(config: EngineConfig, slots: int | None) -> int | None:
     return config.n_ctx // slots if config.n_ctx else DEFAULT_CTX_PER_SLOT
 
 
+def request_room(config: EngineConfig, slots: int | None, trained: int | None) -> int | None:
+    """The most one request may hold, as the runner decides it (llama/runner.py): a slot's
+    share, or with kv_unified up to the model's trained context within the pool the slots
+    share (None: not known before the slots are)."""
+    ctx = slot_ctx(config, slots)
+    if ctx is None or not config.kv_unified or slots is None:
+        return ctx
+    return min(config.n_ctx or DEFAULT_CTX_PER_SLOT * slots, max(ctx, trained or 0))
+
+
 @dataclass(frozen=True)
 class AutoBounds:
     """n_ctx auto's bounds on one request, as llama/context_sizing.plan_context derives them
@@ -119,14 +130,13 @@ class AutoBounds:
     def never_fits(self, prompt: int, max_tokens: int, room: int) -> str:
         """Why a prompt of `prompt` tokens cannot run where one request may hold `room`
         tokens under n_ctx auto, with the numbers, and what would help."""
+        beyond = past_training(prompt, self.model_ctx)  # the engine's own words for it in a run
+        if beyond:
+            return beyond
         said = f"prompt has {prompt:,} tokens but one request may hold {room:,} under n_ctx auto"
-        if prompt >= self.limit:
-            trained = ("the model's trained context" if self.model_ctx and self.model_ctx >= DEFAULT_CTX_PER_SLOT
-                       else "as a slot held before auto; the model's trained context is "
-                       + (f"{self.model_ctx:,}" if self.model_ctx else "unknown"))
-            return (f"{said}{'' if room >= self.limit else f', and never more than {self.limit:,}'} ({trained}): "
-                    "shorten the prompt, or give --n-ctx (n_ctx / n_parallel tokens a slot; past the model's "
-                    "trained context its output may degrade)")
+        if prompt >= self.limit:  # the model's context unknown: a default slot is the most planned
+            return (f"{said}{'' if room >= self.limit else f', and never more than {self.limit:,}'} (as a slot "
+                    f"held before auto; the model's trained context is unknown): {PAST_TRAINING_HELPS}")
         if self.most_cells is not None and prompt >= self.most_cells:
             return (f"{said} ({self.budget_text} holds {self.most_cells:,} tokens of KV cache): more memory "
                     "(--max-memory) or a smaller KV cache (--cache-type-k/--cache-type-v q8_0)")
