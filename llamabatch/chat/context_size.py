@@ -8,14 +8,16 @@ allowed holds for the slots (`model_facts`: half of the memory available, or wha
 `max_memory` leaves beside the weights; and never more than the default max_memory leaves
 beside them, which the engine checks before the context is created). A model whose header
 cannot be read (a test's fake engine) keeps today's 4,096, as does a size the engine's memory
-check would still refuse (a deterministic chat's spare sequences). An explicit n_ctx is kept.
+check would still refuse (a deterministic chat's spare sequences); where max_memory does not
+hold even 4,096 a slot, each slot gets what it holds (in_process/preparing.fit_in_memory, as
+for every engine). An explicit n_ctx is kept.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
-from ..in_process.preparing import prepare
+from ..in_process.preparing import fit_in_memory, prepare
 from ..errors import ResourceLimit
 from ..llama.context_sizing import GRAIN, request_limit
 from ..settings.resolved import Resolved
@@ -51,11 +53,17 @@ def chat_context(resolved: Resolved, factory: Any = None, *,
     with `factory`'s slot chooser); opening the engine afterwards repeats none of it."""
     if resolved.engine.n_ctx is not None:
         return resolved, ""
-    resolved = prepare(resolved, None, factory.choose_slots) if factory is not None else prepare(resolved)
+    resolved = (prepare(resolved, None, factory.choose_slots, fit_memory=False) if factory is not None
+                else prepare(resolved, fit_memory=False))
     config, path = resolved.engine, resolved.engine.model
     model_ctx, per_token, budget, budget_text = (facts or _model_facts)(config, path)
     slots = int(config.n_parallel)
     per_slot, why = slot_tokens(model_ctx, per_token, budget, slots, budget_text)
+    if per_slot is None or per_slot <= DEFAULT_CTX_PER_SLOT:
+        # max_memory may not hold even a default slot each: the rule every engine follows
+        fitted = fit_in_memory(resolved)
+        if fitted is not None:
+            return fitted
     if per_slot is None:
         return resolved, ""
     sized = config.replace(n_ctx=per_slot * slots).validate()

@@ -61,7 +61,8 @@ def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingPar
     resolved = _without_unusable_store(_resolved(spec, params), say)
     factory = factory or EngineFactory()
     if extra_slots:
-        resolved = with_extra_slots(prepare(resolved, max_slots, factory.choose_slots), extra_slots)
+        # fitted to max_memory with the extra slots, in factory.open's prepare
+        resolved = with_extra_slots(prepare(resolved, max_slots, factory.choose_slots, fit_memory=False), extra_slots)
     engine = factory.open(resolved, max_slots=max_slots, isolated=isolated, watchdog_s=watchdog_s)
     if on_notice is not None:
         engine.on_notice = on_notice

@@ -20,9 +20,41 @@ def check_model(resolved: Resolved) -> None:
     check_gguf(resolved.engine.model)
 
 
-def prepare(resolved: Resolved, max_slots: int | None = None, chooser: SlotChooser = measure_on_model) -> Resolved:
-    """`resolved` ready to load: the model resolved (if it was not) and checked, and
-    n_parallel "auto" made a count (bounded by `max_slots`)."""
+def prepare(resolved: Resolved, max_slots: int | None = None, chooser: SlotChooser = measure_on_model, *,
+            fit_memory: bool = True) -> Resolved:
+    """`resolved` ready to load: the model resolved (if it was not) and checked, n_parallel
+    "auto" made a count (bounded by `max_slots`), and with `fit_memory` n_ctx auto's slots
+    made no larger than max_memory holds (`with_memory_fit`; off for a caller that sizes the
+    context itself first: its engine's own prepare fits what it leaves unset)."""
     resolved = choose_model(resolved)
     check_model(resolved)
-    return choose_slots(resolved, max_slots, chooser)
+    resolved = choose_slots(resolved, max_slots, chooser)
+    return with_memory_fit(resolved) if fit_memory else resolved
+
+
+def fit_in_memory(resolved: Resolved) -> tuple[Resolved, str] | None:
+    """n_ctx auto, n_parallel a count, where slots of a default 4,096 tokens would take more
+    than max_memory allows beside the weights: `resolved` with each slot what it holds, and
+    why (llama/context_sizing.slot_in_memory: the rule `run --dry-run` reports too); None
+    when nothing changes."""
+    from ..llama.context_sizing import slot_in_memory
+
+    fit = slot_in_memory(resolved.engine, resolved.engine.model)
+    if fit is None:
+        return None
+    tokens, why = fit
+    engine = resolved.engine.replace(n_ctx=tokens * int(resolved.engine.n_parallel)).validate()
+    return resolved.replace(engine=engine), why
+
+
+def with_memory_fit(resolved: Resolved) -> Resolved:
+    """`fit_in_memory`'s slots where it changes them, its why in the header's reasons in place
+    of "4,096 tokens a slot hold every line" (run's, said before the slots were counted)."""
+    from ..llama.context_sizing import DEFAULT_SLOT_REASON
+
+    fitted = fit_in_memory(resolved)
+    if fitted is None:
+        return resolved
+    sized, why = fitted
+    kept = [part for part in (resolved.slots_reason or "").split("; ") if part and part != DEFAULT_SLOT_REASON]
+    return sized.replace(slots_reason="; ".join(kept + [why]))

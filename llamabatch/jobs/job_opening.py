@@ -187,7 +187,8 @@ def _fit_context(opened: OpenedJob) -> None:
     factory = host.engine_factory or EngineFactory()
     opened.resolved, _plan, long_lines = fit_context(
         opened.resolved, opened.source.name, opened.parser,
-        prepare=lambda resolved, lines: prepare(resolved, lines, factory.choose_slots),
+        # the memory fit is the engine's own prepare's, for the slots this leaves unplanned
+        prepare=lambda resolved, lines: prepare(resolved, lines, factory.choose_slots, fit_memory=False),
         open_tokenizer=lambda resolved: open_engine(resolved, factory=host.engine_factory,
                                                     on_notice=host.tell or (lambda line: None)),
         model_facts=lambda resolved: model_facts(resolved.engine, resolved.engine.model))

@@ -15,6 +15,10 @@ What a line needs is its prompt's tokens plus its `max_tokens`. The rule, over t
     the weights, as for `n_parallel auto`) bounds it: fewer, larger stream slots, or a
     smaller pool; a line longer than the model's context or than that memory can ever give
     is left to fail alone as its own context_overflow.
+Where nothing larger is planned (no work known, or none that needs it), a slot keeps 4,096
+tokens unless `max_memory` cannot hold that many for every slot beside the weights: then
+each slot gets what it holds (`slot_in_memory`, the engine's own memory check asked; every
+front end's engine goes through it in in_process/preparing.py, and the dry run reports it).
 The rule is pure: the caller reads the needs (tokenizing what may be long); `model_facts`
 reads the model's from its GGUF header and the machine's memory.
 """
@@ -27,6 +31,7 @@ from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
 
 GRAIN = 256  # cells are given in multiples of this (llama.cpp pads the KV cache to 256)
 STREAMS_OVER_POOL = 1.25
+DEFAULT_SLOT_REASON = f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"
 
 
 @dataclass(frozen=True)
@@ -131,3 +136,48 @@ def model_facts(config: EngineConfig, model_path: str) -> tuple[int | None, int 
         budget = max(0, cap - weights_size(model_path))
         text = f"max_memory {config.max_memory or DEFAULT_MAX_MEMORY} less the weights"
     return header.context_length, per_token, budget, text
+
+
+def slot_in_memory(config: EngineConfig, model_path: str, *, memory: int | None = None) -> tuple[int, str] | None:
+    """n_ctx auto where no plan sized the context: the tokens each of config's n_parallel
+    slots gets when slots of a default 4,096 would take more than the engine's memory check
+    allows (max_memory, by default 90% of what is available, less the weights:
+    llama/resources.check, asked as it will be asked at load), the most it allows in whole
+    GRAINs, and why in a few words. None when nothing changes: n_ctx given, n_parallel not a
+    count yet, layers on a GPU (not checked), the model's header unreadable, the memory not
+    known, the default fits, or not even GRAIN tokens a slot fit (the check refuses in its own
+    words then)."""
+    from .gguf_header import GGUFError, read_header
+    from .resources import available_memory, check, weights_size
+    from ..checks.max_memory import DEFAULT_MAX_MEMORY
+    from ..errors import LlamaBatchError, ResourceLimit
+
+    if config.n_ctx is not None or config.n_parallel == "auto" or config.n_gpu_layers != 0:
+        return None
+    try:
+        metadata = read_header(model_path).metadata
+    except (GGUFError, OSError):
+        return None
+    memory = memory if memory is not None else available_memory()
+    if memory is None:
+        return None
+    slots = int(config.n_parallel)
+
+    def fits(tokens: int) -> bool:
+        try:
+            check(config.replace(n_ctx=tokens * slots), model_path, metadata=metadata, memory=memory)
+        except ResourceLimit:
+            return False
+        except LlamaBatchError:
+            return True  # refused for another reason (a cache type the model cannot take): said at load
+        return True
+
+    if fits(DEFAULT_CTX_PER_SLOT):
+        return None
+    tokens = next((t for t in range(DEFAULT_CTX_PER_SLOT - GRAIN, 0, -GRAIN) if fits(t)), None)
+    if tokens is None:
+        return None
+    limit = config.max_memory if config.max_memory is not None else DEFAULT_MAX_MEMORY
+    return tokens, (f"n_ctx auto: {tokens:,} tokens a slot, what max_memory {limit} holds for "
+                    f"{slots} slot{'' if slots == 1 else 's'} beside {weights_size(model_path) / 2**20:.1f} MiB "
+                    "of weights")

@@ -261,6 +261,11 @@ def _too_much(config: EngineConfig, need: Needs, memory: int, cap: int) -> str:
     types = f" in {config.cache_type_k}/{config.cache_type_v}"
     shape = (f"{seqs} x {need.cells // max(1, need.sequences):,} tokens x {_size(need.per_token)} per token{types}"
              if need.per_token else "")
+    # n_ctx auto already gave each slot what max_memory holds (context_sizing.slot_in_memory), down
+    # to 256 tokens: at one slot nothing but more memory or a smaller cache is left to lower
+    lower = "n_ctx" if config.n_ctx else ("n_parallel" if slots > 1 else None)
+    fixes = [f"lower {lower}"] if lower else ["raise max_memory"]
+    if config.cache_type_v == "f16":
+        fixes.append("use --cache-type-k q8_0 --cache-type-v q8_0")
     return (f"{setting} needs {_size(need.kv_bytes)} of KV cache ({shape}) plus {_size(need.weights)} of weights, "
-            f"more than {allowed}: lower {'n_ctx' if config.n_ctx else 'n_parallel'}"
-            + (" or use --cache-type-k q8_0 --cache-type-v q8_0" if config.cache_type_v == "f16" else ""))
+            f"more than {allowed}: {' or '.join(fixes)}")

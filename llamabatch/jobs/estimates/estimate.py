@@ -123,9 +123,12 @@ def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, outp
         source.close()
         raise
     trained = trained_context(getattr(getattr(engine, "runner", None), "metadata", None))
-    ctx = None if plans else request_room(config, slots, trained)
+    fit = memory_fit(resolved, slots)
+    ctx = None if plans else request_room(config if fit is None else config.replace(n_ctx=fit[0] * slots), slots,
+                                          trained)
     scan = _Scan(source, side, retry_failed, ctx, slots, config.cache_prompt and not config.deterministic,
-                 _Pending() if plans else None, trained, pool=bool(config.kv_unified))
+                 _Pending(fit[0] if fit else DEFAULT_CTX_PER_SLOT) if plans else None, trained,
+                 pool=bool(config.kv_unified))
     try:
         scan.read(engine, parser)
     finally:
@@ -134,11 +137,11 @@ def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, outp
     source_text = ("--n-parallel" if config.n_parallel != "auto" else
                    ("auto calibration" if slots else "auto, not calibrated here"))
     if plans:
-        context = _auto_context(resolved, scan, slots, model_facts_of(resolved))
+        context = _auto_context(resolved, scan, slots, model_facts_of(resolved), fit)
         if slots is None and context["n_parallel"] is not None:
             source_text += f": the context is planned for up to {UNCALIBRATED_SLOTS} slots"
     else:
-        context = _set_context(resolved, ctx, slots, source.is_file)
+        context = _set_context(resolved, ctx, slots, source.is_file, fit)
     report = scan.report()
     report["slots"] = {"n_parallel": context["n_parallel"], "slot_ctx": context["slot_ctx"], "source": source_text,
                        **{k: context[k] for k in ("n_ctx", "kv_unified", "context_reason")}}
@@ -150,35 +153,49 @@ def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, outp
     return report
 
 
-def _auto_context(resolved: Resolved, scan: "_Scan", slots: int | None, facts: tuple) -> dict[str, Any]:
+def memory_fit(resolved: Resolved, slots: int | None) -> tuple[int, str] | None:
+    """n_ctx auto's slots where max_memory does not hold a default one each: (the tokens a slot
+    then gets, why), by the rule every engine applies when it opens (in_process/preparing.py:
+    llama/context_sizing.slot_in_memory); None when nothing changes or the slots are not known."""
+    config = resolved.engine
+    if config.n_ctx is not None or slots is None or not config.model:
+        return None
+    return context_sizing.slot_in_memory(config.replace(n_parallel=slots), config.model)
+
+
+def _auto_context(resolved: Resolved, scan: "_Scan", slots: int | None, facts: tuple,
+                  fit: tuple[int, str] | None = None) -> dict[str, Any]:
     """n_ctx auto as the run would plan it over the lines' needs (context_fit.fit_context),
-    and the waiting lines settled under it."""
+    and the waiting lines settled under it; unplanned, a default slot each, or `fit`'s."""
     model_ctx, per_token, budget, budget_text = facts
     assert scan.pending is not None
     n_parallel = slots or UNCALIBRATED_SLOTS
     plan = context_sizing.plan_context(scan.pending.planned_needs(n_parallel), n_parallel, model_ctx, per_token,
                                        budget, budget_text, pool_allowed=not resolved.engine.deterministic)
-    room = plan.per_request if plan is not None else DEFAULT_CTX_PER_SLOT
+    slot = fit[0] if fit is not None else DEFAULT_CTX_PER_SLOT
+    room = plan.per_request if plan is not None else slot
     never = scan.settle(room, AutoBounds.of(model_ctx, per_token, budget, budget_text))
     if plan is not None:
         return {"n_parallel": plan.n_parallel, "slot_ctx": plan.per_request, "n_ctx": plan.n_ctx,
                 "kv_unified": plan.kv_unified, "context_reason": plan.reason}
-    reason = f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"
+    reason = fit[1] if fit is not None else context_sizing.DEFAULT_SLOT_REASON
     if never:
-        reason += f" that can fit; {never} line{'' if never == 1 else 's'} can never fit"
-    return {"n_parallel": slots, "slot_ctx": DEFAULT_CTX_PER_SLOT,
-            "n_ctx": DEFAULT_CTX_PER_SLOT * slots if slots else None,
+        reason += f"{'' if fit else ' that can fit'}; {never} line{'' if never == 1 else 's'} can never fit"
+    return {"n_parallel": slots, "slot_ctx": slot, "n_ctx": slot * slots if slots else None,
             "kv_unified": bool(resolved.engine.kv_unified), "context_reason": reason}
 
 
-def _set_context(resolved: Resolved, ctx: int | None, slots: int | None, file_input: bool) -> dict[str, Any]:
+def _set_context(resolved: Resolved, ctx: int | None, slots: int | None, file_input: bool,
+                 fit: tuple[int, str] | None = None) -> dict[str, Any]:
     """The context when nothing is planned: n_ctx as set, or auto where the run does not size
-    it (INPUT read as it comes, or engines on Ray workers): 4,096 tokens a slot."""
+    it (INPUT read as it comes, or engines on Ray workers): 4,096 tokens a slot, or `fit`'s."""
     config = resolved.engine
     if config.n_ctx is not None:
         by = resolved.sources.get("n_ctx", "flag")
         reason = f"n_ctx {config.n_ctx:,} as set by {'--n-ctx' if by == 'flag' else by}"
         n_ctx = config.n_ctx
+    elif fit is not None and slots:
+        reason, n_ctx = fit[1], fit[0] * slots
     else:
         reason = (f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot (the run sizes the context from "
                   + ("a file INPUT only)" if not file_input else "INPUT only in this process, not on Ray workers)"))
@@ -193,7 +210,8 @@ class _Pending:
     plan: those needing more than a default slot, as (line number, prompt tokens, max_tokens,
     n, prefix reuse counted for it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slot: int = DEFAULT_CTX_PER_SLOT) -> None:
+        self.slot = slot  # what an unplanned slot holds: a line needing more waits for the plan
         self.needs: Counter = Counter()
         self.lines: list[tuple[int, int, int, int, int]] = []
 
@@ -269,7 +287,7 @@ class _Scan:
         if self.pending is not None and item.embed is None:
             need = len(tokens) + item.params.max_tokens
             self.pending.needs[need] += n
-            if need > DEFAULT_CTX_PER_SLOT:  # no plan gives one request less than a default slot
+            if need > self.pending.slot:  # no plan gives one request less than an unplanned slot
                 gain = self.reuse.add(tokens)
                 self.pending.lines.append((line_no, len(tokens), item.params.max_tokens, n, gain))
                 return

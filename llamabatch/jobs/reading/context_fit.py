@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from ...config import DEFAULT_CTX_PER_SLOT
 from ...errors import LlamaBatchError
-from ...llama.context_sizing import ContextPlan, plan_context
+from ...llama.context_sizing import DEFAULT_SLOT_REASON, ContextPlan, plan_context
 from ...settings.resolved import Resolved
 from ...openai_format import LineRequest
 
@@ -99,14 +99,16 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
     plan (None: every line fits a default slot, or n_ctx was given: nothing changes), and the
     numbers of the lines longer than a default slot, which the run starts last
     (start_order.py says why).
-    `prepare(resolved, lines)` resolves the model and n_parallel (auto bounded by the lines);
+    `prepare(resolved, lines)` resolves the model and n_parallel (auto bounded by the lines),
+    leaving the memory fit of unplanned slots to the engine's opening (in_process/preparing.py:
+    it replaces DEFAULT_SLOT_REASON with its own);
     `model_facts(resolved)` -> (trained context, KV bytes a cell takes, KV bytes allowed, what
     allows them: llama/context_sizing.model_facts)."""
     if resolved.engine.n_ctx is not None:
         return resolved, None, frozenset()
     short, candidates = maybe_long(parsed_lines(path, parser))
     if not candidates:
-        return with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None, frozenset()
+        return with_reason(resolved, DEFAULT_SLOT_REASON), None, frozenset()
     slots_fixed = resolved.engine.n_parallel != "auto"
     resolved = prepare(resolved, len(short) + len(candidates))
     tokenizer = open_tokenizer(dataclasses.replace(resolved, engine=resolved.engine.replace(
@@ -119,8 +121,7 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
     plan = plan_context(needs + short, int(resolved.engine.n_parallel), model_ctx, per_token, budget, budget_text,
                         pool_allowed=not resolved.engine.deterministic, slots_fixed=slots_fixed)
     if plan is None:
-        return (with_reason(resolved, f"n_ctx auto: {DEFAULT_CTX_PER_SLOT:,} tokens a slot hold every line"), None,
-                frozenset())
+        return with_reason(resolved, DEFAULT_SLOT_REASON), None, frozenset()
     engine = resolved.engine.replace(n_parallel=plan.n_parallel, n_ctx=plan.n_ctx, kv_unified=plan.kv_unified)
     reason = plan.reason + ("; lines longer than 4,096 tokens start after the others" if long and len(long) < len(needs + short) else "")
     return with_reason(resolved.replace(engine=engine.validate()), reason), plan, frozenset(long)
