@@ -8,7 +8,8 @@ import pytest
 from llamabatch import InvalidRequest, SamplingParams
 from llamabatch.constraints.gbnf_shape import measure
 from llamabatch.constraints.gbnf_guard import (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_ELEMENTS, MAX_GRAMMAR_RULES, MAX_GROUP_DEPTH,
-                                      grammar_problem)
+                                               MAX_REFERENCE_DEPTH, MAX_REPETITION_COUNT, grammar_problem)
+from llamabatch.constraints.reference_graph import reach
 from llamabatch.llama.schema_expansion import MAX_SCHEMA_COUNT, schema_expansion_problem
 
 
@@ -28,6 +29,12 @@ from llamabatch.llama.schema_expansion import MAX_SCHEMA_COUNT, schema_expansion
     ('root ::= [\\U00110000-\\UFFFFFFFF]', "[\\U00110000-\\UFFFFFFFF]"),
     ('root ::= []', "[]"),
     ('root ::= "a" x\nx ::= ("b" | [^\\x01-\\U0010FFFF])', "[^\\x01-\\U0010FFFF]"),
+    # surrogates are halves of UTF-16 pairs, not characters: a token's bytes never decode to one
+    ('root ::= [\\uD800-\\uDFFF]', "[\\uD800-\\uDFFF]"),
+    ('root ::= [\\uDC00\\uD800-\\uD8FF]', "[\\uDC00\\uD800-\\uD8FF]"),
+    ('root ::= [^\\x01-\\uD7FF\\uE000-\\U0010FFFF]', "[^\\x01-\\uD7FF\\uE000-\\U0010FFFF]"),  # leaves only them
+    ('root ::= "a\\uD83D\\uDE00"', '"a\\uD83D\\uDE00"'),  # a UTF-16 pair is two surrogates here
+    ('root ::= "\\U0000DFFF"+', '"\\U0000DFFF"'),
 ])
 def test_positions_no_token_can_satisfy_are_found(grammar, found):
     assert measure(grammar).unmatchable == found
@@ -45,6 +52,8 @@ def test_positions_no_token_can_satisfy_are_found(grammar, found):
     'root ::= "a" # "\\u0000" in a comment',
     'root ::= "\\u00',  # unparseable: llama.cpp's parser reports it
     'root ::= ("a" | "b"){0,100} [0-9]+ "\\U0010FFFF"',
+    'root ::= [\\uD7FF-\\uE000]',  # holds U+D7FF and U+E000 around the surrogates
+    'root ::= [^\\uD800-\\uDFFF]',
 ])
 def test_ordinary_grammars_pass(grammar):
     assert grammar_problem(grammar) is None
@@ -136,3 +145,56 @@ def test_schema_counts_whose_copies_add_up_are_refused():
 ])
 def test_ordinary_schemas_pass(schema):
     assert schema_expansion_problem(json.dumps(schema)) is None
+
+
+# -- depth of rule references, and repetition counts ----------------------------------------------
+
+def chain(n: int, body: str = "r{next}") -> str:
+    return "root ::= r0\n" + "".join(f"r{k} ::= {body.format(next=k + 1)}\n" for k in range(n)) + f'r{n} ::= "x"'
+
+
+@pytest.mark.parametrize("grammar", [
+    chain(6000),  # the issue's: r0 ::= r1, r1 ::= r2, ... (SIGSEGV in llguidance's compiler)
+    chain(2000, '"x" r{next} | "y"'),  # each reference after a character
+    chain(1200, '(r{next} "z")?'),  # each reference in a group (two levels a rule)
+    "root ::= r0\n" + "".join(f"r{k} ::= r{k + 1} | r{(k + 2) % 2000}\n" for k in range(2000)),  # one big cycle
+], ids=["chain", "after-a-character", "in-groups", "cycle"])
+def test_rules_nested_past_the_depth_bound_are_refused_whatever_the_chain(grammar):
+    problem = grammar_problem(grammar)
+    assert problem is not None and problem.startswith("grammar nests rules") and "\n" not in problem
+    assert f"at most {MAX_REFERENCE_DEPTH:,} levels" in problem
+
+
+def test_rules_nested_within_the_depth_bound_pass():
+    assert grammar_problem(chain(MAX_REFERENCE_DEPTH - 1)) is None
+    assert reach(measure(chain(MAX_REFERENCE_DEPTH - 1)).references).depth == MAX_REFERENCE_DEPTH
+
+
+def test_a_recursive_grammar_counts_its_cycle_once():
+    grammar = ('root ::= value\nvalue ::= object | array | "1"\nobject ::= "{" (value ("," value)*)? "}"\n'
+               'array ::= "[" value{0,5} "]"')
+    assert reach(measure(grammar).references).depth < 10
+    assert grammar_problem(grammar) is None
+
+
+@pytest.mark.parametrize("grammar", ['root ::= "x"{100000}', 'root ::= "x"{0,20000}', 'root ::= [a-z]{10001,}',
+                                     'root ::= ("ab" r){3,50000}\nr ::= "c"'])
+def test_a_count_past_the_bound_is_refused_up_front(grammar):
+    # llguidance took "x"{100000} and stopped the answer mid-way ("Too many items")
+    problem = grammar_problem(grammar)
+    assert problem is not None and problem.endswith(f"a repetition's count may be at most {MAX_REPETITION_COUNT:,}")
+
+
+def test_a_count_at_the_bound_passes():
+    assert grammar_problem(f'root ::= "x"{{{MAX_REPETITION_COUNT}}}') is None
+
+
+@pytest.mark.parametrize("grammar,product", [
+    ('root ::= ("a"{0,899}){0,899}', 899 * 899),
+    ('root ::= r{0,30}\nr ::= "a"{0,30}', 900),  # through a rule: llama.cpp's own check does not multiply it
+    ('root ::= (a{2} b{3}){5}\na ::= "x"{7}\nb ::= "y"', 5 * 2 * 7),  # a sequence's counts do not multiply
+    ('root ::= [a-z]{0,1500}', 1),  # one count alone splits a text one way
+    ('root ::= "a"* ("b"+)?', 1),
+])
+def test_nested_counts_multiply_along_any_path(grammar, product):
+    assert reach(measure(grammar).references).product == product

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from llamabatch.llama.llama_grammar_limits import MAX_LLAMA_ALTERNATIVES, llama_grammar_problem
+from llamabatch.llama.llama_grammar_limits import MAX_LLAMA_ALTERNATIVES, MAX_LLAMA_COUNT_PRODUCT, llama_grammar_problem
+from llamabatch.llama.schema_expansion import schema_expansion_problem
 
 
 class FakeVocab:
@@ -52,3 +53,27 @@ def test_tokens_the_sampler_can_never_pick_are_refused(grammar, says):
 @pytest.mark.parametrize("grammar", ["root ::= <[5]> !<[99]>", "root ::= <x>", 'root ::= "<[100]>"'])
 def test_tokens_it_can_pick_pass(grammar):
     assert llama_grammar_problem(grammar, FakeVocab()) is None
+
+
+@pytest.mark.parametrize("grammar", ['root ::= r{0,899}\nr ::= "a"{0,899}', 'root ::= ("a"{0,21} "b"?){0,20}'])
+def test_nested_counts_past_the_product_bound_are_refused(grammar):
+    # r{0,899} over "a"{0,899}: every token kept llama.cpp's sampler for minutes
+    problem = llama_grammar_problem(grammar, FakeVocab())
+    assert problem is not None and "nests repetition counts whose product is" in problem and "\n" not in problem
+
+
+@pytest.mark.parametrize("grammar", ['root ::= r{0,20}\nr ::= "a"{0,20}', 'root ::= [a-z]{0,1999}'])
+def test_counts_within_the_product_bound_pass(grammar):
+    assert llama_grammar_problem(grammar, FakeVocab()) is None
+
+
+@pytest.mark.parametrize("pattern", ["^(a{0,899}){0,899}$", "^((ab){0,30}c){1,30}$", "^(?:(x{2}){50}){5}$"])
+def test_a_pattern_whose_nested_counts_multiply_past_the_bound_is_refused(pattern):
+    # the pattern passed the per-count bound, then never ended on the llama backend
+    problem = schema_expansion_problem(json.dumps({"type": "string", "pattern": pattern}))
+    assert problem is not None and f"takes at most {MAX_LLAMA_COUNT_PRODUCT:,}" in problem
+
+
+@pytest.mark.parametrize("pattern", ["^(a{0,20}){0,20}$", "^(\\d{3}-){2}\\d{4}$", "^[a-z]{0,800}$", "^[{(]{3}(x)*{2}$"])
+def test_a_pattern_within_the_product_bound_passes(pattern):
+    assert schema_expansion_problem(json.dumps({"type": "string", "pattern": pattern})) is None

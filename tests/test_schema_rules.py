@@ -10,6 +10,7 @@ from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.errors import InvalidRequest
 from llamabatch.constraints.schema_closing import close_schema
 from llamabatch.constraints.schema_prepare import prepared_schema_text
+from llamabatch.constraints.schema_reach import MAX_OPTIONAL_PROPERTIES, MAX_RESOLVED_DEPTH
 from llamabatch.constraints.schema_walk import MAX_DEPTH
 
 from fake_runner import FakeRunner
@@ -180,3 +181,52 @@ def test_the_engine_answers_such_a_schema_with_its_error_at_submit_and_runs_the_
     assert bad.finish_reason == "error" and bad.error_code == "invalid_request"
     assert bad.error == "json_schema: $ref cycle # -> # never reaches a schema"
     assert good.ok
+
+
+# -- depth once $refs are followed, and optional properties ---------------------------------------
+
+def definitions_chain(n: int, make) -> dict:
+    """d0 .. d<n-1>, each made by `make` from a reference to the next; d<n> an integer."""
+    defs = {f"d{k}": make({"$ref": f"#/$defs/d{k + 1}"}) for k in range(n)}
+    return {"$ref": "#/$defs/d0", "$defs": {**defs, f"d{n}": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize("make", [
+    lambda ref: ref,  # the issue's $ref chain (SIGSEGV in llguidance's compiler)
+    lambda ref: {"type": "array", "items": ref},  # nested arrays
+    lambda ref: {"type": "object", "properties": {"a": ref}, "required": ["a"]},
+    lambda ref: {"anyOf": [ref, {"type": "null"}]},
+    lambda ref: {"allOf": [ref]},
+    lambda ref: {"type": "array", "prefixItems": [ref]},
+])
+def test_a_ref_chain_past_the_depth_bound_is_refused_whatever_it_passes_through(make):
+    message = refusal(definitions_chain(3000, make))
+    assert message.startswith("json_schema nests subschemas") and f"at most {MAX_RESOLVED_DEPTH:,} levels" in message
+
+
+def test_a_ref_chain_through_definitions_and_a_pointer_with_escapes_is_followed():
+    defs = {f"a/{k}": {"type": "array", "items": {"$ref": f"#/definitions/a~1{k + 1}"}} for k in range(300)}
+    schema = {"$ref": "#/definitions/a~10", "definitions": {**defs, "a/300": {"type": "integer"}}}
+    assert "once its $refs are followed" in refusal(schema)
+
+
+def test_a_ref_chain_within_the_depth_bound_passes_and_recursion_counts_its_cycle_once():
+    closed(definitions_chain(MAX_RESOLVED_DEPTH // 2 - 2, lambda ref: {"type": "array", "items": ref}))
+    tree = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#"}}}}
+    closed(tree)
+
+
+def test_too_many_optional_properties_are_refused_naming_the_limit():
+    properties = {f"p{k}": {"type": "integer"} for k in range(11_000)}
+    message = refusal({"type": "object", "properties": properties})
+    assert message == (f"json_schema: 11,000 of its properties are optional; an object may have at most "
+                       f"{MAX_OPTIONAL_PROPERTIES:,} optional properties (list the others in required)")
+    nested = {"type": "object", "properties": {"inner": {"type": "object", "properties": properties, "required": ["p0"]}}}
+    assert refusal(nested).startswith("json_schema at #/properties/inner: 10,999 of its properties are optional")
+
+
+def test_many_required_properties_pass():
+    properties = {f"p{k}": {"type": "integer"} for k in range(11_000)}
+    closed({"type": "object", "properties": properties, "required": list(properties)})
+    closed({"type": "object", "properties": dict(list(properties.items())[:MAX_OPTIONAL_PROPERTIES])})

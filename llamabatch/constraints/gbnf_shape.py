@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .reference_graph import Reference
+
 MAX_CODE_POINT = 0x10FFFF  # what a token's text decodes to; NUL ends a piece and is never matched
+# UTF-16 halves, not characters: no UTF-8 text decodes to one (a token's bytes that try become U+FFFD)
+SURROGATES = (0xD800, 0xDFFF)
 # llama.cpp's MAX_REPETITION_THRESHOLD: a larger {m,n} maximum is read as unbounded, {m,}
 LLAMA_REPETITION_THRESHOLD = 2000
 _ESCAPES = {"x": 2, "u": 4, "U": 8}
@@ -32,6 +36,9 @@ class GrammarShape:
     alternatives: int = 0  # the `|` choices, all rules together
     token_ids: list[int] = field(default_factory=list)  # <[id]> references
     token_texts: list[str] = field(default_factory=list)  # <text> references
+    largest_count: int = 0  # the largest count of a {m,n}, {m,} or {n}
+    # what each rule holds (named rules by name, each group as "(" and its number): reference_graph
+    references: dict[str, list[Reference]] = field(default_factory=dict)
 
 
 def measure(grammar: str) -> GrammarShape:
@@ -49,7 +56,15 @@ class _Walk:
         self.i = 0
         self.shape = shape
         self.last = 0  # elements of the item a repetition would apply to (0: none)
+        self.last_reference: Reference | None = None  # that item, where it is a reference
         self.open_groups: list[int] = []  # the element count where each open group began
+        self.rule = ""  # the rule, or the innermost open group, whose items are being read
+        self.enclosing: list[tuple[str, Reference]] = []  # per open group: its rule's name, its reference
+
+    def _refer(self, target: str | None) -> Reference:
+        reference = Reference(target)
+        self.shape.references.setdefault(self.rule, []).append(reference)
+        return reference
 
     def run(self) -> None:
         text, n = self.text, len(self.text)
@@ -70,12 +85,16 @@ class _Walk:
                 self.open_groups.append(self.shape.elements)
                 self.shape.group_depth = max(self.shape.group_depth, len(self.open_groups))
                 self.last = 0
+                group = f"({self.shape.rules}"
+                self.enclosing.append((self.rule, self._refer(group)))
+                self.rule = group
             elif c == ")":
                 self.i += 1
                 if not self.open_groups:
                     raise _Unparseable
                 self.open_groups.pop()
-                self._item(1)  # the group becomes a reference to its rule
+                self.rule, reference = self.enclosing.pop()
+                self._item(1, reference)  # the group becomes a reference to its rule
             elif c == "|":
                 self.i += 1
                 self.shape.alternatives += 1
@@ -93,9 +112,10 @@ class _Walk:
             else:
                 self.i += 1  # spaces, newlines; anything else the parser refuses itself
 
-    def _item(self, elements: int) -> None:
+    def _item(self, elements: int, reference: Reference | None = None) -> None:
         self.shape.elements += elements
         self.last = elements
+        self.last_reference = reference
 
     def _name(self) -> None:
         text, start = self.text, self.i
@@ -104,10 +124,12 @@ class _Walk:
         after = self._skip_space(self.i)
         if text.startswith("::=", after):  # a rule's definition
             self.shape.rules += 1
+            self.rule, self.enclosing = text[start:self.i], []
+            self.shape.references.setdefault(self.rule, [])
             self.i = after + 3
             self.last = 0
         elif self.i > start:
-            self._item(1)
+            self._item(1, self._refer(text[start:self.i]))
 
     def _string(self) -> None:
         start = self.i
@@ -116,7 +138,7 @@ class _Walk:
         while self.text[self.i] != '"':
             code = self._char()
             count += 1
-            matchable = matchable and 0 < code <= MAX_CODE_POINT
+            matchable = matchable and _is_character(code)
         self.i += 1
         if not matchable and self.shape.unmatchable is None:
             self.shape.unmatchable = self.text[start:self.i]
@@ -177,6 +199,7 @@ class _Walk:
             if self.shape.reversed_repetition is None:
                 self.shape.reversed_repetition = self.text[start:self.i]
             return
+        self.shape.largest_count = max(self.shape.largest_count, at_least, at_most or 0)
         self._repeat(at_least, at_most)
 
     def _int(self, i: int) -> tuple[int, int]:
@@ -202,6 +225,11 @@ class _Walk:
         """As llama.cpp rewrites S{m,n}: m copies of S, then a chain of n-m optional rules, each
         holding a copy of S (one rule for an unbounded maximum)."""
         item = self.last
+        reference = self.last_reference or (self._refer(None) if item else None)
+        count = at_least if at_most is None else at_most
+        if reference is not None:
+            reference.factor *= max(count, 1)
+        self.last_reference = reference
         if at_most is not None and at_most > LLAMA_REPETITION_THRESHOLD:
             at_most = None
         optional = 1 if at_most is None else at_most - at_least
@@ -233,12 +261,19 @@ def _is_word_char(c: str) -> bool:
     return c.isascii() and (c.isalnum() or c == "-")
 
 
+def _is_character(code: int) -> bool:
+    """A code point some token's text can decode to: not NUL, not a surrogate, not past U+10FFFF."""
+    return 0 < code <= MAX_CODE_POINT and not SURROGATES[0] <= code <= SURROGATES[1]
+
+
 def _matches_some(ranges: list[tuple[int, int]], negated: bool) -> bool:
-    """Whether a class of these inclusive ranges holds a code point in 1..MAX_CODE_POINT."""
+    """Whether a class of these inclusive ranges holds a character (_is_character)."""
     spans = sorted((max(low, 1), min(high, MAX_CODE_POINT)) for low, high in ranges)
     spans = [(low, high) for low, high in spans if low <= high]
     if not negated:
-        return bool(spans)
+        # a span holds a character unless it lies wholly within the surrogates
+        return any(not (SURROGATES[0] <= low and high <= SURROGATES[1]) for low, high in spans)
+    spans = sorted(spans + [SURROGATES])  # surrogates are never left over for a negated class to hold
     reach = 0  # every code point in 1..reach is in some range
     for low, high in spans:
         if low > reach + 1:

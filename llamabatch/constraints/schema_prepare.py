@@ -1,5 +1,6 @@
 """A request's `json_schema` as every backend gets it: parsed, closed to its listed properties
-(schema_closing.py) and checked for what no answer can satisfy (schema_checks.py).
+(schema_closing.py), checked for what no answer can satisfy (schema_checks.py) and for shapes
+past what the backends compile (schema_reach.py).
 
 SamplingParams.validate calls it so that every command refuses a bad schema when the request
 is read; the backends (llguidance's masks, llama.cpp's converter) call it for the text they
@@ -16,6 +17,7 @@ from typing import Any
 from ..errors import InvalidRequest
 from .schema_checks import check_schema
 from .schema_closing import close_schema
+from .schema_reach import schema_reach_problem
 
 KEPT = 256
 _outcomes: OrderedDict[str, tuple[bool, str]] = OrderedDict()  # text -> (ok, rewritten text or error)
@@ -69,4 +71,6 @@ def _prepare(text: str) -> str:
         raise InvalidRequest(f"json_schema must be a JSON object (a schema), got {kind}")
     close_schema(schema)
     check_schema(schema)
+    if (problem := schema_reach_problem(schema)) is not None:
+        raise InvalidRequest(problem)
     return json.dumps(schema)

@@ -9,6 +9,12 @@ alternative per token, so a 50,000-string enum takes minutes a token. llguidance
 same choice into a lexer and answers in microseconds, so past the bound the error points there.
 The count is every '|' of the grammar, which bounds the stacks one choice starts.
 
+Nested counts multiply the same way: for ("a"{0,n}){0,m}, or r{0,m} with r ::= "a"{0,n}, it keeps
+a stack for each way the a's so far can be split among the copies, about n * m of them (its own
+check multiplies only counts written inside one rule). So the product of the counts along any
+path of rules (constraints.reference_graph) is bounded; llguidance answers the same grammars
+at once. A JSON schema's `pattern` is bounded alike, in schema_expansion.
+
 Its token references: <[id]> or <text> naming a token the sampler can never pick (outside the
 vocabulary, end-of-generation, or one whose text is empty) is a position no token satisfies,
 and llama.cpp aborts on accepting the token sampled there.
@@ -18,11 +24,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..constraints.gbnf_shape import measure
+from ..constraints.reference_graph import reach
 
 if TYPE_CHECKING:
     from .vocab import Vocabulary
 
 MAX_LLAMA_ALTERNATIVES = 500  # ~2.6 s a token on a 262,144-token vocabulary at worst
+MAX_LLAMA_COUNT_PRODUCT = 400  # nested counts multiplied; the time a token grows with its square
 
 
 def llama_grammar_problem(grammar: str, vocab: "Vocabulary", what: str = "grammar") -> str | None:
@@ -32,6 +40,11 @@ def llama_grammar_problem(grammar: str, vocab: "Vocabulary", what: str = "gramma
         return (f"{what} has {shape.alternatives:,} alternatives ('|'); llama.cpp's grammar sampler matches each "
                 f"against the whole vocabulary every token, so the llama grammar backend takes at most "
                 f"{MAX_LLAMA_ALTERNATIVES:,} (--grammar-backend llguidance takes more)")
+    product = reach(shape.references).product
+    if product > MAX_LLAMA_COUNT_PRODUCT:
+        return (f"{what} nests repetition counts whose product is {product:,}; llama.cpp's grammar sampler keeps "
+                f"a stack for each way to split a text among them, so the llama grammar backend takes at most "
+                f"{MAX_LLAMA_COUNT_PRODUCT:,} (--grammar-backend llguidance takes more)")
     ids = list(shape.token_ids)
     for text in shape.token_texts:
         tokens = vocab.tokenize(text, special=True)

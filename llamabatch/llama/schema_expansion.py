@@ -6,6 +6,8 @@ minItems n repeats the item's rule name n times, maxItems n nests n - min option
 bytes can so ask for a grammar of gigabytes (maxItems 10**9: MemoryError after minutes) or for
 100,000 nested groups (a stack overflow in llama.cpp's parser). The converted text is checked
 again by constraints.gbnf_guard; this walk refuses what would be too costly even to convert.
+A pattern's nested counts are written as nested rules, which llama.cpp's sampler multiplies
+(llama_grammar_limits): their product is bounded as a grammar's is.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import re
 from typing import Any
 
 from ..constraints.gbnf_guard import MAX_GRAMMAR_BYTES, MAX_GROUP_DEPTH
+from ..constraints.pattern_counts import nested_count_product
+from .llama_grammar_limits import MAX_LLAMA_COUNT_PRODUCT
 
 # every count a schema may ask for: maxItems - minItems nested groups must stay under the
 # group depth constraints.gbnf_guard allows (the schema's own nesting adds a few levels)
@@ -41,6 +45,9 @@ def schema_expansion_problem(schema_text: str) -> str | None:
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             counts += [("pattern's {n}", int(n)) for match in _QUANTIFIER.finditer(pattern) for n in match.groups() if n]
+        if isinstance(pattern, str) and (product := nested_count_product(pattern)) > MAX_LLAMA_COUNT_PRODUCT:
+            return (f"{where}: pattern nests repetition counts whose product is {product:,}; the llama grammar backend "
+                    f"takes at most {MAX_LLAMA_COUNT_PRODUCT:,} (--grammar-backend llguidance takes more)")
         for key, count in counts:
             if count > MAX_SCHEMA_COUNT:
                 return (f"{where}: {key} {count:,} is more than the {MAX_SCHEMA_COUNT:,} the llama grammar backend "
