@@ -171,7 +171,8 @@ class FakeRunner:
                  force: Callable[[str], int] | None = None, can_verify: bool = False,
                  probs: Callable[[list[int]], dict[int, float]] | None = None,
                  grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None,
-                 can_interrupt: bool = True, eval_ms: float = 0.5, restored_whole_below: int | None = None):
+                 can_interrupt: bool = True, eval_ms: float = 0.5, restored_whole_below: int | None = None,
+                 window: int = 0):
         self.can_interrupt = can_interrupt
         self.eval_ms = eval_ms  # what each decode reports it took (the engine estimates tick times from it)
         self._stop = threading.Event()  # interrupt() sets it; clear_interrupt() clears it
@@ -209,6 +210,11 @@ class FakeRunner:
         # slot -> its restored length: like Gemma 3's window layers in llama.cpp, a restored slot
         # (or a fork of one) can be cut back only from there on; shorter is a violation
         self.floor: dict[int, int] = {}
+        # Like Gemma 3's window layers in one KV cache the slots share: lose_window(slot, n) says a
+        # neighbour's work took the slot's positions below n, so continuing it needs a prefix of at
+        # least n + window tokens (keep_floor); a Trim or Fork shorter empties the slot (emptied).
+        self.window = window
+        self.lost_below: dict[int, int] = {}
         self.snapshots: list[tuple[int, int]] = []  # (slot, tokens) snapshotted, in order
         self.can_trim = partial_trim
         self.can_sample_apart = can_sample_apart
@@ -314,9 +320,10 @@ class FakeRunner:
             self.hook(call, plan)
         if self.step_delay:
             self._stop.wait(self.step_delay)  # the decode's time, cut short by interrupt()
-        self._apply_trims(plan)  # first, as the real runner: a trimmed slot may be a fork's destination
+        emptied = self._apply_trims(plan)  # first, as the real runner: a trimmed slot may be a fork's destination
         restored = self._apply_restores(plan)
-        self._apply_forks(plan)  # before the decode, and kept even when the decode fails
+        self._apply_forks(plan, emptied)  # before the decode, and kept even when the decode fails
+        plan = plan.without_slots(emptied)  # as LlamaRunner: an emptied slot's chunk is not evaluated
         self._check(plan)
         status = self._status_for(call, plan)
         if self._stop.is_set() and self.interruptible(plan):
@@ -325,7 +332,8 @@ class FakeRunner:
         record = ExecutedPlan(call, _as_it_was(plan), status)
         self.plans.append(record)
         result = StepResult(status=status, eval_ms=self.eval_ms,
-                            ubatches=self.graph_runs([(c.slot, len(c.tokens)) for c in plan.chunks]), restored=restored)
+                            ubatches=self.graph_runs([(c.slot, len(c.tokens)) for c in plan.chunks]), restored=restored,
+                            emptied=emptied)
         if status != 0:
             # "no KV room" (1): llama.cpp rolled the batch back, so a smaller retry may follow.
             # Any other failure may leave part of the batch in the cache: unknown until trimmed.
@@ -412,7 +420,20 @@ class FakeRunner:
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:
         return len(ubatch_sizes(runs, self.n_batch or 512, unified=self.pool_cells is not None))
 
-    def _apply_trims(self, plan: StepPlan) -> None:
+    def lose_window(self, slot: int, below: int) -> None:
+        """A neighbour took `slot`'s window cells at positions below `below` (see `window`)."""
+        self.lost_below[slot] = max(self.lost_below.get(slot, 0), below)
+
+    def keep_floor(self, slot: int) -> int:
+        lost = self.lost_below.get(slot, 0)
+        return lost + self.window if lost else 0
+
+    def _keeps(self, slot: int, n_keep: int) -> bool:
+        """Whether continuing `slot` at n_keep finds its window cells (see `window`)."""
+        return n_keep <= 0 or n_keep >= self.keep_floor(slot)
+
+    def _apply_trims(self, plan: StepPlan) -> set[int]:
+        emptied = set()
         for t in plan.trims:
             kv = self.kv[t.slot]
             if not 0 <= t.n_keep <= len(kv):
@@ -423,11 +444,16 @@ class FakeRunner:
                 self.violations.append(f"trim {t} keeps part of a slot a failed decode left unknown")
             if 0 < t.n_keep < self.floor.get(t.slot, 0):
                 self.violations.append(f"trim {t} cuts a restored slot before its restored end {self.floor[t.slot]}")
-            if t.n_keep <= 0:
+            n_keep = t.n_keep if self._keeps(t.slot, t.n_keep) else 0
+            if n_keep < t.n_keep:
+                emptied.add(t.slot)  # as LlamaRunner: the cells it needed are gone, so it is emptied
+            if n_keep <= 0:
                 self.stale.discard(t.slot)
                 self.floor.pop(t.slot, None)
-            del kv[max(t.n_keep, 0):]
+                self.lost_below.pop(t.slot, None)
+            del kv[max(n_keep, 0):]
             self.trims.append((t.slot, t.n_keep))
+        return emptied
 
     def snapshot(self, slot: int) -> bytes:
         if slot in self.stale:
@@ -448,6 +474,7 @@ class FakeRunner:
             if ok and len(tokens) != r.n_tokens:
                 self.violations.append(f"restore into slot {r.slot} says {r.n_tokens} tokens, the bytes hold {len(tokens)}")
             self.kv[r.slot] = tokens if ok else []
+            self.lost_below.pop(r.slot, None)
             n = len(self.kv[r.slot])
             whole = self.restored_whole_below is not None and n < self.restored_whole_below
             self.floor[r.slot] = 0 if whole else n
@@ -456,7 +483,7 @@ class FakeRunner:
             self.restores.append((r.slot, r.n_tokens, ok))
         return took
 
-    def _apply_forks(self, plan: StepPlan) -> None:
+    def _apply_forks(self, plan: StepPlan, emptied: set[int]) -> None:
         sources = {f.src_slot for f in plan.forks}
         targets: set[int] = set()
         for f in plan.forks:
@@ -472,9 +499,17 @@ class FakeRunner:
             self.stale.discard(f.dst_slot)
             if f.n_tokens < self.floor.get(f.src_slot, 0):
                 self.violations.append(f"fork {f} cuts a restored slot before its restored end {self.floor[f.src_slot]}")
+            self.forks.append((f.src_slot, f.dst_slot, f.n_tokens))
+            if f.src_slot in emptied or not self._keeps(f.src_slot, f.n_tokens):
+                self.kv[f.dst_slot] = []  # as LlamaRunner: a copy missing window cells is dropped
+                self.floor.pop(f.dst_slot, None)
+                emptied.add(f.dst_slot)
+                continue
+            emptied.discard(f.dst_slot)
             self.kv[f.dst_slot] = list(self.kv[f.src_slot][:f.n_tokens])
             self.floor[f.dst_slot] = self.floor.get(f.src_slot, 0)
-            self.forks.append((f.src_slot, f.dst_slot, f.n_tokens))
+            if self.lost_below.get(f.src_slot):
+                self.lost_below[f.dst_slot] = self.lost_below[f.src_slot]
 
     def _check(self, plan: StepPlan) -> None:
         if self.n_batch is not None and plan.n_tokens > self.n_batch:
@@ -497,6 +532,10 @@ class FakeRunner:
                                        f"holds {len(self.kv[chunk.slot])} tokens")
             if chunk.start_pos + len(chunk.tokens) > self.slot_ctx:
                 self.violations.append(f"slot {chunk.slot}: chunk runs past slot_ctx {self.slot_ctx}")
+            if chunk.wants_logits and chunk.sampler is None:
+                self.violations.append(f"slot {chunk.slot}: chunk wants logits but carries no sampler")
+            if not chunk.wants_logits and (chunk.sampler is not None or chunk.logprobs is not None):
+                self.violations.append(f"slot {chunk.slot}: chunk samples nothing but carries a sampler or logprobs")
         if self.pool_cells is not None:
             after = {slot: len(tokens) for slot, tokens in enumerate(self.kv)}
             for chunk in plan.chunks:
@@ -504,10 +543,6 @@ class FakeRunner:
             if sum(after.values()) > self.pool_cells:
                 self.violations.append(f"the slots would hold {sum(after.values())} tokens, more than the pool's "
                                        f"{self.pool_cells}")
-            if chunk.wants_logits and chunk.sampler is None:
-                self.violations.append(f"slot {chunk.slot}: chunk wants logits but carries no sampler")
-            if not chunk.wants_logits and (chunk.sampler is not None or chunk.logprobs is not None):
-                self.violations.append(f"slot {chunk.slot}: chunk samples nothing but carries a sampler or logprobs")
 
     def _sample(self, chunk: Any, slot: int, sampler: Any, context: str | None = None) -> int:
         if sampler is None:

@@ -364,8 +364,12 @@ def test_a_parked_request_cancelled_while_it_waits_gives_its_bytes_back():
         low = engine.submit("low", params(max_tokens=30))
         while engine.stats().preemptions == 0:
             threading.Event().wait(0.001)
+        threading.Event().wait(0.02)  # a pause long enough to see
         low.cancel()
-        assert low.result(timeout=WAIT).finish_reason == "cancelled"
+        cancelled = low.result(timeout=WAIT)
+        assert cancelled.finish_reason == "cancelled"
         submitted["high"].result(timeout=WAIT)  # type: ignore[attr-defined]
         assert engine.scheduler.parked_bytes == 0
+    # the pause it had is reported, as for a request that resumed
+    assert cancelled.timings.preemptions == 1 and cancelled.timings.paused_ms >= 20
     assert runner.violations == []

@@ -112,7 +112,8 @@ class EngineCore(EngineBase):
                                    park=runner.snapshot if getattr(runner, "can_park", False) else None,
                                    reserved=self.config.reserved_slots,
                                    park_budget=park_budget(runner),
-                                   restored_whole_below=getattr(runner, "restored_whole_below", None))
+                                   restored_whole_below=getattr(runner, "restored_whole_below", None),
+                                   keep_floor=runner.keep_floor)
         self._preemptions = 0  # requests parked since the last tick record
         self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight
         self._inbox: list[Sequence | EmbedJob] = []
@@ -479,19 +480,23 @@ class EngineCore(EngineBase):
 
     def _execute(self, plan: StepPlan) -> tuple[StepPlan, StepResult]:
         """One llama_decode; on 'no KV room' try the scheduler's smaller plan, never crash."""
-        restored = None  # the first try applies the plan's restores; a smaller plan carries none
+        # the first try applies the plan's restores, trims and forks; a smaller plan carries none
+        restored = emptied = None
         while True:
             result = self._execute_interruptibly(plan)
-            restored = result.restored if restored is None else restored
+            if restored is None:
+                restored, emptied = result.restored, result.emptied
+                plan = plan.without_slots(emptied)  # the runner evaluated none of their chunks
             if result.status == 0:
-                result.restored = restored
+                result.restored, result.emptied = restored, emptied
                 return plan, result
             if result.status == INTERRUPTED:  # nothing of it ran: the next tick plans again (tick_interrupt.py)
-                return StepPlan(), StepResult(eval_ms=result.eval_ms, restored=restored, interrupted=True)
+                return StepPlan(), StepResult(eval_ms=result.eval_ms, restored=restored, emptied=emptied,
+                                              interrupted=True)
             smaller = self.scheduler.shrink(plan) if result.status == 1 else None
             if smaller is None:
                 self._fail_batch(plan, result.status)
-                return StepPlan(), StepResult(eval_ms=result.eval_ms, restored=restored)
+                return StepPlan(), StepResult(eval_ms=result.eval_ms, restored=restored, emptied=emptied)
             plan = smaller
 
     def _execute_interruptibly(self, plan: StepPlan) -> StepResult:

@@ -169,6 +169,12 @@ class StepPlan:
     def __bool__(self) -> bool:
         return bool(self.chunks or self.forks or self.trims or self.restores)
 
+    def without_slots(self, slots: set[int]) -> "StepPlan":
+        """This plan less the chunks of `slots` (its KV changes stay, already applied or not)."""
+        if not slots:
+            return self
+        return StepPlan([c for c in self.chunks if c.slot not in slots], self.forks, self.trims, self.restores)
+
 
 @dataclass
 class StepResult:
@@ -197,6 +203,10 @@ class StepResult:
     accepted: dict[int, int] = field(default_factory=dict)
     accepted_logprobs: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     interrupted: bool = False  # the engine's record of a tick whose decode was interrupted (nothing kept)
+    # Slots a Trim or Fork of the plan could not leave holding what the scheduler planned (the
+    # cells it needed had been reused: Runner.keep_floor): emptied instead, and their chunks
+    # not evaluated; their requests evaluate their tokens again from the start.
+    emptied: set[int] = field(default_factory=set)
 
 
 INTERRUPTED = 2  # llama_decode's "aborted": the decode was stopped and its cells taken out again
@@ -277,6 +287,13 @@ class Runner(Protocol):
     # sliding window's cells go only once the sequence outgrows what its mask keeps), so a Trim
     # may keep any prefix of it; None: it is continued from its end only.
     restored_whole_below: int | None
+
+    def keep_floor(self, slot: int) -> int:
+        """The shortest prefix of what `slot` holds that a Trim may keep, or a Fork copy, right
+        now (0: any). In one KV cache every slot shares, llama.cpp reuses a window layer's cells
+        that their own sequence no longer sees for any other sequence, so an idle slot's cached
+        prompt may lose its early window cells to its neighbours' work at any tick."""
+        ...
     can_verify: bool  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
     draft_limits: dict[str, int]  # Speculation's max_draft and free (rows a guess takes at no cost), when they differ
     kv_fingerprint: dict[str, str]  # what must match for saved KV bytes to be restored here

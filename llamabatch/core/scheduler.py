@@ -111,8 +111,11 @@ class Scheduler:
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
                  speculation: "Speculation | None" = None, pool_cells: int | None = None,
                  park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30, reserved: int = 0,
-                 restored_whole_below: int | None = None):
+                 restored_whole_below: int | None = None, keep_floor: Callable[[int], int] | None = None):
         self.slots = [Slot(i) for i in range(n_slots)]
+        # What the runner can still keep of each slot (Runner.keep_floor): in a cache the slots
+        # share, a neighbour's work may take an idle slot's early window cells at any tick.
+        self.keep_floor = keep_floor
         # Slots only a request above the default priority may take (EngineConfig.reserved_slots):
         # requests at priority 0 or below run in the others, so an urgent arrival beside a full
         # batch takes a free slot instead of putting a batch request aside (_park).
@@ -262,6 +265,8 @@ class Scheduler:
         a prefix of at least `disk.save_min` tokens that two requests share is marked to be
         saved (see _mark_save and _take_waiting_saves)."""
         out: list[Admission] = []
+        if self.waiting:
+            self._refresh_floors()
         # a slot that a planned fork reads or fills keeps its KV until that plan has run
         pinned = {f.src_slot for f in self._forks} | {f.dst_slot for f in self._forks}
         idle = [s for s in self.slots if s.seq is None and s.slot_id not in pinned]
@@ -272,18 +277,17 @@ class Scheduler:
             if idle and not self._open_to(self.waiting[0], idle):
                 self._urgent_first()  # only reserved slots are free: an urgent request behind the head takes one
             open_slots = self._open_to(self.waiting[0], idle)
-            if not open_slots:
+            if len(self.waiting[0].members) > len(open_slots):
+                # an n-request takes n slots at once; in order, so nothing overtakes it meanwhile
                 if not self._preempt_for(self.waiting[0], idle):
                     break  # in order: what is behind it goes no sooner
                 open_slots = self._open_to(self.waiting[0], idle)
-            if len(self.waiting[0].members) > len(open_slots):
-                break  # an n-request takes n slots at once; in order, so nothing overtakes it meanwhile
             if not self._make_room(self.waiting[0], idle):
                 break  # a pool without room for it yet: in order, it waits for running requests to end
             seq = self.waiting.popleft()
             if seq.parked is not None:
                 self._admitted_one(seq)
-                out.append(self._resume(seq, idle, fresh, open_slots))
+                out.extend(self._resume(seq, idle, fresh, open_slots))
                 continue
             views = [SlotView(s.slot_id, s.cached, s.last_used) for s in open_slots]
             slot_id, reuse = choose_slot(seq.prompt, views, cache_prompt=self.cache_prompt)
@@ -308,6 +312,15 @@ class Scheduler:
         if self.disk is not None and self.waiting:
             self._mark_queued_saves()
         return out
+
+    def _refresh_floors(self) -> None:
+        """Raise each slot's floor to what the runner can still keep of it, before admission
+        chooses what a new request reuses or forks (nothing changes the cache until the plan)."""
+        if self.keep_floor is None:
+            return
+        for slot in self.slots:
+            if slot.cached and slot.slot_id not in self._restoring:
+                slot.floor = max(slot.floor, self.keep_floor(slot.slot_id))
 
     def _seat(self, seq: Sequence, slot_id: int, reuse: int, fork: Fork | None, idle: list,
               fresh: set[int], open_slots: list[Slot]) -> list[Admission]:
@@ -372,62 +385,91 @@ class Scheduler:
     # -- preemption -------------------------------------------------------------------------
 
     def _preempt_for(self, head: Sequence, idle: list[Slot]) -> bool:
-        """Every slot is busy: when `head` has a higher priority than a running request, park
-        the running request of lowest priority (the latest to arrive among equals) and give its
-        slot to `idle`. Only a slot in a plain state is taken: one request of one sample, its
-        KV changed by nothing decided and not yet applied, no token of it being sampled apart."""
-        if self.park is None or head.group is not None:
+        """Too few slots are free for `head` (n of them for an n-request): when running requests
+        of lower priority hold enough, park them, lowest priority first (the latest to arrive
+        among equals), every sample of an n-request together, and give their slots to `idle`.
+        Only a request in a plain state is taken: none of its slots' KV changed by anything
+        decided and not yet applied, no token of it being sampled apart, not admitted by the
+        fair share. Parks nothing when the victims could not free enough."""
+        if self.park is None:
             return False
-        changing = ({t.slot for t in self._trims} | set(self._restoring)
-                    | {f.src_slot for f in self._forks} | {f.dst_slot for f in self._forks})
-        victims = [s for s in self.slots if s.seq is not None and s.slot_id not in changing
-                   and s.seq.group is None and not s.seq.protected and not s.seq.sampling_apart
-                   and s.seq.status in (Status.PREFILLING, Status.GENERATING)
-                   and s.seq.params.priority > head.params.priority]
-        if not victims:
+        need = len(head.members) - len(self._open_to(head, idle))
+        victims = sorted(self._preemptible(head), key=priority_key, reverse=True)
+        chosen, freed = [], 0
+        for victim in victims:
+            if freed >= need:
+                break
+            chosen.append(victim)
+            freed += len(victim.members)
+        if freed < need or not chosen:
             return False
-        slot = max(victims, key=lambda s: priority_key(s.seq))  # type: ignore[arg-type]
-        self._park(slot)
-        idle.append(slot)
+        for victim in chosen:
+            self._park(victim, idle)
         return True
 
-    def _park(self, slot: Slot) -> None:
-        """Put `slot`'s request aside: its KV as bytes (a copy, taken now, before any plan
-        changes the slot), back in the queue in its place by priority and arrival."""
-        seq = slot.seq
-        assert seq is not None
-        try:
-            payload = self.park(slot.slot_id)  # type: ignore[misc]
-        except Exception:  # no memory for the copy: it is evaluated again when it resumes
+    def _preemptible(self, head: Sequence) -> list[Sequence]:
+        """Running requests (their first sample) of lower priority than `head` that may be parked now."""
+        changing = ({t.slot for t in self._trims} | set(self._restoring)
+                    | {f.src_slot for f in self._forks} | {f.dst_slot for f in self._forks})
+        plain = (Status.PREFILLING, Status.GENERATING, Status.FORKING)
+        out = []
+        for slot in self.slots:
+            seq = slot.seq
+            if seq is None or seq.index != 0 or seq.protected or seq.params.priority <= head.params.priority:
+                continue
+            members = seq.members
+            if all(m.slot is not None and m.slot not in changing and m.status in plain and not m.sampling_apart
+                   and self.slots[m.slot].seq is m for m in members):
+                out.append(seq)
+        return out
+
+    def _park(self, seq: Sequence, idle: list[Slot]) -> None:
+        """Put a request aside, every sample of it: each slot's KV as bytes (a copy, taken now,
+        before any plan changes the slot; none for a sample still waiting for the prompt's fork),
+        back in the queue in its place by priority and arrival, its slots to `idle`."""
+        now = time.perf_counter()
+        for member in seq.members:
+            slot = self.slots[member.slot]  # type: ignore[index]
             payload = None
-        if payload is not None and self.parked_bytes + len(payload) > self.park_budget:
-            payload = None  # past the budget: dropped, evaluated again when it resumes
-        self.parked_bytes += len(payload) if payload is not None else 0
-        seq.parked = Parked(payload, seq.num_computed, list(slot.cached), seq.status)
-        seq.preemptions += 1
-        seq.paused_at = time.perf_counter()
-        seq.save_at = None  # a prefix save planned for it is dropped (an optimisation only)
-        seq.slot = None
-        seq.status = Status.WAITING
-        slot.seq = None
-        slot.last_used = seq.paused_at
+            if member.status != Status.FORKING:
+                try:
+                    payload = self.park(slot.slot_id)  # type: ignore[misc]
+                except Exception:  # no memory for the copy: it is evaluated again when it resumes
+                    payload = None
+            if payload is not None and self.parked_bytes + len(payload) > self.park_budget:
+                payload = None  # past the budget: dropped, evaluated again when it resumes
+            self.parked_bytes += len(payload) if payload is not None else 0
+            member.parked = Parked(payload, member.num_computed, list(slot.cached), member.status)
+            member.preemptions += 1
+            member.paused_at = now
+            member.save_at = None  # a prefix save planned for it is dropped (an optimisation only)
+            member.slot = None
+            member.status = Status.WAITING
+            slot.seq = None
+            slot.last_used = now
+            idle.append(slot)
         self.preempted.append(seq)
         self._enqueue(seq)
 
-    def _resume(self, seq: Sequence, idle: list[Slot], fresh: set[int], open_slots: list[Slot]) -> Admission:
-        """A parked request takes the least recently used idle slot open to it; the next plan puts
-        its KV back there (a Restore), or, without its bytes, it is evaluated again from the start."""
-        slot = min(open_slots, key=lambda s: (s.last_used, s.slot_id))
-        idle.remove(slot)
-        fresh.add(slot.slot_id)
-        slot.seq = seq
-        self.trim(slot.slot_id, 0)
-        parked = seq.parked
-        if parked.payload is not None:
-            self._restores.append(Restore(slot.slot_id, parked.n_cells, parked.payload, resume=True))
-            self._restoring[slot.slot_id] = parked.cached
-            self._resuming.add(slot.slot_id)
-        return Admission(seq, slot.slot_id, 0)
+    def _resume(self, seq: Sequence, idle: list[Slot], fresh: set[int], open_slots: list[Slot]) -> list[Admission]:
+        """A parked request takes the least recently used idle slots open to it, one a sample;
+        the next plan puts each sample's KV back there (a Restore), or, without its bytes, that
+        sample is evaluated again from the start (a sample that was waiting for the prompt's
+        fork waits for it again)."""
+        out = []
+        for member in seq.members:
+            slot = min((s for s in open_slots if s in idle), key=lambda s: (s.last_used, s.slot_id))
+            idle.remove(slot)
+            fresh.add(slot.slot_id)
+            slot.seq = member
+            self.trim(slot.slot_id, 0)
+            parked = member.parked
+            if parked.payload is not None:
+                self._restores.append(Restore(slot.slot_id, parked.n_cells, parked.payload, resume=True))
+                self._restoring[slot.slot_id] = parked.cached
+                self._resuming.add(slot.slot_id)
+            out.append(Admission(member, slot.slot_id, 0))
+        return out
 
     def _unpark_bytes(self, parked: Parked | None) -> None:
         if parked is not None and parked.payload is not None:
@@ -448,6 +490,10 @@ class Scheduler:
             slot.floor = self._restored_floor(parked.n_cells)
             seq.num_computed = parked.n_cells
             seq.status = parked.status
+        elif parked.status == Status.FORKING:
+            slot.cached, slot.floor = [], 0
+            seq.num_computed = 0
+            seq.status = Status.FORKING  # it waits for the prompt's fork again, as when first admitted
         else:
             slot.cached, slot.floor = [], 0
             seq.num_computed = 0
@@ -719,6 +765,8 @@ class Scheduler:
         events = []
         for slot_id, ok in result.restored.items():
             self._take_restore(slot_id, ok)
+        for slot_id in result.emptied:
+            self._emptied(slot_id)
         for chunk in plan.chunks:
             slot = self.slots[chunk.slot]
             seq = slot.seq
@@ -740,6 +788,18 @@ class Scheduler:
                                      result.accepted, result.accepted_logprobs)
         self._take_waiting_saves(plan)
         return events
+
+    def _emptied(self, slot_id: int) -> None:
+        """The runner emptied a slot it could not trim or fork as planned (StepResult.emptied):
+        its request evaluates its prompt and answer so far again, then samples on."""
+        slot = self.slots[slot_id]
+        slot.cached, slot.floor = [], 0
+        seq = slot.seq
+        if seq is None or seq.status not in (Status.PREFILLING, Status.GENERATING):
+            return
+        seq.num_computed = seq.num_cached = seq.num_restored = 0
+        seq.status = Status.PREFILLING
+        seq.save_at = None  # a planned save of a prefix it was to reuse: an optimisation only
 
     def _keep_verified(self, chunk: Chunk, seq: Sequence, kept: int) -> None:
         """A verified chunk: its first `kept` guesses' cells stay (the tokens join the output
@@ -865,10 +925,13 @@ class Scheduler:
         if seq.parked is not None:  # ended while put aside: its copy goes
             self._unpark_bytes(seq.parked)
             seq.parked = None
+        seq.finished_at = time.perf_counter()
+        if seq.paused_at is not None:  # ended while put aside (or before its restore ran): that pause counts
+            seq.paused_ms += (seq.finished_at - seq.paused_at) * 1000
+            seq.paused_at = None
         seq.drafter = None  # its index of the prompt and answer is not needed any more
         seq.finish_reason = reason
         seq.error, seq.error_code = error, code
-        seq.finished_at = time.perf_counter()
         if seq.slot is not None:
             slot = self.slots[seq.slot]
             if slot.seq is seq:

@@ -3,6 +3,7 @@ core/plan.py are the contract), plus the position queries and rollbacks the exec
 paths need."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from llama_cpp import llama_cpp as C
@@ -40,12 +41,29 @@ class KvCache:
         """Remove sequence `seq`'s cells at positions >= pos (-1: all of them)."""
         C.llama_memory_seq_rm(self.mem, seq, pos, -1)
 
-    def trim(self, trim: Trim) -> None:
-        """Apply one plan.Trim."""
+    def keep_floor(self, seq: int) -> int:
+        """The shortest prefix of sequence `seq` that a trim may keep right now (0: any).
+
+        A window layer's cell leaves the cache once no later position of its own sequence sees
+        it: llama.cpp's cell search reuses it for any sequence, and in one cache shared by
+        every slot that happens whenever the search wraps onto an idle slot's cached prompt. What
+        remains of the window layers is a run from `seq_pos_min` on, and continuing at n needs
+        their last n_swa positions before n."""
+        if not self.n_swa:
+            return 0
+        lowest = C.llama_memory_seq_pos_min(self.mem, seq)
+        if lowest < 0:
+            return sys.maxsize  # every cell went: nothing of it can be kept
+        return 0 if lowest == 0 else lowest + self.n_swa
+
+    def trim(self, trim: Trim) -> bool:
+        """Apply one plan.Trim. False: the window layers no longer hold what continuing at
+        n_keep needs (keep_floor), and the slot is emptied instead, for its request to
+        evaluate its tokens again."""
         slot, n_keep = trim.slot, trim.n_keep
         if n_keep <= 0:
             C.llama_memory_seq_rm(self.mem, slot, -1, -1)
-            return
+            return True
         if not self.can_cut:
             raise RuntimeError(f"bad trim {trim}: this model's memory cannot keep part of a slot "
                                "(recurrent/hybrid or no full SWA cache)")
@@ -53,22 +71,22 @@ class KvCache:
         if n_keep > held:
             raise RuntimeError(f"bad trim {trim}: the slot holds {held} tokens")
         # Trust, but verify: a sliding-window cache can report success after the cells the
-        # continuation needs have already been evicted. What continuing at n_keep needs of the
-        # window layers (whose position range seq_pos_min reports) is their last n_swa positions:
-        # a slot restored from the disk prefix store holds only those (llama.cpp writes the last
-        # n_swa positions of a window layer), and may be cut back to anything from its restored end on.
+        # continuation needs have already been reused (keep_floor says when), and when every
+        # cell it still held was past n_keep, what is left is nothing at all.
         needed_from = max(0, n_keep - self.n_swa) if self.n_swa else 0
         if (C.llama_memory_seq_rm(self.mem, slot, n_keep, -1)
-                and C.llama_memory_seq_pos_min(self.mem, slot) <= needed_from):
-            return
+                and 0 <= C.llama_memory_seq_pos_min(self.mem, slot) <= needed_from
+                and self.next_pos(slot) == n_keep):
+            return True
         C.llama_memory_seq_rm(self.mem, slot, -1, -1)
-        raise RuntimeError(f"could not keep the first {n_keep} tokens of slot {slot}: the slot is emptied")
+        return False
 
-    def fork(self, fork: Fork) -> None:
+    def fork(self, fork: Fork) -> bool:
         """Apply one plan.Fork. Between per-slot streams: copy the source's whole stream, then
         trim the copy (llama.cpp queues the copy and does it at the start of the next
         llama_decode, before that decode's tokens are placed). In a unified cache: share the
-        source's cells [0, n_tokens)."""
+        source's cells [0, n_tokens). False: the source's window layers no longer hold what
+        continuing the copy at n_tokens needs (keep_floor), and the destination is emptied."""
         if not self.can_cut:
             raise RuntimeError("this model's memory cannot fork a slot (recurrent/hybrid or no full SWA cache)")
         src, dst, n = fork.src_slot, fork.dst_slot, fork.n_tokens
@@ -78,8 +96,13 @@ class KvCache:
         if self.kv_unified:
             C.llama_memory_seq_rm(self.mem, dst, -1, -1)
             C.llama_memory_seq_cp(self.mem, src, dst, 0, n)
-            return
-        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)  # never a range between streams: see plan.Fork
-        if not C.llama_memory_seq_rm(self.mem, dst, n, -1):
+        else:
+            C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)  # never a range between streams: see plan.Fork
+            if not C.llama_memory_seq_rm(self.mem, dst, n, -1):
+                C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+                raise RuntimeError(f"could not trim the copy of slot {src} in slot {dst} to {n} tokens")
+        lowest = C.llama_memory_seq_pos_min(self.mem, dst)  # cell metadata is copied at once, data later
+        if self.next_pos(dst) != n or lowest < 0 or (self.n_swa and lowest > max(0, n - self.n_swa)):
             C.llama_memory_seq_rm(self.mem, dst, -1, -1)
-            raise RuntimeError(f"could not trim the copy of slot {src} in slot {dst} to {n} tokens")
+            return False
+        return True

@@ -222,14 +222,20 @@ class LlamaRunner:
         self._interrupt.clear()
 
     def execute(self, plan: StepPlan) -> StepResult:
-        for trim in plan.trims:  # first: a slot trimmed here may be a fork's destination below
-            self.kv.trim(trim)
+        # first: a slot trimmed here may be a fork's destination below
+        emptied = {trim.slot for trim in plan.trims if not self.kv.trim(trim)}
         restored = {r.slot: self._restore(r) for r in plan.restores}
         for fork in plan.forks:
-            self.kv.fork(fork)
+            if fork.src_slot in emptied or not self.kv.fork(fork):
+                self.kv.drop_from(fork.dst_slot, -1)
+                emptied.add(fork.dst_slot)
+            else:
+                emptied.discard(fork.dst_slot)  # the copy, not the trim before it, says what it holds
         # trims, restores and forks applied above: the first llama_decode performs the copies
+        plan = plan.without_slots(emptied)
         result = self._execute_invariant(plan) if self.deterministic else self._execute_chunks(plan)
         result.restored = restored
+        result.emptied = emptied
         return result
 
     def _execute_chunks(self, plan: StepPlan) -> StepResult:
@@ -282,6 +288,9 @@ class LlamaRunner:
             return True
         self.kv.drop_from(restore.slot, -1)  # not the entry it said it was: evaluate instead
         return False
+
+    def keep_floor(self, slot: int) -> int:
+        return self.kv.keep_floor(slot)
 
     def snapshot(self, slot: int) -> bytearray:
         return kv_state.snapshot(self.ctx, slot)
