@@ -28,12 +28,10 @@ def test_kv_need_counts_every_slot_and_the_full_size_window_when_caching():
     assert need.total == need.kv_bytes + 100 * MIB
 
 
-def test_without_caching_gemma3_window_layers_keep_only_the_window():
+def test_without_caching_gemma3_window_layers_are_counted_at_full_size_as_the_runner_keeps_them():
     config = EngineConfig(n_parallel=4, n_ctx=4 * 8192, n_batch=512, cache_prompt=False)
     need = needs(config, GEMMA_META, weights=0)
-    # 15 of 18 layers slide (every 6th is global); each of 4 streams keeps window + one ubatch
-    window_cells = 4 * (512 + 512)
-    assert need.kv_bytes == PER_LAYER * (3 * 4 * 8192 + 15 * window_cells)
+    assert need.kv_bytes == 18 * PER_LAYER * 4 * 8192
 
 
 def test_deterministic_mode_counts_its_spare_sequence_ids():
@@ -97,7 +95,8 @@ def test_threads_far_above_the_cpus_are_refused():
     (["--n-parallel", "4", "--n-ctx", "1000000000"], "n_ctx 1000000000 needs "),
     (["--n-parallel", "auto", "--n-ctx", "1000000000"], "n_ctx 1000000000 needs "),
     (["--n-parallel", "2", "--threads", "100000"], "threads 100000 is more than 4 per CPU"),
-    (["--n-parallel", "8", "--max-memory", "300M"], "n_parallel 8 (4096 tokens per slot) needs "),  # weights fit
+    # weights fit; n_ctx given (auto would size the slots to what max_memory holds)
+    (["--n-parallel", "8", "--n-ctx", "32768", "--max-memory", "300M"], "n_ctx 32768 needs "),
     (["--n-parallel", "1", "--max-memory", "1M"], "the model's weights alone need "),
 ])
 def test_run_refuses_in_one_line_exit_2_before_any_engine_starts(tmp_path, model_path, args, starts):

@@ -67,10 +67,13 @@ def context_params(config: EngineConfig, shapes: invariance.Shapes | None, n_seq
         cparams.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cparams.n_threads = config.n_threads
     cparams.n_threads_batch = config.n_threads
-    # Prefix reuse trims a slot's KV back to the shared prefix. With a sliding-window
-    # cache (Gemma 3: 512 tokens) cells before the window are gone even though seq_rm
-    # reports success, so keep the full-size SWA cache whenever caching is on.
-    cparams.swa_full = bool(config.cache_prompt) or shapes is not None  # padding rows are trimmed too
+    # Always the full-size sliding-window cache (Gemma 3: 512 tokens). In a window cache of
+    # window + one ubatch, llama.cpp writes a window layer's new cells over ones the window has
+    # left, and the attention sums its cells in cell order: the logits then depend on where
+    # earlier chunks went, which a pause (park and restore, an interrupted decode) changes, so a
+    # preempted request answered differently (docs/reliability.md). Prefix reuse also trims
+    # a slot back, which needs the cells before the window.
+    cparams.swa_full = True
     # One KV stream per slot (default): each slot gets n_ctx / n_parallel cells and attends
     # only to its own cells. llama.cpp then splits a batch into ubatches of consecutive
     # slots with equal token counts, so a mixed prefill+decode tick is several graph runs.

@@ -13,8 +13,7 @@ What is counted, mirroring the runner's choices (load.py's context parameters):
   llama.cpp pads it); in deterministic mode slot_ctx x the sequence ids it uses, spares
   included (batch_invariance.n_sequence_ids, counted with the widest row rule since the
   kernels are only known once the weights have loaded). A sliding-window layer (Gemma 3:
-  5 of every 6) keeps only window + n_batch cells per sequence, unless `swa_full` is on,
-  which the runner turns on whenever prompt caching (the default) or deterministic mode is.
+  5 of every 6) counts at full size too: the runner always keeps the full-size window cache.
 - Weights: the GGUF's size on disk (all shards); llama.cpp maps or reads all of it.
 Compared with the memory available now (MemAvailable) and `max_memory` (default 90% of it).
 Layers offloaded to a GPU (n_gpu_layers != 0) put weights and KV in GPU memory, which is
@@ -33,9 +32,6 @@ from ..checks.max_memory import DEFAULT_MAX_MEMORY, memory_cap
 
 THREADS_PER_CPU = 4  # more threads than this per CPU is a typo, not a tuning choice
 CTX_PAD = 256  # llama.cpp rounds a context up to a multiple of this
-# Sliding-window layer patterns llama.cpp hard-codes per architecture: layer i uses the window
-# unless (i + 1) % pattern == 0. Other architectures with a window are counted as full (over).
-SWA_PATTERNS = {"gemma3": 6}
 
 @dataclass(frozen=True)
 class Needs:
@@ -142,22 +138,7 @@ def needs(config: EngineConfig, metadata: Mapping[str, Any], weights: int, shape
     if layer is None:
         return Needs(sequences, cells, 0, weights, None)
     layers, per_layer = layer
-    swa_layers = 0
-    arch = metadata.get("general.architecture")
-    try:  # an int from the GGUF header, a string from llama.cpp's metadata API
-        window = int(metadata.get(f"{arch}.attention.sliding_window") or 0)
-    except (TypeError, ValueError):
-        window = 0
-    swa_full = bool(config.cache_prompt) or config.deterministic  # as load.context_params sets it
-    if window > 0 and not swa_full and arch in SWA_PATTERNS:
-        pattern = SWA_PATTERNS[arch]
-        swa_layers = sum(1 for i in range(layers) if (i + 1) % pattern != 0)
-    # a window layer keeps window + one ubatch of cells per stream, never more than a full one
-    if config.kv_unified:
-        swa_cells = min(cells, _pad(window * sequences + config.n_batch)) if swa_layers else 0
-    else:
-        swa_cells = min(cells, sequences * _pad(window + config.n_batch)) if swa_layers else 0
-    kv = per_layer * ((layers - swa_layers) * cells + swa_layers * swa_cells)
+    kv = per_layer * layers * cells  # window layers too: load.py keeps their cache full-size
     return Needs(sequences, cells, kv, weights, per_layer * layers)
 
 
