@@ -100,7 +100,18 @@ class EngineAPI(Protocol):
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Receive RequestRecords (and TickRecords where the engine ticks here); returns unsubscribe."""
 
-    def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True) -> list[int]:
+        """`special`: special-token text becomes those tokens; `add_special`: with the BOS (and
+        EOS) the model adds to a prompt."""
+
+    def token_pieces(self, tokens: Sequence[int]) -> list[bytes]:
+        """Each token's text as bytes, special tokens shown (llama-server's /detokenize pieces);
+        InvalidRequest for anything that is not a token id of the model."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether the engine serves requests now: False while a crashed engine process restarts,
+        after fatal_error, and after close(). Never blocks (a health probe reads it)."""
 
     def close(self, timeout: float | None = None) -> None:
         """End every request without an outcome ('cancelled'), then stop. `timeout`: how long an

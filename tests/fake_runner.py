@@ -267,7 +267,7 @@ class FakeRunner:
 
         return LlamaChatFormats()
 
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
+    def tokenize(self, text: str, *, special: bool, add_special: bool = True) -> list[int]:
         self.tokenized_chars += len(text)
         return text_tokens(text)
 
@@ -276,6 +276,9 @@ class FakeRunner:
 
     def token_bytes(self, token: int) -> bytes:
         return token_piece(token)
+
+    def token_piece(self, token: int) -> bytes:
+        return b"<eog>" if token == EOG else token_piece(token)  # special tokens shown, as llama.cpp's
 
     def is_eog(self, token: int) -> bool:
         return token == EOG

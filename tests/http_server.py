@@ -54,7 +54,9 @@ class Running:
 def serving(data_dir: Any, *, n_parallel: int = 4, step_delay: float = 0.0, api_key: str | None = None,
             online_slots: int = 1, reply_with: Callable[[str], str] = reply, max_tokens: int = 16,
             upload_limits: UploadLimits = UploadLimits(), clock: Callable[[], float] = time.time,
-            job_settings: dict[str, Any] | None = None, reserved_slots: int = 0) -> Iterator[Running]:
+            job_settings: dict[str, Any] | None = None, reserved_slots: int = 0,
+            **app_options: Any) -> Iterator[Running]:
+    """`app_options`: build_app's own (health_without_key, cors_origins)."""
     runner = FakeRunner(n_slots=n_parallel, slot_ctx=256, n_batch=256, reply=reply_with, step_delay=step_delay)
     engine = Engine(EngineConfig(n_parallel=n_parallel, n_batch=256, chunk_size=64, n_ctx=256 * n_parallel,
                                  reserved_slots=reserved_slots),
@@ -62,7 +64,7 @@ def serving(data_dir: Any, *, n_parallel: int = 4, step_delay: float = 0.0, api_
     service = Service(engine, str(data_dir), online_slots=online_slots, upload_limits=upload_limits, clock=clock,
                       job_settings=job_settings)
     try:
-        listening = listen(build_app(service, api_key), "127.0.0.1", 0)
+        listening = listen(build_app(service, api_key, **app_options), "127.0.0.1", 0)
         service.start()
         thread = listening.run_in_thread()
         try:

@@ -81,11 +81,26 @@ def slow_load(config):
     return fake(config)
 
 
+RESTART_MARK_ENV = "LLAMABATCH_TEST_RESTART_MARK"  # a file path: its presence says "not the first start"
+
+
+def aborts_on_poison_slow_restart(config):
+    """aborts_on_poison, whose every start after the first takes 1.5 s (a model load again):
+    long enough to see the server while its engine restarts. The first start leaves the file
+    named by $LLAMABATCH_TEST_RESTART_MARK behind (a child remembers nothing of the last one)."""
+    mark = os.environ[RESTART_MARK_ENV]
+    if os.path.exists(mark):
+        time.sleep(1.5)
+    else:
+        open(mark, "w").close()
+    return aborts_on_poison(config)
+
+
 def choice(name: str = "fake") -> RunnerChoice:
     """What an engine in another process is told to run: the runner `name` of this module."""
     return RunnerChoice(name, MODULE)
 
 
 for _runner in (fake, always_aborts, slow_grammar, slow, hangs_on_prompt, aborts_on_poison, aborts_after_two_steps,
-                slow_load):
+                slow_load, aborts_on_poison_slow_restart):
     register_runner(_runner.__name__, _runner)

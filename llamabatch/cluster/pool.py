@@ -141,9 +141,13 @@ class EngineWorker:
         if handle is not None:
             handle.cancel()
 
-    def tokenize(self, text: str, special: bool) -> list[int]:
+    def tokenize(self, text: str, special: bool, add_special: bool = True) -> list[int]:
         assert self._engine is not None, "tokenize before start"
-        return self._engine.tokenize(text, special=special)
+        return self._engine.tokenize(text, special=special, add_special=add_special)
+
+    def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        assert self._engine is not None, "token_pieces before start"
+        return self._engine.token_pieces(tokens)
 
 
 _RemoteWorker = ray.remote(EngineWorker)
@@ -331,16 +335,28 @@ class RayPool(EngineBase):
         """Nothing to hold: each line is a call of its own on a worker, and no tick spans workers."""
         yield
 
-    def tokenize(self, text: str, *, special: bool = False, timeout: float = 60.0) -> list[int]:
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True,
+                 timeout: float = 60.0) -> list[int]:
         """Tokenize on a live worker (every worker loads the same model)."""
+        return self._ask_worker(lambda actor: actor.tokenize.remote(text, special, add_special), "tokenize", timeout)
+
+    def token_pieces(self, tokens: Sequence[int], *, timeout: float = 60.0) -> list[bytes]:
+        """Each token's text, from a live worker's vocabulary."""
+        return self._ask_worker(lambda actor: actor.token_pieces.remote(list(tokens)), "token_pieces", timeout)
+
+    @property
+    def ready(self) -> bool:
+        return not self._closing and self.fatal_error is None and any(w.state == READY for w in self._workers)
+
+    def _ask_worker(self, call: Callable[[Any], Any], what: str, timeout: float) -> Any:
         with self._lock:
             live = [w for w in self._workers if w.state == READY]
         if self._closing or not live:
             raise EngineClosed(self.fatal_error or "the engine is closed")
         try:
-            return ray.get(live[0].actor.tokenize.remote(text, special), timeout=timeout)
+            return ray.get(call(live[0].actor), timeout=timeout)
         except GetTimeoutError:
-            raise TimeoutError(f"tokenize took more than {timeout}s") from None
+            raise TimeoutError(f"{what} took more than {timeout}s") from None
         except RayTaskError as exc:  # the worker's own error (bad text): the same error here
             cause = exc.as_instanceof_cause()
             raise (cause if isinstance(cause, LlamaBatchError) else EngineClosed(_first_line(exc))) from None

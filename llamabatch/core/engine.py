@@ -30,7 +30,7 @@ from ..results import Delta, EmbeddingResult
 from .disk_prefix import DiskPrefixes
 from .scheduler import SaveWanted, Scheduler, SeqEvent
 from .sequence import Sequence, Status
-from .engine_base import EngineBase, check_room, error_result, record_outcome
+from .engine_base import EngineBase, check_room, checked_token_ids, error_result, record_outcome
 from .speculation import Speculation
 from .telemetry import EngineStats, RequestRecord, Telemetry, TickRecord
 from .tick_interrupt import TickInterrupt
@@ -155,8 +155,17 @@ class EngineCore(EngineBase):
     def on_notice(self, callback: Callable[[str], None]) -> None:
         self.inputs.on_notice = callback
 
-    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
-        return self.runner.tokenize(text, special=special)
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True) -> list[int]:
+        if add_special:  # the runner's default: runners written before add_special need not know it
+            return self.runner.tokenize(text, special=special)
+        return self.runner.tokenize(text, special=special, add_special=False)
+
+    def token_pieces(self, tokens: Seq[int]) -> list[bytes]:
+        return [self.runner.token_piece(t) for t in checked_token_ids(tokens, self.runner.n_vocab)]
+
+    @property
+    def ready(self) -> bool:
+        return not self._closing
 
     def render_chat(self, messages: Seq[dict]) -> str:
         return self.inputs.render_chat(messages)

@@ -140,3 +140,19 @@ def record_outcome(telemetry: Telemetry, result: Result) -> None:
     telemetry.record_request(RequestRecord(kind, result.request_id, result.finish_reason, result.usage,
                                            result.timings, result.error,
                                            grammar_backend=getattr(result, "grammar_backend", None)))
+
+
+MAX_PIECE_TOKENS = 1 << 20  # token ids one token_pieces call may name (a 16 MiB body holds ~2M short ids)
+
+
+def checked_token_ids(tokens: Any, n_vocab: int) -> list[int]:
+    """`tokens` as token ids of a model with `n_vocab` of them; InvalidRequest (one line
+    naming the first wrong one) for anything else."""
+    if not isinstance(tokens, (list, tuple)):
+        raise InvalidRequest(f"tokens must be a list of token ids, got {type(tokens).__name__}")
+    if len(tokens) > MAX_PIECE_TOKENS:
+        raise InvalidRequest(f"tokens has {len(tokens)} ids; at most {MAX_PIECE_TOKENS} a request")
+    for i, t in enumerate(tokens):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+            raise InvalidRequest(f"tokens[{i}] = {str(t)[:40]} is not a token id of this model (0..{n_vocab - 1})")
+    return list(tokens)

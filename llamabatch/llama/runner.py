@@ -14,6 +14,8 @@ cpu_kernels.py (CPU weight layouts), chat_formats.py. Only llama/ imports llama_
 """
 from __future__ import annotations
 
+import ctypes
+
 import functools
 import time
 from typing import Any, Iterator
@@ -171,8 +173,8 @@ class LlamaRunner:
             text += f"; deterministic rows: tiles of {self.shapes.tile}, at least {self.shapes.min_rows}"
         return text
 
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
-        return self.vocab.tokenize(text, special=special)
+    def tokenize(self, text: str, *, special: bool, add_special: bool = True) -> list[int]:
+        return self.vocab.tokenize(text, special=special, add_special=add_special)
 
     def valid_guesses(self, sampler: Sampler, tokens: list[int]) -> int:
         return len(tokens) if sampler.matcher is None else sampler.matcher.valid_prefix(tokens)
@@ -182,6 +184,10 @@ class LlamaRunner:
 
     def token_bytes(self, token: int) -> bytes:
         return self.vocab.token_bytes(token)
+
+    def token_piece(self, token: int) -> bytes:
+        # a buffer of its own: called from a server's thread while the engine thread samples
+        return self.vocab.piece(token, special=True, buf=ctypes.create_string_buffer(256))
 
     def longest_token_bytes(self) -> int | None:
         return self.vocab.longest_token_bytes

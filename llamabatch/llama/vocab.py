@@ -24,14 +24,16 @@ class Vocabulary:
     def token_text(self, token: int) -> str:
         return self.piece(token, special=True).decode("utf-8", "replace")
 
-    def tokenize(self, text: str, *, special: bool) -> list[int]:
+    def tokenize(self, text: str, *, special: bool, add_special: bool = True) -> list[int]:
+        """`special`: special-token text becomes those tokens; `add_special`: the BOS (and EOS)
+        the model adds to every prompt."""
         data = text.encode("utf-8")
         cap = len(data) + 16
         arr = (C.llama_token * cap)()
-        n = C.llama_tokenize(self.ptr, data, len(data), arr, cap, True, special)
+        n = C.llama_tokenize(self.ptr, data, len(data), arr, cap, add_special, special)
         if n < 0:
             arr = (C.llama_token * -n)()
-            n = C.llama_tokenize(self.ptr, data, len(data), arr, -n, True, special)
+            n = C.llama_tokenize(self.ptr, data, len(data), arr, -n, add_special, special)
         return list(arr[:n])
 
     def piece(self, token: int, special: bool, buf: Any = None) -> bytes:

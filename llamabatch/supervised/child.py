@@ -4,7 +4,7 @@ only turns its outcome into the exit status).
 
 It runs an ordinary in-process Engine and speaks frames (the dataclasses in wire.py) with its parent:
 
-    stdin   parent -> child   Init once, then Submit / Cancel / Tokenize / Close
+    stdin   parent -> child   Init once, then Submit / Cancel / Tokenize / TokenPieces / Close
     stdout  child -> parent   Ready or LoadError once, then Batch: everything one tick
                               produced (items also carry notices, e.g. a chat-template fallback)
     stderr  llama.cpp's log lines and whatever C++ prints when it aborts; the parent keeps
@@ -83,7 +83,7 @@ class Link:
                 handle = self._handles.get(frame.pid)
                 if handle is not None:
                     handle.cancel()
-            elif isinstance(frame, wire.Tokenize):
+            elif isinstance(frame, (wire.Tokenize, wire.TokenPieces)):
                 self._tokenize(frame)
             elif isinstance(frame, wire.Close):
                 break
@@ -116,9 +116,13 @@ class Link:
                     self._pids[handle.request_id] = pid
         self._wake.set()
 
-    def _tokenize(self, call: wire.Tokenize) -> None:
+    def _tokenize(self, call: wire.Tokenize | wire.TokenPieces) -> None:
         try:
-            reply = wire.Tokenized(call.call_id, self.engine.tokenize(call.text, special=call.special))
+            if isinstance(call, wire.TokenPieces):
+                reply = wire.Tokenized(call.call_id, self.engine.token_pieces(call.tokens))
+            else:
+                reply = wire.Tokenized(call.call_id, self.engine.tokenize(call.text, special=call.special,
+                                                                            add_special=call.add_special))
         except Exception as exc:
             reply = wire.Tokenized(call.call_id, None,
                                    exc if isinstance(exc, LlamaBatchError) else RuntimeError(str(exc)))

@@ -212,19 +212,34 @@ class SupervisedEngine(EngineBase):
 
         return self.chat_template.render(validate_messages(messages), add_generation_prompt=True)
 
-    def tokenize(self, text: str, *, special: bool = False, timeout: float = 60.0) -> list[int]:
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True,
+                 timeout: float = 60.0) -> list[int]:
         """Tokenize in the child (the model lives there). Raises EngineClosed if it dies meanwhile."""
+        return self._ask_child(lambda call_id: wire.Tokenize(call_id, text, special, add_special), "tokenize",
+                               timeout)
+
+    def token_pieces(self, tokens: Seq[int], *, timeout: float = 60.0) -> list[bytes]:
+        """Each token's text, from the child (its vocabulary); InvalidRequest for an id it lacks."""
+        return self._ask_child(lambda call_id: wire.TokenPieces(call_id, list(tokens)), "token_pieces", timeout)
+
+    @property
+    def ready(self) -> bool:
+        # no lock: a health probe must not wait behind a caller holding it
+        return self._child is not None and not self._closing and self.fatal_error is None
+
+    def _ask_child(self, frame: Callable[[int], Any], what: str, timeout: float) -> Any:
+        """Send the child the frame `frame(call_id)` makes and wait for its Tokenized reply."""
         call = [threading.Event(), None, None]
         with self._lock:
             if self._closing or self._child is None:
                 raise EngineClosed("the engine is closed" if self._closing else "the engine process is restarting")
             call_id = next(self._call_ids)
             self._calls[call_id] = call
-            self._outgoing.put((self._child, wire.Tokenize(call_id, text, special)))
+            self._outgoing.put((self._child, frame(call_id)))
         if not call[0].wait(timeout):
             with self._lock:
                 self._calls.pop(call_id, None)
-            raise TimeoutError(f"tokenize took more than {timeout}s")
+            raise TimeoutError(f"{what} took more than {timeout}s")
         if call[2] is not None:
             raise call[2]
         return call[1]

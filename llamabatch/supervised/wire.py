@@ -1,7 +1,7 @@
 """Frames between the supervised engine and its child: the messages as small dataclasses, and
 their one encoder/decoder (a 4-byte length, then a pickle).
 
-    parent -> child   Init once, then Submit / Cancel / Tokenize / Close
+    parent -> child   Init once, then Submit / Cancel / Tokenize / TokenPieces / Close
     child -> parent   Ready or LoadError once, then Batch: everything one tick produced, as
                       items (Streamed, Finished, Started, Tick, Notice, Tokenized) and the
                       slot counts after it
@@ -57,6 +57,15 @@ class Tokenize:
     call_id: int
     text: str
     special: bool
+    add_special: bool = True
+
+
+@dataclass(frozen=True)
+class TokenPieces:
+    """Each token's text (engine.token_pieces); answered with a Tokenized holding the pieces."""
+
+    call_id: int
+    tokens: list[int]
 
 
 @dataclass(frozen=True)
@@ -126,10 +135,11 @@ class Notice:
 
 @dataclass(frozen=True)
 class Tokenized:
-    """The answer to Tokenize: the tokens, or the error it raised."""
+    """The answer to Tokenize (the tokens) or TokenPieces (the pieces, bytes each), or the
+    error it raised."""
 
     call_id: int
-    tokens: list[int] | None
+    tokens: list[int] | list[bytes] | None
     error: BaseException | None = None
 
 
@@ -150,8 +160,8 @@ class Batch:
     slots: SlotCounts
 
 
-Frame = Union[Init, Submit, Cancel, Tokenize, Close, Ready, LoadError, Batch]
-FRAMES = (Init, Submit, Cancel, Tokenize, Close, Ready, LoadError, Batch)
+Frame = Union[Init, Submit, Cancel, Tokenize, TokenPieces, Close, Ready, LoadError, Batch]
+FRAMES = (Init, Submit, Cancel, Tokenize, TokenPieces, Close, Ready, LoadError, Batch)
 
 
 # -- the encoder/decoder -----------------------------------------------------------------------

@@ -31,6 +31,13 @@ def serve_command(
         "--api-key", metavar="KEY", show_default=False,
         help=f"Requests must send 'Authorization: Bearer KEY' (also ${API_KEY_ENV}) \\[default: none, "
              "loopback only]")] = None,
+    health_without_key: Annotated[bool, typer.Option(
+        "--health-without-key",
+        help="GET /health answers without the API key (a probe that cannot send one), as llama-server's")] = False,
+    cors_origin: Annotated[Optional[list[str]], typer.Option(
+        "--cors-origin", metavar="ORIGIN", show_default=False,
+        help="Let web pages from ORIGIN (https://app.example.com; * for any) call the API from a browser; "
+             "repeat for more \\[default: none]")] = None,
     online_slots: Annotated[int, typer.Option(
         "--online-slots", min=0,
         help="Slots for online requests on top of --n-parallel, which batches keep to themselves (each costs "
@@ -73,7 +80,8 @@ def serve_command(
         service = Service(engine, folder, online_slots=online_slots,
                           job_settings={"allow_changed_settings": allow_changed_settings})
         try:
-            listening = listen(build_app(service, key), host, port, sock)
+            app = build_app(service, key, health_without_key=health_without_key, cors_origins=cors_origin or ())
+            listening = listen(app, host, port, sock)
             service.start()
             shown = f"[{host}]" if ":" in host else host
             env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "

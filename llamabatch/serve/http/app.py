@@ -3,20 +3,22 @@
 Security, in the order a request meets it: the Bearer check (auth.py) before any body is
 read; a JSON body read in chunks and refused past MAX_BODY_BYTES, then parsed with a depth
 bound; an upload streamed through its line check and refused past OpenAI's limits; ids
-checked before lookup (object_ids.py). No CORS middleware: browsers' cross-origin requests
-get no Access-Control-Allow-Origin header, so a web page cannot read the API. Errors of every
-kind leave in OpenAI's error body.
+checked before lookup (object_ids.py). CORS only for the origins the user names
+(`cors_origins`, Starlette's CORSMiddleware, outside the key check so a browser's preflight,
+which carries no key, is answered); without them a web page on another origin cannot read the
+API. Errors of every kind leave in OpenAI's error body.
 """
 from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from anyio import to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Match, Route
@@ -27,8 +29,10 @@ from .api_errors import ApiError, bad_request
 from .auth import BearerAuth
 from .client_gone import unless_client_leaves
 from .file_content import FileContent
+from .health import HEALTH_PATH, health_answer
 from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from .service import Service
+from . import tokens
 from .upload_check import too_large
 
 log = logging.getLogger("llamabatch.serve.http")
@@ -36,11 +40,17 @@ _BODY = "the request body"
 _MULTIPART_SLACK = 1 << 20  # form framing and the purpose field around an upload's bytes
 
 
-def build_app(service: Service, api_key: str | None = None) -> Starlette:
+def build_app(service: Service, api_key: str | None = None, *, health_without_key: bool = False,
+              cors_origins: Sequence[str] = ()) -> Starlette:
+    """`health_without_key`: GET /health answers without the key (probes that cannot send
+    one); `cors_origins`: the web origins whose pages may call the API (none by default)."""
     def path(request: Request, name: str) -> str:
         return request.path_params[name]
 
     routes = [
+        Route(HEALTH_PATH, _async(lambda r: health_answer(service.engine)), methods=["GET"]),
+        Route("/tokenize", _async(lambda r: _tokens(tokens.tokenize, service, r)), methods=["POST"]),
+        Route("/detokenize", _async(lambda r: _tokens(tokens.detokenize, service, r)), methods=["POST"]),
         Route("/v1/models", _async(lambda r: _json(_models(service))), methods=["GET"]),
         Route("/v1/models/{model_id:path}", _async(lambda r: _model(service, path(r, "model_id"))), methods=["GET"]),
         Route("/v1/files", _async(lambda r: _upload(service, r)), methods=["POST"]),
@@ -65,8 +75,13 @@ def build_app(service: Service, api_key: str | None = None) -> Starlette:
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left,
                 Exception: _server_error}
+    middleware = [Middleware(BearerAuth, api_key=api_key, open_paths=(HEALTH_PATH,) if health_without_key else ())]
+    if cors_origins:  # outermost: a preflight carries no key, and a 401 needs the CORS headers to be read
+        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(cors_origins),
+                                        allow_methods=["GET", "POST", "DELETE"],
+                                        allow_headers=["Authorization", "Content-Type"]))
     return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
-                     middleware=[Middleware(BearerAuth, api_key=api_key)])
+                     middleware=middleware)
 
 
 def _async(handler: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Response]]:
@@ -124,6 +139,11 @@ async def _body(request: Request) -> Any:
 def _too_large() -> ApiError:
     return ApiError(413, f"the request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB",
                     code="request_too_large")
+
+
+async def _tokens(answer: Callable[[Any, Any], Awaitable[dict[str, Any]]], service: Service,
+                  request: Request) -> Response:
+    return JSONResponse(await answer(service.engine, await _body(request)))
 
 
 async def _upload(service: Service, request: Request) -> Response:

@@ -13,12 +13,15 @@ from .api_errors import ApiError
 class BearerAuth:
     """Pure ASGI middleware (streamed responses pass through untouched)."""
 
-    def __init__(self, app: Any, api_key: str | None):
+    def __init__(self, app: Any, api_key: str | None, open_paths: tuple[str, ...] = ()):
+        """`open_paths`: paths answered without the key (GET /health with --health-without-key)."""
         self.app = app
         self.key = api_key.encode("utf-8") if api_key else None
+        self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.key is None or self._allowed(scope):
+        if (scope["type"] != "http" or self.key is None or scope.get("path") in self.open_paths
+                or self._allowed(scope)):
             await self.app(scope, receive, send)
             return
         body = json.dumps(ApiError(401, "Incorrect API key provided: give it as 'Authorization: Bearer KEY' "

@@ -84,6 +84,7 @@ class BatchLane:
     isolated = property(lambda self: self._engine.isolated)
     recovers_crashes = property(lambda self: self._engine.recovers_crashes)
     disk = property(lambda self: self._engine.disk)
+    ready = property(lambda self: self._engine.ready)
 
     def __enter__(self) -> "BatchLane":
         return self
@@ -100,8 +101,11 @@ class BatchLane:
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         return self._engine.subscribe(callback)
 
-    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
-        return self._engine.tokenize(text, special=special)
+    def tokenize(self, text: str, *, special: bool = False, add_special: bool = True) -> list[int]:
+        return self._engine.tokenize(text, special=special, add_special=add_special)
+
+    def token_pieces(self, tokens: Any) -> list[bytes]:
+        return self._engine.token_pieces(tokens)
 
     def save_prefix(self, prompt: Any, *, timeout: float | None = None) -> Any:
         return self._engine.save_prefix(prompt, timeout=timeout)

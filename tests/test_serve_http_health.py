@@ -1,0 +1,76 @@
+"""GET /health: 200 {"status": "ok"} while the engine serves, 503 {"status": "restarting"}
+while its supervised child is started again after a crash, never waiting on the engine; the API
+key asked of it unless the server was started with --health-without-key."""
+from __future__ import annotations
+
+import threading
+import time
+
+from http_server import raw, serving
+from supervised_child_runner import POISON, RESTART_MARK_ENV
+from test_serve_http_restart import start_server
+
+
+def _health(base: str, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    got = raw("GET", f"{base}/health", headers=headers)
+    return got.status, got.json()
+
+
+def test_health_is_ok_once_serving_and_models_is_unchanged(tmp_path):
+    with serving(tmp_path) as server:
+        base = server.base_url.removesuffix("/v1")
+        assert _health(base) == (200, {"status": "ok"})
+        assert [m.id for m in server.client().models.list()] == [server.engine.model_name]
+
+
+def test_health_says_503_once_the_engine_is_closed(tmp_path):
+    with serving(tmp_path) as server:
+        base = server.base_url.removesuffix("/v1")
+        server.engine.close()
+        status, body = _health(base)
+        assert status == 503 and body["status"] != "ok"
+
+
+def test_health_needs_the_key_unless_told_otherwise(tmp_path):
+    with serving(tmp_path / "a", api_key="sekrit") as server:
+        base = server.base_url.removesuffix("/v1")
+        assert _health(base)[0] == 401
+        assert _health(base, {"Authorization": "Bearer sekrit"}) == (200, {"status": "ok"})
+    with serving(tmp_path / "b", api_key="sekrit", health_without_key=True) as server:
+        base = server.base_url.removesuffix("/v1")
+        assert _health(base) == (200, {"status": "ok"})
+        # only /health is opened: every other route still wants the key
+        assert raw("GET", f"{base}/v1/models").status == 401
+
+
+def test_health_is_503_restarting_while_the_engine_child_restarts_then_ok_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(RESTART_MARK_ENV, str(tmp_path / "started-once"))
+    proc, client = start_server(tmp_path, tmp_path / "data", "aborts_on_poison_slow_restart",
+                                "--api-key", "sekrit", "--health-without-key")
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    seen: list[tuple[int, str, float]] = []
+    try:
+        assert _health(base) == (200, {"status": "ok"})
+        poisoned = threading.Thread(target=lambda: raw(
+            "POST", f"{base}/v1/chat/completions",
+            b'{"model": "any", "messages": [{"role": "user", "content": "' + POISON.encode() + b'"}]}',
+            {"Authorization": "Bearer sekrit", "Content-Type": "application/json"}), daemon=True)
+        poisoned.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            status, body = _health(base)
+            seen.append((status, body["status"], time.monotonic() - started))
+            if status == 200 and any(s == 503 for s, _, _ in seen) and not poisoned.is_alive():
+                break
+            time.sleep(0.02)
+        poisoned.join(30)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    states = [state for _, state, _ in seen]
+    assert "restarting" in states, states
+    assert {(s, state) for s, state, _ in seen} <= {(200, "ok"), (503, "restarting")}
+    assert states[-1] == "ok"
+    # a probe while the child loads (1.5 s a start) is answered at once, not when the load ends
+    assert max(took for _, _, took in seen) < 1.0, seen
