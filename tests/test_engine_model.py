@@ -200,7 +200,7 @@ def test_over_long_prompt_fails_alone(engine):
     results = engine.generate(["Hello there,", too_long, long_prompt(5), ""], GREEDY)
     assert [r.finish_reason for r in results] == [results[0].finish_reason, "error", results[2].finish_reason, "error"]
     assert results[0].ok and results[2].ok
-    assert results[1].error_code == "context_overflow" and str(engine.slot_ctx) in results[1].error
+    assert results[1].error_code == "context_overflow" and f"{engine.slot_ctx:,}" in results[1].error
     assert results[3].error_code == "invalid_request"
     assert all("\n" not in (r.error or "") for r in results)
 

@@ -282,6 +282,8 @@ class Scheduler:
                 if not self._preempt_for(self.waiting[0], idle):
                     break  # in order: what is behind it goes no sooner
                 open_slots = self._open_to(self.waiting[0], idle)
+                if len(self.waiting[0].members) > len(open_slots):
+                    break
             if not self._make_room(self.waiting[0], idle):
                 break  # a pool without room for it yet: in order, it waits for running requests to end
             seq = self.waiting.popleft()
