@@ -5,8 +5,9 @@
     503 {"status": "error", ...}   the engine can serve nothing more (fatal_error): restart serve
 
 It reads one flag of the engine (EngineAPI.ready) and never waits on it, so a hung or
-restarting engine process shows as a 503, never as a probe that hangs. `serve` listens only
-once the model has loaded (cli/serve/command.py), so before that a probe's connection is refused.
+restarting engine process shows as a 503, never as a probe that hangs. `serve` answers only once
+the model has loaded (cli/serve/command.py): before that its port accepts a probe's connection and
+leaves it unanswered, which a probe with a timeout reads as not ready.
 """
 from __future__ import annotations
 
