@@ -59,6 +59,23 @@ def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted_bit_for_bit_bes
     assert all(len(r.token_ids) > 3 for r in plain)  # both were mid-answer when it came
 
 
+def put_aside_after_three_tokens(e: Engine, prompt: str, params: SamplingParams):
+    """(the request's result, the urgent one's): `prompt` alone in one slot, put aside by a
+    priority -1 request once it has 3 tokens."""
+    three = threading.Event()
+    seen = [0]
+
+    def on_event(_handle, event) -> None:
+        seen[0] += len(getattr(event, "token_ids", []) or [])
+        if seen[0] >= 3:
+            three.set()
+
+    low = e.submit(prompt, params, callback=on_event)
+    assert three.wait(120)
+    urgent = e.submit("The capital of France is", URGENT).result(timeout=300)
+    return low.result(timeout=300), urgent
+
+
 @pytest.mark.parametrize("prompt, params", zip(PROMPTS, (GREEDY, SEEDED)), ids=["greedy", "seeded"])
 def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted(family, prompt, params):
     """Default mode, one slot, so nothing but the pause differs between the arms: outside
@@ -69,18 +86,7 @@ def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted(family, prompt,
     config = EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2, cache_prompt=False)
     with Engine(config) as e:
         plain = e.submit(prompt, params).result(timeout=300)
-        three = threading.Event()
-        seen = [0]
-
-        def on_event(_handle, event) -> None:
-            seen[0] += len(getattr(event, "token_ids", []) or [])
-            if seen[0] >= 3:
-                three.set()
-
-        low = e.submit(prompt, params, callback=on_event)
-        assert three.wait(120)
-        urgent = e.submit("The capital of France is", URGENT).result(timeout=300)
-        resumed = low.result(timeout=300)
+        resumed, urgent = put_aside_after_three_tokens(e, prompt, params)
     assert urgent.finish_reason in ("stop", "length") and urgent.token_ids
     assert resumed.timings.preemptions == 1 and resumed.timings.paused_ms > 0
     assert len(plain.token_ids) > 3  # mid-answer when it came
@@ -100,18 +106,7 @@ def test_a_resumed_slot_leaves_its_prompt_prefix_to_the_next_request(family, det
         e.submit(PROMPTS[0], GREEDY).result(timeout=300)
         unpreempted = e.submit(later, GREEDY).result(timeout=300)
     with Engine(config) as e:
-        three = threading.Event()
-        seen = [0]
-
-        def on_event(_handle, event) -> None:
-            seen[0] += len(getattr(event, "token_ids", []) or [])
-            if seen[0] >= 3:
-                three.set()
-
-        low = e.submit(PROMPTS[0], GREEDY, callback=on_event)
-        assert three.wait(120)
-        urgent = e.submit("The capital of France is", URGENT).result(timeout=300)
-        low_result = low.result(timeout=300)
+        low_result, urgent = put_aside_after_three_tokens(e, PROMPTS[0], GREEDY)
         after = e.submit(later, GREEDY).result(timeout=300)
     assert low_result.timings.preemptions == 1 and urgent.token_ids
     assert unpreempted.usage.cached_tokens >= 4  # at least "List three facts about" (and BOS)
