@@ -37,11 +37,17 @@ def submit_when(runner: FakeRunner, engine_of, ready, prompt: str, urgent: Sampl
     return submitted
 
 
-def test_an_urgent_request_parks_every_sample_of_a_lower_n_request_and_each_resumes_unchanged():
-    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=seeded)
+def urgent_once_every_slot_decodes(n_slots: int, urgent: SamplingParams) -> tuple[FakeRunner, Engine, dict]:
+    """A runner, its engine, and `urgent` submitted from the first plan decoding in every slot."""
+    runner = FakeRunner(n_slots=n_slots, slot_ctx=256, n_batch=64, reply=seeded)
     engine = engine_over(runner)
-    submitted = submit_when(runner, lambda: engine, lambda plan: sum(c.is_decode for c in plan.chunks) == 2,
-                            "urgent", params(priority=-1, max_tokens=4))
+    submitted = submit_when(runner, lambda: engine, lambda plan: sum(c.is_decode for c in plan.chunks) == n_slots,
+                            "urgent", urgent)
+    return runner, engine, submitted
+
+
+def test_an_urgent_request_parks_every_sample_of_a_lower_n_request_and_each_resumes_unchanged():
+    runner, engine, submitted = urgent_once_every_slot_decodes(2, params(priority=-1, max_tokens=4))
     with engine:
         low = engine.submit("low", params(priority=1000, n=2, seed=4)).result(timeout=WAIT)
         high = submitted["high"].result(timeout=WAIT)
@@ -71,10 +77,7 @@ def test_a_request_parked_while_its_samples_wait_for_the_prompt_resumes_and_fork
 
 
 def test_an_urgent_n_request_parks_as_many_lower_requests_as_it_needs_slots():
-    runner = FakeRunner(n_slots=3, slot_ctx=256, n_batch=64, reply=seeded)
-    engine = engine_over(runner)
-    submitted = submit_when(runner, lambda: engine, lambda plan: sum(c.is_decode for c in plan.chunks) == 3,
-                            "urgent", params(priority=-1, n=2, seed=20, max_tokens=4))
+    runner, engine, submitted = urgent_once_every_slot_decodes(3, params(priority=-1, n=2, seed=20, max_tokens=4))
     with engine:
         with engine.hold():  # admitted together
             lows = [engine.submit(f"low{i}", params(priority=5 - i, seed=i)) for i in range(3)]
@@ -89,10 +92,7 @@ def test_an_urgent_n_request_parks_as_many_lower_requests_as_it_needs_slots():
 
 
 def test_an_urgent_n_request_parks_nobody_when_the_lower_ones_cannot_free_enough_slots():
-    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64, reply=seeded)
-    engine = engine_over(runner)
-    submitted = submit_when(runner, lambda: engine, lambda plan: sum(c.is_decode for c in plan.chunks) == 2,
-                            "urgent", params(priority=-1, n=2, seed=30, max_tokens=4))
+    runner, engine, submitted = urgent_once_every_slot_decodes(2, params(priority=-1, n=2, seed=30, max_tokens=4))
     with engine:
         with engine.hold():
             equal = engine.submit("eq", params(priority=-1, seed=3))  # as urgent: never parked for it
