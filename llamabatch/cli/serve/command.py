@@ -15,7 +15,7 @@ from ..engine_options import EngineOptions, with_engine_options
 from ..exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 
 API_KEY_ENV = "LLAMABATCH_API_KEY"
-SERVE_EXTRA = "llamabatch serve needs the serve extra (Starlette, uvicorn, python-multipart): pip install 'llamabatch[serve]'"
+SERVE_EXTRA = "llamabatch serve needs the serve extra (Starlette, uvicorn, python-multipart, prometheus_client): pip install 'llamabatch[serve]'"
 
 
 @with_engine_options

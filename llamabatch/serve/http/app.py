@@ -31,6 +31,7 @@ from .client_gone import unless_client_leaves
 from .file_content import FileContent
 from .health import HEALTH_PATH, health_answer
 from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
+from .metrics import METRICS_PATH, ServerMetrics, metrics_answer
 from .service import Service
 from . import tokens
 from .upload_check import too_large
@@ -47,8 +48,11 @@ def build_app(service: Service, api_key: str | None = None, *, health_without_ke
     def path(request: Request, name: str) -> str:
         return request.path_params[name]
 
+    metrics = ServerMetrics(service)  # a registry of this server's own; it needs the key as every route does
+    service.online.on_result = metrics.request_ended
     routes = [
         Route(HEALTH_PATH, _async(lambda r: health_answer(service.engine)), methods=["GET"]),
+        Route(METRICS_PATH, _async(lambda r: metrics_answer(metrics)), methods=["GET"]),
         Route("/tokenize", _async(lambda r: _tokens(tokens.tokenize, service, r)), methods=["POST"]),
         Route("/detokenize", _async(lambda r: _tokens(tokens.detokenize, service, r)), methods=["POST"]),
         Route("/v1/models", _async(lambda r: _json(_models(service))), methods=["GET"]),
@@ -174,7 +178,11 @@ async def _create_batch(service: Service, request: Request) -> Response:
 
 
 async def _online(service: Service, url: str, request: Request) -> Response:
-    prepared = service.online.prepare(url, await _body(request))
+    try:
+        prepared = service.online.prepare(url, await _body(request))
+    except ApiError:
+        service.online.on_result(url, None)  # refused: /metrics counts it
+        raise
     if prepared.stream:
         events = await unless_client_leaves(request, service.online.open_stream(prepared))
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

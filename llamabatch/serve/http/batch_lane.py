@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 from ...core.engine_base import EngineBase
@@ -51,6 +52,7 @@ class LaneHandle:
     def _event(self, _inner: Any, event: Any) -> None:
         if isinstance(event, (Result, EmbeddingResult)):  # deltas: a batch line writes its whole result
             self._lane._ended_one()  # the next line goes in before this one's record is written
+            self._lane.generated_tokens += event.usage.completion_tokens  # /metrics' tokens/s (a GIL-atomic add)
             self._end(event)
 
     def _end(self, result: Any) -> None:
@@ -68,6 +70,8 @@ class BatchLane:
         self._sent = 0
         self._stopped = False
         self._lock = threading.RLock()
+        self.generated_tokens = 0  # by this lane's lines: a batch's tokens/s in /metrics
+        self.started = time.monotonic()
 
     # The rest of the engine API (api.EngineAPI) is the engine's own: what the job reads of the
     # engine (its model, slots, health, totals) is the engine's, whichever lane it goes through.

@@ -40,11 +40,14 @@ class OnlineRequest:
 
 class Online:
     """`running`: online requests submitted and not yet ended (the batch lane leaves them slots);
-    `on_end()` is called, on the engine's thread, whenever one ends."""
+    `on_end()` is called, on the engine's thread, whenever one ends; `on_result(url, result)`
+    too, with its terminal Result, or None when it was refused before it reached the engine
+    (/metrics counts them)."""
 
     def __init__(self, engine: EngineAPI, on_end: Callable[[], None] = lambda: None):
         self.engine = engine
         self.on_end = on_end
+        self.on_result: Callable[[str, Any], None] = lambda url, result: None
         self.running = 0
         self._lock = threading.Lock()
 
@@ -133,6 +136,7 @@ class Online:
         def counted(handle: Any, event: Any) -> None:
             if not isinstance(event, Delta):
                 self._ended()
+                self.on_result(item.url or CHAT_URL, event)
             callback(handle, event)
 
         with self._lock:
@@ -144,6 +148,7 @@ class Online:
             return self.engine.submit(item.prompt, item.params, stream=stream, callback=counted)
         except LlamaBatchError as exc:  # refused before it was queued: it never ends on its own
             self._ended()
+            self.on_result(item.url or CHAT_URL, None)
             if isinstance(exc, QueueFull):
                 raise ApiError(429, str(exc), code="queue_full") from None
             if isinstance(exc, EngineClosed):

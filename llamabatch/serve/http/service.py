@@ -70,6 +70,11 @@ class Service:
         (its KV kept) when every slot is busy."""
         return self.inflight
 
+    def running_batch_lanes(self) -> dict[str, BatchLane]:
+        """The running batch's lane by its id (what /metrics reads a batch's tokens/s from)."""
+        batch_id, lane = self.queue.running_id, self._lane
+        return {batch_id: lane} if batch_id is not None and lane is not None else {}
+
     def _online_ended(self) -> None:
         lane = self._lane
         if lane is not None:
