@@ -102,3 +102,24 @@ def test_an_urgent_n_request_parks_nobody_when_the_lower_ones_cannot_free_enough
     assert [r.timings.preemptions for r in results] == [0, 0]  # one slot could be freed, two are needed
     assert [s.text for s in high.samples] == [seeded("u", 30)[:4], seeded("u", 31)[:4]]
     assert runner.violations == []
+
+
+def test_a_request_whose_other_sample_ended_is_parked_and_resumed_with_the_sample_still_running():
+    # sample 0 (seed 4) answers long, sample 1 (seed 5) at once; "mid" takes the slot it leaves
+    runner = FakeRunner(n_slots=2, slot_ctx=256, n_batch=64,
+                        reply=lambda prompt, seed: "x" if seed % 2 else "abcdefghijklmno")
+    engine = engine_over(runner)
+    submitted = submit_when(runner, lambda: engine,
+                            lambda plan: len({c.request_id for c in plan.chunks if c.is_decode}) == 2,
+                            "urgent", params(priority=-1, n=2, seed=40, max_tokens=4))
+    with engine:
+        with engine.hold():
+            low = engine.submit("low", params(priority=5, n=2, seed=4))
+            mid = engine.submit("mid", params(priority=5, seed=6))  # behind low: it takes the ended sample's slot
+        low_result, mid_result = low.result(timeout=WAIT), mid.result(timeout=WAIT)
+        high = submitted["high"].result(timeout=WAIT)
+    assert len(high.samples) == 2 and runner.plans_with(high.request_id)[0].call == submitted["at"] + 1
+    assert [s.text for s in low_result.samples] == ["abcdefghijklmno", "x"]
+    assert [s.timings.preemptions for s in low_result.samples] == [1, 0]  # the ended one stays ended
+    assert mid_result.timings.preemptions == 1 and mid_result.text == "abcdefghijklmno"
+    assert runner.violations == []

@@ -99,6 +99,19 @@ class Parked:
 FAIR_SHARE = 8
 
 
+def running_samples(seq: Sequence) -> list[Sequence]:
+    """The samples of seq's request that have not ended (an n-request's end one by one)."""
+    return [m for m in seq.members if not m.finished]
+
+
+def slots_wanted(seq: Sequence) -> int:
+    """The slots a queued request takes at once: one a sample; for one put aside, one for each
+    sample it put aside (its samples that had ended stay ended)."""
+    if seq.parked is None:
+        return len(seq.members)
+    return sum(1 for m in seq.members if m.parked is not None)
+
+
 def priority_key(seq: Sequence) -> tuple[int, int]:
     """Who goes first: lower priority value, then arrival (request ids are given in order)."""
     return (seq.params.priority, seq.request_id)
@@ -243,7 +256,7 @@ class Scheduler:
                 return True
         # an n-request at the head of the queue needs n idle slots (nothing overtakes it), and in
         # a pool the room it may come to hold
-        if not self.waiting or idle < len(self.waiting[0].members):
+        if not self.waiting or idle < slots_wanted(self.waiting[0]):
             return False
         kept = sum(len(s.cached) for s in self.slots if s.seq is None)  # idle caches give way
         return self._room_left() + kept >= self.reserved_for(self.waiting[0])
@@ -277,12 +290,12 @@ class Scheduler:
             if idle and not self._open_to(self.waiting[0], idle):
                 self._urgent_first()  # only reserved slots are free: an urgent request behind the head takes one
             open_slots = self._open_to(self.waiting[0], idle)
-            if len(self.waiting[0].members) > len(open_slots):
+            if slots_wanted(self.waiting[0]) > len(open_slots):
                 # an n-request takes n slots at once; in order, so nothing overtakes it meanwhile
                 if not self._preempt_for(self.waiting[0], idle):
                     break  # in order: what is behind it goes no sooner
                 open_slots = self._open_to(self.waiting[0], idle)
-                if len(self.waiting[0].members) > len(open_slots):
+                if slots_wanted(self.waiting[0]) > len(open_slots):
                     break
             if not self._make_room(self.waiting[0], idle):
                 break  # a pool without room for it yet: in order, it waits for running requests to end
@@ -395,14 +408,14 @@ class Scheduler:
         fair share. Parks nothing when the victims could not free enough."""
         if self.park is None:
             return False
-        need = len(head.members) - len(self._open_to(head, idle))
+        need = slots_wanted(head) - len(self._open_to(head, idle))
         victims = sorted(self._preemptible(head), key=priority_key, reverse=True)
         chosen, freed = [], 0
         for victim in victims:
             if freed >= need:
                 break
             chosen.append(victim)
-            freed += len(victim.members)
+            freed += len(running_samples(victim))
         if freed < need or not chosen:
             return False
         for victim in chosen:
@@ -410,7 +423,8 @@ class Scheduler:
         return True
 
     def _preemptible(self, head: Sequence) -> list[Sequence]:
-        """Running requests (their first sample) of lower priority than `head` that may be parked now."""
+        """Running requests of lower priority than `head` that may be parked now, by their first
+        sample (the one queued: a request whose first sample has ended is not parked)."""
         changing = ({t.slot for t in self._trims} | set(self._restoring)
                     | {f.src_slot for f in self._forks} | {f.dst_slot for f in self._forks})
         plain = (Status.PREFILLING, Status.GENERATING, Status.FORKING)
@@ -419,7 +433,7 @@ class Scheduler:
             seq = slot.seq
             if seq is None or seq.index != 0 or seq.protected or seq.params.priority <= head.params.priority:
                 continue
-            members = seq.members
+            members = running_samples(seq)
             if all(m.slot is not None and m.slot not in changing and m.status in plain and not m.sampling_apart
                    and self.slots[m.slot].seq is m for m in members):
                 out.append(seq)
@@ -430,7 +444,7 @@ class Scheduler:
         before any plan changes the slot; none for a sample still waiting for the prompt's fork),
         back in the queue in its place by priority and arrival, its slots to `idle`."""
         now = time.perf_counter()
-        for member in seq.members:
+        for member in running_samples(seq):
             slot = self.slots[member.slot]  # type: ignore[index]
             payload = None
             if member.status != Status.FORKING:
@@ -459,7 +473,7 @@ class Scheduler:
         sample is evaluated again from the start (a sample that was waiting for the prompt's
         fork waits for it again)."""
         out = []
-        for member in seq.members:
+        for member in (m for m in seq.members if m.parked is not None):
             slot = min((s for s in open_slots if s in idle), key=lambda s: (s.last_used, s.slot_id))
             idle.remove(slot)
             fresh.add(slot.slot_id)
