@@ -73,13 +73,16 @@ class KvCache:
         # Trust, but verify: a sliding-window cache can report success after the cells the
         # continuation needs have already been reused (keep_floor says when), and when every
         # cell it still held was past n_keep, what is left is nothing at all.
-        needed_from = max(0, n_keep - self.n_swa) if self.n_swa else 0
-        if (C.llama_memory_seq_rm(self.mem, slot, n_keep, -1)
-                and 0 <= C.llama_memory_seq_pos_min(self.mem, slot) <= needed_from
-                and self.next_pos(slot) == n_keep):
+        if C.llama_memory_seq_rm(self.mem, slot, n_keep, -1) and self._continues_at(slot, n_keep):
             return True
         C.llama_memory_seq_rm(self.mem, slot, -1, -1)
         return False
+
+    def _continues_at(self, seq: int, n: int) -> bool:
+        """Whether sequence `seq` holds positions up to n - 1 and, of the window layers, the
+        last n_swa positions before n: what evaluating position n needs (keep_floor's rule)."""
+        needed_from = max(0, n - self.n_swa) if self.n_swa else 0
+        return self.next_pos(seq) == n and 0 <= C.llama_memory_seq_pos_min(self.mem, seq) <= needed_from
 
     def fork(self, fork: Fork) -> bool:
         """Apply one plan.Fork. Between per-slot streams: copy the source's whole stream, then
@@ -101,8 +104,7 @@ class KvCache:
             if not C.llama_memory_seq_rm(self.mem, dst, n, -1):
                 C.llama_memory_seq_rm(self.mem, dst, -1, -1)
                 raise RuntimeError(f"could not trim the copy of slot {src} in slot {dst} to {n} tokens")
-        lowest = C.llama_memory_seq_pos_min(self.mem, dst)  # cell metadata is copied at once, data later
-        if self.next_pos(dst) != n or lowest < 0 or (self.n_swa and lowest > max(0, n - self.n_swa)):
-            C.llama_memory_seq_rm(self.mem, dst, -1, -1)
-            return False
-        return True
+        if self._continues_at(dst, n):  # cell metadata is copied at once, the data later
+            return True
+        C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        return False
