@@ -33,9 +33,10 @@ class Slot:
     slot_id: int
     cached: list[int] = field(default_factory=list)  # tokens whose KV sits in this slot, by position
     last_used: float = 0.0
-    # A slot restored from the disk prefix store (or forked from one) can keep a prefix of its
-    # tokens only from the restored end on: llama.cpp restores just the last n_swa positions of
-    # Gemma 3's window layers (plan.Restore). 0: any prefix.
+    # The shortest prefix of its tokens the slot can keep. A slot restored from the disk prefix
+    # store (or forked from one) keeps one only from the restored end on: llama.cpp restores just
+    # the last n_swa positions of Gemma 3's window layers (plan.Restore); and in a cache the slots
+    # share, neighbours may take its early window cells (Runner.keep_floor). 0: any prefix.
     floor: int = 0
     seq: Sequence | None = None
 
