@@ -368,6 +368,10 @@ class EngineCore(EngineBase):
         events = self.scheduler.update(plan, result)
         for wanted in self.scheduler.take_saves():  # before any event ends a request and frees its slot
             self._save(wanted)
+        # recorded before any event is delivered, so a caller who has its result sees the tick in stats();
+        # the forced tokens requests took: a forced run cut by a stop or max_tokens counts only its kept part
+        self._record_tick(plan, result, active, t_start, t_planned, forced=sum(e.forced for e in events),
+                          accepted=sum(e.accepted for e in events))
         for event in events:
             self._deliver(event)
         for slot, (error, code) in result.failed.items():
@@ -376,9 +380,6 @@ class EngineCore(EngineBase):
                 self._end(seq, "error", error, code)
         if result.apart:
             self._launch(plan, result)
-        # the forced tokens requests took: a forced run cut by a stop or max_tokens counts only its kept part
-        self._record_tick(plan, result, active, t_start, t_planned, forced=sum(e.forced for e in events),
-                          accepted=sum(e.accepted for e in events))
 
     def _save(self, wanted: SaveWanted) -> None:
         """Snapshot a slot that holds exactly a prefix worth keeping, on this thread (a copy of
