@@ -1,4 +1,4 @@
-"""The disk prefix store (issue 29), measured in one process run, A B A B, ratios per pair:
+"""The disk prefix store, measured in one process run, A B A B, ratios per pair:
 
   (1) `llamabatch chat -c` on a saved ~3,000-token conversation: time to the first reply token
       with the store (the last turn's KV is restored from disk) and without it

@@ -1,4 +1,4 @@
-"""Prefix-aware ordering in `llamabatch run` (issue 29): a file of 4 long instructions
+"""Prefix-aware ordering in `llamabatch run`: a file of 4 long instructions
 interleaved line by line, run in read order (--reorder-window 1) and reordered (the default
 window, 4 x slots), alternating A B A B in one process run.
 

@@ -1,4 +1,4 @@
-"""`llamabatch serve`'s targets (issues 40 and 46), each as paired A B A B runs with ratios.
+"""`llamabatch serve`'s targets, each as paired A B A B runs with ratios.
 
     python benchmarks/serve_batches.py [--lines 1000] [--tokens 16] [--slots 8] [--threads 2] [--no-isolate] [-m MODEL]
                                        [--online-slots 0] [--no-online-each-second | --online-only] [--vary-tokens] [--no-kv-unified] [--trace]

@@ -7,7 +7,7 @@ One engine on the bundled model (the load is not timed). A: `--plain` greedy req
 `json_schema = {"enum": ["v0", ..., "v<enum-1>"]}` (each of its tokens costs llama.cpp's
 grammar sampler seconds to minutes on a 262,144-token vocabulary). A B A B: each pair prints
 the plain requests' mean and worst decode time (first token to last) and time to last
-result, and the B/A ratios (issue 28's target: decode time within 2x). B cancels the enum
+result, and the B/A ratios (the aim: decode time within 2x). B cancels the enum
 request once the plain ones are done, and the next run starts only after its sampling
 thread has stopped. Each pair also prints the process's CPU seconds in both runs and how many of B's went to the
 sampling thread: on a shared machine, where wall times swing with other jobs, that says

@@ -1,4 +1,4 @@
-"""Speculative decoding from the text itself (issue 38) side by side, in one process run.
+"""Speculative decoding from the text itself side by side, in one process run.
 
 Workloads (SmolLM2-135M-Instruct by default; chat lines rendered with the engine's template,
 the same token ids for every side; greedy):

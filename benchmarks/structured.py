@@ -1,4 +1,4 @@
-"""Structured output (JSON schemas as llguidance token masks, issue 37) side by side, in one process run.
+"""Structured output (JSON schemas as llguidance token masks) side by side, in one process run.
 
 Three modes; each measures and prints (figures on stdout, progress on stderr), never asserts on time.
 

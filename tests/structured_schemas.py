@@ -1,4 +1,4 @@
-"""Twenty JSON schemas and extraction prompts for structured output (issue 37): flat and nested
+"""Twenty JSON schemas and extraction prompts for structured output: flat and nested
 objects, arrays, enum, const, anyOf, $ref/$defs, required, additionalProperties false, string
 length and pattern, number ranges. Every string, array and number is bounded (a number's
 fraction digits by multipleOf), so an answer always ends within max_tokens and can be validated

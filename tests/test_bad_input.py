@@ -1,5 +1,5 @@
-"""Regression tests for inputs that once hung, crashed or ended a whole run (issue 16's
-defects), on the scripted FakeRunner: lone surrogates, unparseable JSON, long stop strings,
+"""Regression tests for inputs that once hung, crashed or ended a whole run, on the scripted
+FakeRunner: lone surrogates, unparseable JSON, long stop strings,
 NUL-filled lines, and any unexpected exception while a request is prepared.
 
 Each must cost exactly its own line: one error record / event with a code and the id when

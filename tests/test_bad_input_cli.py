@@ -1,4 +1,4 @@
-"""Issue 16's defects through the installed commands on the bundled model: each once hung a
+"""Bad inputs through the installed commands on the bundled model: each once hung a
 run, ended it, slowed the batch by tens of seconds or printed a traceback."""
 from __future__ import annotations
 

@@ -260,7 +260,7 @@ def test_colour_only_on_a_terminal_without_no_color(recorded, tty, no_color, pla
     ("{not json", "not JSON"),
     ("[1, 2]", "the top level is not an object"),
     ('{"levels": []}', "levels: missing or empty"),
-    pytest.param("[" * 100_000 + "]" * 100_000, "deeper than", id="deep"),  # issue 36: a RecursionError traceback
+    pytest.param("[" * 100_000 + "]" * 100_000, "deeper than", id="deep"),  # once a RecursionError traceback
     pytest.param(b"\x00\xff", "not UTF-8", id="not-utf8"),
 ])
 def test_a_file_that_is_not_a_bench_document_is_one_line(tmp_path, content, message):
@@ -279,7 +279,7 @@ def test_a_file_that_is_not_a_bench_document_is_one_line(tmp_path, content, mess
     (lambda d: d["levels"][0].update(n_parallel=0), "levels[0].n_parallel: not an integer >= 1"),
     (lambda d: d.update(baseline={"requests": 3}), "levels[0].speedup: missing"),
     (lambda d: d["levels"][0]["trace"]["all"].pop("mean_fill_ms"), "levels[0].trace.all.mean_fill_ms: missing"),
-    # issue 36: each of these once ended in a traceback (AttributeError, OverflowError, TypeError)
+    # each of these once ended in a traceback (AttributeError, OverflowError, TypeError)
     (lambda d: d.update(settings="x"), "settings: not an object"),
     (lambda d: d["levels"][0].update(n_parallel=10 ** 400), "levels[0].n_parallel: not an integer >= 1"),
     (lambda d: d["levels"][0]["latency"].update(mean_ttft_ms=10 ** 400), "levels[0].latency.mean_ttft_ms: not a finite"),

@@ -108,7 +108,7 @@ def adds_up(block: dict[str, str]) -> bool:
 
 
 def test_total_duration_counts_the_load_as_ollamas_does():
-    # issue 36: "total duration: 313ms" under "load duration: 383ms", and a total of 1.27s
+    # once: "total duration: 313ms" under "load duration: 383ms", and a total of 1.27s
     # beside load 0.435s + prompt eval 1.208s + eval 0.061s
     result = Result(0, "hi", [1], "stop", Usage(prompt_tokens=6, completion_tokens=3),
                     Timings(prompt_ms=1208.0, decode_ms=61.0))

@@ -1,4 +1,4 @@
-"""`chat` with n_ctx auto (issue 50): a conversation may grow to the model's trained context
+"""`chat` with n_ctx auto: a conversation may grow to the model's trained context
 where the KV memory allowed holds it (llamabatch/chat/context_size.py), on the fake runner."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""n_ctx auto under a max_memory too small for slots of a default 4,096 tokens (issue 66 item
-7): each slot gets what max_memory holds beside the weights (llama/context_sizing.slot_in_memory,
+"""n_ctx auto under a max_memory too small for slots of a default 4,096 tokens:
+each slot gets what max_memory holds beside the weights (llama/context_sizing.slot_in_memory,
 asking the engine's own memory check), in every front end (run, its dry run, serve-stdin,
 serve's extra slots, chat, the library's open_engine), and the dry run says what the run does.
 

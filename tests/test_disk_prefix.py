@@ -155,7 +155,7 @@ def test_a_slot_reusing_its_own_cache_saves_the_shared_part_once(tmp_path):
     assert len(list(tmp_path.rglob("*.kv"))) == 1
 
 
-# -- a store folder that can never work (issue 36) ----------------------------------------------
+# -- a store folder that can never work ---------------------------------------------------------
 
 
 def cli_run(tmp_path, monkeypatch, store: str):

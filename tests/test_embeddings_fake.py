@@ -100,7 +100,7 @@ def test_too_long_input_errors_or_truncates():
 
 
 def test_megabytes_of_input_are_refused_or_cut_without_tokenizing_them():
-    # issue 36 D2: more bytes than n_batch of the longest tokens (4 on the fake) can spell is
+    # more bytes than n_batch of the longest tokens (4 on the fake) can spell is
     # context_overflow before tokenizing; with truncate only a prefix is tokenized, and the
     # vector is the one of the first 10 tokens, as for a short text
     runner = FakeRunner(embed_max_tokens=10)

@@ -345,7 +345,7 @@ def test_decode_failure_fails_only_that_batch_and_the_engine_keeps_serving():
 # -- bad input -----------------------------------------------------------------------------------
 
 def test_a_prompt_too_long_by_its_bytes_fails_without_being_tokenized():
-    # issue 36 D2: llama.cpp tokenizes long runs of spaces in about quadratic time, so a 16 MB
+    # llama.cpp tokenizes long runs of spaces in about quadratic time, so a 16 MB
     # cell stalled every other row; more bytes than a slot of the longest tokens can spell is
     # context_overflow before tokenizing (the fake's tokens are one character, 4 bytes at most)
     runner = FakeRunner(n_slots=2, slot_ctx=50, reply=lambda p: "ok")

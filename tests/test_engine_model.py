@@ -81,7 +81,7 @@ def test_sixteen_prompts_through_eight_slots_finish_in_input_order(engine):
 
 
 def test_megabytes_of_spaces_fail_fast_and_the_others_run(engine):
-    # issue 36 D2: tokenizing a long run of spaces is about quadratic in llama.cpp (640k took
+    # tokenizing a long run of spaces is about quadratic in llama.cpp (640k took
     # 3.6 s), so 2 MB of them held the submitting thread for ~30 s; now refused by their bytes
     # (more than 1024 tokens of at most 48 bytes each) before tokenizing
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""`run --dry-run` with n_ctx auto (issue 50): the estimate reports the context the run would
+"""`run --dry-run` with n_ctx auto: the estimate reports the context the run would
 choose (llama/context_sizing.plan_context over every line's need) and flags only the lines
 that can never fit. On the scripted fake runner (one token per character); the fake model
 file has no GGUF header, so the model's facts are given by the tests where they matter."""

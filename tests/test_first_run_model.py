@@ -1,8 +1,8 @@
 """The README's first command, as a new user runs it: `llamabatch run examples/prompts.jsonl`
 with no model named, after the README's install (which puts the chat-tuned SmolLM2 there).
 
-Issue 36: the bundled Gemma 3 270M base model answered the file's chat lines by echoing their
-instructions ("You are a model. Answer in one or two short sentences… mendatang").
+Guards against the bundled Gemma 3 270M base model answering the file's chat lines by echoing their
+instructions, as it once did ("You are a model. Answer in one or two short sentences… mendatang").
 """
 from __future__ import annotations
 

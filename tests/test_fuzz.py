@@ -216,7 +216,7 @@ def _read_all(fd: int) -> bytes:
     return b"".join(parts)
 
 
-# -- files read whole (issue 36) ------------------------------------------------------------------
+# -- files read whole ---------------------------------------------------------------------------
 # Each reader of a file the user names or the tool wrote earlier (a grammar, a schema, a template,
 # the config file, the run manifest, a bench --json document, a chat transcript) takes random bytes
 # and damaged JSON: it returns, or raises its one-line error type, never anything else; and what

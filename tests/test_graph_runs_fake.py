@@ -1,4 +1,4 @@
-"""The scheduler's chunk order (issue 30): a tick's chunks go to llama.cpp in slot order, so
+"""The scheduler's chunk order: a tick's chunks go to llama.cpp in slot order, so
 with a KV stream per slot the rows of consecutive slots share a ubatch (one graph run), and
 each tick's telemetry says how many graph runs its batch made. On the fake runner: the same
 tokens are evaluated, each once (the runner checks every position), whatever the order."""

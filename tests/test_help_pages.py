@@ -2,7 +2,7 @@
 
 Help texts go through rich markup (rich_markup_mode="rich"), where a bracketed spelling such as
 `NAME[/CONFIG]` reads as a closing tag: `llamabatch run --help` once exited 1 with rich's
-MarkupError (issue 36). The command tree is walked from the app itself, so a command added
+MarkupError. The command tree is walked from the app itself, so a command added
 later is covered without touching this file.
 """
 from __future__ import annotations

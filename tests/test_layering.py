@@ -1,7 +1,7 @@
 """The layers of llamabatch, as rules read from the source with `ast` (as test_import_graph.py
 reads the import graph: lazy imports count, `if TYPE_CHECKING:` ones do not).
 
-From the bottom up (../shared/design.md and issue 39's target tree):
+From the bottom up (../shared/design.md):
 
     value types   the modules at the root (config, params, results, errors, api, version), with
                   files/, checks/, openai_format/ and constraints/ beside them

@@ -1,4 +1,4 @@
-"""GGUF candidates that are not regular files (issue 28, reproducer 6): a FIFO named *.gguf
+"""GGUF candidates that are not regular files: a FIFO named *.gguf
 used to hang `llamabatch models` (in a scanned store) and `run -m x.gguf`, because open()
 on a FIFO waits for a writer. Each call here runs in a thread with a deadline, so a
 regression fails the test instead of hanging the suite. No model is loaded."""

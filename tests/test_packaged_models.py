@@ -167,7 +167,7 @@ def test_the_chat_tuned_default_applies_only_when_no_layer_names_a_model(monkeyp
         out = chat(args, env)
         assert out.exit_code == 0, out.stderr
         assert out.engines[0].config.model == str(mine)
-    # run takes it too (issue 36: chat lines answered by the base model), and says why in its header;
+    # run takes it too (so chat lines are not answered by the base model), and says why in its header;
     # -m gemma is the bundled base model by name
     out = invoke(["run", "-", "--n-parallel", "1"], input='{"prompt": "hi"}\n', runner=runner_for(reply=lambda p: " x"))
     assert out.exit_code == 0 and out.engines[0].config.model == str(packaged_file), out.stderr

@@ -1,4 +1,4 @@
-"""A prompt too long for its request (issue 66 item 8): one wording, the right advice, from
+"""A prompt too long for its request: one wording, the right advice, from
 the engine (run, serve-stdin, serve and the library all submit through it) and from `run
 --dry-run`. A prompt at least as long as the model's trained context can only be shortened:
 "raise --n-ctx, or --kv-unified" cannot help it. On the scripted fake runner (one token a

@@ -1,4 +1,4 @@
-"""Resources checked before they are taken (issue 28, reproducers 1 and 5): the KV cache and
+"""Resources checked before they are taken (a billion-token context, more threads than CPUs): the KV cache and
 weights a configuration needs against the memory available and `max_memory`, and the thread
 count against the CPUs. Figures are computed from GGUF metadata as llama.cpp sizes its
 cache; the CLI tests use the real engine factory, which refuses before any model loads."""

@@ -1,4 +1,4 @@
-"""Long jobs (issue 26): `run --dry-run`, the run manifest, the settings fingerprint on
+"""Long jobs: `run --dry-run`, the run manifest, the settings fingerprint on
 --resume, --error-file, --retry-failed and its crash-safe merge, the OUTPUT lock, and
 `llamabatch report`. On the scripted fake runner in-process; the bundled-model end to end
 with a kill -9 during --retry-failed is at the bottom (marked `model`)."""
@@ -210,7 +210,7 @@ def test_error_file_must_differ_from_output(tmp_path):
     assert proc.returncode == 2 and "regular file" in proc.stderr
 
 
-# issue 36: `--error-file OUTPUT.manifest.json` was accepted; the error records went there and the
+# `--error-file OUTPUT.manifest.json` was once accepted; the error records went there and the
 # manifest was then renamed over them, so those lines had no record anywhere
 OWN_FILES = {
     "the manifest": lambda d: d / "out.jsonl.manifest.json",
@@ -458,7 +458,7 @@ def _damaged(manifest: dict, **fields) -> bytes:
     return json.dumps({**manifest, **fields}).encode()
 
 
-# issue 36: each of these once ended `run --resume` (with the override too) or `report` in a traceback
+# each of these once ended `run --resume` (with the override too) or `report` in a traceback
 DAMAGED_MANIFESTS = {
     "bytes": lambda m: b"\x00\xff",
     "history not a list": lambda m: _damaged(m, history="x"),

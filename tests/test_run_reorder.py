@@ -1,4 +1,4 @@
-"""Prefix-aware ordering in `llamabatch run` (issue 29): lines start grouped by shared prompt
+"""Prefix-aware ordering in `llamabatch run`: lines start grouped by shared prompt
 prefix inside a bounded read-ahead window (start_order.py), while records keep --order,
 every line is answered exactly once and --resume is unchanged. The choice itself is tested
 pure; the run on the scripted fake runner, in-process (the engine's submit order recorded)."""

@@ -1,4 +1,4 @@
-"""`run -o` to a stream (issue 28, reproducer 7): a pipe, a FIFO or /dev/stdout used to be
+"""`run -o` to a stream: a pipe, a FIFO or /dev/stdout used to be
 refused with Python's raw "File or stream is not seekable"; a pipe is a normal place to send
 output. --resume cannot read a stream back: refused with one line, before the stream is
 opened. In-process on the fake runner."""

@@ -154,7 +154,7 @@ def test_run_whose_engine_crashes_on_everything_is_one_engine_error_not_the_line
 
 
 def test_sigterm_while_the_model_loads_leaves_no_child(tmp_path):
-    """Issue 28's first reproducer: the parent exited on SIGTERM and the child, busy loading
+    """A child left behind: the parent exited on SIGTERM and the child, busy loading
     (not reading its stdin), went on growing. Now it dies with the parent."""
     inp = write_lines(tmp_path / "in.jsonl", slow_lines(2, max_tokens=4))
     proc = start(["run", str(inp), "-m", fake_gguf(tmp_path), *FAST], "slow_load")

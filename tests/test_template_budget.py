@@ -1,4 +1,4 @@
-"""Chat templates render within a step, time and size budget (issue 28, reproducer 2): a
+"""Chat templates render within a step, time and size budget: a
 template that loops 10^10 times used to stall every request for minutes. Past the budget
 the render is that request's one-line invalid_request, and a GGUF's own template that
 exceeds it at the load-time probe falls back to llama.cpp's built-in format."""

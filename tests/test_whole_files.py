@@ -1,4 +1,4 @@
-"""Files the command line reads whole (issue 36): a grammar, a JSON schema, a prompt template.
+"""Files the command line reads whole: a grammar, a JSON schema, a prompt template.
 Each is read through llamabatch.files.whole_file: at most a bounded number of bytes (a device or a
 huge file never fills memory), decoded as UTF-8 and parsed as JSON with every failure one
 line naming the flag and the file, exit 2. No model is loaded."""
@@ -122,7 +122,7 @@ def test_the_reader_reads_a_pipe_up_to_the_bound(tmp_path):
         os.close(read_end)
 
 
-# -- the other files read whole (issue 36's pass over them) -----------------------------------
+# -- the other files read whole ----------------------------------------------------------------
 
 
 def test_bench_prompts_from_a_device_that_never_ends_is_one_line():
