@@ -81,6 +81,12 @@ def slow_load(config):
     return fake(config)
 
 
+def loads_in_3s(config):
+    """The fake after a 3 s "model load": long enough to probe the server while it loads."""
+    time.sleep(3)
+    return fake(config)
+
+
 RESTART_MARK_ENV = "LLAMABATCH_TEST_RESTART_MARK"  # a file path: its presence says "not the first start"
 
 
@@ -102,5 +108,5 @@ def choice(name: str = "fake") -> RunnerChoice:
 
 
 for _runner in (fake, always_aborts, slow_grammar, slow, hangs_on_prompt, aborts_on_poison, aborts_after_two_steps,
-                slow_load, aborts_on_poison_slow_restart):
+                slow_load, loads_in_3s, aborts_on_poison_slow_restart):
     register_runner(_runner.__name__, _runner)

@@ -3,8 +3,14 @@ while its supervised child is started again after a crash, never waiting on the 
 key asked of it unless the server was started with --health-without-key."""
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 import time
+
+import fake_cli
+from child_tools import child_env, fake_gguf
 
 from http_server import raw, serving
 from supervised_child_runner import POISON, RESTART_MARK_ENV
@@ -74,3 +80,43 @@ def test_health_is_503_restarting_while_the_engine_child_restarts_then_ok_again(
     assert states[-1] == "ok"
     # a probe while the child loads (1.5 s a start) is answered at once, not when the load ends
     assert max(took for _, _, took in seen) < 1.0, seen
+
+
+LOADING = re.compile(r"loading the model; http://127\.0\.0\.1:(\d+)/health")
+
+
+def test_health_is_503_loading_until_the_model_is_loaded_and_other_routes_say_why(tmp_path):
+    args = ["serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "-m", fake_gguf(tmp_path),
+            "--n-parallel", "2", "--n-ctx", "512", "--threads", "1", "--prefix-store", "off",
+            "--api-key", "sekrit", "--health-without-key"]
+    proc = subprocess.Popen([sys.executable, fake_cli.PATH, "loads_in_3s", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=child_env())
+    killer = threading.Timer(60, proc.kill)
+    killer.start()
+    try:
+        port = LOADING.search(proc.stderr.readline())
+        assert port, "serve did not say where it answers while loading"
+        base = f"http://127.0.0.1:{port.group(1)}"
+        started = time.monotonic()
+        assert _health(base) == (503, {"status": "loading"})
+        assert time.monotonic() - started < 1.0  # answered at once, not when the load ends
+        chat = raw("POST", f"{base}/v1/chat/completions", b'{"model": "any", "messages": []}',
+                   {"Authorization": "Bearer sekrit", "Content-Type": "application/json"})
+        assert chat.status == 503 and chat.json()["error"]["code"] == "model_loading"
+        assert chat.headers["retry-after"] == "1"
+        # the key is asked while loading as after
+        assert raw("GET", f"{base}/v1/models").status == 401
+        states = []
+        while time.monotonic() - started < 30:
+            status, body = _health(base)
+            states.append(body["status"])
+            if status == 200:
+                break
+            time.sleep(0.05)
+        assert states[-1] == "ok" and set(states) == {"loading", "ok"}, states
+        models = raw("GET", f"{base}/v1/models", headers={"Authorization": "Bearer sekrit"})
+        assert models.status == 200
+    finally:
+        killer.cancel()
+        proc.kill()
+        proc.wait(10)

@@ -137,7 +137,9 @@ def test_serve_failing_before_its_batches_start_says_one_line(tmp_path, monkeypa
 
     monkeypatch.setattr(server, "listen", no_listening)
     result = _serve_on(tmp_path, "--port", "0")
-    assert (result.exit_code, result.stderr) == (2, "llamabatch: error: no listening today\n")
+    loading, error = result.stderr.splitlines()  # where the port answers while the model loads, then the error
+    assert result.exit_code == 2 and loading.startswith("llamabatch serve: loading the model; http://127.0.0.1:")
+    assert error == "llamabatch: error: no listening today"
     assert len(result.engines) == 1  # it got past the engine: the queue was built, never started
 
 

@@ -63,6 +63,7 @@ def serve_command(
         from ...serve.http.server import bind, check_bind, listen
         from ...serve.http.service import Service
         from ...serve.http.data_dir import default_data_dir
+        from ...serve.http.loading import answering_while_loading, loading_app
     except ImportError as exc:
         raise InvalidRequest(f"{SERVE_EXTRA} ({exc.name} is missing)") from None
     key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -72,7 +73,12 @@ def serve_command(
     # the address first: a port taken or a host not of this machine is one line, before the model loads
     sock = bind(host, port)
     try:
-        engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
+        shown = f"[{host}]" if ":" in host else host
+        env.say(f"llamabatch serve: loading the model; http://{shown}:{sock.getsockname()[1]}/health answers "
+                "503 until it is ready")
+        with answering_while_loading(sock, loading_app(key, health_without_key=health_without_key,
+                                                       cors_origins=cors_origin or ())):
+            engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
     except BaseException:
         sock.close()
         raise
@@ -83,7 +89,6 @@ def serve_command(
             app = build_app(service, key, health_without_key=health_without_key, cors_origins=cors_origin or ())
             listening = listen(app, host, port, sock)
             service.start()
-            shown = f"[{host}]" if ":" in host else host
             env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
                     f"({_slots(engine.stats().n_parallel - online_slots, online_slots, resolved.engine.kv_unified)}, "
                     f"data in {service.data.root})")

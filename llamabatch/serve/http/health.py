@@ -5,9 +5,8 @@
     503 {"status": "error", ...}   the engine can serve nothing more (fatal_error): restart serve
 
 It reads one flag of the engine (EngineAPI.ready) and never waits on it, so a hung or
-restarting engine process shows as a 503, never as a probe that hangs. `serve` answers only once
-the model has loaded (cli/serve/command.py): before that its port accepts a probe's connection and
-leaves it unanswered, which a probe with a timeout reads as not ready.
+restarting engine process shows as a 503, never as a probe that hangs. While the model loads,
+loading.py answers instead: 503 {"status": "loading"}.
 """
 from __future__ import annotations
 
