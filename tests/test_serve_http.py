@@ -73,7 +73,7 @@ def test_cancel_writes_the_partial_output_and_counts_it(tmp_path):
 
 
 def test_a_queued_batch_cancelled_before_it_starts_never_runs(tmp_path):
-    with serving(tmp_path / "data", step_delay=0.02) as server:
+    with serving(tmp_path / "data", step_delay=0.02, max_concurrent_batches=1) as server:  # the second waits
         client = server.client()
         f = client.files.create(file=("in.jsonl", batch_file(30)), purpose="batch")
         first = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
@@ -87,7 +87,8 @@ def test_a_queued_batch_cancelled_before_it_starts_never_runs(tmp_path):
 
 def test_a_batch_past_its_completion_window_expires_with_what_it_did(tmp_path):
     late = [0.0]
-    with serving(tmp_path / "data", step_delay=0.02, clock=lambda: time.time() + late[0]) as server:
+    with serving(tmp_path / "data", step_delay=0.02, clock=lambda: time.time() + late[0],
+                 max_concurrent_batches=1) as server:  # the second waits, and expires waiting
         client = server.client()
         f = client.files.create(file=("in.jsonl", batch_file(60)), purpose="batch")
         running = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")

@@ -97,9 +97,9 @@ def test_online_requests_are_answered_while_two_batches_run(tmp_path):
         batches = [wait_batch(client, batch_id, ended) for batch_id in ids]
         outputs = [records(client, b.output_file_id) for b in batches]
     assert answers == {i: f"answer {i}" for i in range(100, 108)}
-    assert during in ("validating", "in_progress")  # the second batch waited its turn or had just begun
+    assert during in ("in_progress", "completed")  # the second batch ran beside the first, not after it
     assert [b.status for b in batches] == ["completed", "completed"]
-    assert batches[0].completed_at <= batches[1].in_progress_at  # one at a time, in order
+    assert batches[1].in_progress_at <= batches[0].completed_at  # side by side
     for prefix, out in zip("ab", outputs):
         assert sorted(r["custom_id"] for r in out) == sorted(f"{prefix}{i}" for i in range(40))
 

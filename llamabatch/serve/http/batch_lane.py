@@ -5,8 +5,10 @@ Why a lane and not the job's own `max_inflight`: the lane keeps the waiting line
 sends the next one from the engine's own callback, as the previous one ends, so the slot is
 refilled in the same tick, and the engine never holds more batch lines than the service
 allows (service.batch_inflight: every slot and one queued behind each, or with --online-slots N
-the slots less N). Online requests have a higher priority than batch lines (online.py): the
-engine admits them before queued batch lines and, when every slot is busy, puts one aside.
+the slots less N). Those places are shared by every running batch's lane (batch_share.py):
+a lane sends a line when the share hands it a place. Online requests have a higher priority
+than batch lines (online.py): the engine admits them before queued batch lines and, when every
+slot is busy, puts one aside.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ...core.engine_base import EngineBase
 from ...errors import LlamaBatchError
 from ...results import EmbeddingResult, Result
 from ...openai_format import error_result
+from .batch_share import BatchShare
 
 
 class LaneHandle:
@@ -63,13 +66,17 @@ class LaneHandle:
 
 
 class BatchLane:
-    def __init__(self, engine: Any, batch_slots: Callable[[], int]):
+    """`share`: the places every running batch's lane takes turns at (batch_share.py), or a
+    count of places (a lane alone: a share of its own)."""
+
+    def __init__(self, engine: Any, share: BatchShare | Callable[[], int]):
         self._engine = engine
-        self._slots = batch_slots
+        self._share = share if isinstance(share, BatchShare) else BatchShare(share)
         self._held: collections.deque = collections.deque()
-        self._sent = 0
+        self.sent = 0  # this lane's lines in the engine now (the share hands places to the fewest)
         self._stopped = False
-        self._lock = threading.RLock()
+        self._lock = self._share.lock  # one lock for all lanes: a place is taken and given under it
+        self._share.join(self)
         self.generated_tokens = 0  # by this lane's lines: a batch's tokens/s in /metrics
         self.started = time.monotonic()
 
@@ -119,7 +126,10 @@ class BatchLane:
     embed = EngineBase.embed
 
     def close(self, timeout: float | None = None) -> None:
-        self.stop()  # the lane closes; the engine is the service's, closed when the service stops
+        """The batch is over: the lane stops and leaves the share; the engine is the service's,
+        closed when the service stops."""
+        self.stop()
+        self._share.leave(self)
 
     def kill(self) -> None:
         self._engine.kill()
@@ -136,7 +146,7 @@ class BatchLane:
         with self._lock:
             if not self._stopped:
                 self._held.append((handle, send))
-                self._feed()
+                self._share.feed()
                 return handle
         _end_cancelled(handle)
         return handle
@@ -152,25 +162,31 @@ class BatchLane:
             _end_cancelled(handle)
 
     def feed(self) -> None:
-        """Send what the slots now allow (an online request ended, so batch lines may have more)."""
-        with self._lock:
-            self._feed()
+        """Send what the places now allow (an online request ended, so batch lines may have more)."""
+        self._share.feed()
 
-    def _feed(self) -> None:
-        while self._held and self._sent < self._slots():
-            handle, send = self._held.popleft()
-            self._sent += 1
-            try:
-                handle.inner = send()
-            except LlamaBatchError as exc:  # the engine refuses (closed): this line still ends, once
-                self._sent -= 1
-                ended = error_result(exc.code, str(exc))
-                handle._end(EmbeddingResult.ended(ended) if handle.kind == "embed" else ended)
+    @property
+    def waiting(self) -> bool:
+        return bool(self._held)
+
+    def send_next(self) -> bool:
+        """The share gave this lane a place (under its lock): the next held line goes to the
+        engine; False when the engine refused it (closed), the line ended with that error."""
+        handle, send = self._held.popleft()
+        self.sent += 1
+        try:
+            handle.inner = send()
+        except LlamaBatchError as exc:  # the engine refuses (closed): this line still ends, once
+            self.sent -= 1
+            ended = error_result(exc.code, str(exc))
+            handle._end(EmbeddingResult.ended(ended) if handle.kind == "embed" else ended)
+            return False
+        return True
 
     def _ended_one(self) -> None:
         with self._lock:
-            self._sent -= 1
-            self._feed()
+            self.sent -= 1
+            self._share.ended_one()
 
     def _drop(self, handle: LaneHandle) -> bool:
         """Cancel a line not yet sent: it ends cancelled without reaching the engine."""

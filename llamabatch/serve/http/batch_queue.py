@@ -1,5 +1,7 @@
-"""The batch queue: one thread runs the unfinished batches one at a time, oldest first, each as
-a job of llamabatch.jobs (`start`, below) on the service's engine.
+"""The batch queue: every unfinished batch runs at once, each in a thread of its own as a job
+of llamabatch.jobs (`start`, below) on the service's engine, which the running batches share
+(batch_share.py); `max_running` (serve's --max-concurrent-batches) bounds how many run, the
+oldest first, the rest waiting in the order they were created (1: one at a time, in order).
 
 A batch's job writes its records beside a manifest, so a batch survives the server: at start
 the queue picks up every batch the catalogue says is unfinished, and a batch that was
@@ -27,22 +29,28 @@ from .records import (CANCELLED, CANCELLING, COMPLETED, ENDED, EXPIRED, FAILED, 
 
 log = logging.getLogger("llamabatch.serve.http")
 
-# start(input, output, error_file, resume) -> a started llamabatch.jobs.Job
-JobStart = Callable[[str, str, str, bool], Any]
+# start(batch_id, input, output, error_file, resume) -> a started job: a llamabatch.jobs.Job's
+# cancel, next_event and wait, and close() once it has ended (its lane leaves the engine's share)
+JobStart = Callable[[str, str, str, str, bool], Any]
 COUNTS_EVERY_S = 0.5  # how often a running batch's request_counts reach the catalogue
 POLL_S = 0.2  # how often the runner looks for cancel, expiry and shutdown while no event comes
 
 
 class BatchQueue:
-    def __init__(self, catalogue: Catalogue, data: DataDir, start: JobStart, clock: Callable[[], float] = time.time):
+    def __init__(self, catalogue: Catalogue, data: DataDir, start: JobStart, clock: Callable[[], float] = time.time,
+                 max_running: int | None = None):
+        if max_running is not None and max_running < 1:
+            raise ValueError(f"max_running must be at least 1 (None: no bound), got {max_running}")
         self.catalogue = catalogue
         self.data = data
         self.start_job = start
         self.clock = clock
+        self.max_running = max_running
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._lock = threading.Lock()
-        self._running: tuple[str, Any] | None = None  # (batch id, its Job)
+        self._runners: dict[str, threading.Thread] = {}  # batch id -> the thread running it
+        self._running: dict[str, Any] = {}  # batch id -> its job, once started
         self._thread = threading.Thread(target=self._loop, name="llamabatch-batches", daemon=True)
 
     def start(self) -> None:
@@ -53,21 +61,27 @@ class BatchQueue:
         self._wake.set()
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop: the running job's lines in flight are cancelled (no record; the next start
-        resumes the batch), its files closed whole; queued batches stay queued."""
+        """Stop: the running jobs' lines in flight are cancelled (no record; the next start
+        resumes each batch), their files closed whole; queued batches stay queued."""
         self._closing.set()
         self._wake.set()
         with self._lock:
-            running = self._running
-        if running is not None:
-            running[1].cancel(in_flight=True)
+            jobs = list(self._running.values())
+        for job in jobs:
+            job.cancel(in_flight=True)
+        deadline = None if timeout is None else time.monotonic() + timeout
         if self._thread.ident is not None:  # never started: the server failed before start()
             self._thread.join(timeout)
+        with self._lock:
+            runners = list(self._runners.values())  # none starts once the loop has ended
+        for runner in runners:
+            runner.join(None if deadline is None else max(deadline - time.monotonic(), 0))
 
     @property
-    def running_id(self) -> str | None:
+    def running_ids(self) -> list[str]:
+        """The batches whose job runs now, oldest first."""
         with self._lock:
-            return self._running[0] if self._running else None
+            return list(self._running)
 
     def cancel(self, batch_id: str) -> BatchRecord:
         """POST /v1/batches/{id}/cancel for a batch that exists."""
@@ -84,26 +98,48 @@ class BatchQueue:
                 self.catalogue.update_batch(batch_id, now, status=CANCELLED)
             else:
                 self.catalogue.update_batch(batch_id, now, status=CANCELLING)
-                if self._running is not None and self._running[0] == batch_id:
-                    self._running[1].cancel()
+                job = self._running.get(batch_id)
+                if job is not None:  # only this batch's job: the others run on
+                    job.cancel()
         return self.catalogue.batch(batch_id)  # type: ignore[return-value]
 
     # -- the queue's thread ---------------------------------------------------------------
 
     def _loop(self) -> None:
         while not self._closing.is_set():
-            batch = next(iter(self.catalogue.batches_in(UNFINISHED)), None)
-            if batch is None:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            try:
-                self._run(batch)
-            except Exception as exc:  # a bug must cost this batch, never the queue
-                log.exception("batch %s failed", batch.id)
-                self._fail(batch.id, "internal_error", f"{type(exc).__name__}: {exc}")
+            self._start_due()
+            self._wake.wait(1.0)  # a batch created or ended sets it; the second is for expiry in the queue
+            self._wake.clear()
+
+    def _start_due(self) -> None:
+        """A thread for each unfinished batch not running yet, oldest first, up to max_running."""
+        for batch in self.catalogue.batches_in(UNFINISHED):
+            with self._lock:
+                if self._closing.is_set():
+                    return
+                if batch.id in self._runners:
+                    continue
+                if self.max_running is not None and len(self._runners) >= self.max_running:
+                    return
+                runner = threading.Thread(target=self._run_one, args=(batch,), daemon=True,
+                                          name=f"llamabatch-{batch.id}")
+                self._runners[batch.id] = runner
+            runner.start()
+
+    def _run_one(self, batch: BatchRecord) -> None:
+        try:
+            self._run(batch)
+        except Exception as exc:  # a bug must cost this batch, never the queue or the other batches
+            log.exception("batch %s failed", batch.id)
+            self._fail(batch.id, "internal_error", f"{type(exc).__name__}: {exc}")
+        finally:
+            with self._lock:
+                del self._runners[batch.id]
+            self._wake.set()  # its place may go to a batch waiting for one
 
     def _run(self, batch: BatchRecord) -> None:
+        if self._closing.is_set():  # the server stops before this batch's turn came: it keeps its status
+            return
         input_file = self.catalogue.file(batch.input_file_id)
         if input_file is None:
             self._fail(batch.id, "input_file_missing", f"input file {batch.input_file_id} was deleted")
@@ -121,7 +157,7 @@ class BatchQueue:
             return
         resume = os.path.exists(paths.output)
         try:
-            job = self.start_job(paths.input, paths.output, paths.errors, resume)
+            job = self.start_job(batch.id, paths.input, paths.output, paths.errors, resume)
         except SettingsChanged as exc:
             self._fail(batch.id, "settings_changed",
                        "cannot resume this batch: the server's settings differ from those it started with: "
@@ -132,16 +168,19 @@ class BatchQueue:
             self._fail(batch.id, exc.code, str(exc), paths)
             return
         with self._lock:
-            self._running = (batch.id, job)
-            # a cancel that came while the job was starting stops it now
-            if self.catalogue.batch(batch.id).status == CANCELLING:  # type: ignore[union-attr]
+            self._running[batch.id] = job
+            # a stop or a cancel that came while the job was starting stops it now
+            if self._closing.is_set():
+                job.cancel(in_flight=True)
+            elif self.catalogue.batch(batch.id).status == CANCELLING:  # type: ignore[union-attr]
                 job.cancel()
         try:
             expired = self._follow(batch, job, paths, resume)
             report = job.wait()
         finally:
             with self._lock:
-                self._running = None
+                del self._running[batch.id]
+            job.close()
         if self._closing.is_set():
             return  # stays in_progress (or cancelling): the next start resumes it
         if report.error is not None and not report.cancelled:

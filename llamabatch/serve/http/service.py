@@ -13,6 +13,7 @@ from ...jobs import JobHost, start_job
 from .api_errors import ApiError, bad_request, not_found
 from .batch_lane import BatchLane
 from .batch_queue import BatchQueue
+from .batch_share import BatchShare
 from .batch_requests import new_batch
 from .catalogue import Catalogue
 from .data_dir import DataDir
@@ -42,7 +43,9 @@ def batch_inflight(n_parallel: int, online_slots: int, reserved_slots: int = 0) 
 class Service:
     def __init__(self, engine: EngineAPI, data_dir: str, *, online_slots: int = 0,
                  clock: Callable[[], float] = time.time, job_settings: dict[str, Any] | None = None,
-                 upload_limits: UploadLimits = UploadLimits()):
+                 upload_limits: UploadLimits = UploadLimits(), max_concurrent_batches: int | None = None):
+        """`max_concurrent_batches`: how many batches run at once, sharing the engine (None: all
+        that have not ended; 1: one at a time, in the order they were created)."""
         self.engine = engine
         self.upload_limits = upload_limits
         self.clock = clock
@@ -53,9 +56,10 @@ class Service:
         self.n_parallel = stats.n_parallel
         self.online_slots = online_slots
         self.inflight = batch_inflight(self.n_parallel, online_slots, stats.reserved_slots)
-        self._lane: BatchLane | None = None
+        self.share = BatchShare(self.batch_slots)  # the batch places, handed to the running batches in turn
+        self._lanes: dict[str, BatchLane] = {}  # batch id -> its lane, while its job runs
         self.job_settings = dict(job_settings or {})
-        self.queue = BatchQueue(self.catalogue, self.data, self._start_job, clock)
+        self.queue = BatchQueue(self.catalogue, self.data, self._start_job, clock, max_concurrent_batches)
 
     def start(self) -> None:
         self.queue.start()
@@ -71,25 +75,28 @@ class Service:
         return self.inflight
 
     def running_batch_lanes(self) -> dict[str, BatchLane]:
-        """The running batch's lane by its id (what /metrics reads a batch's tokens/s from)."""
-        batch_id, lane = self.queue.running_id, self._lane
-        return {batch_id: lane} if batch_id is not None and lane is not None else {}
+        """Every running batch's lane by its id (what /metrics reads each batch's tokens/s from)."""
+        return dict(self._lanes)  # a copy: batches start and end in their own threads
 
     def _online_ended(self) -> None:
-        lane = self._lane
-        if lane is not None:
-            lane.feed()
+        self.share.feed()
 
-    def _start_job(self, input: str, output: str, errors: str, resume: bool) -> Any:
+    def _start_job(self, batch_id: str, input: str, output: str, errors: str, resume: bool) -> Any:
         # The job sees the engine through a lane (batch_lane.py), which decides when each line
-        # reaches the engine; the job keeps run's window of lines started ahead (4 per slot).
+        # reaches the engine, taking its turn at the places every running batch shares
+        # (batch_share.py); the job keeps run's window of lines started ahead (4 per slot).
         # order="completion": OpenAI's output files are in no particular order, and records written
         # as lines finish make request_counts move at once and hold nothing back in memory.
-        lane = self._lane = BatchLane(self.engine, self.batch_slots)
-        job = start_job(input, output, engine=lane, error_file=errors, resume=resume, input_format="jsonl",
-                        order="completion", max_inflight=4 * self.n_parallel,
-                        host=JobHost(argv=("llamabatch", "serve")), **self.job_settings)
-        return LaneJob(job, lane)
+        lane = BatchLane(self.engine, self.share)
+        try:
+            job = start_job(input, output, engine=lane, error_file=errors, resume=resume, input_format="jsonl",
+                            order="completion", max_inflight=4 * self.n_parallel,
+                            host=JobHost(argv=("llamabatch", "serve")), **self.job_settings)
+        except BaseException:
+            lane.close()
+            raise
+        self._lanes[batch_id] = lane
+        return LaneJob(job, lane, lambda: self._lanes.pop(batch_id, None))
 
     @property
     def model_name(self) -> str:
@@ -171,11 +178,17 @@ class Service:
 
 
 class LaneJob:
-    """A batch's job with its lane: cancelling it also keeps the lines the lane holds from starting."""
+    """A batch's job with its lane: cancelling it also keeps the lines the lane holds from starting,
+    and closing it (once the job has ended) takes the lane out of the share and of /metrics."""
 
-    def __init__(self, job: Any, lane: BatchLane):
+    def __init__(self, job: Any, lane: BatchLane, on_close: Callable[[], Any] = lambda: None):
         self.job = job
         self.lane = lane
+        self._on_close = on_close
+
+    def close(self) -> None:
+        self.lane.close()
+        self._on_close()
 
     def cancel(self, *, in_flight: bool = False) -> None:
         self.job.cancel(in_flight=in_flight)
