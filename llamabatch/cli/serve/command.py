@@ -43,6 +43,10 @@ def serve_command(
         help="Slots for online requests on top of --n-parallel, which batches keep to themselves (each costs "
              "one slot's KV cache, and on a CPU a decode row more than the batch's). 0: none; online requests "
              "still go first (a higher priority), putting a batch line aside when every slot is busy")] = 0,
+    max_concurrent_batches: Annotated[Optional[int], typer.Option(
+        "--max-concurrent-batches", metavar="N", min=1, show_default=False,
+        help="Batches that run at once, sharing the engine's slots in turn; the rest wait, in the order "
+             "they were created (1: one at a time) \\[default: every batch that has not ended]")] = None,
     isolate: Annotated[bool, typer.Option(
         "--isolate/--no-isolate",
         help="Run llama.cpp in a supervised child process: a request that crashes it costs a restart of the "
@@ -56,7 +60,7 @@ def serve_command(
     env: Environment,
 ) -> None:
     """Serve OpenAI's Files and Batches API and /v1/chat/completions, /v1/completions and
-    /v1/embeddings on one engine: batches run one at a time, in order, and survive restarts;
+    /v1/embeddings on one engine: batches run side by side, sharing it, and survive restarts;
     online requests go ahead of batch lines. Until Ctrl-C or SIGTERM."""
     try:
         from ...serve.http.app import build_app
@@ -83,7 +87,7 @@ def serve_command(
         sock.close()
         raise
     try:
-        service = Service(engine, folder, online_slots=online_slots,
+        service = Service(engine, folder, online_slots=online_slots, max_concurrent_batches=max_concurrent_batches,
                           job_settings={"allow_changed_settings": allow_changed_settings})
         try:
             app = build_app(service, key, health_without_key=health_without_key, cors_origins=cors_origin or ())
