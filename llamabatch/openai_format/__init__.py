@@ -7,6 +7,7 @@ jobs/ and serve/ import the names below, never the modules behind them (tests/te
   logprobs.py       OpenAI's logprobs shapes from a result's token logprobs
   embed_records.py  embeddings lines and records; embed_vectors.py the vectors' encodings
   fields.py         the field checks serve-stdin's requests share with lines
+  responses_request.py, responses_object.py  a /v1/responses body as a chat turn; the response object
 """
 from .embed_records import EmbedLine
 from .embed_vectors import check_encoding, encode as encode_vector
@@ -14,10 +15,13 @@ from .fields import check_messages, check_prompt, is_int, is_request_id, json_ki
 from .lines import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, OPENAI, URLS, LineError, LineParser,
                     LineRequest, build_record, duplicate_id_error, error_result, failed, is_unnamed_error,
                     record_error_code, record_id)
+from .responses_object import message_item, new_message_id, new_response_id, output_text, output_text_part, response_object
+from .responses_request import RESPONSES_URL, ResponsesRequest, take_online_fields
 
 __all__ = [
     "CHAT_URL", "COMPLETIONS_URL", "EMBEDDINGS_URL", "OPENAI", "URLS", "EmbedLine", "LineError", "LineParser",
     "LineRequest", "build_record", "check_encoding", "check_messages", "check_prompt", "duplicate_id_error",
     "encode_vector", "error_result", "failed", "is_int", "is_request_id", "is_unnamed_error", "json_kind",
-    "record_error_code", "record_id",
+    "record_error_code", "record_id", "RESPONSES_URL", "ResponsesRequest", "message_item", "new_message_id",
+    "new_response_id", "output_text", "output_text_part", "response_object", "take_online_fields",
 ]

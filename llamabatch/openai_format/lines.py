@@ -29,11 +29,13 @@ from .fields import check_messages, check_prompt, is_int, is_request_id, json_ki
 from ..results import EmbeddingResult, Result, Timings, Usage
 from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedding_body, plain_embedding_record)
 from .logprobs import chat_logprobs, completion_logprobs
+from .responses_object import response_object
+from .responses_request import RESPONSES_URL, ResponsesRequest, parse_responses_body
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
-URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL)
+URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL)
 INPUT_FORMATS = ("auto", "text", "jsonl")
 PLAIN, OPENAI = "plain", "openai"  # output shapes
 
@@ -72,6 +74,7 @@ class LineRequest:
     echo: dict | None = None  # with --echo: copied into the plain record under "input"
     row: int | None = None  # table inputs: the data row number, written as the record's "row"
     embed: EmbedLine | None = None  # an embeddings line: engine.submit_embedding, not submit
+    responses: ResponsesRequest | None = None  # a /v1/responses line: what its response object echoes
 
 
 @dataclass
@@ -246,14 +249,17 @@ class LineParser:
             if url == EMBEDDINGS_URL:
                 embed = _embed_body(body)
                 return LineRequest(line_no, line_id, embed.inputs, self.defaults, OPENAI, url, embed=embed)
-            prompt, sampling = _map_body(body, url)
-            if url == CHAT_URL:
+            responses = _responses_body(body) if url == RESPONSES_URL else None  # responses_request.py reads it
+            prompt, sampling = (responses.messages(), responses.sampling) if responses else _map_body(body, url)
+            if url in (CHAT_URL, RESPONSES_URL):
                 prompt = _with_system(prompt, self.system)
             params = _params(_with_tier(sampling, body.get("service_tier"), self.defaults), self.defaults)
+            if responses:
+                responses.params = params
         except _Bad as bad:
             message = bad.message if line_id is not NO_ID else _with_line(bad.message, line_no)
             return LineError(line_no, line_id, bad.code, message, OPENAI, url if url in URLS else None)
-        return LineRequest(line_no, line_id, prompt, params, OPENAI, url)
+        return LineRequest(line_no, line_id, prompt, params, OPENAI, url, responses=responses)
 
 
 # -- checks and mappings ------------------------------------------------------------------
@@ -276,6 +282,13 @@ def _with_tier(sampling: dict[str, Any], tier: Any, defaults: SamplingParams) ->
     if "priority" in sampling:
         return sampling
     return {**sampling, "priority": max(-MAX_PRIORITY, min(MAX_PRIORITY, defaults.priority + SERVICE_TIERS[tier]))}
+
+
+def _responses_body(body: dict[str, Any]) -> ResponsesRequest:
+    try:
+        return parse_responses_body(body)
+    except InvalidRequest as exc:
+        raise _Bad("invalid_request", str(exc)) from None
 
 
 def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
@@ -483,7 +496,7 @@ def build_record(item: LineRequest | LineError, result: Result | EmbeddingResult
     if embed is not None and item.shape != OPENAI:  # an embeddings line that failed: no generation fields
         return plain_embedding_record(item.id, EmbeddingResult.ended(result), "float", item.echo, item.row)
     if item.shape == OPENAI:
-        return openai_record(item.id, item.url, result, model)
+        return openai_record(item.id, item.url, result, model, responses=getattr(item, "responses", None))
     return plain_record(item.id, result, item.echo, item.row)
 
 
@@ -499,8 +512,8 @@ def plain_record(line_id: LineId, result: Result, echo: dict | None = None, row:
 
 
 def openai_record(custom_id: LineId, url: str | None, result: Result, model: str,
-                  created: int | None = None) -> dict[str, Any]:
-    """The OpenAI Batch output line: a chat.completion / text_completion body, or an error."""
+                  created: int | None = None, responses: ResponsesRequest | None = None) -> dict[str, Any]:
+    """The OpenAI Batch output line: a chat.completion / text_completion / response body, or an error."""
     record: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id}
     request_id = uuid.uuid4().hex
     if failed(result):
@@ -517,7 +530,9 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
     if result.usage.guessed:  # speculative decoding verified guesses (docs/speculative.md)
         usage["completion_tokens_details"] = result.usage.completion_details()
     samples = result.samples if result.samples is not None else [result]
-    if url == CHAT_URL:
+    if url == RESPONSES_URL and responses is not None:
+        body = response_object(responses, result, model, created_at=created)
+    elif url == CHAT_URL:
         choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
                     "logprobs": None if r.logprobs is None else chat_logprobs(r.logprobs, r.text),
                     "finish_reason": r.finish_reason} for i, r in enumerate(samples)]

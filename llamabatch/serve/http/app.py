@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from typing import Any, Awaitable, Callable, Sequence
 
 from anyio import to_thread
@@ -23,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Match, Route
 
-from ...openai_format import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
+from ...openai_format import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL
 from ...files.json_line import BadJSON, loads
 from .api_errors import ApiError, bad_request
 from .auth import BearerAuth
@@ -32,6 +33,8 @@ from .file_content import FileContent
 from .health import HEALTH_PATH, health_answer
 from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from .metrics import METRICS_PATH, ServerMetrics, metrics_answer
+from .response_store import ResponseStore
+from .responses_online import ResponsesOnline
 from .service import Service
 from . import tokens
 from .upload_check import too_large
@@ -50,6 +53,7 @@ def build_app(service: Service, api_key: str | None = None, *, health_without_ke
 
     metrics = ServerMetrics(service)  # a registry of this server's own; it needs the key as every route does
     service.online.on_result = metrics.request_ended
+    responses = ResponsesOnline(service.online, ResponseStore(os.path.join(service.data.root, "responses")))
     routes = [
         Route(HEALTH_PATH, _async(lambda r: health_answer(service.engine)), methods=["GET"]),
         Route(METRICS_PATH, _async(lambda r: metrics_answer(metrics)), methods=["GET"]),
@@ -76,6 +80,11 @@ def build_app(service: Service, api_key: str | None = None, *, health_without_ke
         Route(CHAT_URL, _async(lambda r: _online(service, CHAT_URL, r)), methods=["POST"]),
         Route(COMPLETIONS_URL, _async(lambda r: _online(service, COMPLETIONS_URL, r)), methods=["POST"]),
         Route(EMBEDDINGS_URL, _async(lambda r: _online(service, EMBEDDINGS_URL, r)), methods=["POST"]),
+        Route(RESPONSES_URL, _async(lambda r: _responses(service, responses, r)), methods=["POST"]),
+        Route(RESPONSES_URL + "/{response_id}", _async(lambda r: _json(responses.retrieve(path(r, "response_id")))),
+              methods=["GET"]),
+        Route(RESPONSES_URL + "/{response_id}", _async(lambda r: _json(responses.delete(path(r, "response_id")))),
+              methods=["DELETE"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left,
                 Exception: _server_error}
@@ -187,6 +196,18 @@ async def _online(service: Service, url: str, request: Request) -> Response:
         events = await unless_client_leaves(request, service.online.open_stream(prepared))
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return JSONResponse(await unless_client_leaves(request, service.online.answer(prepared)))
+
+
+async def _responses(service: Service, responses: ResponsesOnline, request: Request) -> Response:
+    try:  # the chain of previous responses is read from disk: off the event loop
+        prepared = await to_thread.run_sync(responses.prepare, await _body(request))
+    except ApiError:
+        service.online.on_result(RESPONSES_URL, None)  # refused: /metrics counts it
+        raise
+    if prepared.stream:
+        events = await unless_client_leaves(request, responses.open_stream(prepared))
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return JSONResponse(await unless_client_leaves(request, responses.answer(prepared)))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

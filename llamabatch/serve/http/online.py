@@ -91,8 +91,10 @@ class Online:
             raise _failed(record)
         return record["response"]["body"]
 
-    async def open_stream(self, request: OnlineRequest) -> AsyncIterator[bytes]:
-        """Server-sent events: the deltas as chunks, the finish reasons, usage if asked, [DONE].
+    async def open_stream(self, request: OnlineRequest, render: Callable[..., AsyncIterator[bytes]] | None = None
+                          ) -> AsyncIterator[bytes]:
+        """Server-sent events: the deltas as chunks, the finish reasons, usage if asked, [DONE];
+        or what `render(request, handle, events, first)` makes of them (/v1/responses' events).
 
         Returns once the engine has said its first word on the request, so a request it refuses
         (a schema that does not compile, a prompt past the context) raises ApiError here with
@@ -110,7 +112,7 @@ class Online:
         except BaseException:
             handle.cancel()  # a no-op once it ended; stops it when the caller went away
             raise
-        return self._events(request, handle, events, first)
+        return (render or self._events)(request, handle, events, first)
 
     async def _events(self, request: OnlineRequest, handle: Any, events: asyncio.Queue,
                       event: Any) -> AsyncIterator[bytes]:

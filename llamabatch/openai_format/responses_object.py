@@ -1,0 +1,77 @@
+"""The `response` object OpenAI's /v1/responses answers with, made from one Result: its
+`output` is one assistant `message` item holding one `output_text` part, `status` is
+`completed`, or `incomplete` with `incomplete_details.reason` "max_output_tokens" when the
+token limit cut the text. The same object is a batch line's `response.body`, the online answer,
+what `serve` stores, and what its streamed events carry. Pure: no I/O.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from ..results import Result
+from .responses_request import ResponsesRequest
+
+
+def new_response_id() -> str:
+    return "resp_" + secrets.token_hex(24)  # OpenAI's length; the store checks this shape
+
+
+def new_message_id() -> str:
+    return "msg_" + secrets.token_hex(24)
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(message_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """The assistant's message; None text: the item as it opens, before its first part."""
+    content = [] if text is None else [output_text_part(text)]
+    return {"id": message_id, "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def response_usage(result: Result) -> dict[str, Any]:
+    usage = result.usage
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}
+
+
+def response_object(request: ResponsesRequest, result: Result | None, model: str, *, response_id: str | None = None,
+                    message_id: str | None = None, created_at: int | None = None,
+                    error: dict[str, str] | None = None) -> dict[str, Any]:
+    """The whole response for a Result that ended with text (stop or length); with `result`
+    None, the response in progress (no output yet), or failed when `error` says why."""
+    sampling, params = request.sampling, request.params
+    body: dict[str, Any] = {
+        "id": response_id or new_response_id(), "object": "response",
+        "created_at": int(time.time()) if created_at is None else created_at,
+        "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
+        "instructions": request.instructions, "max_output_tokens": sampling.get("max_tokens"),
+        "max_tool_calls": None, "model": model, "output": [], "parallel_tool_calls": True,
+        "previous_response_id": request.previous_response_id, "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default", "store": request.store,
+        "temperature": sampling.get("temperature") if params is None else params.temperature,
+        "text": {"format": request.text_format}, "tool_choice": "auto", "tools": [], "top_logprobs": 0,
+        "top_p": sampling.get("top_p") if params is None else params.top_p,
+        "truncation": "disabled", "usage": None, "user": None, "metadata": request.metadata, "completed_at": None,
+    }
+    if error is not None:
+        body.update(status="failed", error=error)
+    if result is None:
+        return body
+    cut = result.finish_reason == "length"
+    status = "incomplete" if cut else "completed"
+    body.update(status=status, output=[message_item(message_id or new_message_id(), result.text, status)],
+                usage=response_usage(result), completed_at=None if cut else int(time.time()))
+    if cut:
+        body["incomplete_details"] = {"reason": "max_output_tokens"}
+    return body
+
+
+def output_text(response: dict[str, Any]) -> str:
+    """The text of a response's message items (what the SDK's `output_text` joins)."""
+    return "".join(part.get("text", "") for item in response.get("output", []) if item.get("type") == "message"
+                   for part in item.get("content", []) if part.get("type") == "output_text")

@@ -1,0 +1,202 @@
+"""OpenAI's /v1/responses request body read as one chat turn, for `serve` (online and batch
+lines) and `run` files alike: `input` (a string or message items), `instructions`,
+`max_output_tokens`, `temperature`, `top_p`, `text.format`, `metadata`, `store` and
+`previous_response_id`, plus llamabatch's own sampling fields as chat bodies take them.
+
+What a response cannot be made from here (images, files, tool calls, computer calls, reasoning
+items) is refused naming the item or part and its type; tool and reasoning settings are fine
+when off. Pure: no I/O. A chain of stored responses (previous_response_id) is read by the
+server, which hands its turns in as `history`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidRequest
+from ..params import FIELD_TYPES
+from .fields import json_kind
+
+RESPONSES_URL = "/v1/responses"
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text")  # output_text: an earlier assistant turn sent back as input
+# Read here, not sampling fields (service_tier is read by lines.py as for chat bodies).
+OWN_FIELDS = ("input", "instructions", "max_output_tokens", "text", "metadata", "store", "previous_response_id",
+              "stream", "service_tier")
+# Accepted and ignored: the loaded model answers, and these change nothing it does.
+IGNORED_FIELDS = ("model", "user", "parallel_tool_calls", "prompt_cache_key", "prompt_cache_retention",
+                  "safety_identifier", "stream_options", "truncation")
+# Features not served: fine when absent or off, refused when asked for.
+OFF_FIELDS = ("tools", "tool_choice", "include", "reasoning", "background", "top_logprobs", "max_tool_calls",
+              "prompt", "conversation")
+OFF_VALUES = (None, False, 0, [], {}, "", "none", "auto")
+# Sampling fields a response has no use for: one output, no logprobs (no `include` of them).
+NOT_SAMPLING = ("n", "logprobs", "best_of")
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's
+
+
+@dataclass
+class ResponsesRequest:
+    """One /v1/responses body, checked. `input` holds this turn's messages only ({"role",
+    "content"} with text content), which is what a stored response keeps for its chain."""
+
+    input: list[dict[str, str]]
+    instructions: str | None
+    sampling: dict[str, Any]  # SamplingParams fields (max_output_tokens read as max_tokens)
+    text_format: dict[str, Any]  # echoed in the response's `text.format`
+    metadata: dict[str, str]
+    store: bool
+    previous_response_id: str | None = None
+    history: list[dict[str, str]] = field(default_factory=list)  # the chain's turns, oldest first
+    params: Any = None  # the SamplingParams it runs with (defaults filled in): the response echoes them
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat the model is asked to continue: instructions as the system message (this
+        response's own: OpenAI does not carry a previous response's instructions over), then the
+        chain's turns, then this turn's input. developer is OpenAI's newer name for system."""
+        head = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        return [{**m, "role": "system"} if m["role"] == "developer" else m
+                for m in head + self.history + self.input]
+
+
+def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
+    """A body as a batch line reads it (`serve`'s online route reads the same, after taking
+    out what only it serves: take_online_fields). Raises InvalidRequest naming the field at
+    fault. A batch line is never stored, and cannot continue a stored response."""
+    sampling: dict[str, Any] = {}
+    for key, value in body.items():
+        if key in OWN_FIELDS or key in IGNORED_FIELDS or value is None:
+            continue
+        if key in OFF_FIELDS:
+            if value not in OFF_VALUES:
+                raise InvalidRequest(f"body.{key} is not supported by this server (got {_short(value)})")
+            continue
+        if key in NOT_SAMPLING or key not in FIELD_TYPES:
+            raise InvalidRequest(f"unsupported body field {key!r} for {RESPONSES_URL}")
+        sampling[key] = value
+    if body.get("max_output_tokens") is not None:
+        sampling["max_tokens"] = body["max_output_tokens"]
+    if body.get("stream"):
+        raise InvalidRequest("body.stream is not supported in a batch line: a batch writes whole responses")
+    if body.get("previous_response_id") is not None:
+        raise InvalidRequest("body.previous_response_id is not supported in batch lines: send the whole "
+                             "conversation as input items")
+    _store(body.get("store"))  # checked, then ignored: a batch's responses are in its output file
+    text_format, schema = _text_format(body.get("text"))
+    if schema is not None:
+        sampling["json_schema"] = schema
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest(f"body.instructions must be a string, got {json_kind(instructions)}")
+    if body.get("input") is None:
+        raise InvalidRequest(f"{RESPONSES_URL} needs body.input")
+    return ResponsesRequest(_input(body["input"]), instructions or None, sampling, text_format,
+                            _metadata(body.get("metadata")), store=False)
+
+
+def take_online_fields(body: dict[str, Any]) -> tuple[bool, str | None]:
+    """Take `store` (default true, as OpenAI) and `previous_response_id` out of an online body,
+    checked: what the server serves online only, around the batch line's reading."""
+    store = _store(body.pop("store", None))
+    previous = body.pop("previous_response_id", None)
+    if previous is not None and not isinstance(previous, str):
+        raise InvalidRequest(f"body.previous_response_id must be a string, got {json_kind(previous)}")
+    return store, previous
+
+
+def _store(value: Any) -> bool:
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest(f"body.store must be true or false, got {json_kind(value)}")
+    return value is not False
+
+
+def _input(value: Any) -> list[dict[str, str]]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"body.input must be a string or a non-empty list of items, got {json_kind(value)}")
+    return [_message(item, f"input[{i}]") for i, item in enumerate(value)]
+
+
+def _message(item: Any, where: str) -> dict[str, str]:
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"{where} must be an object, got {json_kind(item)}")
+    kind = item.get("type", "message")
+    if kind != "message":
+        raise InvalidRequest(f"{where} has type {_short(kind)}, which this server does not take "
+                             "(message items with text only)")
+    role = item.get("role")
+    if role not in ROLES:
+        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}, got {_short(role)}")
+    return {"role": role, "content": _content(item.get("content"), where)}
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of parts, got {json_kind(value)}")
+    texts = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS:
+            shown = _short(kind) if isinstance(part, dict) else json_kind(part)
+            raise InvalidRequest(f"{where}.content[{i}] has type {shown}, which this server does not take "
+                                 f"(text parts only: {', '.join(TEXT_PARTS)})")
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"{where}.content[{i}].text must be a string")
+        texts.append(part["text"])
+    return "\n".join(texts)  # separate blocks of text: a line between them
+
+
+def _text_format(value: Any) -> tuple[dict[str, Any], dict | None]:
+    """(the `format` the response echoes, the JSON schema its output must follow or None)."""
+    if value is None:
+        return {"type": "text"}, None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"body.text must be an object, got {json_kind(value)}")
+    unknown = [k for k in value if k not in ("format", "verbosity")]
+    if unknown:
+        raise InvalidRequest(f"unsupported field text.{unknown[0]}")
+    spec = value.get("format")
+    if spec is None:
+        return {"type": "text"}, None
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind == "text":
+        return {"type": "text"}, None
+    if kind == "json_object":
+        return {"type": "json_object"}, {"type": "object"}
+    if kind == "json_schema":
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise InvalidRequest("text.format.schema must be a JSON schema object")
+        name = spec.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InvalidRequest(f"text.format.name must be a string, got {json_kind(name)}")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise InvalidRequest(f"text.format.strict must be true or false, got {json_kind(strict)}")
+        echoed = {"type": "json_schema", "name": name or "response", "schema": schema, "strict": strict}
+        if isinstance(spec.get("description"), str):
+            echoed["description"] = spec["description"]
+        return echoed, schema  # the schema masks every token, as chat's response_format does
+    raise InvalidRequest("text.format.type must be text, json_object or json_schema")
+
+
+def _metadata(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_METADATA_PAIRS or not all(
+            isinstance(v, str) and len(v) <= MAX_METADATA_VALUE and len(k) <= MAX_METADATA_KEY
+            for k, v in value.items()):
+        raise InvalidRequest(f"body.metadata must be an object of at most {MAX_METADATA_PAIRS} pairs, keys of at "
+                             f"most {MAX_METADATA_KEY} characters and string values of at most "
+                             f"{MAX_METADATA_VALUE}")
+    return dict(value)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
