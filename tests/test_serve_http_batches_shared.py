@@ -2,7 +2,7 @@
 engine's batch places (batch_share.py), each answering every line of its own exactly once; a
 small batch created beside a big one is not starved; cancelling one leaves the other whole; a
 kill -9 with two batches in the middle resumes both; --max-concurrent-batches 1 is the old
-one-at-a-time order. In-process servers on the scripted fake runner, and real processes
+one-at-a-time order; /metrics shows each running batch's own figures. In-process servers on the scripted fake runner, and real processes
 (tests/fake_cli.py) for the kill."""
 from __future__ import annotations
 
@@ -201,3 +201,28 @@ def test_lanes_submitting_from_their_own_threads_while_lines_end_give_back_every
     assert len(handles) == 100 and all(h.done for h in handles)
     assert most[0] == 3  # never more lines in the engine than the places
     assert share.sent == 0 and all(lane.sent == 0 for lane in lanes)
+
+
+def test_metrics_show_each_running_batchs_own_figures(tmp_path):
+    from test_serve_http_metrics import _scrape, _value
+
+    with serving(tmp_path / "data", step_delay=0.01) as server:
+        base = server.base_url.removesuffix("/v1")
+        client = server.client()
+        ids = [_create(client, 60, "a"), _create(client, 40, "b")]
+        speeds: dict[str, float] = {}
+        totals: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(speeds) < 2:
+            samples = _scrape(base)
+            for batch_id in ids:
+                totals[batch_id] = max(totals.get(batch_id, 0), _value(samples, "llamabatch:batch_lines",
+                                                                        batch_id=batch_id))
+                speed = _value(samples, "llamabatch:batch_generation_tokens_per_second", batch_id=batch_id)
+                if speed > 0:
+                    speeds[batch_id] = speed
+            time.sleep(0.05)
+        for batch_id in ids:
+            wait_batch(client, batch_id, ended)
+    assert sorted(speeds) == sorted(ids)  # both running at once, each with its own tokens/s
+    assert totals == {ids[0]: 60, ids[1]: 40}
