@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from ..params import FIELD_TYPES
-from .fields import json_kind
+from .fields import is_int, json_kind
 
 RESPONSES_URL = "/v1/responses"
 ROLES = ("user", "assistant", "system", "developer")
@@ -75,8 +75,11 @@ def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
         if key in NOT_SAMPLING or key not in FIELD_TYPES:
             raise InvalidRequest(f"unsupported body field {key!r} for {RESPONSES_URL}")
         sampling[key] = value
-    if body.get("max_output_tokens") is not None:
-        sampling["max_tokens"] = body["max_output_tokens"]
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if not is_int(limit) or limit < 1:
+            raise InvalidRequest(f"body.max_output_tokens must be an integer >= 1, got {_short(limit)}")
+        sampling["max_tokens"] = limit
     if body.get("stream"):
         raise InvalidRequest("body.stream is not supported in a batch line: a batch writes whole responses")
     if body.get("previous_response_id") is not None:
