@@ -1,19 +1,27 @@
-"""GET /health: 200 {"status": "ok"} while the engine serves, 503 {"status": "restarting"}
-while its supervised child is started again after a crash, never waiting on the engine; the API
-key asked of it unless the server was started with --health-without-key."""
+"""GET /health: 503 {"status": "loading"} while the model loads, 200 {"status": "ok"} while the
+engine serves, 503 {"status": "restarting"} while its supervised child is started again after a
+crash or a hang, never waiting on the engine (nor does /metrics); the API key asked of it unless
+the server was started with --health-without-key."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import threading
 import time
 
-import fake_cli
-from child_tools import child_env, fake_gguf
+from llamabatch import EngineConfig, SamplingParams
+from llamabatch.engines import EngineFactory, open_engine
+from llamabatch.serve.http.app import build_app
+from llamabatch.serve.http.server import listen
+from llamabatch.serve.http.service import Service
 
+import fake_cli
+import supervised_child_runner
+from child_tools import child_env, fake_gguf
 from http_server import raw, serving
-from supervised_child_runner import POISON, RESTART_MARK_ENV
+from supervised_child_runner import HANG, POISON, RESTART_MARK_ENV
 from test_serve_http_restart import start_server
 
 
@@ -120,3 +128,52 @@ def test_health_is_503_loading_until_the_model_is_loaded_and_other_routes_say_wh
         killer.cancel()
         proc.kill()
         proc.wait(10)
+
+
+class HangingChildEngines(EngineFactory):
+    """The real factory; the supervised child runs the fake whose sampling of HANG never returns."""
+
+    def runner_choice(self):
+        return supervised_child_runner.choice("hangs_on_prompt")
+
+    def child_environment(self):
+        return child_env()
+
+
+def test_a_hung_engine_child_shows_as_503_and_never_as_a_hung_probe_or_scrape(tmp_path):
+    spec = EngineConfig(model=fake_gguf(tmp_path), n_parallel=2, n_ctx=512)
+    engine = open_engine(spec, SamplingParams(temperature=0, max_tokens=8), factory=HangingChildEngines(),
+                         isolated=True, watchdog_s=1.5)
+    service = Service(engine, str(tmp_path / "data"))
+    listening = listen(build_app(service), "127.0.0.1", 0)
+    service.start()
+    thread = listening.run_in_thread()
+    base = f"http://127.0.0.1:{listening.port}"
+    seen: list[tuple[str, float, float]] = []  # (health state, its seconds, the scrape's seconds)
+    try:
+        assert _health(base) == (200, {"status": "ok"})
+        hung = threading.Thread(target=lambda: raw(
+            "POST", f"{base}/v1/chat/completions",
+            json.dumps({"model": "any", "messages": [{"role": "user", "content": HANG}]}).encode(),
+            {"Content-Type": "application/json"}), daemon=True)
+        hung.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            _, body = _health(base)
+            probed = time.monotonic()
+            scrape = raw("GET", f"{base}/metrics")
+            assert scrape.status == 200
+            seen.append((body["status"], probed - started, time.monotonic() - probed))
+            states = [s for s, _, _ in seen]
+            if "restarting" in states and states[-1] == "ok":
+                break
+            time.sleep(0.05)
+    finally:
+        listening.stop()
+        thread.join(10)
+        service.close(10)
+        engine.close(0)
+    states = [s for s, _, _ in seen]
+    assert "restarting" in states and states[-1] == "ok", states  # the watchdog killed it; a new child serves
+    assert max(max(h, m) for _, h, m in seen) < 1.0, seen  # neither waited on the hung child
