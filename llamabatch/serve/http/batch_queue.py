@@ -77,12 +77,6 @@ class BatchQueue:
         for runner in runners:
             runner.join(None if deadline is None else max(deadline - time.monotonic(), 0))
 
-    @property
-    def running_ids(self) -> list[str]:
-        """The batches whose job runs now, oldest first."""
-        with self._lock:
-            return list(self._running)
-
     def cancel(self, batch_id: str) -> BatchRecord:
         """POST /v1/batches/{id}/cancel for a batch that exists."""
         now = int(self.clock())
@@ -108,7 +102,7 @@ class BatchQueue:
     def _loop(self) -> None:
         while not self._closing.is_set():
             self._start_due()
-            self._wake.wait(1.0)  # a batch created or ended sets it; the second is for expiry in the queue
+            self._wake.wait(1.0)  # a batch created or ended sets it; the timeout only bounds a missed one
             self._wake.clear()
 
     def _start_due(self) -> None:
