@@ -302,8 +302,8 @@ def test_comments_give_the_reason_not_an_issue_number():
     assert not found, "say why, not which issue: " + ", ".join(found)
 
 
-def test_the_readmes_map_of_the_code_names_every_package_and_only_those():
-    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+def test_the_contributing_guides_map_of_the_code_names_every_package_and_only_those():
+    readme = (ROOT.parent / "CONTRIBUTING.md").read_text(encoding="utf-8")
     section = readme.split("## How the code is laid out", 1)[1].split("\n## ", 1)[0]
     tree = section.split("```", 2)[1]
     named = set(re.findall(r"(?<![\w/])([a-z_]+)/", tree)) - {"llamabatch", "reading", "writing", "resume", "estimates"}
