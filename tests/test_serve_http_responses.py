@@ -256,3 +256,49 @@ def test_a_batch_of_responses_lines(tmp_path):
     by_id = {r["custom_id"]: r["error"]["message"] for r in errors}
     assert "previous_response_id is not supported in batch lines" in by_id["chained"]
     assert "input_image" in by_id["image"]
+
+
+def test_the_api_key_and_the_body_bounds_apply(tmp_path):
+    with serving(tmp_path / "data", api_key="secret") as server:
+        with pytest.raises(openai.AuthenticationError):
+            server.client().responses.create(model="any", input="question 1")
+        made = server.client("secret").responses.create(model="any", input="question 1")
+        assert raw("GET", f"{server.base_url}/responses/{made.id}").status == 401
+        assert raw("DELETE", f"{server.base_url}/responses/{made.id}").status == 401
+        huge = b'{"input": "' + b"x" * (17 * 1024 * 1024) + b'"}'
+        answer = raw("POST", f"{server.base_url}/responses", huge,
+                     {"content-type": "application/json", "authorization": "Bearer secret"})
+        assert answer.status == 413
+
+
+def test_a_stored_file_that_is_not_whole_is_as_good_as_gone(tmp_path):
+    with serving(tmp_path / "data") as server:
+        client = server.client()
+        made = client.responses.create(model="any", input="question 1")
+        (tmp_path / "data" / "responses" / f"{made.id}.json").write_text('{"response": {"id": 1}}')
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(made.id)
+        with pytest.raises(openai.NotFoundError, match=made.id):
+            client.responses.create(model="any", input="question 2", previous_response_id=made.id)
+
+
+def test_a_stream_that_fails_after_it_began_ends_with_response_failed():
+    from llamabatch.openai_format import ResponsesRequest
+    from llamabatch.serve.http.responses_events import ResponseEvents
+
+    shape = ResponseEvents(ResponsesRequest([{"role": "user", "content": "x"}], None, {}, {"type": "text"}, {}, True),
+                           "m")
+    events = sse_events(shape.opening() + shape.delta("a") + shape.failed({"code": "engine_crashed", "message": "boom"}))
+    assert [k for k, _ in events][-2:] == ["response.output_text.delta", "response.failed"]
+    failed = events[-1][1]["response"]
+    assert failed["status"] == "failed" and failed["error"] == {"code": "engine_crashed", "message": "boom"}
+    assert failed["id"] == events[0][1]["response"]["id"] and events[-1][1]["sequence_number"] == 5
+
+
+def test_a_streamed_request_the_engine_refuses_gets_its_status_before_any_event(tmp_path):
+    too_long = "word " * 300  # past a 256-token slot
+    with serving(tmp_path / "data") as server:
+        whole = post(server, {"input": too_long})
+        streamed = post(server, {"input": too_long, "stream": True})
+    assert whole.status == streamed.status == 400 and whole.json() == streamed.json()
+    assert not list((tmp_path / "data" / "responses").iterdir())

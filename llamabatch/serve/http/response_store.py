@@ -63,9 +63,10 @@ class ResponseStore:
             return None
         try:
             with open(self._path(raw_id), "rb") as f:
-                return json.loads(f.read())
+                stored = json.loads(f.read())
         except (OSError, ValueError):  # gone (deleted), or not a file this server wrote whole
             return None
+        return stored if _well_formed(stored) else None  # edited by hand: as good as gone
 
     def retrieve(self, raw_id: Any) -> dict[str, Any]:
         stored = self._load(raw_id)
@@ -101,6 +102,14 @@ class ResponseStore:
             turns.append(turn)
             continued, wanted = wanted, stored.get("previous_response_id")
         return [message for turn in reversed(turns) for message in turn]
+
+
+def _well_formed(stored: Any) -> bool:
+    return (isinstance(stored, dict) and isinstance(stored.get("response"), dict)
+            and isinstance(stored.get("input"), list)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in stored["input"])
+            and isinstance(stored.get("previous_response_id"), (str, type(None))))
 
 
 def _missing(wanted: str, continued: str | None) -> ApiError:
