@@ -11,7 +11,7 @@ import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.plan import StepPlan
-from llamabatch.core.scheduler import FAIR_SHARE
+from llamabatch.core.admission import FAIR_SHARE
 
 from fake_runner import FakeRunner, gated_at_first_call
 
@@ -278,7 +278,7 @@ def test_a_request_queued_again_takes_its_place_by_arrival_and_the_oldest_stays_
     scheduler.waiting.remove(seq)
     scheduler.add(seq)  # its first entry is still in the heap
     assert list(scheduler.waiting) == [older, seq, later]  # by arrival among equals
-    assert scheduler._oldest_waiting() is older
+    assert scheduler.queue.oldest_waiting() is older
 
 
 def test_a_fair_share_request_keeps_its_rows_while_higher_prompts_arrive_every_tick():

@@ -58,7 +58,7 @@ def test_an_urgent_request_beside_a_full_batch_takes_the_reserved_slot_and_puts_
         stats = engine.stats()
     urgent_first = runner.plans_with(urgent.request_id)[0]
     assert urgent_first.call == submitted["at"] + 1  # the next tick
-    # in the reserved slot, the last: the batch's slots stay consecutive ids (scheduler._open_to)
+    # in the reserved slot, the last: the batch's slots stay consecutive ids (AdmissionQueue._open_to)
     assert {c.slot for p in runner.plans for c in p.plan.chunks if c.request_id == urgent.request_id} == {2}
     assert {c.slot for p in runner.plans for c in p.plan.chunks if c.request_id != urgent.request_id} == {0, 1}
     assert stats.preemptions == 0 and all(r.timings.preemptions == 0 for r in results)

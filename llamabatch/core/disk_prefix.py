@@ -4,7 +4,7 @@ restores, which prefixes it saves, and the rules for both. Never imports llama_c
 The store keeps KV bytes by token ids (runner.snapshot writes them, a plan.Restore puts them
 back). An entry is only ever continued from its end (plan.Restore says why), so a prompt is
 restored from the longest entry whose whole token list starts it, and what gets saved is
-exactly the shared part of two prompts (Scheduler._mark_save cuts a prefill there).
+exactly the shared part of two prompts (PrefixSaves.mark: the prefill is cut there).
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from ..params import SamplingParams
 from .plan import INTERRUPTED, EmbedBatch, StepPlan, StepResult
 from ..results import Delta, EmbeddingResult
 from .disk_prefix import DiskPrefixes
-from .scheduler import SaveWanted, Scheduler, SeqEvent
+from .scheduler import PrefixToSave, Scheduler, SeqEvent
 from .sequence import Sequence, Status
 from .engine_base import EngineBase, check_room, checked_token_ids, error_result, record_outcome
 from .speculation import Speculation
@@ -381,7 +381,7 @@ class EngineCore(EngineBase):
         if result.apart:
             self._launch(plan, result)
 
-    def _save(self, wanted: SaveWanted) -> None:
+    def _save(self, wanted: PrefixToSave) -> None:
         """Snapshot a slot that holds exactly a prefix worth keeping, on this thread (a copy of
         its KV: milliseconds), and queue the write on the store's own thread."""
         try:
@@ -513,7 +513,7 @@ class EngineCore(EngineBase):
         best = None
         rows = [self.scheduler.slots[chunk.slot].seq for chunk in plan.chunks]
         # a tick with a fair-share request's rows is never interrupted, or a stream of higher
-        # arrivals, one each tick, would stop every tick it has (no starvation: scheduler.py)
+        # arrivals, one each tick, would stop every tick it has (no starvation: admission.py)
         if self.runner.interruptible(plan) and not any(seq is not None and seq.protected for seq in rows):
             best = min(self._priority_of(chunk.slot) for chunk in plan.chunks)
         runs = self.runner.graph_runs([(c.slot, len(c.tokens)) for c in plan.chunks]) if best is not None else 0

@@ -138,7 +138,7 @@ class Restore:
     slot: int
     n_tokens: int
     payload: Any = field(repr=False, compare=False)
-    # A preempted request's own KV put back (core/scheduler.py's parking), not a store entry:
+    # A preempted request's own KV put back (core/admission.py's parking), not a store entry:
     # it continues from its end as the store's entries do; a runner may do it where `can_park`.
     resume: bool = False
 
@@ -263,7 +263,7 @@ class Runner(Protocol):
     n_slots: int  # sequences the context holds side by side (n_parallel)
     slot_ctx: int  # tokens one slot holds (in a shared pool: the most one request may hold)
     # A KV pool the slots share (a unified cache), in cells; requests are admitted by room in it
-    # (core/scheduler.py). None (or absent): a stream of slot_ctx cells per slot.
+    # (core/kv_ledger.py). None (or absent): a stream of slot_ctx cells per slot.
     pool_cells: int | None
     n_vocab: int  # token ids are 0..n_vocab-1
     metadata: dict[str, str]  # the GGUF's key/values (tokenizer.chat_template when it has one)

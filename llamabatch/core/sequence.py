@@ -70,8 +70,8 @@ class Sequence:
     prediction: list[int] | None = None
     accepted_drafts: int = 0
     rejected_drafts: int = 0
-    # Priority (core/scheduler.py): a request preempted for a higher-priority one waits with its
-    # KV kept in host memory (`parked`, a scheduler.Parked) and resumes where it stopped; how often,
+    # Priority (core/admission.py): a request preempted for a higher-priority one waits with its
+    # KV kept in host memory (`parked`, a kv_ledger.Parked) and resumes where it stopped; how often,
     # and for how long in all. `protected`: admitted by the fair share, it is never preempted.
     parked: Any = None
     preemptions: int = 0
