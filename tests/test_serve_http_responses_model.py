@@ -5,8 +5,10 @@ model's words)."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import pytest
+from pydantic import BaseModel
 
 from llamabatch import SamplingParams
 from llamabatch.config import EngineConfig
@@ -19,6 +21,10 @@ pytestmark = pytest.mark.model
 
 SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
           "required": ["colour"], "additionalProperties": False}
+
+
+class Colour(BaseModel):
+    colour: Literal["red", "green", "blue"]
 
 
 def test_responses_on_the_bundled_model(tmp_path):
@@ -36,6 +42,7 @@ def test_responses_on_the_bundled_model(tmp_path):
         shaped = client.responses.create(model="gemma", input="Name a colour.", max_output_tokens=40,
                                          text={"format": {"type": "json_schema", "name": "colour", "schema": SCHEMA,
                                                           "strict": True}})
+        parsed = client.responses.parse(model="gemma", input="Name a colour.", max_output_tokens=40, text_format=Colour)
         first = client.responses.create(model="gemma", instructions="You are a helpful assistant.",
                                         input="Tell me about the sea.", max_output_tokens=8)
         events = list(client.responses.create(model="gemma", instructions="You are a helpful assistant.",
@@ -49,6 +56,7 @@ def test_responses_on_the_bundled_model(tmp_path):
         service.close(10)
         engine.close()
     assert shaped.status == "completed" and json.loads(shaped.output_text)["colour"] in ("red", "green", "blue")
+    assert isinstance(parsed.output_parsed, Colour)  # the SDK's own schema from a pydantic model, parsed back
     assert first.usage.output_tokens <= 8 and first.status in ("completed", "incomplete")
     assert second.previous_response_id == first.id and second.output_text == deltas
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 1
