@@ -87,7 +87,7 @@ def test_a_line_that_cannot_run_is_an_error_naming_what(body, named):
 
 
 def test_off_features_are_fine_when_off():
-    item = parse({"input": "x", "tools": [], "tool_choice": "auto", "include": [], "reasoning": None,
+    item = parse({"input": "x", "tools": [], "tool_choice": "auto", "include": [], "reasoning": {"effort": None},
                   "background": False, "truncation": "disabled", "parallel_tool_calls": True, "store": True,
                   "user": "u", "prompt_cache_key": "k"})
     assert not isinstance(item, LineError)

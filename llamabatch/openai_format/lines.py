@@ -4,8 +4,8 @@ Input lines:
   - text: one prompt per line (a `.txt` file, `--input-format text`, or auto-detected input
     whose first line does not start with `{` or `[`),
   - `{"prompt": ..., "id": ..., <sampling fields>}` and `{"messages": [...], "id": ...}`,
-  - OpenAI Batch API lines `{"custom_id", "method": "POST", "url", "body"}` (chat, completions
-    and embeddings, mixed freely),
+  - OpenAI Batch API lines `{"custom_id", "method": "POST", "url", "body"}` (chat, completions,
+    embeddings and responses, mixed freely; responses_request.py reads a responses body),
   - `{"input": ..., "id": ...}`: an embeddings line (with `--embed`, text lines and `prompt`
     lines are embeddings too).
 Output records: a plain shape (`id`, `text`, `finish_reason`, `usage`, `timings`, `seed`,

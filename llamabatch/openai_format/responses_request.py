@@ -69,7 +69,7 @@ def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
         if key in OWN_FIELDS or key in IGNORED_FIELDS or value is None:
             continue
         if key in OFF_FIELDS:
-            if value not in OFF_VALUES:
+            if not _off(value):
                 raise InvalidRequest(f"body.{key} is not supported by this server (got {_short(value)})")
             continue
         if key in NOT_SAMPLING or key not in FIELD_TYPES:
@@ -197,6 +197,13 @@ def _metadata(value: Any) -> dict[str, str]:
                              f"most {MAX_METADATA_KEY} characters and string values of at most "
                              f"{MAX_METADATA_VALUE}")
     return dict(value)
+
+
+def _off(value: Any) -> bool:
+    """A feature left off: an off value, or an object of them ({"effort": null} for reasoning)."""
+    if isinstance(value, dict):
+        return all(v in OFF_VALUES for v in value.values())
+    return value in OFF_VALUES
 
 
 def _short(value: Any) -> str:
