@@ -66,7 +66,7 @@ class EngineConfig:
     # whatever its shape, and forks share cells instead of copying them.
     kv_unified: bool = False
     # A request's tokens depend only on its prompt, sampling parameters and seed, not on what
-    # else shares the batch (see llamabatch/llama/batch_invariance.py and the README). CPU builds only.
+    # else shares the batch (see llamabatch/llama/batch_invariance.py and docs/deterministic.md). CPU builds only.
     deterministic: bool = False
     # Which CPU weight layout llama.cpp loads with, and so which kernels run (cpu_buffers.py):
     # "auto" (llama.cpp's default, AMX only where a probe shows it runs), "plain" or

@@ -1,6 +1,6 @@
 """Deterministic mode's batch shapes: every row of every forward pass takes the same kernel path.
 
-Why (measured on this project's CPU build; see the README's "Deterministic mode"): a row's
+Why (measured on this project's CPU build; see docs/deterministic.md): a row's
 result in llama.cpp's CPU matmuls does not depend on the other rows, but WHICH kernel runs
 depends on how many rows the ubatch has, and the kernels round differently:
   - repacked Q4_K weights: a 4-row `gemm` for rows - rows % 4, a 1-row `gemv` for the rest
