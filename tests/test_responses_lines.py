@@ -64,7 +64,8 @@ def test_the_record_body_is_a_response_object():
 
 
 @pytest.mark.parametrize("body, named", [
-    ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, "input[0].content[0] has type \"input_audio\""),
+    ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+     "input[0].content[0] has type \"input_audio\""),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0] has type \"reasoning\""),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id is not supported in batch lines"),
