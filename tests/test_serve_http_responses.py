@@ -289,8 +289,8 @@ def test_a_stream_that_fails_after_it_began_ends_with_response_failed():
 
     shape = ResponseEvents(ResponsesRequest([{"role": "user", "content": "x"}], None, {}, {"type": "text"}, {}, True),
                            "m")
-    failure = shape.failed({"code": "engine_crashed", "message": "boom"})
-    events = sse_events(shape.opening() + shape.delta("a") + failure)
+    began = shape.opening() + shape.delta("a")
+    events = sse_events(began + shape.failed({"code": "engine_crashed", "message": "boom"}))
     assert [k for k, _ in events][-2:] == ["response.output_text.delta", "response.failed"]
     failed = events[-1][1]["response"]
     assert failed["status"] == "failed" and failed["error"] == {"code": "engine_crashed", "message": "boom"}
