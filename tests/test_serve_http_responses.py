@@ -304,3 +304,19 @@ def test_a_streamed_request_the_engine_refuses_gets_its_status_before_any_event(
         streamed = post(server, {"input": too_long, "stream": True})
     assert whole.status == streamed.status == 400 and whole.json() == streamed.json()
     assert not list((tmp_path / "data" / "responses").iterdir())
+
+
+def test_a_chain_past_its_bound_is_a_400_and_a_torn_save_is_swept(tmp_path, monkeypatch):
+    from llamabatch.serve.http import response_store
+
+    monkeypatch.setattr(response_store, "MAX_CHAIN", 2)
+    torn = tmp_path / "data" / "responses" / ".resp_x.json.123.tmp"
+    torn.parent.mkdir(parents=True)
+    torn.write_text('{"respo')  # a save a kill -9 cut short
+    with serving(tmp_path / "data") as server:
+        assert not torn.exists()
+        client = server.client()
+        a = client.responses.create(model="any", input="question 1")
+        b = client.responses.create(model="any", input="question 2", previous_response_id=a.id)
+        with pytest.raises(openai.BadRequestError, match="longer than 2 responses"):
+            client.responses.create(model="any", input="question 3", previous_response_id=b.id)
