@@ -1,4 +1,4 @@
-"""`llamabatch serve`'s batches side by side (issue 62): a small batch created while a big one runs.
+"""`llamabatch serve`'s batches side by side: a small batch created while a big one runs.
 
     python benchmarks/serve_batches_side_by_side.py [--big-lines 2000] [--small-lines 10] [--tokens 16]
                                                     [--small-after 0.25] [--slots 8] [--threads 2]
