@@ -318,5 +318,6 @@ def test_a_chain_past_its_bound_is_a_400_and_a_torn_save_is_swept(tmp_path, monk
         client = server.client()
         a = client.responses.create(model="any", input="question 1")
         b = client.responses.create(model="any", input="question 2", previous_response_id=a.id)
+        c = client.responses.create(model="any", input="question 3", previous_response_id=b.id)  # a chain of 2
         with pytest.raises(openai.BadRequestError, match="longer than 2 responses"):
-            client.responses.create(model="any", input="question 3", previous_response_id=b.id)
+            client.responses.create(model="any", input="question 4", previous_response_id=c.id)
