@@ -180,6 +180,7 @@ class FakeRunner:
         # A KV pool the slots share (a unified cache): the slots together never hold more than
         # pool_cells tokens (a plan that would is a violation), one slot up to slot_ctx of them.
         self.pool_cells = pool_cells
+        self.kv_mib: float | None = None  # the KV cache's size is not known: parked KV may take 1 GiB
         # A request with a grammar allows only the tokens grammar_allows says yes to (the
         # scripted reply is assumed to keep to it): valid_guesses cuts guesses at the first other.
         self.grammar_allows = grammar_allows

@@ -25,7 +25,7 @@ from ..errors import DecodeError, EngineClosed, InternalError, LlamaBatchError, 
 from .handle import EventCallback, RequestHandle
 from .inputs import ChatTemplates, InputPreparer, Prompt
 from ..params import SamplingParams
-from .plan import INTERRUPTED, EmbedBatch, StepPlan, StepResult
+from .plan import INTERRUPTED, EmbedBatch, Runner, StepPlan, StepResult
 from ..results import Delta, EmbeddingResult
 from .disk_prefix import DiskPrefixes
 from .scheduler import PrefixToSave, Scheduler, SeqEvent
@@ -41,10 +41,10 @@ log = logging.getLogger("llamabatch.engine")
 __all__ = ["EngineCore", "EngineStats", "RequestHandle", "Prompt", "EventCallback"]
 
 
-def park_budget(runner: Any) -> int:
+def park_budget(runner: Runner) -> int:
     """Bytes of preempted requests' KV kept in memory at once: the KV cache's own size (what the
-    memory checks counted once), 1 GiB where the runner does not say."""
-    kv_mib = getattr(runner, "kv_mib", None)
+    memory checks counted once), 1 GiB where the runner does not know it."""
+    kv_mib = runner.kv_mib
     return int(kv_mib * 2**20) if isinstance(kv_mib, (int, float)) and kv_mib > 0 else 1 << 30
 
 
@@ -108,11 +108,11 @@ class EngineCore(EngineBase):
                                    disk=self.disk,
                                    speculation=Speculation(runner.graph_runs, runner.valid_guesses, **runner.draft_limits)
                                    if speculating else None,
-                                   pool_cells=getattr(runner, "pool_cells", None),
-                                   park=runner.snapshot if getattr(runner, "can_park", False) else None,
+                                   pool_cells=runner.pool_cells,
+                                   park=runner.snapshot if runner.can_park else None,
                                    reserved=self.config.reserved_slots,
                                    park_budget=park_budget(runner),
-                                   restored_whole_below=getattr(runner, "restored_whole_below", None),
+                                   restored_whole_below=runner.restored_whole_below,
                                    keep_floor=runner.keep_floor)
         self._preemptions = 0  # requests parked since the last tick record
         self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight

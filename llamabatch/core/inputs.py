@@ -123,12 +123,12 @@ class InputPreparer:
             raise InvalidRequest(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
         if len(tokens) >= self.slot_ctx:  # the same words as the dry run's (overflow_words.py)
             raise ContextOverflow(prompt_overflow(len(tokens), self.slot_ctx, trained=self.trained_context(),
-                                                  pool=getattr(self.runner, "pool_cells", None) is not None))
+                                                  pool=self.runner.pool_cells is not None))
         return tokens
 
     def trained_context(self) -> int | None:
         """The model's trained context, from the runner's metadata (None: it does not say)."""
-        return trained_context(getattr(self.runner, "metadata", None))
+        return trained_context(self.runner.metadata)
 
     def _refuse_untokenizably_long(self, text: str) -> None:
         """ContextOverflow for a text with more bytes than a full slot of the vocabulary's

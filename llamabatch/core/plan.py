@@ -263,8 +263,9 @@ class Runner(Protocol):
     n_slots: int  # sequences the context holds side by side (n_parallel)
     slot_ctx: int  # tokens one slot holds (in a shared pool: the most one request may hold)
     # A KV pool the slots share (a unified cache), in cells; requests are admitted by room in it
-    # (core/kv_ledger.py). None (or absent): a stream of slot_ctx cells per slot.
+    # (core/kv_ledger.py). None: a stream of slot_ctx cells per slot.
     pool_cells: int | None
+    kv_mib: float | None  # the KV cache's size in MiB, by llama.cpp's count (None: not known)
     n_vocab: int  # token ids are 0..n_vocab-1
     metadata: dict[str, str]  # the GGUF's key/values (tokenizer.chat_template when it has one)
     bos_text: str  # the text of the BOS / EOS tokens ("" when none), for chat templates
