@@ -11,6 +11,7 @@ from .errors import InvalidRequest
 from .constraints.gbnf_guard import grammar_problem
 from .files.json_line import find_surrogate
 from .constraints.schema_prepare import prepared_schema_text
+from .constraints.tool_grammar import LarkGrammar
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")
 # Bounds on stop strings (OpenAI allows 4 of any length; llama.cpp's server any number): enough
@@ -144,7 +145,9 @@ class SamplingParams:
             raise InvalidRequest("give either grammar or json_schema, not both")
         if self.json_schema is not None:
             prepared_schema_text(self.json_schema)  # refused here, for every backend, before any compiles it
-        if isinstance(self.grammar, str) and (problem := grammar_problem(self.grammar)) is not None:
+        if isinstance(self.grammar, LarkGrammar):
+            pass  # built by constraints/tool_grammar.py from schemas the json_schema guard passed
+        elif isinstance(self.grammar, str) and (problem := grammar_problem(self.grammar)) is not None:
             # llama.cpp would crash on it (constraints.gbnf_guard says how): refuse it here, whatever the backend
             raise InvalidRequest(problem)
         for tok, bias in self.logit_bias.items():

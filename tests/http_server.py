@@ -55,10 +55,10 @@ def serving(data_dir: Any, *, n_parallel: int = 4, step_delay: float = 0.0, api_
             online_slots: int = 1, reply_with: Callable[[str], str] = reply, max_tokens: int = 16,
             upload_limits: UploadLimits = UploadLimits(), clock: Callable[[], float] = time.time,
             job_settings: dict[str, Any] | None = None, reserved_slots: int = 0,
-            max_concurrent_batches: int | None = None, **app_options: Any) -> Iterator[Running]:
+            max_concurrent_batches: int | None = None, slot_ctx: int = 256, **app_options: Any) -> Iterator[Running]:
     """`app_options`: build_app's own (health_without_key, cors_origins)."""
-    runner = FakeRunner(n_slots=n_parallel, slot_ctx=256, n_batch=256, reply=reply_with, step_delay=step_delay)
-    engine = Engine(EngineConfig(n_parallel=n_parallel, n_batch=256, chunk_size=64, n_ctx=256 * n_parallel,
+    runner = FakeRunner(n_slots=n_parallel, slot_ctx=slot_ctx, n_batch=256, reply=reply_with, step_delay=step_delay)
+    engine = Engine(EngineConfig(n_parallel=n_parallel, n_batch=256, chunk_size=64, n_ctx=slot_ctx * n_parallel,
                                  reserved_slots=reserved_slots),
                     runner=runner, default_params=SamplingParams(temperature=0, max_tokens=max_tokens))
     service = Service(engine, str(data_dir), online_slots=online_slots, upload_limits=upload_limits, clock=clock,

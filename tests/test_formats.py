@@ -179,7 +179,7 @@ def test_system_flag_reaches_openai_chat_but_not_completions():
     (openai(n=0), "invalid_request", "n must be an integer >= 1"),
     (openai(best_of=3), "invalid_request", "body.best_of is not supported (got 3): llamabatch does not rank"),
     (openai(stream=True), "invalid_request", "body.stream is not supported"),
-    (openai(tools=[{"type": "function"}]), "invalid_request", "body.tools is not supported"),
+    (openai(tools=[{"type": "function"}]), "invalid_request", "body.tools[0].function must be an object"),
     (openai(frobnicate=1), "invalid_request", "unsupported body field 'frobnicate'"),
     (openai(max_tokens="ten"), "invalid_request", "max_tokens must be an integer"),
     (openai(temperature=-0.5), "invalid_request", "temperature must be a number >= 0"),

@@ -33,6 +33,7 @@ from ..config import GRAMMAR_BACKENDS
 from ..errors import InvalidRequest
 from ..constraints.gbnf_guard import size_problem
 from ..constraints.schema_prepare import prepared_schema_text
+from ..constraints.tool_grammar import LarkGrammar
 
 BACKENDS = GRAMMAR_BACKENDS  # what EngineConfig.grammar_backend may hold
 BACKEND_ENV = "LLAMABATCH_GRAMMAR_BACKEND"
@@ -89,6 +90,9 @@ class MaskGrammars:
             _check_size("json_schema", text)
             key = "json_schema\0" + text
             lark = None
+        elif isinstance(grammar, LarkGrammar):  # a tool call's grammar (constraints/tool_grammar.py)
+            _check_size("tool call grammar", grammar)
+            key, lark = "lark\0" + grammar, str(grammar)
         else:
             _check_size("grammar", grammar)
             key = "gbnf\0" + grammar
@@ -98,7 +102,7 @@ class MaskGrammars:
         try:
             template = self._compile(key, text if json_schema is not None else None, lark)
         except InvalidRequest:
-            if json_schema is None and self.backend == "auto":
+            if json_schema is None and self.backend == "auto" and not isinstance(grammar, LarkGrammar):
                 return None  # a GBNF grammar llguidance reads but cannot use: llama.cpp's sampler decides
             raise
         return Matcher(template.deep_copy(), self.n_vocab)

@@ -14,6 +14,7 @@ from ..errors import InvalidRequest
 from ..constraints.gbnf_guard import grammar_problem, size_problem
 from ..params import SamplingParams
 from ..constraints.schema_prepare import prepared_schema_text
+from ..constraints.tool_grammar import LarkGrammar
 from .backend import first_error, log_mark
 from .greedy_pick import GreedyPick
 from .llama_grammar_limits import llama_grammar_problem
@@ -66,6 +67,9 @@ class SamplerFactory:
         # never ban EOG; an EOG they sample ends them with "stop".
         constrained = bool(params.grammar) or params.json_schema is not None
         matcher = self.masks.matcher_for(params.grammar, params.json_schema) if self.masks and constrained else None
+        if matcher is None and isinstance(params.grammar, LarkGrammar):  # llama.cpp's sampler reads GBNF only
+            raise InvalidRequest("tool calls are constrained by llguidance: use --grammar-backend auto or llguidance, "
+                                 "or tool_choice none")
         backend = ("llguidance" if matcher else "llama") if constrained else None
         block_eog = params.ignore_eos and not constrained
         twin = params.min_tokens > 0 and not params.ignore_eos and not constrained

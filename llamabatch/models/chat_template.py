@@ -18,6 +18,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 from ..errors import InvalidRequest
 from ..files.whole_file import UnreadableFile, read_text
+from ..openai_format import TOOLS_MESSAGE_ROLE
+from .tool_prompt import fallback_messages, has_tool_turns, say_fallback_once, take_tools, template_reads_tools
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -38,9 +40,15 @@ def validate_messages(messages) -> Messages:
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{i}] must be an object with role and content, got {type(message).__name__}")
         role = message.get("role")
+        if role == TOOLS_MESSAGE_ROLE:  # a request's tools, for the template (models/tool_prompt.py)
+            checked.append(message)
+            continue
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
-        checked.append({**message, "content": _content_text(message.get("content"), i)})
+        content = message.get("content")
+        if content is None and role == "assistant" and message.get("tool_calls"):
+            content = ""  # OpenAI's null content beside tool calls
+        checked.append({**message, "content": _content_text(content, i)})
     return checked
 
 
@@ -67,8 +75,10 @@ class ChatTemplate:
     """
 
     def __init__(self, name: str, source: str, render_fn: RenderFn, stop: tuple[str, ...] = (),
-                 fallback_reason: str | None = None):
+                 fallback_reason: str | None = None, render_tools_fn: Callable[..., str] | None = None):
         self.name = name
+        # (messages, add_generation_prompt, tools): a Jinja template that reads `tools` (tool_prompt.py)
+        self.render_tools_fn = render_tools_fn
         self.source = source
         self.stop = stop
         self.fallback_reason = fallback_reason
@@ -76,7 +86,13 @@ class ChatTemplate:
 
     def render(self, messages, add_generation_prompt: bool = True) -> str:
         checked = validate_messages(messages)
+        tools, checked = take_tools(checked)
         try:
+            if tools is not None or has_tool_turns(checked):
+                if self.render_tools_fn is not None:
+                    return self.render_tools_fn(checked, add_generation_prompt, tools)
+                say_fallback_once(self.name)
+                checked = fallback_messages(checked, tools)
             return self._render_fn(checked, add_generation_prompt)
         except InvalidRequest:
             raise
@@ -298,18 +314,20 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
     except TemplateError as exc:
         raise InvalidRequest(f"chat template {name!r} does not compile: {_one_line(exc)}") from None
 
-    def render(messages: Messages, add_generation_prompt: bool) -> str:
+    def render(messages: Messages, add_generation_prompt: bool, tools: list | None = None) -> str:
+        context = {"messages": messages, "add_generation_prompt": add_generation_prompt, "bos_token": bos_token,
+                   "eos_token": eos_token}
+        if tools is not None:
+            context["tools"] = tools  # Hugging Face's convention: absent when the request has none
         try:
-            prompt = render_within(env, compiled, {
-                "messages": messages, "add_generation_prompt": add_generation_prompt, "bos_token": bos_token,
-                "eos_token": eos_token}, budget_for(messages))
+            prompt = render_within(env, compiled, context, budget_for(messages))
         except TemplateBudgetExceeded as exc:
             raise TemplateBudgetExceeded(f"chat template {name!r} stopped: {exc}") from None
         if tokenizer_adds_bos and bos_token and prompt.startswith(bos_token):
             prompt = prompt[len(bos_token):]
         return prompt
 
-    return ChatTemplate(name, text, render)
+    return ChatTemplate(name, text, render, render_tools_fn=render if template_reads_tools(text) else None)
 
 
 def adds_bos(metadata: Any) -> bool:

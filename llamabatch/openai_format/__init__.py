@@ -8,6 +8,8 @@ jobs/ and serve/ import the names below, never the modules behind them (tests/te
   embed_records.py  embeddings lines and records; embed_vectors.py the vectors' encodings
   fields.py         the field checks serve-stdin's requests share with lines
   responses_request.py, responses_object.py  a /v1/responses body as a chat turn; the response object
+  tools_request.py, tool_turns.py, tool_lines.py  a chat request's tools, tool turns and call grammar
+  tool_calls.py     the calls read out of an answer (whole or streamed) in OpenAI's shape
 """
 from .embed_records import EmbedLine
 from .embed_vectors import check_encoding, encode as encode_vector
@@ -17,6 +19,9 @@ from .lines import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, OPENAI, URLS, Lin
                     record_error_code, record_id)
 from .responses_object import message_item, new_message_id, new_response_id, output_text, output_text_part, response_object
 from .responses_request import RESPONSES_URL, ResponsesRequest, take_online_fields
+from .tool_calls import ToolCallSplitter, chat_message, new_call_id, openai_call, plain_tool_fields, split_tool_calls
+from .tool_lines import chat_with_tools
+from .tools_request import TOOL_BODY_FIELDS, TOOLS_MESSAGE_ROLE, Tool, ToolRequest, parse_tools, tools_message
 
 __all__ = [
     "CHAT_URL", "COMPLETIONS_URL", "EMBEDDINGS_URL", "OPENAI", "URLS", "EmbedLine", "LineError", "LineParser",
@@ -24,4 +29,6 @@ __all__ = [
     "encode_vector", "error_result", "failed", "is_int", "is_request_id", "is_unnamed_error", "json_kind",
     "record_error_code", "record_id", "RESPONSES_URL", "ResponsesRequest", "message_item", "new_message_id",
     "new_response_id", "output_text", "output_text_part", "response_object", "take_online_fields",
+    "TOOL_BODY_FIELDS", "TOOLS_MESSAGE_ROLE", "Tool", "chat_with_tools", "openai_call", "plain_tool_fields", "ToolCallSplitter", "ToolRequest", "chat_message", "new_call_id", "parse_tools",
+    "split_tool_calls", "tools_message",
 ]

@@ -31,6 +31,9 @@ from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedd
 from .logprobs import chat_logprobs, completion_logprobs
 from .responses_object import response_object
 from .responses_request import RESPONSES_URL, ResponsesRequest, parse_responses_body
+from .tool_calls import chat_message, plain_tool_fields
+from .tool_lines import chat_with_tools
+from .tools_request import TOOL_BODY_FIELDS, ToolRequest
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -42,12 +45,12 @@ PLAIN, OPENAI = "plain", "openai"  # output shapes
 # Keys of a plain JSONL line that are neither sampling fields nor extra (echoed) data.
 PLAIN_KEYS = ("id", "prompt", "messages", "system")
 # OpenAI body fields accepted and ignored: the line runs on the loaded model whatever `model` says.
-IGNORED_BODY_FIELDS = ("model", "user", "metadata", "store", "stream_options", "parallel_tool_calls")
+IGNORED_BODY_FIELDS = ("model", "user", "metadata", "store", "stream_options")
 # OpenAI's service_tier as a priority step from the line's default (lower runs sooner): "flex"
 # below it, "priority" above it; a body's own `priority` (vLLM's field) wins over it.
 SERVICE_TIERS = {"auto": 0, "default": 0, "flex": 10, "priority": -10}
 # OpenAI body features not supported: fine when absent or off, an error when asked for.
-OFF_BODY_FIELDS = ("stream", "echo", "tools", "functions", "tool_choice", "function_call", "suffix")
+OFF_BODY_FIELDS = ("stream", "echo", "suffix", *TOOL_BODY_FIELDS)  # tools: chat bodies only (tool_lines.py)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs (and vLLM's default for completions)
 # Codes of errors caused by the line itself (HTTP 400 in the OpenAI shape); others are 500.
 CLIENT_ERROR_CODES = ("invalid_json", "unknown_shape", "invalid_url", "invalid_request", "duplicate_id",
@@ -75,6 +78,7 @@ class LineRequest:
     row: int | None = None  # table inputs: the data row number, written as the record's "row"
     embed: EmbedLine | None = None  # an embeddings line: engine.submit_embedding, not submit
     responses: ResponsesRequest | None = None  # a /v1/responses line: what its response object echoes
+    tools: ToolRequest | None = None  # a chat line's tools: its answer's calls are read out (tool_calls.py)
 
 
 @dataclass
@@ -224,13 +228,18 @@ class LineParser:
                 prompt = _check_prompt(data["prompt"])
                 if system and isinstance(prompt, str):
                     prompt = _as_chat(prompt, system)
-            else:
-                prompt = _with_system(_check_messages(data["messages"]), system)
-            params = _params({k: v for k, v in data.items() if k in FIELD_TYPES}, self.defaults)
+            sampling = {k: v for k, v in data.items() if k in FIELD_TYPES}
+            tools = None
+            if "messages" in data:
+                prompt, tools = _tools(data, _check_messages(data["messages"]), sampling, "")
+                prompt = _with_system(prompt, system)
+            elif any(k in data for k in TOOL_BODY_FIELDS):
+                raise _Bad("invalid_request", "tools need a chat line: give messages, not prompt")
+            params = _params(sampling, self.defaults)
         except _Bad as bad:
             return _plain_error(line_no, line_id, bad)
         echo = {k: v for k, v in data.items() if k != "id"} if self.echo else None
-        return LineRequest(line_no, line_id, prompt, params, echo=echo)
+        return LineRequest(line_no, line_id, prompt, params, echo=echo, tools=tools)
 
     def _openai(self, data: dict[str, Any], line_no: int) -> LineRequest | LineError:
         line_id = _custom_id_or_none(data.get("custom_id"))
@@ -251,6 +260,9 @@ class LineParser:
                 return LineRequest(line_no, line_id, embed.inputs, self.defaults, OPENAI, url, embed=embed)
             responses = _responses_body(body) if url == RESPONSES_URL else None  # responses_request.py reads it
             prompt, sampling = (responses.messages(), responses.sampling) if responses else _map_body(body, url)
+            tools = None
+            if url == CHAT_URL:
+                prompt, tools = _tools(body, prompt, sampling, "body.")
             if url in (CHAT_URL, RESPONSES_URL):
                 prompt = _with_system(prompt, self.system)
             params = _params(_with_tier(sampling, body.get("service_tier"), self.defaults), self.defaults)
@@ -259,7 +271,7 @@ class LineParser:
         except _Bad as bad:
             message = bad.message if line_id is not NO_ID else _with_line(bad.message, line_no)
             return LineError(line_no, line_id, bad.code, message, OPENAI, url if url in URLS else None)
-        return LineRequest(line_no, line_id, prompt, params, OPENAI, url, responses=responses)
+        return LineRequest(line_no, line_id, prompt, params, OPENAI, url, responses=responses, tools=tools)
 
 
 # -- checks and mappings ------------------------------------------------------------------
@@ -284,6 +296,14 @@ def _with_tier(sampling: dict[str, Any], tier: Any, defaults: SamplingParams) ->
     return {**sampling, "priority": max(-MAX_PRIORITY, min(MAX_PRIORITY, defaults.priority + SERVICE_TIERS[tier]))}
 
 
+def _tools(source: dict[str, Any], messages: list[dict], sampling: dict[str, Any],
+           where: str) -> tuple[list[dict], ToolRequest | None]:
+    try:
+        return chat_with_tools(source, messages, sampling, where)
+    except InvalidRequest as exc:
+        raise _Bad("invalid_request", str(exc)) from None
+
+
 def _responses_body(body: dict[str, Any]) -> ResponsesRequest:
     try:
         return parse_responses_body(body)
@@ -298,6 +318,8 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
         if key in ("messages", "prompt", "max_completion_tokens", "response_format", "logprobs", "top_logprobs",
                    "service_tier") or key in IGNORED_BODY_FIELDS:
             continue
+        if key in TOOL_BODY_FIELDS and url == CHAT_URL:
+            continue  # read by tool_lines.py
         if value is None:
             continue  # OpenAI's null means "the default", which the flags supply
         if key in OFF_BODY_FIELDS:
@@ -496,12 +518,16 @@ def build_record(item: LineRequest | LineError, result: Result | EmbeddingResult
     if embed is not None and item.shape != OPENAI:  # an embeddings line that failed: no generation fields
         return plain_embedding_record(item.id, EmbeddingResult.ended(result), "float", item.echo, item.row)
     if item.shape == OPENAI:
-        return openai_record(item.id, item.url, result, model, responses=getattr(item, "responses", None))
-    return plain_record(item.id, result, item.echo, item.row)
+        return openai_record(item.id, item.url, result, model, responses=getattr(item, "responses", None),
+                             tools=getattr(item, "tools", None))
+    return plain_record(item.id, result, item.echo, item.row, tools=getattr(item, "tools", None))
 
 
-def plain_record(line_id: LineId, result: Result, echo: dict | None = None, row: int | None = None) -> dict[str, Any]:
+def plain_record(line_id: LineId, result: Result, echo: dict | None = None, row: int | None = None,
+                 tools: ToolRequest | None = None) -> dict[str, Any]:
     record = {"id": line_id, **({"row": row} if row is not None else {}), **result.to_dict()}
+    if tools is not None and not failed(result):
+        record.update(plain_tool_fields(result.text, result.finish_reason, tools))  # text, tool_calls, finish_reason
     if result.finish_reason == "timeout" and record["error"] is None:
         record["error"] = {"code": "timeout", "message": "the request's timeout passed before it finished"}
     if result.logprobs is not None:
@@ -512,7 +538,8 @@ def plain_record(line_id: LineId, result: Result, echo: dict | None = None, row:
 
 
 def openai_record(custom_id: LineId, url: str | None, result: Result, model: str,
-                  created: int | None = None, responses: ResponsesRequest | None = None) -> dict[str, Any]:
+                  created: int | None = None, responses: ResponsesRequest | None = None,
+                  tools: ToolRequest | None = None) -> dict[str, Any]:
     """The OpenAI Batch output line: a chat.completion / text_completion / response body, or an error."""
     record: dict[str, Any] = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id}
     request_id = uuid.uuid4().hex
@@ -533,9 +560,12 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
     if url == RESPONSES_URL and responses is not None:
         body = response_object(responses, result, model, created_at=created)
     elif url == CHAT_URL:
-        choices = [{"index": i, "message": {"role": "assistant", "content": r.text},
-                    "logprobs": None if r.logprobs is None else chat_logprobs(r.logprobs, r.text),
-                    "finish_reason": r.finish_reason} for i, r in enumerate(samples)]
+        choices = []
+        for i, r in enumerate(samples):
+            message, finish_reason = chat_message(r.text, r.finish_reason, tools)  # tool calls read out
+            choices.append({"index": i, "message": message,
+                            "logprobs": None if r.logprobs is None else chat_logprobs(r.logprobs, r.text),
+                            "finish_reason": finish_reason})
         body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,
                 "choices": choices, "usage": usage}
     else:

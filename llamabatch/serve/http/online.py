@@ -116,14 +116,17 @@ class Online:
 
     async def _events(self, request: OnlineRequest, handle: Any, events: asyncio.Queue,
                       event: Any) -> AsyncIterator[bytes]:
-        shape = StreamShape(request.item.url or CHAT_URL, self.engine.model_name, max(1, request.item.params.n))
+        shape = StreamShape(request.item.url or CHAT_URL, self.engine.model_name, max(1, request.item.params.n),
+                            tools=request.item.tools)
         try:
             opening = shape.opening()
             if opening:
                 yield opening
             while isinstance(event, Delta):
                 if event.text:
-                    yield shape.delta(event)
+                    chunk = shape.delta(event)
+                    if chunk:  # a tool call's text is held until the call closes
+                        yield chunk
                 event = await events.get()
             record = build_record(request.item, event, self.engine.model_name)
             if record["error"] is not None:  # it failed after its first token

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from ...openai_format import CHAT_URL
+from ...openai_format import CHAT_URL, ToolCallSplitter, openai_call
 from ...results import Delta, Result
 
 DONE = b"data: [DONE]\n\n"
@@ -20,8 +20,12 @@ def event(payload: dict[str, Any]) -> bytes:
 
 
 class StreamShape:
-    def __init__(self, url: str, model: str, samples: int):
+    def __init__(self, url: str, model: str, samples: int, tools: Any = None):
         self.chat = url == CHAT_URL
+        # a chat request whose answer may hold tool calls: each sample's text is split as it comes
+        # (openai_format/tool_calls.py), calls sent whole as delta.tool_calls once they close
+        self.tools = tools if self.chat and tools is not None and tools.calls_allowed else None
+        self.splitters: dict[int, ToolCallSplitter] = {}
         self.model = model
         self.samples = samples
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -43,11 +47,38 @@ class StreamShape:
         return self._chunk([self._choice(i, {"role": "assistant", "content": ""}, None) for i in range(self.samples)])
 
     def delta(self, delta: Delta) -> bytes:
+        if self.tools is not None:
+            splitter = self.splitters.setdefault(delta.index, ToolCallSplitter())
+            return self._tool_events(delta.index, splitter, splitter.feed(delta.text))
         return self._chunk([self._choice(delta.index, {"content": delta.text} if self.chat else delta.text, None)])
+
+    def _tool_events(self, index: int, splitter: ToolCallSplitter, events: list) -> bytes:
+        out = b""
+        for kind, value in events:
+            if kind == "content":
+                out += self._chunk([self._choice(index, {"content": value}, None)])
+            elif self.tools.legacy:
+                call = openai_call(value["name"], value["arguments"])
+                out += self._chunk([self._choice(index, {"function_call": call["function"]}, None)])
+            else:  # the call's place among this sample's calls: OpenAI's delta.tool_calls[].index
+                call = {"index": splitter.calls - 1, **openai_call(value["name"], value["arguments"])}
+                out += self._chunk([self._choice(index, {"tool_calls": [call]}, None)])
+        return out
+
+    def _finish_reason(self, index: int, finish_reason: str) -> str:
+        splitter = self.splitters.get(index)
+        if splitter is None or not splitter.calls or finish_reason != "stop":
+            return finish_reason
+        return "function_call" if self.tools.legacy else "tool_calls"
 
     def ending(self, result: Result, include_usage: bool) -> bytes:
         samples = result.samples if result.samples is not None else [result]
-        out = self._chunk([self._choice(i, {} if self.chat else "", r.finish_reason) for i, r in enumerate(samples)])
+        out = b""
+        if self.tools is not None:  # what each splitter still holds (an unclosed call is content)
+            for index, splitter in sorted(self.splitters.items()):
+                out += self._tool_events(index, splitter, splitter.finish())
+        out += self._chunk([self._choice(i, {} if self.chat else "", self._finish_reason(i, r.finish_reason))
+                            for i, r in enumerate(samples)])
         if include_usage:
             usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
                      "total_tokens": result.usage.total_tokens}

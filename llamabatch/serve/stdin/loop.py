@@ -112,6 +112,7 @@ class Flight:
     stream: bool  # send token events
     samples: int = 1  # n: token events name their sample when n > 1
     encoding_format: str = "float"  # an embeddings request's: how its vectors are written
+    tools: Any = None  # a chat request's ToolRequest (protocol.Submit.tools)
     handle: RequestHandle | None = None
     # line numbers of the cancel lines aimed at this request, in order: each gets one reply
     # when the request ends (see _on_item)
@@ -185,6 +186,7 @@ class Server:
 
     def _submit(self, command: Submit) -> None:
         flight = Flight(command.id, command.line, command.stream, command.params.n)
+        flight.tools = command.tools
         if command.embed is not None:
             flight.samples, flight.encoding_format = 1, command.embed.encoding_format
         with self._flights_lock:
@@ -258,7 +260,7 @@ class Server:
             return
         # Queue the terminal event before the flight disappears: once in_flight reads 0, every
         # terminal event is ahead of the writer's close marker.
-        self.output.send(terminal_event(flight.id, item, flight.line, flight.encoding_format))
+        self.output.send(terminal_event(flight.id, item, flight.line, flight.encoding_format, flight.tools))
         with self._flights_lock:
             # Every cancel line gets one reply. A `done` with "cancelled" answers the first; a
             # cancel that raced with the request's own end (the token that finished it was

@@ -21,6 +21,7 @@ from ...params import SamplingParams
 from ...openai_format import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ...results import EmbeddingResult, Result
 from ...openai_format import check_encoding, encode_vector
+from ...openai_format import TOOL_BODY_FIELDS, chat_with_tools, plain_tool_fields
 
 # Keys of a request line that are not sampling parameters.
 REQUEST_KEYS = ("id", "prompt", "messages", "stream")
@@ -39,6 +40,7 @@ class Submit:
     stream: bool
     line: int
     embed: "EmbedSpec | None" = None  # an embeddings request: engine.submit_embedding
+    tools: Any = None  # a chat request's ToolRequest: its done event carries tool_calls
 
 
 @dataclass
@@ -147,12 +149,17 @@ def _parse_request(data: dict[str, Any], line: int, defaults: SamplingParams) ->
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         raise bad(f"stream must be true or false, got {json.dumps(stream)}")
-    sampling = {k: v for k, v in data.items() if k not in REQUEST_KEYS}
+    sampling = {k: v for k, v in data.items() if k not in REQUEST_KEYS and k not in TOOL_BODY_FIELDS}
+    tools = None
     try:
+        if has_messages:
+            prompt, tools = chat_with_tools(data, prompt, sampling, "")  # tools, tool turns, the call grammar
+        elif any(k in data for k in TOOL_BODY_FIELDS):
+            raise InvalidRequest("tools need a chat request: give messages, not prompt")
         params = SamplingParams.from_dict(sampling, base=defaults)
     except InvalidRequest as exc:
         raise bad(str(exc)) from None
-    return Submit(request_id, prompt, params, stream, line)
+    return Submit(request_id, prompt, params, stream, line, tools=tools)
 
 
 def _parse_embed(data: dict[str, Any], line: int, request_id: RequestId, defaults: SamplingParams,
@@ -231,7 +238,7 @@ def cancel_ignored_event(request_id: RequestId, line: int, reason: str) -> dict[
 
 
 def terminal_event(request_id: RequestId, result: Result | EmbeddingResult, line: int | None = None,
-                   encoding_format: str = "float") -> dict[str, Any]:
+                   encoding_format: str = "float", tools: Any = None) -> dict[str, Any]:
     """A request's one terminal event: `done` (stop, length, cancelled, timeout) or `error`.
     An embeddings request's `done` carries "embeddings" (one per input, in order)."""
     if result.finish_reason == "error":
@@ -244,6 +251,8 @@ def terminal_event(request_id: RequestId, result: Result | EmbeddingResult, line
     fields = result.to_dict()  # n > 1: "texts" and "finish_reasons", one per sample
     del fields["error"]
     event: dict[str, Any] = {"id": request_id, "event": "done", **fields}
+    if tools is not None and result.samples is None:  # the calls read out of the text, as run's records do
+        event.update(plain_tool_fields(result.text, result.finish_reason, tools))
     if result.samples is not None:
         if any(s.stop is not None for s in result.samples):
             event["stops"] = [s.stop for s in result.samples]

@@ -1,0 +1,150 @@
+"""Tool calls out of an answer's text, in OpenAI's shape: `message.tool_calls` for a whole answer
+and `delta.tool_calls` chunks for a streamed one.
+
+The text holds calls in the Hermes/Qwen syntax the engine constrains (constraints/tool_grammar.py):
+`<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`. The text between calls is the
+message's content, except stretches that are only whitespace (the newlines between calls),
+which are dropped; content is null when nothing else is left. A call that never closes (the
+answer hit max_tokens inside it) is no call: its text stays in the content, as written.
+
+Streamed and whole answers split the same way, so a stream's deltas join to the whole answer.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..constraints.tool_grammar import CLOSE, OPEN
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def openai_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
+    return {"id": call_id or new_call_id(), "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+def _read_call(body: str) -> dict[str, Any] | None:
+    """{"name", "arguments"} from the text between the markers, or None when it is no call."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    return {"name": value["name"], "arguments": arguments}
+
+
+@dataclass
+class ToolCallSplitter:
+    """Reads an answer piece by piece; `feed` and `finish` give ("content", text) and
+    ("call", {"name", "arguments"}) events in order. The whole-text split is the same splitter."""
+
+    _pending: str = ""  # text not yet given out: a possible start of OPEN, or a call being read
+    _in_call: bool = False
+    _segment: str = ""  # content of the current stretch held while it is only whitespace
+    _segment_shown: bool = False  # the current stretch already gave out text
+    calls: int = field(default=0)
+
+    def feed(self, text: str) -> list[tuple[str, Any]]:
+        self._pending += text
+        events: list[tuple[str, Any]] = []
+        while True:
+            if self._in_call:
+                end = self._pending.find(CLOSE)
+                if end < 0:
+                    return events
+                body, self._pending = self._pending[:end], self._pending[end + len(CLOSE):]
+                call = _read_call(body.strip())
+                self._in_call = False
+                if call is None:  # not a call after all (unconstrained text): it is content
+                    events += self._content(OPEN + body + CLOSE)
+                    continue
+                self.calls += 1
+                self._segment, self._segment_shown = "", False
+                events.append(("call", call))
+                continue
+            start = self._pending.find(OPEN)
+            if start >= 0:
+                events += self._content(self._pending[:start])
+                self._pending = self._pending[start + len(OPEN):]
+                self._in_call = True
+                continue
+            keep = _partial_opener(self._pending)
+            events += self._content(self._pending[:len(self._pending) - keep])
+            self._pending = self._pending[len(self._pending) - keep:]
+            return events
+
+    def finish(self) -> list[tuple[str, Any]]:
+        """The rest at the end of the answer: an unclosed call's text is content."""
+        rest = (OPEN if self._in_call else "") + self._pending
+        self._pending, self._in_call = "", False
+        events = self._content(rest)
+        if self.calls == 0 and self._segment:  # an answer of whitespace alone: kept as written
+            events.append(("content", self._segment))
+            self._segment = ""
+        return events
+
+    def _content(self, text: str) -> list[tuple[str, Any]]:
+        if not text:
+            return []
+        if self._segment_shown:
+            return [("content", text)]
+        self._segment += text
+        if not self._segment.strip():
+            return []  # only whitespace so far: held (dropped if a call comes next)
+        out, self._segment, self._segment_shown = self._segment, "", True
+        return [("content", out)]
+
+
+def _partial_opener(text: str) -> int:
+    """How many characters at the end of `text` could be the start of OPEN."""
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if OPEN.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content or None, calls as {"name", "arguments"}) of a whole answer."""
+    splitter = ToolCallSplitter()
+    events = splitter.feed(text) + splitter.finish()
+    content = "".join(value for kind, value in events if kind == "content")
+    calls = [value for kind, value in events if kind == "call"]
+    if not calls:
+        return text, []
+    return (content or None), calls
+
+
+def chat_message(text: str, finish_reason: str, tools: Any) -> tuple[dict[str, Any], str]:
+    """(the assistant message, its finish_reason) of a chat answer; with a ToolRequest whose
+    calls are allowed, its calls in OpenAI's shape and finish_reason tool_calls (function_call
+    for a request made with the legacy `functions`)."""
+    if tools is None or not tools.calls_allowed:
+        return {"role": "assistant", "content": text}, finish_reason
+    content, calls = split_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish_reason
+    done = finish_reason == "stop"
+    if tools.legacy:
+        call = calls[0]
+        function = {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}
+        return ({"role": "assistant", "content": content, "function_call": function},
+                "function_call" if done else finish_reason)
+    return ({"role": "assistant", "content": content, "tool_calls": [openai_call(c["name"], c["arguments"]) for c in calls]},
+            "tool_calls" if done else finish_reason)
+
+
+def plain_tool_fields(text: str, finish_reason: str, tools: Any) -> dict[str, Any]:
+    """A plain record's text, tool_calls (always there, [] without calls: one column in tables)
+    and finish_reason, for a line that gave tools."""
+    if not tools.calls_allowed:
+        return {"text": text, "tool_calls": [], "finish_reason": finish_reason}
+    content, calls = split_tool_calls(text)
+    return {"text": content, "tool_calls": [openai_call(c["name"], c["arguments"]) for c in calls],
+            "finish_reason": "tool_calls" if calls and finish_reason == "stop" else finish_reason}
