@@ -167,7 +167,7 @@ class AdmissionQueue:
                 held_back.append(seq)
                 continue
             self._admitted_one(seq)
-            out.extend(self._seat(seq, *place, idle, handed_out, open_slots))
+            out.extend(self._hand_out(seq, *place, idle, handed_out, open_slots))
         self.waiting.extendleft(reversed(held_back))
         if self.disk is not None and self.waiting:
             self.saves.mark_queued(self.waiting)
@@ -215,11 +215,11 @@ class AdmissionQueue:
             return slot_id, n, self.ledger.fork(src, slot_id, n)
         return slot_id, reuse, None
 
-    def _seat(self, seq: Sequence, slot_id: int, reuse: int, fork: Fork | None, idle: list[Slot],
-              handed_out: set[int], open_slots: list[Slot]) -> list[Admission]:
-        """Seat an admitted request in `slot_id` (and an n-request's other samples in the least
-        recently used of the idle slots open to it): the slot's KV change (a restore from the
-        disk store, a trim to what it reuses, or the fork) rides on the next plan."""
+    def _hand_out(self, seq: Sequence, slot_id: int, reuse: int, fork: Fork | None, idle: list[Slot],
+                  handed_out: set[int], open_slots: list[Slot]) -> list[Admission]:
+        """Hand `slot_id` to an admitted request (and the least recently used idle slots open to
+        it to an n-request's other samples): the slot's KV change (a restore from the disk
+        store, a trim to what it reuses, or the fork) rides on the next plan."""
         hit = self.disk.lookup(seq.prompt, longer_than=reuse) if fork is None and self.disk is not None else None
         slot = self.slots[slot_id]
         idle.remove(slot)
