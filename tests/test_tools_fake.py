@@ -291,3 +291,25 @@ def test_openai_sdk_stream_helper_accumulates_the_call(tmp_path):
             final = stream.get_final_completion()
     call = final.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+# -- the library ----------------------------------------------------------------------------------
+
+
+def test_the_library_helpers_around_engine_submit():
+    from llamabatch import Engine, EngineConfig
+    from llamabatch.openai_format import tool_message, with_tools
+
+    from fake_runner import FakeRunner
+
+    runner = FakeRunner(n_slots=1, slot_ctx=2048, n_batch=256, reply=lambda prompt: CALL)
+    with Engine(EngineConfig(n_parallel=1, n_batch=256, n_ctx=2048), runner=runner,
+                default_params=SamplingParams(temperature=0, max_tokens=200)) as engine:
+        messages, params, tools = with_tools([{"role": "user", "content": "weather?"}], [WEATHER], "required",
+                                             params=SamplingParams(temperature=0, max_tokens=200))
+        assert isinstance(params.grammar, LarkGrammar) and messages[0]["role"] == "llamabatch.tools"
+        result = engine.submit(messages, params).result(timeout=30)
+    message, finish_reason = tool_message(result, tools)
+    assert finish_reason == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "get_weather"
+    with pytest.raises(Exception, match="tool_choice names 'nope'"):
+        with_tools([{"role": "user", "content": "x"}], [WEATHER], {"type": "function", "function": {"name": "nope"}})
