@@ -201,7 +201,7 @@ def test_plain_lines_take_tools_and_their_records_carry_tool_calls():
     item = parse({"id": 4, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
                   "tool_choice": "required"})
     record = build_record(item, result(CALL), "m")
-    assert record["finish_reason"] == "tool_calls" and record["text"] is None
+    assert record["finish_reason"] == "tool_calls" and record["text"] == ""
     assert record["tool_calls"][0]["function"]["name"] == "get_weather"
     plain = build_record(parse({"id": 5, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]}),
                          result("no call"), "m")
@@ -313,3 +313,14 @@ def test_the_library_helpers_around_engine_submit():
     assert finish_reason == "tool_calls" and message["tool_calls"][0]["function"]["name"] == "get_weather"
     with pytest.raises(Exception, match="tool_choice names 'nope'"):
         with_tools([{"role": "user", "content": "x"}], [WEATHER], {"type": "function", "function": {"name": "nope"}})
+
+
+def test_a_table_cell_of_calls_alone_holds_the_calls():
+    from llamabatch.jobs.tables.table_output import response_text
+
+    item = parse(chat_line(tools=[WEATHER]))
+    cell = response_text(build_record(item, result(CALL), "m"))
+    assert json.loads(cell)[0]["function"]["name"] == "get_weather"
+    plain = build_record(parse({"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]}),
+                         result(CALL), "m")
+    assert json.loads(response_text(plain))[0]["function"]["arguments"] == '{"city": "Paris"}'

@@ -146,5 +146,5 @@ def plain_tool_fields(text: str, finish_reason: str, tools: Any) -> dict[str, An
     if not tools.calls_allowed:
         return {"text": text, "tool_calls": [], "finish_reason": finish_reason}
     content, calls = split_tool_calls(text)
-    return {"text": content, "tool_calls": [openai_call(c["name"], c["arguments"]) for c in calls],
+    return {"text": content or "", "tool_calls": [openai_call(c["name"], c["arguments"]) for c in calls],
             "finish_reason": "tool_calls" if calls and finish_reason == "stop" else finish_reason}

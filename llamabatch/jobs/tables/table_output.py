@@ -49,11 +49,19 @@ def response_text(record: dict) -> str | None:
         vectors = record["embeddings"]
         return json.dumps(vectors[0] if len(vectors) == 1 else vectors)
     if "text" in record:
-        return record.get("text")
+        return record.get("text") or _calls_text(record.get("tool_calls")) or record.get("text")
     body = (record.get("response") or {}).get("body") or {}  # an OpenAI Batch line's record
     choices = body.get("choices") or [{}]
     first = choices[0]
-    return (first.get("message") or {}).get("content") if "message" in first else first.get("text")
+    if "message" in first:
+        message = first.get("message") or {}
+        return message.get("content") or _calls_text(message.get("tool_calls")) or message.get("content")
+    return first.get("text")
+
+
+def _calls_text(calls: Any) -> str | None:
+    """An answer of tool calls alone, as its cell: the calls as JSON text (docs/tools.md)."""
+    return json.dumps(calls, ensure_ascii=False) if calls else None
 
 
 def table_row(record: dict, layout: Layout) -> list[Any]:
