@@ -324,3 +324,20 @@ def test_a_table_cell_of_calls_alone_holds_the_calls():
     plain = build_record(parse({"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]}),
                          result(CALL), "m")
     assert json.loads(response_text(plain))[0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_a_serve_batch_of_tool_lines_records_the_calls(tmp_path):
+    from http_server import ended, records, wait_batch
+
+    lines = [chat_line(tools=[WEATHER], tool_choice="required"),
+             {**chat_line(tools=[WEATHER, WEATHER]), "custom_id": "r2"}]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    with serving(tmp_path / "data", reply_with=tool_reply, max_tokens=200, slot_ctx=2048) as server:
+        client = server.client()
+        f = client.files.create(file=("in.jsonl", data), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint=CHAT_URL, completion_window="24h")
+        done = wait_batch(client, batch.id, ended)
+        out = {r["custom_id"]: r for r in records(client, done.output_file_id) + records(client, done.error_file_id)}
+    message = out["r1"]["response"]["body"]["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "get_weather" and message["content"] == "Checking. "
+    assert "repeats the name" in out["r2"]["error"]["message"]
