@@ -114,3 +114,39 @@ def test_serve_answers_the_openai_sdk_with_calls_streamed_and_a_round_trip(tmp_p
         thread.join(10)
         service.close(10)
         engine.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2_masks(smollm2_path):
+    from llama_cpp import llama_cpp as C
+
+    from llamabatch.llama.direct_load import load_vocabulary
+    from llamabatch.llama.mask_grammar import MaskGrammars
+    from llamabatch.llama.vocab import Vocabulary
+
+    model = load_vocabulary(smollm2_path)
+    yield MaskGrammars(Vocabulary(model))
+    C.llama_model_free(model)
+
+
+GOOD_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("mode, text, whole", [
+    ("required", GOOD_CALL, True),
+    ("required", GOOD_CALL + "\n" + GOOD_CALL, True),
+    ("required", "Sure. " + GOOD_CALL, False),  # required: a call from the first token
+    ("required", '<tool_call>\n{"name": "get_weather", "arguments": {"city": 3', False),  # arguments off the schema
+    ("required", '<tool_call>\n{"name": "get_wind", ', False),  # no such tool
+    ("auto", "Sure, let me look that up. " + GOOD_CALL, True),  # text, then a masked call
+    ("auto", "Just an answer, no call.", True),
+    ("auto", 'Let me see. <tool_call>\n{"name": "get_weather", "arguments": {"town": ', False),  # masked once opened
+])
+def test_the_call_mask_on_a_real_vocabulary(smollm2_masks, mode, text, whole):
+    from llamabatch.constraints.tool_grammar import tool_grammar
+
+    grammar = tool_grammar([("get_weather", WEATHER["function"]["parameters"]), ("search", SCHEMAS["search"])],
+                           mode, True)
+    matcher = smollm2_masks.matcher_for(grammar, None)
+    tokens = smollm2_masks.tokenizer().tokenize_str(text)
+    assert (matcher.valid_prefix(tokens) == len(tokens)) is whole

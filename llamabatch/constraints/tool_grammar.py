@@ -48,7 +48,10 @@ def tool_grammar(tools: Iterable[tuple[str, dict]], mode: str, parallel: bool) -
     rules = []
     for i, (name, parameters) in enumerate(tools):
         schema = json.loads(prepared_schema_text(parameters))
+        if schema is True or schema == {}:
+            schema = {}  # any arguments: still an object, as every call's arguments are
         if isinstance(schema, dict):
+            schema.setdefault("type", "object")
             schema["x-guidance"] = _JSON_OPTIONS
         head = json.dumps(f'{{"name": "{name}", "arguments": ')
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
