@@ -123,3 +123,13 @@ def test_open_pool_without_ray_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(InvalidRequest, match=r"needs Ray, which is not installed: pip install 'llamabatch\[ray\]'"):
         open_pool(EngineConfig(n_parallel=2), address="127.0.0.1:1")
+
+
+def test_the_kv_cells_the_child_holds_reach_the_parents_stats(tmp_path):
+    spec = EngineConfig(model=fake_gguf(tmp_path), n_parallel=2, n_ctx=512)
+    with open_engine(spec, GREEDY, factory=ChildFakeFactory(), isolated=True, watchdog_s=0) as engine:
+        assert engine.stats().kv_cells_used == 0
+        (result,) = engine.generate(["question"])
+        stats = engine.stats()
+    # the slot keeps the prompt and the answer (for the prefix cache), all but tokens never evaluated
+    assert result.usage.prompt_tokens <= stats.kv_cells_used <= result.usage.prompt_tokens + result.usage.completion_tokens

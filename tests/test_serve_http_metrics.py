@@ -80,6 +80,9 @@ def test_counters_and_histograms_move_with_requests(tmp_path):
         assert _value(after, f"llamabatch:{name}_bucket", le="+Inf") == 4
     assert _value(after, "llamabatch:slots") == 4
     assert _value(after, "llamabatch:num_requests_running") == 0
+    # the slots keep their last requests' tokens (the prefix cache): cells in use, within the budget
+    assert _value(before, "llamabatch:kv_cells_used") == 0
+    assert 0 < _value(after, "llamabatch:kv_cells_used") <= _value(after, "llamabatch:kv_cells_budget")
 
 
 def test_a_batchs_lines_done_move_while_it_runs(tmp_path):

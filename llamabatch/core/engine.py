@@ -256,8 +256,9 @@ class EngineCore(EngineBase):
             yield
 
     def stats(self) -> EngineStats:
-        return self.telemetry.stats([s.state for s in self.scheduler.slots], self._waiting_count, self.slot_ctx,
-                                    self.scheduler.reserved)
+        slots = self.scheduler.slots
+        return self.telemetry.stats([s.state for s in slots], self._waiting_count, self.slot_ctx,
+                                    self.scheduler.reserved, sum(len(s.cached) for s in slots))
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Receive every TickRecord and RequestRecord (on the engine thread). Returns unsubscribe."""

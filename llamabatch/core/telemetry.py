@@ -99,6 +99,7 @@ class EngineStats(Totals):
     n_parallel: int = 0
     reserved_slots: int = 0  # of n_parallel, those only requests above the default priority take
     slot_ctx: int = 0
+    kv_cells_used: int = 0  # tokens the slots hold in the KV cache now (of n_parallel x slot_ctx)
     uptime_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,12 +135,14 @@ class Telemetry:
             except Exception:  # a faulty subscriber must not take the engine down
                 log.exception("telemetry subscriber failed")
 
-    def stats(self, slot_states: list[str], queue_depth: int, slot_ctx: int, reserved_slots: int = 0) -> EngineStats:
+    def stats(self, slot_states: list[str], queue_depth: int, slot_ctx: int, reserved_slots: int = 0,
+              kv_cells_used: int = 0) -> EngineStats:
         """The totals so far with the given slot states ("idle", "prefilling", "generating")."""
         return EngineStats(**asdict(self.totals), slots_idle=slot_states.count("idle"),
                            slots_prefilling=slot_states.count("prefilling"),
                            slots_generating=slot_states.count("generating"), queue_depth=queue_depth,
                            n_parallel=len(slot_states), reserved_slots=reserved_slots, slot_ctx=slot_ctx,
+                           kv_cells_used=kv_cells_used,
                            uptime_s=round(time.perf_counter() - self.started_at, 3))
 
     def record_tick(self, record: TickRecord) -> None:

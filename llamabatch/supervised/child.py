@@ -169,7 +169,8 @@ class Link:
             if items:
                 s = self.engine.stats()
                 wire.send(self.out_fd, wire.Batch(items, wire.SlotCounts(s.slots_idle, s.slots_prefilling,
-                                                                         s.slots_generating, s.queue_depth)))
+                                                                         s.slots_generating, s.queue_depth,
+                                                                         s.kv_cells_used)))
 
     def _flush_strays(self) -> None:
         while not self._closed:

@@ -151,7 +151,7 @@ class SupervisedEngine(EngineBase):
         self._holding = 0
         self._next_id = 0
         self._closing = False
-        self._slot_counts = (self.config.n_parallel, 0, 0, 0)  # idle, prefilling, generating, child queue
+        self._slot_counts = (self.config.n_parallel, 0, 0, 0, 0)  # idle, prefilling, generating, child queue, KV cells
         self._calls: dict[int, list] = {}  # tokenize calls waiting: id -> [event, tokens, error]
         self._call_ids = itertools.count()
         self._chat_template = None
@@ -185,7 +185,7 @@ class SupervisedEngine(EngineBase):
         self.n_slots = info.n_slots
         self.kernels = info.kernels  # which CPU kernels the child's llama.cpp runs, and why
         self.slots_reason = self.slots_reason or info.slots_reason  # the child's, when it chose "auto" itself
-        self._slot_counts = (self.n_slots, 0, 0, 0)
+        self._slot_counts = (self.n_slots, 0, 0, 0, 0)
         self._watchdog.start()
 
     # -- the engine API (llamabatch.api.EngineAPI; generate and the context manager: engine_base.py)
@@ -311,11 +311,12 @@ class SupervisedEngine(EngineBase):
                 self._dispatch()
 
     def stats(self) -> EngineStats:
-        idle, prefilling, generating, child_queue = self._slot_counts  # as of the child's last tick
+        idle, prefilling, generating, child_queue, kv_cells = self._slot_counts  # as of the child's last tick
         with self._lock:
             outside = len(self._flights) - len(self._in_child)  # held here: restart, quarantine, hold()
         states = ["idle"] * idle + ["prefilling"] * prefilling + ["generating"] * generating
-        return self.telemetry.stats(states, child_queue + outside, self.slot_ctx, self.config.reserved_slots)
+        return self.telemetry.stats(states, child_queue + outside, self.slot_ctx, self.config.reserved_slots,
+                                    kv_cells)
 
     def subscribe(self, callback: Callable[[Any], None]) -> Callable[[], None]:
         """Receive every TickRecord and RequestRecord (on the supervisor thread). Returns unsubscribe."""
@@ -548,7 +549,7 @@ class SupervisedEngine(EngineBase):
         Returns the requests that end now, and the engine error that stops the engine, if any."""
         in_flight = list(self._in_child.values())
         self._in_child.clear()
-        self._slot_counts = (self.n_slots, 0, 0, 0)
+        self._slot_counts = (self.n_slots, 0, 0, 0, 0)
         for call in self._calls.values():
             call[2] = EngineClosed(f"the engine process died ({how})")
             call[0].set()

@@ -152,6 +152,7 @@ class SlotCounts:
     prefilling: int
     generating: int
     queued: int  # waiting in the child's engine for a slot
+    kv_cells: int = 0  # tokens the slots hold in the KV cache
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ class EngineFigures(Collector):
         yield _gauge("slots", "Slots (sequences decoded together), --n-parallel.", stats.n_parallel)
         yield _gauge("kv_cells_budget", "KV cells the slots may hold together (slots x tokens per slot).",
                      stats.n_parallel * stats.slot_ctx)
+        yield _gauge("kv_cells_used", "KV cells the slots' tokens hold now (of kv_cells_budget).",
+                     stats.kv_cells_used)
         yield _counter("prompt_tokens", "Prompt tokens of ended requests (cached ones included).",
                        stats.prompt_tokens)
         yield _counter("cached_prompt_tokens", "Of the prompt tokens, those reused from a slot's or the "
