@@ -10,6 +10,7 @@ jobs/ and serve/ import the names below, never the modules behind them (tests/te
   responses_request.py, responses_object.py  a /v1/responses body as a chat turn; the response object
   tools_request.py, tool_turns.py, tool_lines.py  a chat request's tools, tool turns and call grammar
   tool_calls.py     the calls read out of an answer (whole or streamed) in OpenAI's shape
+  ignored_fields.py documented fields with no local effect, named in records (and a header online)
   tool_library.py   with_tools / tool_message: the same around Engine.submit, for the library
 """
 from .embed_records import EmbedLine
@@ -19,6 +20,7 @@ from .lines import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, OPENAI, URLS, Lin
                     LineRequest, build_record, duplicate_id_error, error_result, failed, is_unnamed_error,
                     record_error_code, record_id)
 from .responses_object import message_item, new_message_id, new_response_id, output_text, output_text_part, response_object
+from .ignored_fields import header_for as ignored_fields_header
 from .responses_request import RESPONSES_URL, ResponsesRequest, take_online_fields
 from .tool_calls import ToolCallSplitter, chat_message, new_call_id, openai_call, plain_tool_fields, split_tool_calls
 from .tool_library import tool_message, with_tools
@@ -32,5 +34,5 @@ __all__ = [
     "record_error_code", "record_id", "RESPONSES_URL", "ResponsesRequest", "message_item", "new_message_id",
     "new_response_id", "output_text", "output_text_part", "response_object", "take_online_fields",
     "TOOL_BODY_FIELDS", "TOOLS_MESSAGE_ROLE", "Tool", "chat_with_tools", "openai_call", "plain_tool_fields", "ToolCallSplitter", "ToolRequest", "chat_message", "new_call_id", "parse_tools",
-    "split_tool_calls", "tool_message", "tools_message", "with_tools",
+    "ignored_fields_header", "split_tool_calls", "tool_message", "tools_message", "with_tools",
 ]

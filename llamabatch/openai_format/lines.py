@@ -27,6 +27,7 @@ from ..files.json_line import BadJSON, loads, sniff_id
 from ..params import FIELD_TYPES, MAX_PRIORITY, SamplingParams
 from .fields import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ..results import EmbeddingResult, Result, Timings, Usage
+from .ignored_fields import is_accepted, noted_fields
 from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedding_body, plain_embedding_record)
 from .logprobs import chat_logprobs, completion_logprobs
 from .responses_object import response_object
@@ -44,8 +45,6 @@ PLAIN, OPENAI = "plain", "openai"  # output shapes
 
 # Keys of a plain JSONL line that are neither sampling fields nor extra (echoed) data.
 PLAIN_KEYS = ("id", "prompt", "messages", "system")
-# OpenAI body fields accepted and ignored: the line runs on the loaded model whatever `model` says.
-IGNORED_BODY_FIELDS = ("model", "user", "metadata", "store", "stream_options")
 # OpenAI's service_tier as a priority step from the line's default (lower runs sooner): "flex"
 # below it, "priority" above it; a body's own `priority` (vLLM's field) wins over it.
 SERVICE_TIERS = {"auto": 0, "default": 0, "flex": 10, "priority": -10}
@@ -79,6 +78,7 @@ class LineRequest:
     embed: EmbedLine | None = None  # an embeddings line: engine.submit_embedding, not submit
     responses: ResponsesRequest | None = None  # a /v1/responses line: what its response object echoes
     tools: ToolRequest | None = None  # a chat line's tools: its answer's calls are read out (tool_calls.py)
+    ignored: tuple[str, ...] = ()  # body fields accepted with no effect, named in its record (ignored_fields.py)
 
 
 @dataclass
@@ -263,6 +263,7 @@ class LineParser:
             tools = None
             if url == CHAT_URL:
                 prompt, tools = _tools(body, prompt, sampling, "body.")
+            ignored = _noted(body, url) if url in (CHAT_URL, COMPLETIONS_URL) else ()
             if url in (CHAT_URL, RESPONSES_URL):
                 prompt = _with_system(prompt, self.system)
             params = _params(_with_tier(sampling, body.get("service_tier"), self.defaults), self.defaults)
@@ -271,7 +272,8 @@ class LineParser:
         except _Bad as bad:
             message = bad.message if line_id is not NO_ID else _with_line(bad.message, line_no)
             return LineError(line_no, line_id, bad.code, message, OPENAI, url if url in URLS else None)
-        return LineRequest(line_no, line_id, prompt, params, OPENAI, url, responses=responses, tools=tools)
+        return LineRequest(line_no, line_id, prompt, params, OPENAI, url, responses=responses, tools=tools,
+                           ignored=ignored)
 
 
 # -- checks and mappings ------------------------------------------------------------------
@@ -304,6 +306,13 @@ def _tools(source: dict[str, Any], messages: list[dict], sampling: dict[str, Any
         raise _Bad("invalid_request", str(exc)) from None
 
 
+def _noted(body: dict[str, Any], url: str) -> tuple[str, ...]:
+    try:
+        return tuple(noted_fields(body, url == CHAT_URL))
+    except InvalidRequest as exc:
+        raise _Bad("invalid_request", str(exc)) from None
+
+
 def _responses_body(body: dict[str, Any]) -> ResponsesRequest:
     try:
         return parse_responses_body(body)
@@ -316,8 +325,8 @@ def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
     sampling: dict[str, Any] = {}
     for key, value in body.items():
         if key in ("messages", "prompt", "max_completion_tokens", "response_format", "logprobs", "top_logprobs",
-                   "service_tier") or key in IGNORED_BODY_FIELDS:
-            continue
+                   "service_tier") or is_accepted(key, url == CHAT_URL):
+            continue  # accepted with no effect: ignored_fields.py names them in the record
         if key in TOOL_BODY_FIELDS and url == CHAT_URL:
             continue  # read by tool_lines.py
         if value is None:
@@ -518,8 +527,11 @@ def build_record(item: LineRequest | LineError, result: Result | EmbeddingResult
     if embed is not None and item.shape != OPENAI:  # an embeddings line that failed: no generation fields
         return plain_embedding_record(item.id, EmbeddingResult.ended(result), "float", item.echo, item.row)
     if item.shape == OPENAI:
-        return openai_record(item.id, item.url, result, model, responses=getattr(item, "responses", None),
-                             tools=getattr(item, "tools", None))
+        record = openai_record(item.id, item.url, result, model, responses=getattr(item, "responses", None),
+                               tools=getattr(item, "tools", None))
+        if getattr(item, "ignored", ()):
+            record["ignored_fields"] = list(item.ignored)
+        return record
     return plain_record(item.id, result, item.echo, item.row, tools=getattr(item, "tools", None))
 
 

@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Match, Route
 
-from ...openai_format import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL
+from ...openai_format import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL, ignored_fields_header
 from ...files.json_line import BadJSON, loads
 from .api_errors import ApiError, bad_request
 from .auth import BearerAuth
@@ -192,10 +192,11 @@ async def _online(service: Service, url: str, request: Request) -> Response:
     except ApiError:
         service.online.on_result(url, None)  # refused: /metrics counts it
         raise
+    noted = ignored_fields_header(prepared.item.ignored)  # documented fields that did nothing here
     if prepared.stream:
         events = await unless_client_leaves(request, service.online.open_stream(prepared))
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return JSONResponse(await unless_client_leaves(request, service.online.answer(prepared)))
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **noted})
+    return JSONResponse(await unless_client_leaves(request, service.online.answer(prepared)), headers=noted)
 
 
 async def _responses(service: Service, responses: ResponsesOnline, request: Request) -> Response:
