@@ -142,7 +142,7 @@ class _ManualEngine:
         return [p[0] for p, _ in self.sent]
 
 
-def test_a_freed_place_goes_to_the_waiting_lane_with_fewest_lines_in_the_engine_ties_in_turn():
+def test_a_freed_place_goes_to_the_waiting_lane_that_took_fewest_ties_in_turn():
     engine, places = _ManualEngine(), [4]
     share = BatchShare(lambda: places[0])
     big, small = BatchLane(engine, share), BatchLane(engine, share)
@@ -154,7 +154,8 @@ def test_a_freed_place_goes_to_the_waiting_lane_with_fewest_lines_in_the_engine_
     assert engine.lanes_in() == ["b"] * 4  # no place free: the small one waits for the next
     engine.end("b0")
     engine.end("b1")
-    assert sorted(engine.lanes_in()) == ["b", "b", "s", "s"]  # both freed places went to the small one
+    # owed the big one's 2 lines queued ahead of it: both freed places went to the small one
+    assert sorted(engine.lanes_in()) == ["b", "b", "s", "s"]
     engine.end("b2")
     assert sorted(engine.lanes_in()) == ["b", "b", "s", "s"]  # 1 b against 2 s: the big one's turn
     engine.end("s0")
@@ -170,6 +171,26 @@ def test_a_freed_place_goes_to_the_waiting_lane_with_fewest_lines_in_the_engine_
     assert sorted(engine.lanes_in()) == ["b"] * 5 + ["t"]
     small.close()
     assert share.lanes == 2 and share.sent == 6
+
+
+def test_a_lane_idle_for_a_while_takes_its_turn_again_not_every_place_it_missed():
+    engine = _ManualEngine()
+    share = BatchShare(lambda: 2)
+    a, b = BatchLane(engine, share), BatchLane(engine, share)
+    a.submit("a0")
+    for i in range(30):
+        b.submit(f"b{i}")
+    engine.end("a0")
+    for _ in range(20):  # a has nothing to send: b takes every place
+        engine.end(next(p for p, _ in engine.sent if p.startswith("b")))
+    for i in range(1, 5):
+        a.submit(f"a{i}")
+    got = []
+    for _ in range(6):
+        ended_first = engine.sent[0][0]
+        engine.end(ended_first)
+        got.append(engine.sent[-1][0][0])
+    assert got.count("a") == 3, got  # by turns with b, not a's 20 missed turns at once
 
 
 def test_lanes_submitting_from_their_own_threads_while_lines_end_give_back_every_place():

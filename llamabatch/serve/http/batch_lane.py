@@ -73,7 +73,8 @@ class BatchLane:
         self._engine = engine
         self._share = share if isinstance(share, BatchShare) else BatchShare(share)
         self._held: collections.deque = collections.deque()
-        self.sent = 0  # this lane's lines in the engine now (the share hands places to the fewest)
+        self.sent = 0  # this lane's lines in the engine now
+        self.taken = 0  # places the share gave it (set by the share: the fewest taken goes next)
         self._stopped = False
         self._lock = self._share.lock  # one lock for all lanes: a place is taken and given under it
         self._share.join(self)
@@ -145,6 +146,8 @@ class BatchLane:
     def _hold(self, handle: LaneHandle, send: Callable[[], Any]) -> LaneHandle:
         with self._lock:
             if not self._stopped:
+                if not self._held:
+                    self._share.waits(self)
                 self._held.append((handle, send))
                 self._share.feed()
                 return handle
