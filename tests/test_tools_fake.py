@@ -341,3 +341,37 @@ def test_a_serve_batch_of_tool_lines_records_the_calls(tmp_path):
     message = out["r1"]["response"]["body"]["choices"][0]["message"]
     assert message["tool_calls"][0]["function"]["name"] == "get_weather" and message["content"] == "Checking. "
     assert "repeats the name" in out["r2"]["error"]["message"]
+
+
+# -- chat --tools ----------------------------------------------------------------------------------
+
+
+def test_chat_with_tools_offers_them_and_names_each_call(tmp_path):
+    from llamabatch import Engine, EngineConfig
+    from llamabatch.chat.chat_tools import read_tools_file
+    from llamabatch.chat.session import ChatIO, ChatSession
+    from llamabatch.errors import InvalidRequest
+
+    from fake_runner import FakeRunner
+
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps({"tools": [WEATHER]}))
+    prompts = []
+
+    def reply(prompt: str) -> str:
+        prompts.append(prompt)
+        return CALL if len(prompts) == 1 else "Sunny then."
+
+    notices: list[str] = []
+    runner = FakeRunner(n_slots=1, slot_ctx=4096, reply=reply)
+    with Engine(EngineConfig(n_parallel=1, n_ctx=4096), runner=runner) as engine:
+        io = ChatIO(lambda prompt: "", lambda text: None, notices.append, notices.append)
+        session = ChatSession(engine, SamplingParams(max_tokens=200, temperature=0), io, tools=read_tools_file(str(path)))
+        assert isinstance(session.request_params().grammar, LarkGrammar)
+        session.say("weather in Paris?")
+        session.say("it is sunny")
+    assert 'tool call: get_weather {"city": "Paris"}' in notices
+    assert all('"name": "get_weather"' in p for p in prompts)  # offered with every turn
+    path.write_text("[]")
+    with pytest.raises(InvalidRequest, match="lists no tools"):
+        read_tools_file(str(path))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .autosave import Autosave
+from .chat_tools import TemplateWithTools, call_notices, tools_grammar
 from .conversation import Conversation, PromptBuilder, TurnPrompt
 from .store import Stored
 from ..params import SamplingParams
@@ -52,13 +53,16 @@ class SessionTotals:
 
 class ChatSession:
     def __init__(self, engine: Any, params: SamplingParams, io: ChatIO, *, system: str | None = None,
-                 verbose: bool = False, load_s: float = 0.0, autosave: Autosave | None = None):
+                 verbose: bool = False, load_s: float = 0.0, autosave: Autosave | None = None, tools: Any = None):
         self.engine = engine
+        self.tools = tools  # chat --tools: a ToolRequest offered with every turn (chat_tools.py)
         self.params = params
         self.io = io
         self.verbose = verbose
         self.conversation = Conversation(system)
         self.builder = PromptBuilder.for_engine(engine)
+        if tools is not None:
+            self.builder.template = TemplateWithTools(engine.chat_template, tools)
         self.totals = SessionTotals()
         self.last_result: Result | None = None
         self._load_s = load_s  # shown as "load duration" once, with the first reply
@@ -80,7 +84,7 @@ class ChatSession:
 
     @property
     def template(self):
-        return self.engine.chat_template
+        return self.builder.template if self.tools is not None else self.engine.chat_template
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -170,6 +174,9 @@ class ChatSession:
             self.io.info(f"error: {result.error}")
             return result
         self.conversation.add("assistant", result.text)
+        if self.tools is not None:
+            for line in call_notices(result.text):
+                self.io.notice(line)
         self._remember(prompt, result)
         if params.store_prefix:
             self._turn_kv = self._kv_row(prompt, result)
@@ -186,6 +193,8 @@ class ChatSession:
         (The engine adds those itself only for message prompts; chat submits tokens.)"""
         extra = [s for s in self.template.stop if s not in self.params.stop]
         params = self.params.replace(n=1) if self.params.n != 1 else self.params  # one reply per turn, whatever [sampling] n says
+        if self.tools is not None:
+            params = params.replace(grammar=tools_grammar(self.tools), json_schema=None)
         return params.replace(stop=[*params.stop, *extra]) if extra else params
 
     # -- conversation changes -----------------------------------------------------------------

@@ -32,6 +32,7 @@ def chat_command(
     load: Annotated[Optional[str], typer.Option("--load", metavar="FILE", help="Continue a JSON transcript written by /save (saved as a new conversation).")] = None,
     list_: Annotated[bool, typer.Option("--list", help="List the saved conversations, newest first, and exit.")] = False,
     search: Annotated[Optional[str], typer.Option("--search", metavar="TEXT", help="List the saved conversations with messages containing every word of TEXT, and exit.")] = None,
+    tools: Annotated[Optional[str], typer.Option("--tools", metavar="FILE", help="Offer the model the tools of FILE (an OpenAI tools JSON array); each call a reply makes is named, and you answer with its result.")] = None,
     no_save: Annotated[bool, typer.Option("--no-save", help="Do not record this chat in the conversation database, nor its KV in the disk prefix store (unless --prefix-store is given).")] = False,
     *,
     opts: EngineOptions,
@@ -72,6 +73,9 @@ def chat_command(
         # "record nothing of this chat": the engine's own saves of a prefix two turns share would
         # still write the conversation's KV to disk; an explicit --prefix-store keeps it on
         resolved = resolved.replace(engine=resolved.engine.replace(prefix_store=None))
+    from ...chat.chat_tools import read_tools_file
+
+    offered = read_tools_file(tools) if tools is not None else None  # a bad file: one line, before the model loads
     stored = read_stored(continue_, resume)
     loaded = Conversation.load(load) if load is not None else None  # a bad file: one line, exit 2
     store, broken = (None, None) if no_save else open_store()
@@ -84,7 +88,8 @@ def chat_command(
         io = terminal_io(env) if interactive else pipe_io(env.stdin, env.stdout, env.stderr)
         engine.on_notice = io.notice  # a template fallback is said once, dim like other notices
         template = engine.chat_template  # an unusable --chat-template fails here, before any turn
-        session = ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s)
+        session = ChatSession(engine, resolved.sampling, io, system=system, verbose=verbose, load_s=load_s,
+                              tools=offered)
         if not no_save:
             session.autosave = Autosave(store, meta=lambda: conversation_meta(session), notice=io.notice,
                                         fallback_dir=default_path().parent, broken=broken)
