@@ -4,6 +4,7 @@ and embeddings bodies), one record out. Pure functions and dataclasses: no I/O, 
 
 jobs/ and serve/ import the names below, never the modules behind them (tests/test_layering.py):
   lines.py          parse a line or body (LineParser) and build its record
+  request_body.py   an OpenAI body's fields read into a prompt and sampling fields (for lines.py)
   logprobs.py       OpenAI's logprobs shapes from a result's token logprobs
   embed_records.py  embeddings lines and records; embed_vectors.py the vectors' encodings
   fields.py         the field checks serve-stdin's requests share with lines

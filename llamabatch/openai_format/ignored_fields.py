@@ -42,7 +42,7 @@ def noted_fields(body: dict[str, Any], chat: bool) -> list[str]:
 
 
 def is_accepted(key: str, chat: bool) -> bool:
-    """Whether `_map_body` skips the key as read here (silent, noted, or checked by noted_fields)."""
+    """Whether request_body.map_body skips the key as read here (silent, noted, or checked by noted_fields)."""
     return key in SILENT_FIELDS or key in NOTED_FIELDS or (chat and key in ("modalities", *REFUSED_CHAT_FIELDS))
 
 

@@ -25,20 +25,19 @@ from typing import Any, Union
 from ..errors import InvalidRequest
 from ..files.json_line import BadJSON, loads, sniff_id
 from ..params import FIELD_TYPES, MAX_PRIORITY, SamplingParams
-from .fields import check_messages, check_prompt, is_int, is_request_id, json_kind
+from .fields import is_int, is_request_id, json_kind
 from ..results import EmbeddingResult, Result, Timings, Usage
-from .ignored_fields import is_accepted, noted_fields
-from .embed_records import (EMBED_BODY_FIELDS, EmbedLine, check_encoding, embedding_body, plain_embedding_record)
+from .ignored_fields import noted_fields
+from .embed_records import EmbedLine, embedding_body, plain_embedding_record
 from .logprobs import chat_logprobs, completion_logprobs
 from .responses_object import response_object
 from .responses_request import RESPONSES_URL, ResponsesRequest, parse_responses_body
 from .tool_calls import chat_message, plain_tool_fields
 from .tool_lines import chat_with_tools
 from .tools_request import TOOL_BODY_FIELDS, ToolRequest
+from .request_body import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, checked_messages, checked_prompt, embed_body,
+                           embed_line, map_body)
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
-EMBEDDINGS_URL = "/v1/embeddings"
 URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL)
 INPUT_FORMATS = ("auto", "text", "jsonl")
 PLAIN, OPENAI = "plain", "openai"  # output shapes
@@ -48,9 +47,6 @@ PLAIN_KEYS = ("id", "prompt", "messages", "system")
 # OpenAI's service_tier as a priority step from the line's default (lower runs sooner): "flex"
 # below it, "priority" above it; a body's own `priority` (vLLM's field) wins over it.
 SERVICE_TIERS = {"auto": 0, "default": 0, "flex": 10, "priority": -10}
-# OpenAI body features not supported: fine when absent or off, an error when asked for.
-OFF_BODY_FIELDS = ("stream", "echo", "suffix", *TOOL_BODY_FIELDS)  # tools: chat bodies only (tool_lines.py)
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs (and vLLM's default for completions)
 # Codes of errors caused by the line itself (HTTP 400 in the OpenAI shape); others are 500.
 CLIENT_ERROR_CODES = ("invalid_json", "unknown_shape", "invalid_url", "invalid_request", "duplicate_id",
                       "context_overflow")
@@ -102,6 +98,10 @@ class _Bad(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code, self.message = code, message
+
+
+def _as_bad(exc: Exception) -> _Bad:
+    return exc if isinstance(exc, _Bad) else _Bad("invalid_request", str(exc))
 
 
 class LineParser:
@@ -208,8 +208,9 @@ class LineParser:
             if unknown:
                 raise _Bad("invalid_request", f"an embeddings line takes id, {key}, encoding_format and "
                                               f"dimensions; got {', '.join(map(repr, unknown))}")
-            embed = _embed_line(data[key], data.get("encoding_format"), data.get("dimensions"))
-        except _Bad as bad:
+            embed = embed_line(data[key], data.get("encoding_format"), data.get("dimensions"))
+        except (_Bad, InvalidRequest) as exc:  # request_body.py's checks raise InvalidRequest
+            bad = _as_bad(exc)
             return _plain_error(line_no, line_id, bad)
         echo = {k: v for k, v in data.items() if k != "id"} if self.echo else None
         return LineRequest(line_no, line_id, embed.inputs, self.defaults, echo=echo, embed=embed)
@@ -225,18 +226,19 @@ class LineParser:
             if system is not None and not isinstance(system, str):
                 raise _Bad("invalid_request", f"system must be a string, got {json_kind(system)}")
             if "prompt" in data:
-                prompt = _check_prompt(data["prompt"])
+                prompt = checked_prompt(data["prompt"])
                 if system and isinstance(prompt, str):
                     prompt = _as_chat(prompt, system)
             sampling = {k: v for k, v in data.items() if k in FIELD_TYPES}
             tools = None
             if "messages" in data:
-                prompt, tools = _tools(data, _check_messages(data["messages"]), sampling, "")
+                prompt, tools = _tools(data, checked_messages(data["messages"]), sampling, "")
                 prompt = _with_system(prompt, system)
             elif any(k in data for k in TOOL_BODY_FIELDS):
                 raise _Bad("invalid_request", "tools need a chat line: give messages, not prompt")
             params = _params(sampling, self.defaults)
-        except _Bad as bad:
+        except (_Bad, InvalidRequest) as exc:  # request_body.py's checks raise InvalidRequest
+            bad = _as_bad(exc)
             return _plain_error(line_no, line_id, bad)
         echo = {k: v for k, v in data.items() if k != "id"} if self.echo else None
         return LineRequest(line_no, line_id, prompt, params, echo=echo, tools=tools)
@@ -256,10 +258,10 @@ class LineParser:
             if not isinstance(body, dict):
                 raise _Bad("invalid_request", f"body must be an object, got {json_kind(body)}")
             if url == EMBEDDINGS_URL:
-                embed = _embed_body(body)
+                embed = embed_body(body)
                 return LineRequest(line_no, line_id, embed.inputs, self.defaults, OPENAI, url, embed=embed)
             responses = _responses_body(body) if url == RESPONSES_URL else None  # responses_request.py reads it
-            prompt, sampling = (responses.messages(), responses.sampling) if responses else _map_body(body, url)
+            prompt, sampling = (responses.messages(), responses.sampling) if responses else map_body(body, url)
             tools = None
             if url == CHAT_URL:
                 prompt, tools = _tools(body, prompt, sampling, "body.")
@@ -269,7 +271,8 @@ class LineParser:
             params = _params(_with_tier(sampling, body.get("service_tier"), self.defaults), self.defaults)
             if responses:
                 responses.params = params
-        except _Bad as bad:
+        except (_Bad, InvalidRequest) as exc:  # request_body.py's checks raise InvalidRequest
+            bad = _as_bad(exc)
             message = bad.message if line_id is not NO_ID else _with_line(bad.message, line_no)
             return LineError(line_no, line_id, bad.code, message, OPENAI, url if url in URLS else None)
         return LineRequest(line_no, line_id, prompt, params, OPENAI, url, responses=responses, tools=tools,
@@ -320,113 +323,6 @@ def _responses_body(body: dict[str, Any]) -> ResponsesRequest:
         raise _Bad("invalid_request", str(exc)) from None
 
 
-def _map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
-    """An OpenAI request body -> (prompt or messages, sampling fields)."""
-    sampling: dict[str, Any] = {}
-    for key, value in body.items():
-        if key in ("messages", "prompt", "max_completion_tokens", "response_format", "logprobs", "top_logprobs",
-                   "service_tier") or is_accepted(key, url == CHAT_URL):
-            continue  # accepted with no effect: ignored_fields.py names them in the record
-        if key in TOOL_BODY_FIELDS and url == CHAT_URL:
-            continue  # read by tool_lines.py
-        if value is None:
-            continue  # OpenAI's null means "the default", which the flags supply
-        if key in OFF_BODY_FIELDS:
-            if value not in (None, False, 0, [], "", "none"):
-                raise _Bad("invalid_request", f"body.{key} is not supported")
-            continue
-        if key == "best_of":
-            if value != 1 or isinstance(value, bool):
-                raise _Bad("invalid_request", f"body.best_of is not supported (got {json.dumps(value)}): llamabatch "
-                                              "does not rank samples; ask for n and get all of them")
-            continue
-        if key not in FIELD_TYPES:  # vLLM-style extras (top_k, min_p, ignore_eos...) are sampling fields
-            raise _Bad("invalid_request", f"unsupported body field {key!r}")
-        sampling[key] = value
-    if body.get("max_completion_tokens") is not None:
-        sampling["max_tokens"] = body["max_completion_tokens"]  # the newer name wins
-    logprobs = _logprobs(body, url)
-    if logprobs is not None:
-        sampling["logprobs"] = logprobs
-    schema = _response_format(body.get("response_format"))
-    if schema is not None:
-        sampling["json_schema"] = schema
-    if url == CHAT_URL:
-        if "messages" not in body:
-            raise _Bad("invalid_request", f"{CHAT_URL} needs body.messages")
-        return _check_messages(body["messages"]), sampling
-    if "prompt" not in body:
-        raise _Bad("invalid_request", f"{COMPLETIONS_URL} needs body.prompt")
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        if len(prompt) != 1:
-            raise _Bad("invalid_request", f"body.prompt must be one prompt, got a list of {len(prompt)}")
-        prompt = prompt[0]
-    return _check_prompt(prompt), sampling
-
-
-def _embed_body(body: dict[str, Any]) -> EmbedLine:
-    """An OpenAI /v1/embeddings body -> what to embed and how to encode it."""
-    unknown = [k for k in body if k not in EMBED_BODY_FIELDS]
-    if unknown:
-        raise _Bad("invalid_request", f"unsupported body field {unknown[0]!r} for {EMBEDDINGS_URL}")
-    if "input" not in body:
-        raise _Bad("invalid_request", f"{EMBEDDINGS_URL} needs body.input")
-    return _embed_line(body["input"], body.get("encoding_format"), body.get("dimensions"))
-
-
-def _embed_line(inputs: Any, encoding_format: Any, dimensions: Any) -> EmbedLine:
-    """The input is checked by the engine (empty, too many, not strings, out of the vocabulary:
-    each this line's error there); the encoding and `dimensions`' type here."""
-    try:
-        encoding = check_encoding(encoding_format)
-    except InvalidRequest as exc:
-        raise _Bad("invalid_request", str(exc)) from None
-    if dimensions is not None and (not is_int(dimensions) or dimensions <= 0):
-        raise _Bad("invalid_request", f"dimensions must be an integer >= 1, got {json.dumps(dimensions)}")
-    return EmbedLine(inputs, encoding, dimensions)
-
-
-def _logprobs(body: dict[str, Any], url: str) -> int | None:
-    """How many alternatives per token the body asks for (None: no logprobs), as OpenAI reads it:
-    chat takes `logprobs: true` plus `top_logprobs: 0..20`, completions take `logprobs: k`."""
-    value, top = body.get("logprobs"), body.get("top_logprobs")
-    if url == CHAT_URL:
-        if value is not None and not isinstance(value, bool):
-            raise _Bad("invalid_request", f"body.logprobs must be true or false, got {json.dumps(value)}")
-        if top is not None and (not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
-            raise _Bad("invalid_request", f"body.top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
-                                          f"got {json.dumps(top)}")
-        if top and not value:
-            raise _Bad("invalid_request", "body.top_logprobs needs body.logprobs set to true")
-        return (top or 0) if value else None
-    if top is not None:
-        raise _Bad("invalid_request", f"{COMPLETIONS_URL} takes body.logprobs (an integer), not body.top_logprobs")
-    if value is None:
-        return None
-    if not is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
-        raise _Bad("invalid_request", f"body.logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], "
-                                      f"got {json.dumps(value)}")
-    return value
-
-
-def _response_format(value: Any) -> dict | None:
-    if value is None:
-        return None
-    kind = value.get("type") if isinstance(value, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema":
-        spec = value.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        if not isinstance(schema, dict):
-            raise _Bad("invalid_request", "response_format.json_schema.schema must be a JSON schema object")
-        return schema
-    raise _Bad("invalid_request", "response_format.type must be text, json_object or json_schema")
-
-
 def _check_id(value: Any) -> LineId:
     # Strings and integers are echoed back exactly; anything else can't be matched reliably on resume.
     if is_request_id(value):
@@ -466,22 +362,6 @@ def _plain_error(line_no: int, line_id: LineId | None, bad: _Bad) -> LineError:
 def _with_line(message: str, line_no: int) -> str:
     """A record without an id names its line in the message: the one way to find the line."""
     return message if message.startswith((f"line {line_no}:", f"line {line_no} ")) else f"line {line_no}: {message}"
-
-
-def _check_prompt(prompt: Any) -> str | list[int]:
-    try:
-        return check_prompt(prompt)
-    except InvalidRequest as exc:
-        raise _Bad("invalid_request", str(exc)) from None
-
-
-def _check_messages(messages: Any) -> list[dict]:
-    try:
-        messages = check_messages(messages)
-    except InvalidRequest as exc:
-        raise _Bad("invalid_request", str(exc)) from None
-    # OpenAI's newer name for the system role; chat templates know only "system".
-    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
 
 
 def _with_system(messages: list[dict], system: str | None) -> list[dict]:
