@@ -4,7 +4,7 @@ over what the server already holds, asking the engine process nothing.
 EngineFigures: Engine.stats() (running totals, and slots and queue as of the engine's last
 tick; the supervised engine answers it from the parent's own copy) and the restart count.
 BatchFigures: every unfinished batch in the catalogue, its lines done of all (the counts the
-batch queue writes every half second), and for the batch running now the tokens per second its
+batch queue writes every half second), and for each batch running now the tokens per second its
 lane has generated and an ETA from its pace so far.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ class BatchFigures(Collector):
         failed = GaugeMetricFamily(PREFIX + "batch_lines_failed", "Lines of a batch that failed.", labels=labels)
         lines = GaugeMetricFamily(PREFIX + "batch_lines", "Lines in a batch's input file.", labels=labels)
         speed = GaugeMetricFamily(PREFIX + "batch_generation_tokens_per_second",
-                                  "Tokens per second the running batch generates (since it started here).",
+                                  "Tokens per second a running batch generates (since it started here).",
                                   labels=labels)
         eta = GaugeMetricFamily(PREFIX + "batch_eta_seconds", "Seconds left for a running batch at its pace "
                                 "so far (absent until a line is done).", labels=labels)
