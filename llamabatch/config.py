@@ -65,6 +65,9 @@ class EngineConfig:
     # One KV cache for all slots instead of one stream per slot: a tick is one graph run
     # whatever its shape, and forks share cells instead of copying them.
     kv_unified: bool = False
+    # With a stream per slot, a running request moves into an idle slot below it so the busy
+    # slots stay consecutive (one graph run a tick: core/kv_ledger.py plan_moves). False: never.
+    slot_moves: bool = True
     # A request's tokens depend only on its prompt, sampling parameters and seed, not on what
     # else shares the batch (see llamabatch/llama/batch_invariance.py and docs/deterministic.md). CPU builds only.
     deterministic: bool = False
@@ -223,6 +226,7 @@ KEY_RULES: dict[str, Rule] = {
     "seed": optional(_seed),
     "share_prefix_min": integer(0, "an integer >= 0 (0 = off)"),
     "kv_unified": boolean,
+    "slot_moves": boolean,
     "deterministic": boolean,
     "cpu_buffers": optional(choice(*CPU_BUFFERS)),
     "max_memory": optional(max_memory_rule),

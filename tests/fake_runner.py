@@ -124,7 +124,7 @@ def _as_it_was(plan: StepPlan) -> StepPlan:
     """A copy of the plan that later changes to it do not reach: its chunks and their token and
     sibling lists are copied; the samplers, and the trims, forks and restores (frozen), are shared."""
     chunks = [replace(c, tokens=list(c.tokens), siblings=list(c.siblings)) for c in plan.chunks]
-    return StepPlan(chunks, list(plan.forks), list(plan.trims), list(plan.restores))
+    return StepPlan(chunks, list(plan.forks), list(plan.trims), list(plan.restores), list(plan.moves))
 
 
 @dataclass
@@ -172,7 +172,7 @@ class FakeRunner:
                  probs: Callable[[list[int]], dict[int, float]] | None = None,
                  grammar_allows: Callable[[int], bool] | None = None, pool_cells: int | None = None,
                  can_interrupt: bool = True, eval_ms: float = 0.5, restored_whole_below: int | None = None,
-                 window: int = 0):
+                 window: int = 0, move_ok: Callable[[int], bool] | None = None):
         self.can_interrupt = can_interrupt
         self.eval_ms = eval_ms  # what each decode reports it took (the engine estimates tick times from it)
         self._stop = threading.Event()  # interrupt() sets it; clear_interrupt() clears it
@@ -244,6 +244,11 @@ class FakeRunner:
         self.samplers: list[FakeSampler] = []
         self.violations: list[str] = []
         self.forks: list[tuple[int, int, int]] = []  # (src, dst, n_tokens) applied, in order
+        # Moves (plan.Move), as llama.cpp copies a whole stream: the destination becomes the
+        # source's copy and the source keeps its cells; move_ok(dst) False scripts a copy that
+        # failed (the destination is emptied, as LlamaRunner does).
+        self.moves: list[tuple[int, int, int]] = []  # (src, dst, n_tokens) applied, in order
+        self.move_ok = move_ok or (lambda slot: True)
         self.close_calls = 0
         self.calls = 0
         self._lock = threading.Lock()
@@ -327,6 +332,7 @@ class FakeRunner:
         emptied = self._apply_trims(plan)  # first, as the real runner: a trimmed slot may be a fork's destination
         restored = self._apply_restores(plan)
         self._apply_forks(plan, emptied)  # before the decode, and kept even when the decode fails
+        self._apply_moves(plan, emptied)  # after the forks, as LlamaRunner
         plan = plan.without_slots(emptied)  # as LlamaRunner: an emptied slot's chunk is not evaluated
         self._check(plan)
         status = self._status_for(call, plan)
@@ -514,6 +520,32 @@ class FakeRunner:
             self.floor[f.dst_slot] = self.floor.get(f.src_slot, 0)
             if self.lost_below.get(f.src_slot):
                 self.lost_below[f.dst_slot] = self.lost_below[f.src_slot]
+
+    def _apply_moves(self, plan: StepPlan, emptied: set[int]) -> None:
+        others = {t.slot for t in plan.trims} | {r.slot for r in plan.restores} | \
+            {f.src_slot for f in plan.forks} | {f.dst_slot for f in plan.forks}
+        ends: set[int] = set()
+        for m in plan.moves:
+            if self.pool_cells is not None or not self.can_fork:
+                self.violations.append(f"move {m} planned with one KV cache the slots share, or no forks")
+            if m.src_slot == m.dst_slot or {m.src_slot, m.dst_slot} & (ends | others):
+                self.violations.append(f"move {m}: a slot another change of the plan touches")
+            if len(self.kv[m.src_slot]) != m.n_tokens:
+                self.violations.append(f"move {m} but the source holds {len(self.kv[m.src_slot])} tokens")
+            if m.src_slot in self.stale:
+                self.violations.append(f"move {m} copies a slot a failed decode left unknown")
+            if not any(c.slot == m.dst_slot for c in plan.chunks):
+                self.violations.append(f"move {m} in a plan without the moved request's chunk (no decode copies it)")
+            ends |= {m.src_slot, m.dst_slot}
+            self.moves.append((m.src_slot, m.dst_slot, m.n_tokens))
+            if not self.move_ok(m.dst_slot):
+                self.kv[m.dst_slot] = []
+                self.floor.pop(m.dst_slot, None)
+                emptied.add(m.dst_slot)
+                continue
+            self.stale.discard(m.dst_slot)
+            self.kv[m.dst_slot] = list(self.kv[m.src_slot])
+            self.floor[m.dst_slot] = self.floor.get(m.src_slot, 0)
 
     def _check(self, plan: StepPlan) -> None:
         if self.n_batch is not None and plan.n_tokens > self.n_batch:

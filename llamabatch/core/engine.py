@@ -108,7 +108,7 @@ class EngineCore(EngineBase):
                                    disk=self.disk,
                                    speculation=Speculation(runner.graph_runs, runner.valid_guesses, **runner.draft_limits)
                                    if speculating else None,
-                                   pool_cells=runner.pool_cells,
+                                   pool_cells=runner.pool_cells, moves=self.config.slot_moves and runner.can_fork,
                                    park=runner.snapshot if runner.can_park else None,
                                    reserved=self.config.reserved_slots,
                                    park_budget=park_budget(runner),
@@ -561,7 +561,8 @@ class EngineCore(EngineBase):
             queue_depth=len(self.scheduler.waiting), eval_ms=result.eval_ms, sample_ms=result.sample_ms,
             overhead_ms=overhead, wall_ms=wall, plan_ms=plan_ms, fill_ms=result.fill_ms,
             after_ms=max(0.0, overhead - plan_ms - result.fill_ms), ubatches=result.ubatches,
-            forced_tokens=forced, drafted_tokens=plan.draft_tokens, accepted_tokens=accepted))
+            forced_tokens=forced, drafted_tokens=plan.draft_tokens, accepted_tokens=accepted,
+            moves=len(plan.moves)))
 
     def _rows_by_priority(self, plan: StepPlan) -> dict[int, int]:
         """The tick's rows by their request's priority; empty when all are priority 0."""

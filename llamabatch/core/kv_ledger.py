@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .plan import Chunk, Fork, Restore, StepResult, Trim
+from .plan import Chunk, Fork, Move, Restore, StepResult, Trim
 from .sequence import Sequence, Status
 
 
@@ -47,6 +47,16 @@ class Parked:
     status: Status
 
 
+# The fewest tokens a request must have left to move into a hole: below it the stream copy costs
+# more than the split ticks it saves (docs/performance.md, "Moves").
+MOVE_MIN_LEFT = 4
+
+
+def runs_of(slot_ids: set[int]) -> int:
+    """How many runs of consecutive ids `slot_ids` makes: the graph runs of a decode tick over them."""
+    return sum(1 for i in slot_ids if i - 1 not in slot_ids)
+
+
 class KVLedger:
     def __init__(self, n_slots: int, slot_ctx: int, cache_generated: bool = True,
                  pool_cells: int | None = None, keep_floor: Callable[[int], int] | None = None,
@@ -71,6 +81,7 @@ class KVLedger:
         self._forks: list[Fork] = []  # decided, not yet handed to the runner in a plan
         self._trims: list[Trim] = []  # likewise; a plan applies its trims before its forks
         self._restores: list[Restore] = []  # likewise
+        self._moves: list[Move] = []  # likewise (plan_moves, decided as a plan is made)
         self.restoring: dict[int, list[int]] = {}  # slot -> the tokens its planned Restore brings
         self._resuming: set[int] = set()  # slots whose planned Restore puts a parked request's KV back
 
@@ -122,12 +133,61 @@ class KVLedger:
         if restore.resume:
             self._resuming.add(restore.slot)
 
-    def take_changes(self) -> tuple[list[Fork], list[Trim], list[Restore]]:
+    def take_changes(self) -> tuple[list[Fork], list[Trim], list[Restore], list[Move]]:
         """The changes decided since the last plan, for the next one."""
         forks, self._forks = self._forks, []
         trims, self._trims = self._trims, []
         restores, self._restores = self._restores, []
-        return forks, trims, restores
+        moves, self._moves = self._moves, []
+        return forks, trims, restores, moves
+
+    # -- no holes: moves between per-slot streams -----------------------------------------------
+
+    def plan_moves(self, ticking: set[int], min_left: int, now: float) -> list[Move]:
+        """Fill the idle slots between busy ones (with a KV stream per slot llama.cpp runs a tick
+        in one graph run only across consecutive slots) by moving the request on the highest busy
+        slot into the lowest such hole, while one may move: its slot has a row in this tick's
+        plan (`ticking`: that chunk performs the copy), nothing else pending touches either slot,
+        and it has at least `min_left` tokens still to go, below which the copy costs more than
+        the split ticks it saves (docs/performance.md, "Moves"). Only moves that leave fewer
+        runs of consecutive busy slots are made. Call before the plan's chunks are made: they
+        go to the new slots."""
+        busy = {s.slot_id for s in self.slots if s.seq is not None}
+        if not busy:
+            return []
+        blocked = self.changing()
+        holes = [s for s in self.slots[min(busy):max(busy)] if s.seq is None and s.slot_id not in blocked]
+        movers = [s for s in reversed(self.slots) if s.seq is not None and s.slot_id in ticking
+                  and s.slot_id not in blocked and self._may_move(s.seq, min_left)]
+        pairs = [(src, hole) for hole, src in zip(holes, movers) if src.slot_id > hole.slot_id]
+        after = (busy - {src.slot_id for src, _ in pairs}) | {hole.slot_id for _, hole in pairs}
+        if runs_of(after) >= runs_of(busy):
+            return []
+        return [self._move(src, hole, now) for src, hole in pairs]
+
+    def _may_move(self, seq: Sequence, min_left: int) -> bool:
+        """Whether seq's place can change between ticks with nothing of its own pending: not put
+        aside, not awaiting a token sampled apart (its job names the slot), nor a prefix save of
+        its slot, and with enough answer left for the copy to pay."""
+        if seq.status not in (Status.GENERATING, Status.PREFILLING) or seq.parked is not None:
+            return False
+        if seq.sampling_apart or seq.save_at is not None:
+            return False
+        left = min(seq.params.max_tokens - len(seq.output), self.slot_ctx - seq.num_tokens)
+        return left + seq.num_pending >= min_left
+
+    def _move(self, src: Slot, dst: Slot, now: float) -> Move:
+        """Decide one Move: dst takes src's request and a copy of its cache; src keeps its cells
+        as an idle slot's cache (a stream per slot: they take no room anyone else could)."""
+        seq = src.seq
+        move = Move(src.slot_id, dst.slot_id, seq.num_computed)  # type: ignore[union-attr]
+        dst.cached, dst.min_keep = list(src.cached), src.min_keep
+        dst.seq, src.seq = seq, None
+        dst.last_used = src.last_used
+        src.last_used = now
+        seq.slot = dst.slot_id  # type: ignore[union-attr]
+        self._moves.append(move)
+        return move
 
     def fork_ends(self) -> set[int]:
         """Slots a decided fork reads or fills: they keep their KV until that plan has run."""
@@ -139,7 +199,8 @@ class KVLedger:
 
     def changing(self) -> set[int]:
         """Slots whose KV anything decided and not yet applied touches."""
-        return self.refilled() | self.fork_ends() | set(self.restoring)
+        moved = {m.src_slot for m in self._moves} | {m.dst_slot for m in self._moves}
+        return self.refilled() | self.fork_ends() | set(self.restoring) | moved
 
     def refresh_min_keep(self) -> None:
         """Raise each slot's min_keep to what the runner can still keep of it, before admission

@@ -119,6 +119,28 @@ class Fork:
 
 
 @dataclass(frozen=True)
+class Move:
+    """Make `dst_slot`'s KV cache hold exactly what `src_slot` holds (`n_tokens` positions), for
+    the request on `src_slot` to go on in `dst_slot`: with a KV stream per slot llama.cpp runs a
+    tick in one graph run only across consecutive slots, so an idle slot between busy ones
+    splits every tick until something fills it (kv_ledger.KVLedger.plan_moves).
+
+    Semantics, as the runner applies it: after the plan's forks and before its llama_decode
+    (taking effect even when that decode fails, as forks do); `src_slot` keeps its cells, as an
+    idle slot's cache; whatever `dst_slot` held is gone. Never planned with one KV cache the
+    slots share. How: `llama_memory_seq_cp(src, dst, -1, -1)` copies the whole stream (cell
+    metadata at once, the buffers at the start of the next llama_decode: every plan carrying a
+    Move carries the moved request's chunk). A copy that does not leave `dst_slot` holding
+    `n_tokens` positions empties it (`StepResult.emptied`): the request evaluates its tokens
+    again there, and no token is lost or repeated.
+    """
+
+    src_slot: int
+    dst_slot: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
 class Restore:
     """Make `slot`'s KV cache hold exactly the `n_tokens` tokens whose KV `payload` carries (a
     disk prefix store entry: core/disk_prefix.py, written by `runner.snapshot`).
@@ -149,6 +171,7 @@ class StepPlan:
     forks: list[Fork] = field(default_factory=list)  # applied before the chunks are evaluated
     trims: list[Trim] = field(default_factory=list)  # applied first: before the forks and the chunks
     restores: list[Restore] = field(default_factory=list)  # after the trims, before the forks
+    moves: list[Move] = field(default_factory=list)  # after the forks, before the chunks
 
     @property
     def n_tokens(self) -> int:
@@ -167,13 +190,14 @@ class StepPlan:
         return sum(c.n_draft for c in self.chunks)
 
     def __bool__(self) -> bool:
-        return bool(self.chunks or self.forks or self.trims or self.restores)
+        return bool(self.chunks or self.forks or self.trims or self.restores or self.moves)
 
     def without_slots(self, slots: set[int]) -> "StepPlan":
         """This plan less the chunks of `slots` (its KV changes stay, already applied or not)."""
         if not slots:
             return self
-        return StepPlan([c for c in self.chunks if c.slot not in slots], self.forks, self.trims, self.restores)
+        return StepPlan([c for c in self.chunks if c.slot not in slots], self.forks, self.trims, self.restores,
+                        self.moves)
 
 
 @dataclass
@@ -348,7 +372,7 @@ class Runner(Protocol):
     def clear_interrupt(self) -> None: ...
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Apply plan.trims, then plan.restores, then plan.forks, then one llama_decode of the plan's chunks;
+        """Apply plan.trims, then plan.restores, then plan.forks, then plan.moves, then one llama_decode of the plan's chunks;
         sample each wants_logits row with its chunk's sampler, or, for a sample_apart chunk
         on a runner whose `can_sample_apart` is True, return a SampleJob for it in
         StepResult.apart."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .admission import Admission, AdmissionQueue, slots_wanted, urgent_rows_only
 from .drafts import Drafter
-from .kv_ledger import KVLedger
+from .kv_ledger import MOVE_MIN_LEFT, KVLedger
 from .output_step import OutputStep, SeqEvent
 from .plan import Chunk, Fork, StepPlan, StepResult, Trim
 from .policies import POLICIES
@@ -37,7 +37,8 @@ class Scheduler:
                  sample_apart: Callable[[Sequence], bool] | None = None, disk: "DiskPrefixes | None" = None,
                  speculation: "Speculation | None" = None, pool_cells: int | None = None,
                  park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30, reserved: int = 0,
-                 restored_whole_below: int | None = None, keep_floor: Callable[[int], int] | None = None):
+                 restored_whole_below: int | None = None, keep_floor: Callable[[int], int] | None = None,
+                 moves: bool = False):
         self.ledger = KVLedger(n_slots, slot_ctx, cache_generated, pool_cells, keep_floor, restored_whole_below,
                                park, park_budget)
         self.saves = PrefixSaves(disk, self.ledger.slots)
@@ -57,6 +58,8 @@ class Scheduler:
         self.sample_apart = sample_apart
         # Speculative decoding (speculation.py): guesses in the rows a tick has to spare. None: off.
         self.speculation = speculation
+        # No holes (KVLedger.plan_moves): only with a KV stream per slot; one shared cache has none.
+        self.moves = moves and pool_cells is None
         self._admitted = 0
         self._timed: list[Sequence] = []  # unfinished sequences with a deadline
 
@@ -150,6 +153,9 @@ class Scheduler:
         prefills.sort(key=lambda s: (s.params.priority, s.admit_order))
         decodes, prefills = urgent_rows_only(decodes, prefills)
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
+        if self.moves:  # before the chunks: they go to the slots the moves give
+            self.ledger.plan_moves({seq.slot for seq, n in allocation if n > 0}, MOVE_MIN_LEFT,  # type: ignore[misc]
+                                   time.perf_counter())
         # In slot order: with a KV stream per slot, llama.cpp puts rows of consecutive slot ids in
         # one ubatch (llama/ubatch_split.py; docs/performance.md, "Scheduler notes").
         chunks = sorted((self._chunk(seq, n) for seq, n in allocation), key=lambda c: c.slot)

@@ -45,6 +45,9 @@ class TickRecord:
     # the tick's decode was stopped part-way for a request that outranked every row of it
     # (core/tick_interrupt.py): nothing of it was kept, its rows run again in a later tick
     interrupted: bool = False
+    # requests moved into an idle slot below them before this tick's decode (a whole KV stream
+    # copied each: plan.Move), so the busy slots stay consecutive
+    moves: int = 0
     at: float = field(default_factory=time.perf_counter)
 
     kind = "tick"
@@ -83,6 +86,7 @@ class Totals:
     accepted_tokens: int = 0  # of them, those that joined answers (part of generated_tokens)
     preemptions: int = 0  # requests put aside for higher-priority ones (their KV kept, resumed later)
     interrupted_ticks: int = 0  # decodes stopped part-way for a request that outranked all their rows
+    moves: int = 0  # requests moved into an idle slot below them (plan.Move: a KV stream copied each)
     eval_ms: float = 0.0
     sample_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -155,6 +159,7 @@ class Telemetry:
         t.accepted_tokens += record.accepted_tokens
         t.preemptions += record.preemptions
         t.interrupted_ticks += record.interrupted
+        t.moves += record.moves
         t.eval_ms += record.eval_ms
         t.sample_ms += record.sample_ms
         t.overhead_ms += record.overhead_ms

@@ -1,4 +1,4 @@
-"""A context's KV memory, changed only as plans say: Trim and Fork (their docstrings in
+"""A context's KV memory, changed only as plans say: Trim, Fork and Move (their docstrings in
 core/plan.py are the contract), plus the position queries and rollbacks the execute
 paths need."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from llama_cpp import llama_cpp as C
 
-from ..core.plan import Fork, Trim
+from ..core.plan import Fork, Move, Trim
 
 
 class KvCache:
@@ -105,6 +105,23 @@ class KvCache:
                 C.llama_memory_seq_rm(self.mem, dst, -1, -1)
                 raise RuntimeError(f"could not trim the copy of slot {src} in slot {dst} to {n} tokens")
         if self._continues_at(dst, n):  # cell metadata is copied at once, the data later
+            return True
+        C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        return False
+
+    def move(self, move: Move) -> bool:
+        """Apply one plan.Move: the destination stream becomes a copy of the source's whole
+        stream (cell metadata now, the buffers at the start of the next llama_decode); the source
+        keeps its cells. False: the copy does not hold the request's positions, and the
+        destination is emptied for its request to evaluate its tokens again."""
+        if self.kv_unified:
+            raise RuntimeError(f"bad move {move}: one KV cache the slots share has no streams to move between")
+        src, dst = move.src_slot, move.dst_slot
+        if src == dst or self.next_pos(src) != move.n_tokens:
+            C.llama_memory_seq_rm(self.mem, dst, -1, -1)
+            return False
+        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)  # the whole stream: see plan.Fork
+        if self._continues_at(dst, move.n_tokens):
             return True
         C.llama_memory_seq_rm(self.mem, dst, -1, -1)
         return False

@@ -237,7 +237,11 @@ class LlamaRunner:
                 emptied.add(fork.dst_slot)
             else:
                 emptied.discard(fork.dst_slot)  # the copy, not the trim before it, says what it holds
-        # trims, restores and forks applied above: the first llama_decode performs the copies
+        for move in plan.moves:  # after the forks: no slot a move touches is in any other change
+            if move.src_slot in emptied or not self.kv.move(move):
+                self.kv.drop_from(move.dst_slot, -1)
+                emptied.add(move.dst_slot)
+        # trims, restores, forks and moves applied above: the first llama_decode performs the copies
         plan = plan.without_slots(emptied)
         result = self._execute_invariant(plan) if self.deterministic else self._execute_chunks(plan)
         result.restored = restored
