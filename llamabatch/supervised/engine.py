@@ -20,36 +20,36 @@ Every child is started by the supervisor thread, which lives as long as the engi
 child's parent-death signal (child.py) is tied to the thread that started it.
 
 Threads: callers submit and cancel under `_lock`, which is never held while writing to or
-reading from a pipe (frames go out through the sender thread); the supervisor thread reads
-the child's frames, delivers Deltas and Results, and restarts the child.
+reading from a pipe (frames go out through the sender thread); the supervisor thread
+(supervisor.py) reads the child's frames, delivers Deltas and Results, and restarts the child.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import itertools
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence as Seq
 
 from ..config import EngineConfig
 from ..core.handle import EventCallback, RequestHandle
 from ..core.embedding import EmbedRequest
 from ..core.inputs import Prompt
-from ..errors import EngineClosed, LlamaBatchError, ModelLoadError
+from ..errors import EngineClosed, LlamaBatchError
 from ..params import SamplingParams, random_seed
 from ..core.poison import MAX_CRASHES, PoisonRule
 from ..core.engine_base import EngineBase, check_room, ended_result, error_result, record_outcome
-from ..results import Delta, EmbeddingResult, Result
-from ..core.telemetry import EngineStats, RequestRecord, Telemetry
+from ..results import EmbeddingResult, Result
+from ..core.telemetry import EngineStats, Telemetry
 from . import wire
-from .canary import CANARY_PARAMS, CANARY_PID, CANARY_PROMPT, engine_error, settings_hint
-from .child_process import ChildProcess, StartFailed
-from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog, load_bound
+from .canary import CANARY_PARAMS, CANARY_PID, CANARY_PROMPT
+from .child_process import ChildProcess
+from .flight import Flight
+# ENGINE_CRASHED, ENGINE_UNAVAILABLE and MAX_FRUITLESS_CRASHES are imported from here too
+from .supervisor import ENGINE_CRASHED, ENGINE_UNAVAILABLE, MAX_FRUITLESS_CRASHES, Supervisor  # noqa: F401
+from .watchdog import DEFAULT_FLOOR_S, DEFAULT_MARGIN, Watchdog
 
 if TYPE_CHECKING:
     from ..in_process.runners import RunnerChoice
@@ -57,44 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llamabatch.supervised")
 
-ENGINE_CRASHED = "engine_crashed"  # this request was in flight in the crashes that isolated it
-ENGINE_UNAVAILABLE = "engine_unavailable"  # no child could be started again: the request never ran to the end
-START_ATTEMPTS = 3  # a child that dies this many times in a row before it is ready is not restarted again
-# Crashes in a row with no request finishing in between: the child dies whatever it runs (a
-# broken build, a bad machine), so stop rather than loop. One poison line takes at most 3.
-MAX_FRUITLESS_CRASHES = 8
 CLOSE_WAIT_S = 30.0  # close() waits this long for the child to stop on its own, then kills it
-
-
-@dataclass
-class _Flight:
-    """A request without its terminal outcome, and what its caller has already been streamed."""
-
-    handle: RequestHandle
-    prompt: Any
-    params: SamplingParams
-    submitted_at: float
-    cancel_requested: bool = False
-    sent_chars: int = 0  # streamed to the caller so far (over every attempt)
-    sent_tokens: int = 0
-    attempt_chars: int = 0  # produced by the current attempt
-    attempt_tokens: int = 0
-    crashes: list[str] = field(default_factory=list)  # how each child it was in died
-
-    @property
-    def pid(self) -> int:
-        return self.handle.request_id
-
-    def new_part(self, text: str, tokens: list[int]) -> Delta | None:
-        """The part of a Delta the caller has not seen: a retry streams again from the start."""
-        skip_chars = max(0, self.sent_chars - self.attempt_chars)
-        skip_tokens = max(0, self.sent_tokens - self.attempt_tokens)
-        self.attempt_chars += len(text)
-        self.attempt_tokens += len(tokens)
-        self.sent_chars = max(self.sent_chars, self.attempt_chars)
-        self.sent_tokens = max(self.sent_tokens, self.attempt_tokens)
-        text, tokens = text[skip_chars:], tokens[skip_tokens:]
-        return Delta(text, list(tokens)) if text or tokens else None
 
 
 class SupervisedEngine(EngineBase):
@@ -141,12 +104,11 @@ class SupervisedEngine(EngineBase):
         self.rule: PoisonRule[int] = PoisonRule(max_crashes=max_crashes)
         self.restarts = 0
         self.hangs = 0  # children the watchdog killed
-        self._fruitless = 0  # crashes since a request last finished in a child
         self.isolated: list[int] = []
         self.fatal_error = None
         self._lock = threading.RLock()
-        self._flights: dict[int, _Flight] = {}  # every request without an outcome
-        self._in_child: dict[int, _Flight] = {}  # those sent to the current child, in order
+        self._flights: dict[int, Flight] = {}  # every request without an outcome
+        self._in_child: dict[int, Flight] = {}  # those sent to the current child, in order
         self._held: list[int] = []  # fresh requests waiting for a child (restart, quarantine, hold())
         self._holding = 0
         self._next_id = 0
@@ -157,10 +119,9 @@ class SupervisedEngine(EngineBase):
         self._chat_template = None
         # What the child's engine says once (Engine.on_notice): a logged warning unless set
         self.on_notice: Callable[[str], None] = lambda line: log.warning("%s", line)
-        self._notices_said: set[str] = set()
-        self._watchdog = Watchdog(watchdog_s, watchdog_margin, busy=self._busy, on_hang=self._hung)
-        self._first_load_s: float | None = None  # the measure of a restart's load bound
-        self._ticked = False  # some child of this engine has finished a step
+        self._supervisor = Supervisor(self)
+        self._watchdog = Watchdog(watchdog_s, watchdog_margin, busy=self._supervisor.busy,
+                                  on_hang=self._supervisor.hung)
         self._canary: str | None = None  # None, "waiting" (to send) or "running": see canary.py
         self._child: ChildProcess | None = None
         self._starting: ChildProcess | None = None  # a child not ready yet (killed by close())
@@ -170,7 +131,7 @@ class SupervisedEngine(EngineBase):
         # The supervisor thread starts every child, the first one too (see the module docstring).
         self._started = threading.Event()
         self._start_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._supervise, name="llamabatch-supervisor", daemon=True)
+        self._thread = threading.Thread(target=self._supervisor.run, name="llamabatch-supervisor", daemon=True)
         self._thread.start()
         try:
             self._started.wait()
@@ -286,7 +247,7 @@ class SupervisedEngine(EngineBase):
                 self.telemetry.totals.submitted += 1
             self._finish(None, handle, error_result(handle.request_id, str(exc), exc.code))
             return handle
-        flight = _Flight(handle, payload, checked, time.perf_counter())
+        flight = Flight(handle, payload, checked, time.perf_counter())
         with self._lock:
             if self._closing or self.fatal_error is not None:
                 raise EngineClosed(self.fatal_error or "the engine is closed")
@@ -391,7 +352,7 @@ class SupervisedEngine(EngineBase):
             held, self._held = self._held, []
             self._send([self._flights[pid] for pid in held])
 
-    def _send(self, flights: list[_Flight]) -> None:
+    def _send(self, flights: list[Flight]) -> None:
         if not self._in_child:
             self._watchdog.progress()  # the stall clock starts with the work, not at the last frame
         batch = []
@@ -415,234 +376,17 @@ class SupervisedEngine(EngineBase):
             if child is not None:
                 child.send(message)
 
-    def _forget(self, flight: _Flight) -> None:
+    def _forget(self, flight: Flight) -> None:
         self._flights.pop(flight.pid, None)
         self._in_child.pop(flight.pid, None)
         if flight.pid in self._held:
             self._held.remove(flight.pid)
         self.rule.finished(flight.pid)
 
-    def _finish(self, flight: _Flight | None, handle: RequestHandle, result: Result) -> None:
+    def _finish(self, flight: Flight | None, handle: RequestHandle, result: Result) -> None:
         """The one terminal outcome of a request (never under _lock: it calls the caller back)."""
         if handle.kind == "embed":  # ended here (cancelled, crashed, unavailable): no vectors
             result = EmbeddingResult.ended(result)
         record_outcome(self.telemetry, result)
         handle._finish(result)
 
-    # -- the supervisor thread ------------------------------------------------------------------
-
-    def _start_child(self) -> ChildProcess:
-        deaths = []
-        # The first load is not bounded (it can take minutes; the user sees it and can stop it);
-        # a restart's is, by the first one's time.
-        bound = None
-        if self._first_load_s is not None and self._watchdog.enabled:
-            bound = load_bound(self._first_load_s, self._watchdog.floor_s)
-        for _ in range(START_ATTEMPTS):
-            if self._closing:
-                raise EngineClosed("the engine is closed")
-            started = time.monotonic()
-            child = ChildProcess(self._child_config, self.default_params, self._env, self._runner)
-            with self._lock:
-                self._starting = child
-                closing = self._closing
-            if closing:  # close() came while it was spawned and did not see it
-                child.kill("killed: the engine was closed while it started")
-            try:
-                child.wait_ready(bound)
-                log.debug("engine process %s ready", child.proc.pid)
-                if self._first_load_s is None:
-                    self._first_load_s = time.monotonic() - started
-                return child
-            except StartFailed as exc:
-                deaths.append(str(exc))
-                child.close_pipes()
-            finally:
-                with self._lock:
-                    self._starting = None
-        if self._closing:
-            raise EngineClosed("the engine is closed")
-        hint = settings_hint(self.config)
-        raise ModelLoadError(f"the engine process died {len(deaths)} times while loading {self.model_path} "
-                             f"({deaths[-1]})" + (f"; check these settings: {hint}" if hint else ""))
-
-    def _supervise(self) -> None:
-        try:
-            try:
-                child = self._start_child()
-                with self._lock:
-                    self._child = child
-            except BaseException as exc:
-                self._start_error = exc
-                return
-            finally:
-                self._started.set()  # the constructor reads _child or _start_error
-            self._supervise_children()
-        except BaseException as exc:  # never leave a caller waiting on a dead supervisor
-            log.exception("the supervisor thread failed")
-            self._give_up(f"the engine supervisor failed: {exc}")
-        finally:
-            self._watchdog.stop()
-
-    def _busy(self) -> int:
-        """Requests in flight in the child (the canary counts): the watchdog is armed while > 0."""
-        return len(self._in_child) + (self._canary == "running")
-
-    def _hung(self, reason: str) -> None:
-        """The watchdog fired: kill the child; the supervisor thread sees it die as a crash."""
-        child = self._child
-        if child is not None:
-            self.hangs += 1
-            child.kill(reason)
-            try:  # said when it happens (not once per engine like other notices): a hang is an event
-                self.on_notice(f"the engine process {child.proc.pid} was {reason}; its requests are retried in a "
-                               "new one")
-            except Exception:  # a caller's callback must not stop the watchdog
-                log.exception("on_notice failed")
-
-    def _supervise_children(self) -> None:
-        child = self._child
-        while child is not None:
-            try:
-                while True:
-                    self._on_frame(child.recv())
-            except (EOFError, OSError):
-                pass
-            except Exception:  # a frame we cannot read: treat the child as dead
-                log.exception("bad frame from the engine process")
-                child.proc.kill()
-            how = child.death()
-            child.close_pipes()
-            with self._lock:
-                self._child = None
-                if self._closing:
-                    break
-                ended, fatal = self._crashed(how)
-                self._fruitless += 1
-            for flight, result in ended:
-                self._finish(flight, flight.handle, result)
-            if fatal is None and self._fruitless >= MAX_FRUITLESS_CRASHES:
-                fatal = (engine_error(self._fruitless, how, self.config, canary=False) if not self._ticked else
-                         f"the engine process crashed {self._fruitless} times in a row with no request "
-                         f"finishing ({how})")
-            if fatal is not None:
-                self._give_up(fatal)
-                return
-            try:
-                child = self._start_child()
-            except LlamaBatchError as exc:
-                if self._closing:  # closed while it restarted: what is left ends cancelled
-                    break
-                self._give_up(f"the engine process could not be restarted: {exc}")
-                return
-            with self._lock:
-                self.restarts += 1
-                self._child = child
-                if self._closing:
-                    self._outgoing.put((child, wire.Close()))
-                    continue  # read its last frames, then end as at close
-                self._dispatch()
-        self._end_all("cancelled", None, None)
-
-    def _crashed(self, how: str) -> tuple[list[tuple[_Flight, Result]], str | None]:
-        """The child died with `_in_child` in flight (under _lock): ask the rule who is to blame.
-        Returns the requests that end now, and the engine error that stops the engine, if any."""
-        in_flight = list(self._in_child.values())
-        self._in_child.clear()
-        self._slot_counts = (self.n_slots, 0, 0, 0, 0)
-        for call in self._calls.values():
-            call[2] = EngineClosed(f"the engine process died ({how})")
-            call[0].set()
-        self._calls.clear()
-        if self._canary == "running":  # a built-in one-token request crashed it too
-            return [], engine_error(self.rule.crash_total + 1, how, self.config, canary=True)
-        if not self._ticked:  # no step ever finished: the engine itself may crash on everything
-            self._canary = "waiting"
-        ended = []
-        for flight in in_flight:
-            if flight.cancel_requested:  # its cancel died with the child: it ends as asked
-                self._forget(flight)
-                ended.append((flight, ended_result(flight.pid, "cancelled", seed=flight.params.seed)))
-        suspects = [f for f in in_flight if not f.cancel_requested]
-        for flight in suspects:
-            flight.crashes.append(how)
-        verdict = self.rule.crashed([f.pid for f in suspects])
-        log.warning("the engine process died (%s) with %d request(s) in flight; retrying them", how, len(suspects))
-        for pid in verdict.poisoned:
-            flight = self._flights[pid]
-            self._forget(flight)
-            self.isolated.append(pid)
-            message = (f"the engine process crashed {len(flight.crashes)} times with this request in flight, the last "
-                       f"time with no other request in it ({how})")
-            ended.append((flight, error_result(pid, message, ENGINE_CRASHED, seed=flight.params.seed)))
-        return ended, None
-
-    def _on_frame(self, frame: wire.Frame) -> None:
-        if not isinstance(frame, wire.Batch):
-            return
-        ticks = [item.record.wall_ms / 1000 for item in frame.items if isinstance(item, wire.Tick)]
-        if ticks or any(isinstance(item, (wire.Streamed, wire.Finished)) for item in frame.items):
-            # a step finished: progress (a tokenize reply alone is not: the engine may be stuck)
-            self._watchdog.progress(ticks)
-        out: list[Callable[[], None]] = []  # deliveries, made after _lock is released, in order
-        with self._lock:
-            self._slot_counts = dataclasses.astuple(frame.slots)
-            if ticks:
-                self._ticked = True
-            for item in frame.items:
-                self._on_item(item, out)
-            self._dispatch()
-        for deliver in out:
-            deliver()
-
-    def _on_item(self, item: wire.Item, out: list[Callable[[], None]]) -> None:
-        """One item of a child's Batch (under _lock): state changes now, deliveries into `out`."""
-        if isinstance(item, (wire.Streamed, wire.Finished, wire.Started)) and item.pid == CANARY_PID:
-            if isinstance(item, wire.Finished):  # it ran to the end: the engine works; the quarantine goes on
-                log.info("the canary request finished (%s): the crash was not the engine's",
-                         item.result.finish_reason)
-                self._canary = None
-            return
-        if isinstance(item, wire.Streamed):
-            flight = self._in_child.get(item.pid)
-            delta = flight.new_part(item.text, item.token_ids) if flight is not None else None
-            if delta is not None:
-                out.append(functools.partial(flight.handle._deliver, delta))
-        elif isinstance(item, wire.Finished):
-            flight = self._in_child.get(item.pid)
-            if flight is not None:
-                self._forget(flight)
-                self._fruitless = 0
-                result = dataclasses.replace(item.result, request_id=flight.pid)
-                out.append(functools.partial(self._finish, flight, flight.handle, result))
-        elif isinstance(item, wire.Notice):
-            if item.line not in self._notices_said:  # once per engine, not once per child
-                self._notices_said.add(item.line)
-                out.append(lambda: self.on_notice(item.line))
-        elif isinstance(item, wire.Tick):
-            out.append(functools.partial(self.telemetry.record_tick, item.record))
-        elif isinstance(item, wire.Started):
-            out.append(functools.partial(self.telemetry.record_request, RequestRecord("start", item.pid)))
-        elif isinstance(item, wire.Tokenized):
-            call = self._calls.pop(item.call_id, None)
-            if call is not None:
-                call[1], call[2] = item.tokens, item.error
-                call[0].set()
-
-    def _give_up(self, message: str) -> None:
-        log.error("%s", message)
-        self.fatal_error = message
-        self._end_all("error", message, ENGINE_UNAVAILABLE)
-
-    def _end_all(self, reason: str, message: str | None, code: str | None) -> None:
-        with self._lock:
-            flights = list(self._flights.values())
-            for flight in flights:
-                self._forget(flight)
-            for call in self._calls.values():
-                call[2] = EngineClosed(message or "the engine is closed")
-                call[0].set()
-            self._calls.clear()
-        for flight in flights:
-            self._finish(flight, flight.handle, ended_result(flight.pid, reason, seed=flight.params.seed,
-                                                             error=message, code=code))
