@@ -1,7 +1,7 @@
 """Which worker runs which line, for `run --ray`'s driver: pure bookkeeping, no ray import.
 
-The pool (pool.py) reports what happened — a line submitted, answered or cancelled, a
-worker dead, back after a restart, or gone — and the Dispatcher decides what runs where,
+The pool (pool.py, and its watcher.py) reports what happened — a line submitted, answered
+or cancelled, a worker dead, back after a restart, or gone — and the Dispatcher decides what runs where,
 calling `send(line, worker)` for each line it hands out. Each method returns the lines that
 now have their outcome, as (line, Result) pairs for run's batch loop. The pool calls it
 under one lock; it never blocks.

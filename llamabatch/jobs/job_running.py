@@ -65,7 +65,7 @@ def _run_lines(opened: OpenedJob, stops: StopRequests) -> tuple[BatchLoop, Recor
     reservoir = Reservoir(spec.verify) if spec.verify else None
     run = BatchLoop(engine, opened.parser, opened.source, writer, window, max_inflight=opened.inflight,
                     answered=opened.answered, reorder_window=opened.reorder_window, start_last=opened.start_last,
-                    # a Ray worker holds 2 x its slots (cluster/pool.py): the pool's slots, near enough
+                    # a Ray worker holds 2 x its slots (cluster/startup.py): the pool's slots, near enough
                     slots=max(1, cluster.inflight_cap // 2) if cluster else engine.config.n_parallel,
                     crashes=opened.files.crashes,
                     on_result=(lambda item, result: reservoir.offer(item.id, item.prompt, item.params, result))

@@ -1,0 +1,189 @@
+"""The Ray pool's calls to its workers, and the thread that watches them (pool.py's driver side).
+
+Every call out to a worker (a line's `generate`, a `start` after a restart, a watchdog's
+`progress` question) is a Ray ref; the watcher thread waits on them all at once. Each one that
+finishes is a line's answer, a worker's death (its lines go back to the dispatcher, and Ray
+restarts the actor in place), a restarted worker back, or a busy worker's step count for its
+watchdog. A worker with lines in flight that finishes no step for the watchdog's bound is
+killed here, and its lines are handled as for any dead worker.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+from ..supervised.watchdog import DEFAULT_MARGIN, Watchdog
+from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
+from .ray_errors import death, first_line
+
+log = logging.getLogger("llamabatch.ray")
+
+RESTART_TIMEOUT_S = 300.0  # a worker not back by then (its node gone, no room) counts as gone
+POLL_S = 0.05  # how long the watcher waits for results before looking again
+PROGRESS_EVERY_S = 1.0  # how often the watcher asks a busy worker how many steps its engine finished
+
+
+class Watcher:
+    """The pool's Ray calls and its watcher thread. It shares the pool's lock: the dispatcher
+    (built here, with `send` and `cancel_remote`) is called under it; `deliver` (the pool's)
+    hands each outcome to its line's caller with the lock released."""
+
+    def __init__(self, workers: list[WorkerState], lock: threading.Lock, deliver: Callable[[Outcomes], None],
+                 watchdog_s: float):
+        self.workers = workers
+        self.lock = lock
+        self.deliver = deliver
+        self.dispatcher = Dispatcher(workers, self.send, self.cancel_remote)
+        self.by_ref: dict[Any, Line] = {}  # each generate call's ref, to its line
+        self.hangs = 0  # workers the watchdog killed
+        self.closed = threading.Event()
+        self.here = ray.util.get_node_ip_address()  # a hung worker on this node is also SIGKILLed by pid
+        for w in workers:
+            w.watchdog = Watchdog(watchdog_s, DEFAULT_MARGIN, busy=lambda w=w: len(w.inflight) if w.state == READY else 0,
+                                  on_hang=lambda reason, w=w: self.kill_hung(w, reason))
+        self.thread = threading.Thread(target=self.run, name="llamabatch-ray", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        """End the watcher thread (the pool is closing): calls still out are not waited for."""
+        self.closed.set()
+        self.thread.join()
+
+    # -- Ray calls (the dispatcher calls these under the lock) ------------------------------------
+
+    def send(self, line: Line, worker: WorkerState) -> None:
+        if len(worker.inflight) == 1 and worker.watchdog is not None:  # it was idle: the stall clock starts now
+            worker.watchdog.progress()
+        line.ref = worker.actor.generate.remote(line.key, line.prompt, line.params)
+        self.by_ref[line.ref] = line
+
+    def cancel_remote(self, line: Line) -> None:
+        if line.worker is not None:
+            line.worker.actor.cancel.remote(line.key)
+
+    # -- the watcher thread: results, deaths, restarts, hangs -------------------------------------
+
+    def run(self) -> None:
+        while not self.closed.is_set():
+            with self.lock:
+                outcomes = self.check_restarts()
+                self.check_watchdogs()
+                refs = (list(self.by_ref) + [w.start_ref for w in self.workers if w.start_ref is not None]
+                        + [w.progress_ref for w in self.workers if w.progress_ref is not None])
+            self.deliver(outcomes)
+            if not refs:
+                time.sleep(POLL_S)
+                continue
+            try:
+                ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_S)
+                if ready and rest:
+                    more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                    ready += more
+            except Exception:
+                if self.closed.is_set():  # Ray shutting down under us
+                    return
+                log.exception("ray.wait failed")
+                time.sleep(POLL_S)
+                continue
+            for ref in ready:
+                self.deliver(self.collect(ref))
+
+    def collect(self, ref: Any) -> Outcomes:
+        """One finished call: a line's answer, a worker's death, or a restarted worker back."""
+        error: BaseException | None = None
+        value: Any = None
+        try:
+            value = ray.get(ref, timeout=0)
+        except (RayActorError, RayTaskError) as exc:
+            error = exc
+        except GetTimeoutError:
+            return []
+        with self.lock:
+            d = self.dispatcher
+            worker = next((w for w in self.workers if w.progress_ref is not None and w.progress_ref == ref), None)
+            if worker is not None:  # a watchdog question answered (a dead worker's is told by its lines)
+                worker.progress_ref = None
+                if error is None and worker.watchdog is not None and value[0] != worker.steps_seen:
+                    worker.steps_seen = value[0]
+                    worker.watchdog.progress([value[1]])
+                return []
+            worker = next((w for w in self.workers if w.start_ref is not None and w.start_ref == ref), None)
+            if worker is not None:  # `start` after a death: back, or not coming back
+                worker.start_ref = None
+                if error is None and "error" not in value:
+                    return d.back(worker, value["pid"])
+                if isinstance(error, ActorUnavailableError):  # still restarting: ask again shortly
+                    worker.ask_again_at = time.monotonic() + 0.5
+                    return []
+                return d.gone(worker, first_line(error) if error is not None else value["error"])
+            line = self.by_ref.pop(ref, None)
+            if line is None or line.worker is None:
+                return []  # a call of a worker already counted as dead
+            worker = line.worker
+            if isinstance(error, RayActorError):
+                for lost in worker.inflight.values():
+                    self.by_ref.pop(lost.ref, None)
+                outcomes = d.died(worker, worker.kill_reason or death(error))
+                worker.kill_reason = None
+                worker.progress_ref = None
+                worker.steps_seen = -1  # a restarted engine counts from 0
+                # Ray restarts the actor in place; `start` answers once it is back, or raises
+                # if it can't come back (its node is gone, or its restarts are used up).
+                worker.down_since = worker.ask_again_at = time.monotonic()
+                log.info("worker %s died: %s", worker.tally.name, worker.tally.death)
+                return outcomes
+            result = value if error is None else crashed_result(
+                f"the Ray worker failed on this line: {first_line(error)}")
+            return d.answered(line, result)
+
+    def check_watchdogs(self) -> None:
+        """Ask busy workers how many steps they finished (at most one question out per worker), and
+        let each watchdog judge: a stopped worker never answers, so its clock runs out too."""
+        now = time.monotonic()
+        for w in self.workers:
+            if w.watchdog is None or not w.watchdog.enabled or w.state != READY or not w.inflight:
+                continue
+            if w.progress_ref is None and now >= w.ask_progress_at:
+                w.progress_ref = w.actor.progress.remote()
+                w.ask_progress_at = now + PROGRESS_EVERY_S
+            w.watchdog.check()
+
+    def kill_hung(self, worker: WorkerState, reason: str) -> None:
+        """The watchdog fired (under self.lock): kill the actor's process. Its lines then fail with
+        RayActorError and are retried as for any dead worker; Ray restarts it in place."""
+        worker.kill_reason = reason
+        self.hangs += 1
+        log.warning("worker %s is hung; %s", worker.tally.name, reason)
+        if worker.tally.node == self.here and worker.tally.pid:
+            try:  # certain, also for a stopped process; ray.kill below tells Ray
+                os.kill(worker.tally.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            ray.kill(worker.actor, no_restart=False)
+        except Exception:  # already dead: its lines' errors say so
+            pass
+
+    def check_restarts(self) -> Outcomes:
+        """Ask restarting workers whether they are back; give up on those that take too long."""
+        now = time.monotonic()
+        out: Outcomes = []
+        for w in self.workers:
+            if w.state != RESTARTING:
+                continue
+            if now - w.down_since > RESTART_TIMEOUT_S:
+                w.start_ref = None
+                out += self.dispatcher.gone(w, f"not back {RESTART_TIMEOUT_S:.0f}s after it died")
+            elif w.start_ref is None and now >= w.ask_again_at:
+                w.start_ref = w.actor.start.remote()
+        return out
+
