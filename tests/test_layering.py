@@ -342,3 +342,100 @@ def test_core_reads_the_runner_by_its_protocol_never_by_getattr_with_a_default()
              for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if re.search(r"getattr\((self\.)?runner\b", line)]
     assert not found, "declare it in plan.Runner and read it as an attribute: " + ", ".join(found)
+
+
+# -- sizes: a module, a class and a folder a reader can hold at once ---------------------------------
+#
+# Each bound has a named set of what is still over it, each entry with the work that brings it
+# under. The set only shrinks: an entry that is no longer over the bound fails its test until it
+# is taken out, so the set cannot hide a new offender behind an old one.
+
+MAX_MODULE_LINES = 500
+MAX_CLASS_METHODS = 25  # every def in the class body: properties and setters count
+MAX_FOLDER_MODULES = 20  # the .py files directly in a folder, its __init__.py not counted
+
+STILL_OVER_MODULE_LINES = {
+    "llamabatch.core.engine",  # 654 lines: the work lanes split out of core/engine.py (in progress)
+    "llamabatch.openai_format.lines",  # 503 lines: the tools work in openai_format/ splits it
+}
+STILL_OVER_CLASS_METHODS = {
+    "llamabatch.core.engine.EngineCore",  # 45: the work lanes split out of core/engine.py (in progress)
+    "llamabatch.llama.runner.LlamaRunner",  # 29: the slot moves out of the runner (llama/kv.py, runner.py)
+    "llamabatch.jobs.batch_loop.BatchLoop",  # 26: not yet split; its reading, admitting and writing apart
+    "llamabatch.prefix_store.store.PrefixStore",  # 26: not yet split; its disk index apart from the store
+}
+STILL_OVER_FOLDER_MODULES = {
+    "llamabatch/core",  # 30: the scheduler's parts and the work lanes into folders of their own under core/
+    "llamabatch/llama",  # 31: the GGUF readers and kernel-path logic out of llama/, to models/ and a folder of their own
+    "llamabatch/serve/http",  # 29: not yet split; the OpenAI routes, the batch API and the server apart
+}
+
+
+def module_lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def class_method_counts(module: str, path: Path) -> dict[str, int]:
+    """Each class of `path` (nested ones too), named module.Class, with the defs in its body."""
+    return {f"{module}.{node.name}": sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in node.body)
+            for node in ast.walk(parsed(path)) if isinstance(node, ast.ClassDef)}
+
+
+def folder_module_counts(root: Path = ROOT) -> dict[str, int]:
+    """Each folder of the package (as llamabatch/x/y) with the modules directly in it."""
+    counts: dict[str, int] = {}
+    for path in root.rglob("*.py"):
+        if "__pycache__" in path.parts:
+            continue
+        folder = path.parent.relative_to(root.parent).as_posix()
+        counts[folder] = counts.get(folder, 0) + (path.name != "__init__.py")
+    return counts
+
+
+def over_module_lines() -> set[str]:
+    return {name for name, path in all_modules().items() if module_lines(path) > MAX_MODULE_LINES}
+
+
+def over_class_methods() -> set[str]:
+    return {name for module, path in all_modules().items()
+            for name, n in class_method_counts(module, path).items() if n > MAX_CLASS_METHODS}
+
+
+def over_folder_modules() -> set[str]:
+    return {folder for folder, n in folder_module_counts().items() if n > MAX_FOLDER_MODULES}
+
+
+def test_the_size_scans_count_lines_defs_and_modules(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("class A:\n    @property\n    def p(self): pass\n    def f(self): pass\n"
+                      "    async def g(self): pass\n    class B:\n        def h(self): pass\n    x = 1\n",
+                      encoding="utf-8")
+    assert module_lines(sample) == 8
+    assert class_method_counts("m", sample) == {"m.A": 3, "m.B": 1}
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "a.py", "b.py", "sub/__init__.py", "sub/c.py"):
+        (package / name).write_text("", encoding="utf-8")
+    assert folder_module_counts(package) == {"pkg": 2, "pkg/sub": 1}
+
+
+def test_no_module_is_over_500_lines():
+    new = sorted(over_module_lines() - STILL_OVER_MODULE_LINES)
+    assert not new, f"split these (over {MAX_MODULE_LINES} lines): {new}"
+
+
+def test_no_class_has_over_25_methods():
+    new = sorted(over_class_methods() - STILL_OVER_CLASS_METHODS)
+    assert not new, f"split these (over {MAX_CLASS_METHODS} methods, properties counted): {new}"
+
+
+def test_no_folder_holds_over_20_modules():
+    new = sorted(over_folder_modules() - STILL_OVER_FOLDER_MODULES)
+    assert not new, f"split these (over {MAX_FOLDER_MODULES} modules): {new}"
+
+
+def test_what_is_named_as_still_over_a_bound_is_still_over_it():
+    # once the work lands, take its entry out of the set: the set only shrinks
+    assert not STILL_OVER_MODULE_LINES - over_module_lines(), sorted(STILL_OVER_MODULE_LINES - over_module_lines())
+    assert not STILL_OVER_CLASS_METHODS - over_class_methods(), sorted(STILL_OVER_CLASS_METHODS - over_class_methods())
+    assert not STILL_OVER_FOLDER_MODULES - over_folder_modules(), sorted(STILL_OVER_FOLDER_MODULES - over_folder_modules())
