@@ -375,3 +375,14 @@ def test_chat_with_tools_offers_them_and_names_each_call(tmp_path):
     path.write_text("[]")
     with pytest.raises(InvalidRequest, match="lists no tools"):
         read_tools_file(str(path))
+
+
+def test_n_samples_each_get_their_calls_in_plain_records_and_serve_stdin():
+    item = parse({"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER], "n": 2})
+    both = result(CALL)
+    both.samples = [result(CALL), result("no call")]
+    record = build_record(item, both, "m")
+    assert record["finish_reasons"] == ["tool_calls", "stop"] and record["texts"] == ["", "no call"]
+    assert [len(calls) for calls in record["tool_calls"]] == [1, 0]
+    event = terminal_event(1, both, 1, tools=item.tools)
+    assert event["finish_reasons"] == ["tool_calls", "stop"] and len(event["tool_calls"][0]) == 1

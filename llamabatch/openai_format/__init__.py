@@ -23,7 +23,8 @@ from .lines import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, OPENAI, URLS, Lin
 from .responses_object import message_item, new_message_id, new_response_id, output_text, output_text_part, response_object
 from .ignored_fields import header_for as ignored_fields_header
 from .responses_request import RESPONSES_URL, ResponsesRequest, take_online_fields
-from .tool_calls import ToolCallSplitter, chat_message, new_call_id, openai_call, plain_tool_fields, split_tool_calls
+from .tool_calls import (ToolCallSplitter, chat_message, new_call_id, openai_call, plain_tool_fields, result_tool_fields,
+                         split_tool_calls)
 from .tool_library import tool_message, with_tools
 from .tool_lines import chat_with_tools
 from .tools_request import TOOL_BODY_FIELDS, TOOLS_MESSAGE_ROLE, Tool, ToolRequest, parse_tools, tools_message
@@ -34,6 +35,6 @@ __all__ = [
     "encode_vector", "error_result", "failed", "is_int", "is_request_id", "is_unnamed_error", "json_kind",
     "record_error_code", "record_id", "RESPONSES_URL", "ResponsesRequest", "message_item", "new_message_id",
     "new_response_id", "output_text", "output_text_part", "response_object", "take_online_fields",
-    "TOOL_BODY_FIELDS", "TOOLS_MESSAGE_ROLE", "Tool", "chat_with_tools", "openai_call", "plain_tool_fields", "ToolCallSplitter", "ToolRequest", "chat_message", "new_call_id", "parse_tools",
+    "TOOL_BODY_FIELDS", "TOOLS_MESSAGE_ROLE", "Tool", "chat_with_tools", "openai_call", "plain_tool_fields", "result_tool_fields", "ToolCallSplitter", "ToolRequest", "chat_message", "new_call_id", "parse_tools",
     "ignored_fields_header", "split_tool_calls", "tool_message", "tools_message", "with_tools",
 ]

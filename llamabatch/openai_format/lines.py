@@ -32,7 +32,7 @@ from .embed_records import EmbedLine, embedding_body, plain_embedding_record
 from .logprobs import chat_logprobs, completion_logprobs
 from .responses_object import response_object
 from .responses_request import RESPONSES_URL, ResponsesRequest, parse_responses_body
-from .tool_calls import chat_message, plain_tool_fields
+from .tool_calls import chat_message, result_tool_fields
 from .tool_lines import chat_with_tools
 from .tools_request import TOOL_BODY_FIELDS, ToolRequest
 from .request_body import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, checked_messages, checked_prompt, embed_body,
@@ -419,7 +419,7 @@ def plain_record(line_id: LineId, result: Result, echo: dict | None = None, row:
                  tools: ToolRequest | None = None) -> dict[str, Any]:
     record = {"id": line_id, **({"row": row} if row is not None else {}), **result.to_dict()}
     if tools is not None and not failed(result):
-        record.update(plain_tool_fields(result.text, result.finish_reason, tools))  # text, tool_calls, finish_reason
+        record.update(result_tool_fields(result, tools))  # text(s), tool_calls, finish_reason(s)
     if result.finish_reason == "timeout" and record["error"] is None:
         record["error"] = {"code": "timeout", "message": "the request's timeout passed before it finished"}
     if result.logprobs is not None:

@@ -148,3 +148,13 @@ def plain_tool_fields(text: str, finish_reason: str, tools: Any) -> dict[str, An
     content, calls = split_tool_calls(text)
     return {"text": content or "", "tool_calls": [openai_call(c["name"], c["arguments"]) for c in calls],
             "finish_reason": "tool_calls" if calls and finish_reason == "stop" else finish_reason}
+
+
+def result_tool_fields(result: Any, tools: Any) -> dict[str, Any]:
+    """plain_tool_fields for a Result: n > 1 (result.samples) gives `texts`, `finish_reasons`
+    and `tool_calls` one per sample, as a record's texts are."""
+    if result.samples is None:
+        return plain_tool_fields(result.text, result.finish_reason, tools)
+    each = [plain_tool_fields(s.text, s.finish_reason, tools) for s in result.samples]
+    return {"texts": [e["text"] for e in each], "finish_reasons": [e["finish_reason"] for e in each],
+            "tool_calls": [e["tool_calls"] for e in each]}

@@ -21,7 +21,7 @@ from ...params import SamplingParams
 from ...openai_format import check_messages, check_prompt, is_int, is_request_id, json_kind
 from ...results import EmbeddingResult, Result
 from ...openai_format import check_encoding, encode_vector
-from ...openai_format import TOOL_BODY_FIELDS, chat_with_tools, plain_tool_fields
+from ...openai_format import TOOL_BODY_FIELDS, chat_with_tools, result_tool_fields
 
 # Keys of a request line that are not sampling parameters.
 REQUEST_KEYS = ("id", "prompt", "messages", "stream")
@@ -251,8 +251,8 @@ def terminal_event(request_id: RequestId, result: Result | EmbeddingResult, line
     fields = result.to_dict()  # n > 1: "texts" and "finish_reasons", one per sample
     del fields["error"]
     event: dict[str, Any] = {"id": request_id, "event": "done", **fields}
-    if tools is not None and result.samples is None:  # the calls read out of the text, as run's records do
-        event.update(plain_tool_fields(result.text, result.finish_reason, tools))
+    if tools is not None:  # the calls read out of the text, as run's records do
+        event.update(result_tool_fields(result, tools))
     if result.samples is not None:
         if any(s.stop is not None for s in result.samples):
             event["stops"] = [s.stop for s in result.samples]
