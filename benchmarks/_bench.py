@@ -113,7 +113,7 @@ def machine_line(model: str | None = None, cpu_buffers: str | None = None) -> st
 def repacks(model: str) -> bool:
     """Whether any weight of `model` goes to CPU_REPACK on this CPU (the rule ggml applies)."""
     from llamabatch.llama.cpu_kernels import cpu_features
-    from llamabatch.llama.gguf_header import read_tensor_infos
+    from llamabatch.models.gguf_header import read_tensor_infos
     from llamabatch.llama.repack_rule import repacked_names
 
     return bool(repacked_names(read_tensor_infos(model), cpu_features()))

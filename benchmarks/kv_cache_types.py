@@ -62,7 +62,7 @@ def throughput(model: str, name: str, slots: int, prompts: list[str], tokens: in
 def auto_bound(model: str, name: str, max_memory: str, threads: int) -> tuple[int, str]:
     """The most slots n_parallel auto may choose under max_memory with this cache type."""
     from llamabatch.llama import autoslots
-    from llamabatch.llama.gguf_header import read_header
+    from llamabatch.models.gguf_header import read_header
     from llamabatch.llama.resources import kv_bytes_per_token, weights_size
 
     config = EngineConfig(model=model, n_parallel="auto", threads=threads, max_memory=max_memory, **types_of(name))

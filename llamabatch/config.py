@@ -39,7 +39,7 @@ class EngineConfig:
     `model_name` is what records call the model (default: the store name as written, or
     the file name for a path).
     `n_ctx=None` ("auto") gives every slot 4096 tokens (n_ctx = 4096 * n_parallel) unless the
-    work is known first: `run` sizes it from its file (llama/context_sizing.py).
+    work is known first: `run` sizes it from its file (settings/context_sizing.py).
     """
 
     model: str | None = None

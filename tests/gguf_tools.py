@@ -12,7 +12,7 @@ import shutil
 import struct
 from pathlib import Path
 
-from llamabatch.llama.gguf_header import STRING, _Reader, read_header
+from llamabatch.models.gguf_header import STRING, _Reader, read_header
 
 
 def _kv_spans(path: str) -> tuple[bytes, list[tuple[str, bytes]], int]:

@@ -1,5 +1,5 @@
 """n_ctx auto under a max_memory too small for slots of a default 4,096 tokens:
-each slot gets what max_memory holds beside the weights (llama/context_sizing.slot_in_memory,
+each slot gets what max_memory holds beside the weights (settings/context_sizing.slot_in_memory,
 asking the engine's own memory check), in every front end (run, its dry run, serve-stdin,
 serve's extra slots, chat, the library's open_engine), and the dry run says what the run does.
 
@@ -19,7 +19,7 @@ from llamabatch.chat.context_size import chat_context
 from llamabatch.engines import open_engine
 from llamabatch.errors import ResourceLimit
 from llamabatch.llama import resources
-from llamabatch.llama.context_sizing import slot_in_memory
+from llamabatch.settings.context_sizing import slot_in_memory
 from llamabatch.settings.given import settings_for
 
 from cli_harness import FakeEngines, invoke, runner_for

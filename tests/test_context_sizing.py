@@ -1,4 +1,4 @@
-"""n_ctx auto's rule (llama/context_sizing.py) over files of mixed lengths, and `run` reading
+"""n_ctx auto's rule (settings/context_sizing.py) over files of mixed lengths, and `run` reading
 its INPUT to apply it (jobs/reading/context_fit.py), with a fake tokenizer. No model."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from llamabatch import EngineConfig
 from llamabatch.jobs.reading.context_fit import fit_context, maybe_long, token_bound
 from llamabatch.openai_format.lines import LineParser
-from llamabatch.llama.context_sizing import plan_context, request_limit
+from llamabatch.settings.context_sizing import plan_context, request_limit
 from llamabatch.params import SamplingParams
 from llamabatch.settings.resolved import Resolved
 

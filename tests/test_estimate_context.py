@@ -1,5 +1,5 @@
 """`run --dry-run` with n_ctx auto: the estimate reports the context the run would
-choose (llama/context_sizing.plan_context over every line's need) and flags only the lines
+choose (settings/context_sizing.plan_context over every line's need) and flags only the lines
 that can never fit. On the scripted fake runner (one token per character); the fake model
 file has no GGUF header, so the model's facts are given by the tests where they matter."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def private_cache(tmp_path, monkeypatch):
 
 
 def given_facts(monkeypatch, model_ctx=32768, per_token=1000, budget=None, text="the KV memory allowed"):
-    """The model's facts as llama/context_sizing.model_facts would read them from a GGUF."""
+    """The model's facts as settings/context_sizing.model_facts would read them from a GGUF."""
     seen = []
 
     def facts(resolved):
@@ -209,7 +209,7 @@ def test_a_line_that_can_never_fit_adds_no_prefix_reuse(tmp_path, monkeypatch):
 def test_the_needs_kept_plan_as_all_of_them_would():
     import random
 
-    from llamabatch.llama.context_sizing import plan_context
+    from llamabatch.settings.context_sizing import plan_context
 
     rng = random.Random(50)
     for _ in range(300):

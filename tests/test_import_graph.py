@@ -53,9 +53,10 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
     return skip
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def imports_of(name: str, path: Path, modules: dict[str, Path], types_too: bool = False) -> set[str]:
+    """The modules of llamabatch that `name` imports; `types_too`: its `if TYPE_CHECKING:` ones too."""
     tree = parsed(path)
-    skip = _type_checking_nodes(tree)
+    skip = set() if types_too else _type_checking_nodes(tree)
     is_package = path.name == "__init__.py"
     out: set[str] = set()
     for node in ast.walk(tree):

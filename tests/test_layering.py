@@ -6,8 +6,9 @@ From the bottom up (../shared/design.md):
     value types   the modules at the root (config, params, results, errors, api, version), with
                   files/, checks/, openai_format/ and constraints/ beside them
     core          scheduler, plan, sequences, the tick loop
+    models        model files: where they are, their GGUF headers, their chat templates
     llama         LlamaRunner and the llama.cpp boundary
-    models, prefix_store, tables
+    prefix_store, tables
     settings      flags > env > file > defaults, resolved once
     in_process    the Engine of this process, and what a child or worker needs to build one
     supervised, cluster             an engine in a child process; engines on Ray workers
@@ -27,11 +28,12 @@ import ast
 import re
 from pathlib import Path
 
-from test_import_graph import ROOT, _type_checking_nodes, all_modules, external_imports, import_graph, parsed
+from test_import_graph import (ROOT, _type_checking_nodes, all_modules, external_imports, find_cycle, import_graph,
+                               imports_of, parsed)
 
 BENCHMARKS = ROOT.parent / "benchmarks"
 LAYERS: dict[str, int] = {
-    "files": 0, "checks": 0, "processes": 0, "openai_format": 0, "constraints": 0, "core": 1, "llama": 2, "models": 3,
+    "files": 0, "checks": 0, "processes": 0, "openai_format": 0, "constraints": 0, "core": 1, "models": 1, "llama": 2,
     "prefix_store": 3, "tables": 3, "settings": 4, "in_process": 5, "supervised": 6, "cluster": 6, "engines": 7,
     "jobs": 8, "chat": 9, "bench": 9, "serve": 9, "cli": 10,
 }
@@ -75,6 +77,29 @@ def test_layer_of_knows_every_package_and_the_value_types():
 def test_imports_point_down_the_layers():
     found = upward_imports()
     assert not found, "imports that climb a layer:\n" + "\n".join(found)
+
+
+def package_graph(types_too: bool = True) -> dict[str, set[str]]:
+    """Which package of llamabatch imports which other (the modules at the root left out), the
+    imports under `if TYPE_CHECKING:` included: they are not run, but a reader follows them."""
+    modules = all_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if name.count(".") < 1 or not (ROOT / package_of(name)).is_dir():
+            continue
+        deps = {package_of(d) for d in imports_of(name, path, modules, types_too) if (ROOT / package_of(d)).is_dir()}
+        graph.setdefault(package_of(name), set()).update(deps - {package_of(name)})
+    return graph
+
+
+def test_no_loop_between_packages_not_even_through_an_import_for_types():
+    # core/plan.py once imported models' ChatFormats for its types while models read GGUF
+    # headers from llama/, which imports core: a loop that only types closed
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}})
+    graph = package_graph()
+    assert "core" in graph and "models" in graph
+    cycle = find_cycle({p: graph.get(p, set()) for p in set(graph) | set().union(*graph.values())})
+    assert cycle is None, " -> ".join(cycle)
 
 
 def test_core_imports_nothing_from_the_layers_that_build_or_run_engines():
@@ -366,7 +391,7 @@ STILL_OVER_CLASS_METHODS = {
 }
 STILL_OVER_FOLDER_MODULES = {
     "llamabatch/core",  # 30: the scheduler's parts and the work lanes into folders of their own under core/
-    "llamabatch/llama",  # 31: the GGUF readers and kernel-path logic out of llama/, to models/ and a folder of their own
+    "llamabatch/llama",  # 28: what never calls llama.cpp (kernel-path rules, the samplers' helpers) out of llama/
     "llamabatch/serve/http",  # 29: not yet split; the OpenAI routes, the batch API and the server apart
 }
 

@@ -14,7 +14,7 @@ import pytest
 
 from cli_harness import invoke
 from llamabatch.errors import ModelLoadError
-from llamabatch.llama.gguf_header import GGUFError, read_header
+from llamabatch.models.gguf_header import GGUFError, read_header
 from llamabatch.models.model_list import list_models
 from llamabatch.models.stores import model_files
 from llamabatch.models.resolve import check_gguf

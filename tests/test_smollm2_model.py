@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.llama.gguf_header import read_header
+from llamabatch.models.gguf_header import read_header
 from llamabatch.supervised import SupervisedEngine
 
 WAIT = 120

@@ -16,7 +16,7 @@ import pytest
 
 from gguf_tools import with_metadata
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.llama.gguf_header import read_header
+from llamabatch.models.gguf_header import read_header
 
 pytestmark = pytest.mark.model
 

@@ -1,7 +1,7 @@
 """`chat` with `n_ctx` auto: a conversation may grow to the model's trained context, not to a
 fixed 4,096 tokens, where the KV memory allowed holds that much for every slot.
 
-A chat cannot know its work first (`run` reads its file: llama/context_sizing.py), so each
+A chat cannot know its work first (`run` reads its file: settings/context_sizing.py), so each
 slot is given what one conversation may ever use: the model's trained context
 (`request_limit`: never less than the 4,096 a slot held before), no more than the KV memory
 allowed holds for the slots (`model_facts`: half of the memory available, or what
@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
 from ..in_process.preparing import fit_in_memory, prepare
 from ..errors import ResourceLimit
-from ..llama.context_sizing import GRAIN, request_limit
+from ..settings.context_sizing import GRAIN, request_limit
 from ..settings.resolved import Resolved
 
 # (trained context, KV bytes a cell takes, KV bytes allowed, what allows them): context_sizing.model_facts
@@ -80,7 +80,7 @@ def context_words(slot_ctx: int, why: str = "") -> str:
 def _model_facts(config: EngineConfig, model_path: str) -> Facts:
     """context_sizing.model_facts, its budget no larger than the default max_memory (90% of
     what is available) leaves beside the weights: what the engine checks before loading."""
-    from ..llama.context_sizing import model_facts
+    from ..settings.context_sizing import model_facts
     from ..llama.resources import available_memory, weights_size
     from ..checks.max_memory import memory_cap
 

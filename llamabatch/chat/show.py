@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from . import parameters
 from .session import ChatSession
-from ..llama.gguf_header import FILE_TYPES
+from ..models.gguf_header import FILE_TYPES
 
 TOPICS = ("info", "model", "template", "parameters", "context", "system")
 ALIASES = {"params": "parameters", "param": "parameters", "parameter": "parameters", "modelfile": "info"}

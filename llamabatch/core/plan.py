@@ -13,10 +13,7 @@ Plain dataclasses keep the scheduler testable with a scripted fake runner.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
-
-if TYPE_CHECKING:
-    from ..models.chat_template import ChatFormats
+from typing import Any, Callable, Protocol
 
 
 @dataclass
@@ -278,6 +275,15 @@ class SampleStopped(Exception):
     """A SampleJob gave up because `stop()` said so."""
 
 
+class ChatFormats(Protocol):
+    """llama.cpp's built-in chat formats, as a runner offers them (they need no model); a chat
+    template (models/chat_template.py) renders a named format through them."""
+
+    def names(self) -> tuple[str, ...]: ...
+
+    def apply(self, template: str, messages: list[dict], add_generation_prompt: bool) -> str | None: ...
+
+
 class Runner(Protocol):
     """Everything that touches llama.cpp: the runner contract with `StepPlan`. The real one is
     `llama.runner.LlamaRunner`; tests/fake_runner.py implements all of it with a script."""
@@ -294,7 +300,7 @@ class Runner(Protocol):
     metadata: dict[str, str]  # the GGUF's key/values (tokenizer.chat_template when it has one)
     bos_text: str  # the text of the BOS / EOS tokens ("" when none), for chat templates
     eos_text: str
-    chat_formats: "ChatFormats"  # llama.cpp's built-in chat formats (they need no model)
+    chat_formats: ChatFormats  # llama.cpp's built-in chat formats (they need no model)
 
     @property
     def kernel_text(self) -> str:

@@ -35,9 +35,9 @@ def prepare(resolved: Resolved, max_slots: int | None = None, chooser: SlotChoos
 def fit_in_memory(resolved: Resolved) -> tuple[Resolved, str] | None:
     """n_ctx auto, n_parallel a count, where slots of a default 4,096 tokens would take more
     than max_memory allows beside the weights: `resolved` with each slot what it holds, and
-    why (llama/context_sizing.slot_in_memory: the rule `run --dry-run` reports too); None
+    why (settings/context_sizing.slot_in_memory: the rule `run --dry-run` reports too); None
     when nothing changes."""
-    from ..llama.context_sizing import slot_in_memory
+    from ..settings.context_sizing import slot_in_memory
 
     fit = slot_in_memory(resolved.engine, resolved.engine.model)
     if fit is None:
@@ -50,7 +50,7 @@ def fit_in_memory(resolved: Resolved) -> tuple[Resolved, str] | None:
 def with_memory_fit(resolved: Resolved) -> Resolved:
     """`fit_in_memory`'s slots where it changes them, its why in the header's reasons in place
     of "4,096 tokens a slot hold every line" (run's, said before the slots were counted)."""
-    from ..llama.context_sizing import DEFAULT_SLOT_REASON
+    from ..settings.context_sizing import DEFAULT_SLOT_REASON
 
     fitted = fit_in_memory(resolved)
     if fitted is None:

@@ -13,7 +13,7 @@ from ..errors import InvalidRequest
 from ..models.default_model import why as model_why
 from ..engines import EngineFactory, open_engine
 from ..in_process.preparing import prepare
-from ..llama.context_sizing import model_facts
+from ..settings.context_sizing import model_facts
 from .reading.context_fit import fit_context
 from ..settings.resolved import Resolved
 from ..settings.slots import most_slots

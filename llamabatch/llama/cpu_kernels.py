@@ -107,7 +107,7 @@ def model_params(path: cpu_buffers.KernelPath, model_path: str) -> Any:
 def _repack_overrides(model_path: str) -> int:
     """A NULL-terminated llama_model_tensor_buft_override array pinning every weight ggml
     would repack here to CPU_REPACK (one exact-name pattern each); its address."""
-    from .gguf_header import read_tensor_infos
+    from ..models.gguf_header import read_tensor_infos
     from .repack_rule import repacked_names
 
     key = (model_path, json.dumps(sorted(cpu_features().items())))
@@ -134,7 +134,7 @@ def derive_shapes_for(model_path: str, buffers: dict[str, float]) -> invariance.
     ggml's rule repacks that tensor here."""
     import platform
 
-    from .gguf_header import read_tensor_infos
+    from ..models.gguf_header import read_tensor_infos
     from .repack_rule import is_repacked
 
     repack_used = buffers.get(cpu_buffers.REPACK, 0.0) > 0

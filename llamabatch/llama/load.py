@@ -13,7 +13,7 @@ from .backend import first_error, weight_buffers
 from .cpu_kernels import model_params
 from ..config import EngineConfig
 from ..errors import ModelLoadError
-from .gguf_header import GGUFError
+from ..models.gguf_header import GGUFError
 
 # kv_cache_types.py's names as ggml's type ids (this llama_cpp has no constant for bf16: ggml.h's 30)
 GGML_TYPES = {

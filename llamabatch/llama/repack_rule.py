@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from .gguf_header import TensorInfo
+from ..models.gguf_header import TensorInfo
 
 Q4_0, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4 = 2, 8, 10, 12, 13, 14, 20, 39
 

@@ -144,7 +144,7 @@ def needs(config: EngineConfig, metadata: Mapping[str, Any], weights: int, shape
 
 def weights_size(model_path: str) -> int:
     """Bytes of the GGUF and, for a split model, every shard after it."""
-    from .gguf_shards import shard_info, shards_of
+    from ..models.gguf_shards import shard_info, shards_of
     from pathlib import Path
 
     files = shards_of(Path(model_path)) if shard_info(model_path) else (model_path,)
@@ -175,7 +175,7 @@ def check(config: EngineConfig, model_path: str, *, metadata: Mapping[str, Any] 
     if (config.n_parallel == "auto" or config.n_gpu_layers != 0) and not quantized:
         return None  # auto: checked again once resolved; GPU layers: see the module docstring
     if metadata is None:
-        from .gguf_header import GGUFError, read_header
+        from ..models.gguf_header import GGUFError, read_header
 
         try:
             metadata = read_header(model_path).metadata

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
+from ..core.plan import ChatFormats
 from ..errors import InvalidRequest
 from ..files.whole_file import UnreadableFile, read_text
 from ..openai_format import TOOLS_MESSAGE_ROLE
@@ -105,17 +106,11 @@ class ChatTemplate:
 
 # --- built-ins ------------------------------------------------------------------------
 # llama.cpp's own formats (about 50: llama2, mistral-v7, phi3, deepseek3, chatml, gemma, ...)
-# are rendered by llama.cpp itself through a ChatFormats object (llama.chat_formats.LlamaChatFormats,
+# are rendered by llama.cpp itself through a ChatFormats object (core/plan.py; llama.chat_formats.LlamaChatFormats,
 # since only llama/ imports llama_cpp). Ours is only `plain`, a
 # transcript for base models that have no chat markup at all.
 
 PLAIN = "plain"
-
-
-class ChatFormats(Protocol):
-    def names(self) -> tuple[str, ...]: ...
-
-    def apply(self, template: str, messages: Messages, add_generation_prompt: bool) -> str | None: ...
 
 
 _PLAIN_LABELS = {"system": "System", "user": "User", "assistant": "Assistant", "tool": "Tool"}

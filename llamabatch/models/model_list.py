@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import ModelLoadError
-from ..llama.gguf_header import GGUFError, read_header
+from .gguf_header import GGUFError, read_header
 from .stores import discover, hf_hub_dir, lmstudio_dirs, llama_cpp_cache_dir, ollama_dir
 
 FIELDS = ("source", "name", "path", "size", "architecture", "quantization", "context_length", "chat_template",

@@ -52,7 +52,7 @@ def resolve_model_ref(model: str | None = None, aliases: dict[str, str] | None =
 
 def check_gguf(path: str) -> None:
     """Raise ModelLoadError (one line: path and cause) unless `path` is a readable GGUF file."""
-    from ..llama.gguf_header import GGUFError, open_regular
+    from .gguf_header import GGUFError, open_regular
 
     if os.path.isdir(path):
         raise ModelLoadError(f"{path}: is a directory, not a GGUF file")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from ..errors import ModelLoadError
-from ..llama.gguf_shards import SHARD_RE as _SHARD_RE, shard_info, shards_of
+from .gguf_shards import SHARD_RE as _SHARD_RE, shard_info, shards_of
 from .packaged import PACKAGED, packaged_model_path
 
 PREFIXES = ("hf:", "ollama:", "lmstudio:")
@@ -130,7 +130,7 @@ def quant_in_name(path: Path, quant: str) -> bool:
 
 
 def _quant_of_header(path: Path) -> str | None:
-    from ..llama.gguf_header import GGUFError, read_header
+    from .gguf_header import GGUFError, read_header
 
     try:
         return read_header(str(path)).quantization

@@ -7,6 +7,7 @@
     given.py        Resolved from an EngineConfig (library use) or from a parent process's settings
     model.py        the model a setting names: its file, display name and default stops (once)
     slots.py        n_parallel "auto" made a count (once), by measuring or from the cache
+    context_sizing.py  n_ctx "auto": the KV cache sized from the work when the work is known
     time_bounds.py  the watchdog and drain bounds of run and serve-stdin
 
 Nothing here builds an engine (llamabatch/engines/ does, from a Resolved) or imports the

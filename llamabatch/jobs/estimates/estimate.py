@@ -12,7 +12,7 @@ With --resume: lines OUTPUT (and the error file) already answer are left out of 
 are reported (a resume never silently keeps them).
 
 With n_ctx auto (and a file INPUT, as `run` sizes only those: context_fit.py) the context
-is the run's rule, llama/context_sizing.plan_context, over what every line needs (prompt
+is the run's rule, settings/context_sizing.plan_context, over what every line needs (prompt
 tokens + max_tokens, once per sample), and only a line whose prompt is at least what one
 request may hold under that plan is a context_overflow. The plan is known after the last
 line, so a line needing more than a default slot waits for it as a few numbers (its prompt
@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from ...config import DEFAULT_CTX_PER_SLOT
 from ...errors import InvalidRequest, LlamaBatchError
-from ...llama import context_sizing
+from ...settings import context_sizing
 from ...settings.resolved import Resolved
 from ...settings.slots import planned_slots
 from ...core.overflow_words import prompt_overflow, trained_context
@@ -89,7 +89,7 @@ class _OutputSide:
 
 
 def model_facts_of(resolved: Resolved) -> tuple[int | None, int | None, int | None, str]:
-    """llama/context_sizing.model_facts on the resolved model (nothing known without one)."""
+    """settings/context_sizing.model_facts on the resolved model (nothing known without one)."""
     if not resolved.engine.model:
         return None, None, None, ""
     return context_sizing.model_facts(resolved.engine, resolved.engine.model)
@@ -156,7 +156,7 @@ def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, outp
 def memory_fit(resolved: Resolved, slots: int | None) -> tuple[int, str] | None:
     """n_ctx auto's slots where max_memory does not hold a default one each: (the tokens a slot
     then gets, why), by the rule every engine applies when it opens (in_process/preparing.py:
-    llama/context_sizing.slot_in_memory); None when nothing changes or the slots are not known."""
+    settings/context_sizing.slot_in_memory); None when nothing changes or the slots are not known."""
     config = resolved.engine
     if config.n_ctx is not None or slots is None or not config.model:
         return None

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ...config import DEFAULT_CTX_PER_SLOT, EngineConfig
 from ...core.overflow_words import PAST_TRAINING_HELPS, past_training
 from ...llama import autoslots
-from ...llama.context_sizing import GRAIN, request_limit
+from ...settings.context_sizing import GRAIN, request_limit
 
 RECENT = 8  # prompts a new one is compared with for prefix reuse (about what the slots hold)
 
@@ -108,7 +108,7 @@ def request_room(config: EngineConfig, slots: int | None, trained: int | None) -
 
 @dataclass(frozen=True)
 class AutoBounds:
-    """n_ctx auto's bounds on one request, as llama/context_sizing.plan_context derives them
+    """n_ctx auto's bounds on one request, as settings/context_sizing.plan_context derives them
     from the model's facts: the model's trained context (at least 4,096), and the cells the KV
     memory allowed holds (None: not judged)."""
     model_ctx: int | None

@@ -1,6 +1,6 @@
 """`run` with `n_ctx` auto: read INPUT once before the engine opens, find what its longest
 lines need (prompt tokens + max_tokens), and size the KV cache from that
-(llama/context_sizing.py has the rule).
+(settings/context_sizing.py has the rule).
 
 Reading must cost little on the usual file of short lines, so a line is tokenized only when
 a bound on its tokens says it might need more than a default slot: a text of B bytes is at
@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 from ...config import DEFAULT_CTX_PER_SLOT
 from ...errors import LlamaBatchError
-from ...llama.context_sizing import DEFAULT_SLOT_REASON, ContextPlan, plan_context
+from ...settings.context_sizing import DEFAULT_SLOT_REASON, ContextPlan, plan_context
 from ...settings.resolved import Resolved
 from ...openai_format import LineRequest
 
@@ -103,7 +103,7 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
     leaving the memory fit of unplanned slots to the engine's opening (in_process/preparing.py:
     it replaces DEFAULT_SLOT_REASON with its own);
     `model_facts(resolved)` -> (trained context, KV bytes a cell takes, KV bytes allowed, what
-    allows them: llama/context_sizing.model_facts)."""
+    allows them: settings/context_sizing.model_facts)."""
     if resolved.engine.n_ctx is not None:
         return resolved, None, frozenset()
     short, candidates = maybe_long(parsed_lines(path, parser))

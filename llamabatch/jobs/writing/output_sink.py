@@ -144,7 +144,7 @@ def stream_kind(path: str) -> str | None:
         return None
     if stat.S_ISREG(mode):
         return None
-    from ...llama.gguf_header import file_kind
+    from ...models.gguf_header import file_kind
 
     return "a pipe" if stat.S_ISFIFO(mode) and path.startswith(("/dev/", "/proc/")) else file_kind(mode)
 

@@ -115,9 +115,9 @@ def model_facts(config: EngineConfig, model_path: str) -> tuple[int | None, int 
     bytes allowed, what allows them) from the GGUF header and this machine's memory: the KV
     cache may take half of the memory available, and no more than max_memory leaves beside
     the weights (as for n_parallel auto, autoslots.bounds)."""
-    from .autoslots import KV_MEMORY_SHARE
-    from .gguf_header import GGUFError, read_header
-    from .resources import available_memory, kv_bytes_per_token, weights_size
+    from ..llama.autoslots import KV_MEMORY_SHARE
+    from ..models.gguf_header import GGUFError, read_header
+    from ..llama.resources import available_memory, kv_bytes_per_token, weights_size
     from ..checks.max_memory import DEFAULT_MAX_MEMORY, memory_cap
 
     try:
@@ -147,8 +147,8 @@ def slot_in_memory(config: EngineConfig, model_path: str, *, memory: int | None 
     count yet, layers on a GPU (not checked), the model's header unreadable, the memory not
     known, the default fits, or not even GRAIN tokens a slot fit (the check refuses in its own
     words then)."""
-    from .gguf_header import GGUFError, read_header
-    from .resources import available_memory, check, weights_size
+    from ..models.gguf_header import GGUFError, read_header
+    from ..llama.resources import available_memory, check, weights_size
     from ..checks.max_memory import DEFAULT_MAX_MEMORY
     from ..errors import LlamaBatchError, ResourceLimit
 
