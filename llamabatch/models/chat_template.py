@@ -315,7 +315,7 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
         if tools is not None:
             context["tools"] = tools  # Hugging Face's convention: absent when the request has none
         try:
-            prompt = render_within(env, compiled, context, budget_for(messages))
+            prompt = render_within(env, compiled, context, budget_for(_with_tool_text(messages, tools)))
         except TemplateBudgetExceeded as exc:
             raise TemplateBudgetExceeded(f"chat template {name!r} stopped: {exc}") from None
         if tokenizer_adds_bos and bos_token and prompt.startswith(bos_token):
@@ -323,6 +323,15 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
         return prompt
 
     return ChatTemplate(name, text, render, render_tools_fn=render if template_reads_tools(text) else None)
+
+
+def _with_tool_text(messages: Messages, tools: list | None) -> Messages:
+    """The messages as the render budget counts them: the tools' and the calls' JSON are input the
+    template writes out too (templates_budget.budget_for counts content characters)."""
+    extra = [json.dumps(m["tool_calls"], ensure_ascii=False) for m in messages if m.get("tool_calls")]
+    if tools:
+        extra.append(json.dumps(tools, ensure_ascii=False))
+    return [*messages, {"content": "".join(extra)}] if extra else messages
 
 
 def adds_bos(metadata: Any) -> bool:
