@@ -130,7 +130,9 @@ def test_tools_become_the_templates_pseudo_message_and_a_lark_grammar():
     assert item.prompt[0] == {"role": "llamabatch.tools", "content": "", "tools": [WEATHER, TIME]}
     grammar = item.params.grammar
     assert isinstance(grammar, LarkGrammar) and '"get_time' in grammar and '"get_weather' not in grammar
-    assert "start: call\n" in grammar  # one call: parallel_tool_calls false
+    assert "start: call\n" in grammar  # one call
+    named = parse(chat_line(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}))
+    assert "start: call\n" in named.params.grammar  # a named tool is called once, parallel_tool_calls or not
 
 
 def test_grammar_shapes_by_mode():

@@ -30,5 +30,6 @@ def chat_with_tools(source: dict[str, Any], messages: list[dict], sampling: dict
         raise InvalidRequest(f"{where}tools constrain the answer to tool calls and cannot be combined with "
                              "response_format or grammar (with tool_choice none they can)")
     offered = [(t.name, t.parameters) for t in request.offered()]
-    sampling["grammar"] = tool_grammar(offered, request.choice, request.parallel)
+    # a named choice asks for that call, once (as OpenAI answers it), whatever parallel_tool_calls says
+    sampling["grammar"] = tool_grammar(offered, request.choice, request.parallel and not request.named)
     return [tools_message(request), *messages], request
