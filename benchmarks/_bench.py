@@ -98,7 +98,7 @@ def kernels(model: str, cpu_buffers: str | None = None):
 def machine_line(model: str | None = None, cpu_buffers: str | None = None) -> str:
     """CPU name, cores, the 1-minute load average, and with a model the kernel path: what a
     reader needs to place a figure (results from a loaded machine read differently)."""
-    from llamabatch.llama.machine_verdicts import cpu_name
+    from llamabatch.kernel_paths.machine_verdicts import cpu_name
 
     line = f"{cpu_name()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}"
     if model is not None:
@@ -114,7 +114,7 @@ def repacks(model: str) -> bool:
     """Whether any weight of `model` goes to CPU_REPACK on this CPU (the rule ggml applies)."""
     from llamabatch.llama.cpu_kernels import cpu_features
     from llamabatch.models.gguf_header import read_tensor_infos
-    from llamabatch.llama.repack_rule import repacked_names
+    from llamabatch.kernel_paths.repack_rule import repacked_names
 
     return bool(repacked_names(read_tensor_infos(model), cpu_features()))
 

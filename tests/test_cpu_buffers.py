@@ -11,11 +11,12 @@ import pytest
 
 from cli_harness import invoke
 from llamabatch import EngineConfig
-from llamabatch.llama import batch_invariance as inv, cpu_buffers, machine_verdicts
+from llamabatch.kernel_paths import machine_verdicts
+from llamabatch.llama import batch_invariance as inv, cpu_buffers
 from llamabatch.settings.layers import merge
 from llamabatch.errors import DeterminismUnavailable, InvalidRequest
 from llamabatch.models.gguf_header import TensorInfo
-from llamabatch.llama.repack_rule import Q4_0, Q4_K, Q6_K, Q8_0, is_repacked
+from llamabatch.kernel_paths.repack_rule import Q4_0, Q4_K, Q6_K, Q8_0, is_repacked
 
 NEVER = lambda: pytest.fail("the AMX probe was asked where it does not matter")  # noqa: E731
 

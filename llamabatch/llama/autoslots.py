@@ -101,7 +101,7 @@ def cache_path() -> Path:
 
 
 def machine_key() -> str:
-    from .machine_verdicts import cpu_name
+    from ..kernel_paths.machine_verdicts import cpu_name
 
     return f"{cpu_name()} x{os.cpu_count()}"
 

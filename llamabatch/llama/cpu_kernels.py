@@ -108,7 +108,7 @@ def _repack_overrides(model_path: str) -> int:
     """A NULL-terminated llama_model_tensor_buft_override array pinning every weight ggml
     would repack here to CPU_REPACK (one exact-name pattern each); its address."""
     from ..models.gguf_header import read_tensor_infos
-    from .repack_rule import repacked_names
+    from ..kernel_paths.repack_rule import repacked_names
 
     key = (model_path, json.dumps(sorted(cpu_features().items())))
     if key not in _pinned:
@@ -135,7 +135,7 @@ def derive_shapes_for(model_path: str, buffers: dict[str, float]) -> invariance.
     import platform
 
     from ..models.gguf_header import read_tensor_infos
-    from .repack_rule import is_repacked
+    from ..kernel_paths.repack_rule import is_repacked
 
     repack_used = buffers.get(cpu_buffers.REPACK, 0.0) > 0
     features = cpu_features()

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 from ...version import __version__
-from ...llama.machine_verdicts import llama_cpp_version
+from ...kernel_paths.machine_verdicts import llama_cpp_version
 from ...settings.resolved import Resolved
 from ..reading.input_source import count_nonblank
 from .fingerprint import json_safe, template_identity
