@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator, Union
 
 from ..results import Delta, Result
-
-if TYPE_CHECKING:
-    from .sequence import Sequence
 
 log = logging.getLogger("llamabatch.engine")
 
@@ -34,8 +31,7 @@ class RequestHandle:
         self._deltas: list[Any] = []
         self._cond = threading.Condition()
         self._result: Result | None = None
-        self._seq: "Sequence | None" = None  # the in-process engine's own record of the request
-        self._job: Any = None  # ... or of an embeddings request (core/embedding.EmbedJob)
+        self._work: Any = None  # the in-process engine's (lane, request) pair, for cancel (core/work_lane.py)
         self.kind = "generate"  # or "embed": its Result is an EmbeddingResult
 
     def __iter__(self) -> Iterator[Delta]:
