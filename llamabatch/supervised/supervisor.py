@@ -52,6 +52,26 @@ class Supervisor:
         self.fruitless = 0  # crashes since a request last finished in a child
         self.notices_said: set[str] = set()  # what the child's engine said: once per engine, not per child
 
+    def run(self) -> None:
+        """The supervisor thread: the first child (the constructor waits for it), then every restart."""
+        e = self.engine
+        try:
+            try:
+                child = self.start_child()
+                with e._lock:
+                    e._child = child
+            except BaseException as exc:
+                e._start_error = exc
+                return
+            finally:
+                e._started.set()  # the constructor reads _child or _start_error
+            self.supervise_children()
+        except BaseException as exc:  # never leave a caller waiting on a dead supervisor
+            log.exception("the supervisor thread failed")
+            self.give_up(f"the engine supervisor failed: {exc}")
+        finally:
+            e._watchdog.stop()
+
     def start_child(self) -> ChildProcess:
         e = self.engine
         deaths = []
@@ -88,25 +108,6 @@ class Supervisor:
         raise ModelLoadError(f"the engine process died {len(deaths)} times while loading {e.model_path} "
                              f"({deaths[-1]})" + (f"; check these settings: {hint}" if hint else ""))
 
-    def run(self) -> None:
-        e = self.engine
-        try:
-            try:
-                child = self.start_child()
-                with e._lock:
-                    e._child = child
-            except BaseException as exc:
-                e._start_error = exc
-                return
-            finally:
-                e._started.set()  # the constructor reads _child or _start_error
-            self.supervise_children()
-        except BaseException as exc:  # never leave a caller waiting on a dead supervisor
-            log.exception("the supervisor thread failed")
-            self.give_up(f"the engine supervisor failed: {exc}")
-        finally:
-            e._watchdog.stop()
-
     def busy(self) -> int:
         """Requests in flight in the child (the canary counts): the watchdog is armed while > 0."""
         e = self.engine
@@ -121,7 +122,7 @@ class Supervisor:
             child.kill(reason)
             try:  # said when it happens (not once per engine like other notices): a hang is an event
                 e.on_notice(f"the engine process {child.proc.pid} was {reason}; its requests are retried in a "
-                               "new one")
+                            "new one")
             except Exception:  # a caller's callback must not stop the watchdog
                 log.exception("on_notice failed")
 
