@@ -24,7 +24,7 @@ from typing import Any, Union
 
 from ..errors import InvalidRequest
 from ..files.json_line import BadJSON, loads, sniff_id
-from ..params import FIELD_TYPES, MAX_PRIORITY, SamplingParams
+from ..params import FIELD_TYPES, SamplingParams
 from .fields import is_int, is_request_id, json_kind
 from ..results import EmbeddingResult, Result, Timings, Usage
 from .ignored_fields import noted_fields
@@ -36,7 +36,7 @@ from .tool_calls import chat_message, result_tool_fields
 from .tool_lines import chat_with_tools
 from .tools_request import TOOL_BODY_FIELDS, ToolRequest
 from .request_body import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, checked_messages, checked_prompt, embed_body,
-                           embed_line, map_body)
+                           embed_line, map_body, with_tier)
 
 URLS = (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL)
 INPUT_FORMATS = ("auto", "text", "jsonl")
@@ -44,9 +44,6 @@ PLAIN, OPENAI = "plain", "openai"  # output shapes
 
 # Keys of a plain JSONL line that are neither sampling fields nor extra (echoed) data.
 PLAIN_KEYS = ("id", "prompt", "messages", "system")
-# OpenAI's service_tier as a priority step from the line's default (lower runs sooner): "flex"
-# below it, "priority" above it; a body's own `priority` (vLLM's field) wins over it.
-SERVICE_TIERS = {"auto": 0, "default": 0, "flex": 10, "priority": -10}
 # Codes of errors caused by the line itself (HTTP 400 in the OpenAI shape); others are 500.
 CLIENT_ERROR_CODES = ("invalid_json", "unknown_shape", "invalid_url", "invalid_request", "duplicate_id",
                       "context_overflow")
@@ -232,7 +229,7 @@ class LineParser:
             sampling = {k: v for k, v in data.items() if k in FIELD_TYPES}
             tools = None
             if "messages" in data:
-                prompt, tools = _tools(data, checked_messages(data["messages"]), sampling, "")
+                prompt, tools = chat_with_tools(data, checked_messages(data["messages"]), sampling, "")
                 prompt = _with_system(prompt, system)
             elif any(k in data for k in TOOL_BODY_FIELDS):
                 raise _Bad("invalid_request", "tools need a chat line: give messages, not prompt")
@@ -264,11 +261,11 @@ class LineParser:
             prompt, sampling = (responses.messages(), responses.sampling) if responses else map_body(body, url)
             tools = None
             if url == CHAT_URL:
-                prompt, tools = _tools(body, prompt, sampling, "body.")
-            ignored = _noted(body, url) if url in (CHAT_URL, COMPLETIONS_URL) else ()
+                prompt, tools = chat_with_tools(body, prompt, sampling, "body.")
+            ignored = tuple(noted_fields(body, url == CHAT_URL)) if url in (CHAT_URL, COMPLETIONS_URL) else ()
             if url in (CHAT_URL, RESPONSES_URL):
                 prompt = _with_system(prompt, self.system)
-            params = _params(_with_tier(sampling, body.get("service_tier"), self.defaults), self.defaults)
+            params = _params(with_tier(sampling, body.get("service_tier"), self.defaults), self.defaults)
             if responses:
                 responses.params = params
         except (_Bad, InvalidRequest) as exc:  # request_body.py's checks raise InvalidRequest
@@ -285,33 +282,6 @@ class LineParser:
 def _params(sampling: dict[str, Any], defaults: SamplingParams) -> SamplingParams:
     try:
         return SamplingParams.from_dict(sampling, base=defaults)
-    except InvalidRequest as exc:
-        raise _Bad("invalid_request", str(exc)) from None
-
-
-def _with_tier(sampling: dict[str, Any], tier: Any, defaults: SamplingParams) -> dict[str, Any]:
-    """`sampling` with the priority a body's service_tier asks for (none when it gives `priority`)."""
-    if tier is None:
-        return sampling
-    if not isinstance(tier, str) or tier not in SERVICE_TIERS:
-        raise _Bad("invalid_request", f"body.service_tier must be one of {', '.join(map(json.dumps, SERVICE_TIERS))}, "
-                                      f"got {json.dumps(tier)}")
-    if "priority" in sampling:
-        return sampling
-    return {**sampling, "priority": max(-MAX_PRIORITY, min(MAX_PRIORITY, defaults.priority + SERVICE_TIERS[tier]))}
-
-
-def _tools(source: dict[str, Any], messages: list[dict], sampling: dict[str, Any],
-           where: str) -> tuple[list[dict], ToolRequest | None]:
-    try:
-        return chat_with_tools(source, messages, sampling, where)
-    except InvalidRequest as exc:
-        raise _Bad("invalid_request", str(exc)) from None
-
-
-def _noted(body: dict[str, Any], url: str) -> tuple[str, ...]:
-    try:
-        return tuple(noted_fields(body, url == CHAT_URL))
     except InvalidRequest as exc:
         raise _Bad("invalid_request", str(exc)) from None
 

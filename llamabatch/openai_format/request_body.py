@@ -1,5 +1,5 @@
 """An OpenAI request body read into a prompt and sampling fields: chat and completions bodies,
-embeddings inputs, logprobs and response_format. Pure functions for lines.py; each raises
+embeddings inputs, logprobs, response_format and service_tier. Pure functions for lines.py; each raises
 InvalidRequest naming the body field, which the line parser makes that line's error record.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..errors import InvalidRequest
-from ..params import FIELD_TYPES
+from ..params import FIELD_TYPES, MAX_PRIORITY, SamplingParams
 from .embed_records import EMBED_BODY_FIELDS, EmbedLine, check_encoding
 from .fields import check_messages, check_prompt, is_int
 from .ignored_fields import is_accepted
@@ -20,6 +20,9 @@ EMBEDDINGS_URL = "/v1/embeddings"
 # OpenAI body features not supported: fine when absent or off, an error when asked for.
 OFF_BODY_FIELDS = ("stream", "echo", "suffix", *TOOL_BODY_FIELDS)  # tools: chat bodies only (tool_lines.py)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs (and vLLM's default for completions)
+# OpenAI's service_tier as a priority step from the line's default (lower runs sooner): "flex"
+# below it, "priority" above it; a body's own `priority` (vLLM's field) wins over it.
+SERVICE_TIERS = {"auto": 0, "default": 0, "flex": 10, "priority": -10}
 
 
 def map_body(body: dict[str, Any], url: str) -> tuple[Any, dict[str, Any]]:
@@ -137,3 +140,15 @@ def checked_messages(messages: Any) -> list[dict]:
     messages = check_messages(messages)
     # OpenAI's newer name for the system role; chat templates know only "system".
     return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
+def with_tier(sampling: dict[str, Any], tier: Any, defaults: SamplingParams) -> dict[str, Any]:
+    """`sampling` with the priority a body's service_tier asks for (none when it gives `priority`)."""
+    if tier is None:
+        return sampling
+    if not isinstance(tier, str) or tier not in SERVICE_TIERS:
+        raise InvalidRequest(f"body.service_tier must be one of {', '.join(map(json.dumps, SERVICE_TIERS))}, "
+                             f"got {json.dumps(tier)}")
+    if "priority" in sampling:
+        return sampling
+    return {**sampling, "priority": max(-MAX_PRIORITY, min(MAX_PRIORITY, defaults.priority + SERVICE_TIERS[tier]))}
