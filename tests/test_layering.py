@@ -380,17 +380,14 @@ MAX_MODULE_LINES = 500
 MAX_CLASS_METHODS = 25  # every def in the class body: properties and setters count
 MAX_FOLDER_MODULES = 20  # the .py files directly in a folder, its __init__.py not counted
 
-STILL_OVER_MODULE_LINES = {
-    "llamabatch.core.engine",  # 654 lines: the work lanes split out of core/engine.py (in progress)
-}
+STILL_OVER_MODULE_LINES: set[str] = set()  # every module is within the bound
 STILL_OVER_CLASS_METHODS = {
-    "llamabatch.core.engine.EngineCore",  # 45: the work lanes split out of core/engine.py (in progress)
     "llamabatch.llama.runner.LlamaRunner",  # 29: the slot moves out of the runner (llama/kv.py, runner.py)
     "llamabatch.jobs.batch_loop.BatchLoop",  # 26: not yet split; its reading, admitting and writing apart
     "llamabatch.prefix_store.store.PrefixStore",  # 26: not yet split; its disk index apart from the store
 }
 STILL_OVER_FOLDER_MODULES = {
-    "llamabatch/core",  # 30: the scheduler's parts and the work lanes into folders of their own under core/
+    "llamabatch/core",  # 25: the scheduler's parts into a folder of their own under core/ (the lanes: core/lanes/)
     "llamabatch/llama",  # 26: what never calls llama.cpp (batch_invariance, cpu_buffers, ...) to kernel_paths/ and beside it
     "llamabatch/serve/http",  # 29: not yet split; the OpenAI routes, the batch API and the server apart
 }

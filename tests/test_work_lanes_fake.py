@@ -1,6 +1,6 @@
-"""The engine's lanes (core/work_lane.py): every lane answers the whole WorkLane interface, the
-tick loop calls them without asking what kind of work each is, and one tick numbering runs
-through both lanes' records. No model."""
+"""The engine's lanes (core/lanes/work_lane.py): every lane answers the whole WorkLane
+interface, the tick loop calls them without asking what kind of work each is, and one tick
+numbering runs through both lanes' records. No model."""
 from __future__ import annotations
 
 import ast
@@ -8,10 +8,10 @@ import inspect
 from pathlib import Path
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.core.embedding_lane import EmbeddingLane
-from llamabatch.core.generation_lane import GenerationLane
+from llamabatch.core.lanes.embedding_lane import EmbeddingLane
+from llamabatch.core.lanes.generation_lane import GenerationLane
 from llamabatch.core.telemetry import TickRecord
-from llamabatch.core.work_lane import WorkLane
+from llamabatch.core.lanes.work_lane import WorkLane
 
 from fake_runner import FakeRunner
 

@@ -3,10 +3,10 @@ the inputs of many requests into each llama_decode. Never imports llama_cpp.
 
 A request is a list of inputs (text or token ids); every input becomes one sequence of
 the runner's embedding context, and one vector. The engine's embedding lane
-(embedding_lane.py) takes a batch from the EmbedQueue each tick (FIFO over requests and their
-inputs, up to the runner's token and sequence bounds), the runner evaluates it in one
-llama_decode with pooling on and gives one vector per input, and a request ends once its
-last input has its vector.
+(lanes/embedding_lane.py) takes a batch from the EmbedQueue each tick (FIFO over requests
+and their inputs, up to the runner's token and sequence bounds), the runner evaluates it in
+one llama_decode with pooling on and gives one vector per input, and a request ends once
+its last input has its vector.
 """
 from __future__ import annotations
 

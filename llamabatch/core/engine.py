@@ -4,10 +4,11 @@ Callers submit from any thread and get a RequestHandle that streams Deltas and e
 exactly one Result (finish_reason stop, length, cancelled, error or timeout).
 
 Who does what: `inputs.InputPreparer` turns a prompt into a Sequence (caller's thread);
-each kind of work is a lane (work_lane.py): generation_lane.py runs the `Scheduler`'s plans,
-embedding_lane.py the embeddings batches; OpenRequests gives each request its one Result.
-What is left here is the thread, the hand-over between callers and that thread, and the
-tick that calls every lane the same way.
+each kind of work is a lane (lanes/work_lane.py): lanes/generation_lane.py runs the
+`Scheduler`'s plans, lanes/embedding_lane.py the embeddings batches, and OpenRequests
+(lanes/open_requests.py) gives each request its one Result. What is left here is the
+thread, the hand-over between callers and that thread, and the tick that calls every lane
+the same way.
 """
 from __future__ import annotations
 
@@ -21,23 +22,23 @@ from typing import Any, Callable, Iterator, Sequence as Seq
 
 from .sampling_threads import SamplingThreads, wants_apart
 from .embedding import EmbedRequest, prepare_job
-from .embedding_lane import EmbeddingLane
+from .lanes.embedding_lane import EmbeddingLane
 from ..config import EngineConfig
 from ..errors import EngineClosed, InternalError, LlamaBatchError, QueueFull
-from .generation_lane import GenerationLane
+from .lanes.generation_lane import GenerationLane
 from .handle import EventCallback, RequestHandle
 from .inputs import ChatTemplates, InputPreparer, Prompt
 from ..params import SamplingParams
 from .plan import Runner
 from .disk_prefix import DiskPrefixes
-from .open_requests import OpenRequests
+from .lanes.open_requests import OpenRequests
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .engine_base import EngineBase, check_room, checked_token_ids
 from .speculation import Speculation
 from .telemetry import EngineStats, Telemetry
 from .tick_interrupt import TickInterrupt
-from .work_lane import WorkLane
+from .lanes.work_lane import WorkLane
 
 log = logging.getLogger("llamabatch.engine")
 

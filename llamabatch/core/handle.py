@@ -31,7 +31,7 @@ class RequestHandle:
         self._deltas: list[Any] = []
         self._cond = threading.Condition()
         self._result: Result | None = None
-        self._work: Any = None  # the in-process engine's (lane, request) pair, for cancel (core/work_lane.py)
+        self._work: Any = None  # the in-process engine's (lane, request), for cancel (core/lanes/)
         self.kind = "generate"  # or "embed": its Result is an EmbeddingResult
 
     def __iter__(self) -> Iterator[Delta]:

@@ -6,11 +6,11 @@ terminal Result and the same outcome record.
 """
 from __future__ import annotations
 
-from ..errors import LlamaBatchError
-from ..results import Delta, EmbeddingResult, Result
-from .engine_base import error_result, record_outcome
-from .handle import RequestHandle
-from .telemetry import Telemetry
+from ...errors import LlamaBatchError
+from ...results import Delta, EmbeddingResult, Result
+from ..engine_base import error_result, record_outcome
+from ..handle import RequestHandle
+from ..telemetry import Telemetry
 
 
 class OpenRequests:

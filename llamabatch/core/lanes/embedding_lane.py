@@ -1,6 +1,6 @@
 """EmbeddingLane: embeddings requests as one lane of the engine's tick (work_lane.py).
 
-Each tick it has inputs waiting, it packs the next batch from its EmbedQueue (embedding.py),
+Each tick it has inputs waiting, it packs the next batch from its EmbedQueue (core/embedding.py),
 has the runner pool it in one llama_decode of the embedding context (llama/embedder.py), and
 ends the requests whose last vector came back. It takes its own decode after generation's,
 so each kind of work moves every tick.
@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ..errors import DecodeError
-from ..results import EmbeddingResult
-from .embedding import EmbedJob, EmbedQueue
-from .engine_base import error_result
+from ...errors import DecodeError
+from ...results import EmbeddingResult
+from ..embedding import EmbedJob, EmbedQueue
+from ..engine_base import error_result
 from .open_requests import OpenRequests
-from .plan import EmbedBatch
-from .telemetry import RequestRecord, TickRecord
+from ..plan import EmbedBatch
+from ..telemetry import RequestRecord, TickRecord
 
 
 class EmbeddingLane:
