@@ -150,3 +150,14 @@ def test_moves_change_no_answer_with_forks_samples_prefixes_and_preemption():
         outcomes[moves] = [[s.text for s in r.samples] if r.samples else [r.text] for r in results], stats.moves
     assert outcomes[True][0] == outcomes[False][0]
     assert outcomes[True][1] > 0 and outcomes[False][1] == 0
+
+
+def test_nothing_moves_into_or_out_of_the_reserved_slots():
+    replies = {"a": "x" * 20, "b": "y", "c": "z" * 20, "u": "u" * 20}
+    runner = FakeRunner(n_slots=4, slot_ctx=200, reply=lambda p: replies[p])
+    params = [GREEDY.replace(max_tokens=64, priority=-1)] + [GREEDY.replace(max_tokens=64)] * 3
+    results, _, stats = run(runner, ["u", "a", "b", "c"], params, reserved_slots=1)
+    assert [r.text for r in results] == ["u" * 20, "x" * 20, "y", "z" * 20]
+    assert [m[:2] for m in runner.moves] == [(2, 1)]  # "c" fills "b"'s hole; "u" keeps reserved slot 3
+    assert any(3 in slots for slots in decode_slots(runner)[2:])
+    assert_clean(runner)

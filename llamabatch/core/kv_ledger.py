@@ -47,9 +47,11 @@ class Parked:
     status: Status
 
 
-# The fewest tokens a request must have left to move into a hole: below it the stream copy costs
-# more than the split ticks it saves (docs/performance.md, "Moves").
+# The fewest tokens a request must have left to move into a hole, for each MOVE_CELLS cells of a
+# slot's stream (the copy's size): below it the copy costs more than the split ticks it saves
+# (docs/performance.md, "Moves").
 MOVE_MIN_LEFT = 4
+MOVE_CELLS = 4096
 
 
 def runs_of(slot_ids: set[int]) -> int:
@@ -143,25 +145,30 @@ class KVLedger:
 
     # -- no holes: moves between per-slot streams -----------------------------------------------
 
-    def plan_moves(self, ticking: set[int], min_left: int, now: float) -> list[Move]:
+    def plan_moves(self, ticking: set[int], min_left: int, now: float, reserved_from: int | None = None) -> list[Move]:
         """Fill the idle slots between busy ones (with a KV stream per slot llama.cpp runs a tick
         in one graph run only across consecutive slots) by moving the request on the highest busy
         slot into the lowest such hole, while one may move: its slot has a row in this tick's
         plan (`ticking`: that chunk performs the copy), nothing else pending touches either slot,
         and it has at least `min_left` tokens still to go, below which the copy costs more than
-        the split ticks it saves (docs/performance.md, "Moves"). Only moves that leave fewer
-        runs of consecutive busy slots are made. Call before the plan's chunks are made: they
-        go to the new slots."""
+        the split ticks it saves (docs/performance.md, "Moves"). Nothing crosses into or out of
+        the reserved slots (from `reserved_from` on), which keep their own requests. Only moves
+        that leave fewer runs of consecutive busy slots are made. Call before the plan's chunks
+        are made: they go to the new slots."""
         busy = {s.slot_id for s in self.slots if s.seq is not None}
-        if not busy:
-            return []
         blocked = self.changing()
-        holes = [s for s in self.slots[min(busy):max(busy)] if s.seq is None and s.slot_id not in blocked]
-        movers = [s for s in reversed(self.slots) if s.seq is not None and s.slot_id in ticking
-                  and s.slot_id not in blocked and self._may_move(s.seq, min_left)]
-        pairs = [(src, hole) for hole, src in zip(holes, movers) if src.slot_id > hole.slot_id]
+        split = len(self.slots) if reserved_from is None else reserved_from
+        pairs: list[tuple[Slot, Slot]] = []
+        for region in (self.slots[:split], self.slots[split:]):
+            here = [s.slot_id for s in region if s.seq is not None]
+            if not here:
+                continue
+            holes = [s for s in self.slots[min(here):max(here)] if s.seq is None and s.slot_id not in blocked]
+            movers = [s for s in reversed(region) if s.seq is not None and s.slot_id in ticking
+                      and s.slot_id not in blocked and self._may_move(s.seq, min_left)]
+            pairs += [(src, hole) for hole, src in zip(holes, movers) if src.slot_id > hole.slot_id]
         after = (busy - {src.slot_id for src, _ in pairs}) | {hole.slot_id for _, hole in pairs}
-        if runs_of(after) >= runs_of(busy):
+        if not pairs or runs_of(after) >= runs_of(busy):
             return []
         return [self._move(src, hole, now) for src, hole in pairs]
 

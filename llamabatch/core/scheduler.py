@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .admission import Admission, AdmissionQueue, slots_wanted, urgent_rows_only
 from .drafts import Drafter
-from .kv_ledger import MOVE_MIN_LEFT, KVLedger
+from .kv_ledger import MOVE_CELLS, MOVE_MIN_LEFT, KVLedger
 from .output_step import OutputStep, SeqEvent
 from .plan import Chunk, Fork, StepPlan, StepResult, Trim
 from .policies import POLICIES
@@ -154,8 +154,9 @@ class Scheduler:
         decodes, prefills = urgent_rows_only(decodes, prefills)
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
         if self.moves:  # before the chunks: they go to the slots the moves give
-            self.ledger.plan_moves({seq.slot for seq, n in allocation if n > 0}, MOVE_MIN_LEFT,  # type: ignore[misc]
-                                   time.perf_counter())
+            min_left = MOVE_MIN_LEFT * -(-self.slot_ctx // MOVE_CELLS)  # the copy grows with the stream
+            self.ledger.plan_moves({seq.slot for seq, n in allocation if n > 0}, min_left,  # type: ignore[misc]
+                                   time.perf_counter(), len(self.slots) - self.reserved)
         # In slot order: with a KV stream per slot, llama.cpp puts rows of consecutive slot ids in
         # one ubatch (llama/ubatch_split.py; docs/performance.md, "Scheduler notes").
         chunks = sorted((self._chunk(seq, n) for seq, n in allocation), key=lambda c: c.slot)
