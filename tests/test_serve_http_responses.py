@@ -321,3 +321,22 @@ def test_a_chain_past_its_bound_is_a_400_and_a_torn_save_is_swept(tmp_path, monk
         c = client.responses.create(model="any", input="question 3", previous_response_id=b.id)  # a chain of 2
         with pytest.raises(openai.BadRequestError, match="longer than 2 responses"):
             client.responses.create(model="any", input="question 4", previous_response_id=c.id)
+
+
+def test_input_tokens_counts_what_create_would_evaluate(tmp_path):
+    with serving(tmp_path / "data") as server:
+        client = server.client()
+        first = client.responses.create(model="any", input="question 1", instructions="Be kind.")
+        counted = client.responses.input_tokens.count(model="any", input="question 1", instructions="Be kind.")
+        assert counted.object == "response.input_tokens"
+        assert counted.input_tokens == first.usage.input_tokens
+        # a chain counts its earlier turns, as create evaluates them
+        chained = client.responses.input_tokens.count(model="any", input="question 2", previous_response_id=first.id)
+        second = client.responses.create(model="any", input="question 2", previous_response_id=first.id)
+        assert chained.input_tokens == second.usage.input_tokens > first.usage.input_tokens
+        unknown = post(server, {"model": "any", "input": "hi", "previous_response_id": "resp_" + "0" * 48},
+                       "/responses/input_tokens")
+        refused = post(server, {"model": "any", "input": [{"type": "input_image", "image_url": "x"}]},
+                       "/responses/input_tokens")
+    assert unknown.status == 404 and unknown.json()["error"]["code"] == "previous_response_not_found"
+    assert refused.status == 400 and "input_image" in refused.json()["error"]["message"]

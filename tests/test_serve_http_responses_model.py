@@ -50,6 +50,8 @@ def test_responses_on_the_bundled_model(tmp_path):
                                               max_output_tokens=8, stream=True))
         deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
         second = client.responses.retrieve(events[0].response.id)
+        counted = client.responses.input_tokens.count(model="gemma", instructions="You are a helpful assistant.",
+                                                      input="And the sky?", previous_response_id=first.id)
     finally:
         listening.stop()
         thread.join(10)
@@ -60,4 +62,5 @@ def test_responses_on_the_bundled_model(tmp_path):
     assert first.usage.output_tokens <= 8 and first.status in ("completed", "incomplete")
     assert second.previous_response_id == first.id and second.output_text == deltas
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 1
+    assert counted.input_tokens == second.usage.input_tokens  # the model's own template and vocabulary
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 1  # the first turn's KV

@@ -81,6 +81,8 @@ def build_app(service: Service, api_key: str | None = None, *, health_without_ke
         Route(COMPLETIONS_URL, _async(lambda r: _online(service, COMPLETIONS_URL, r)), methods=["POST"]),
         Route(EMBEDDINGS_URL, _async(lambda r: _online(service, EMBEDDINGS_URL, r)), methods=["POST"]),
         Route(RESPONSES_URL, _async(lambda r: _responses(service, responses, r)), methods=["POST"]),
+        Route(RESPONSES_URL + "/input_tokens", _async(lambda r: _input_tokens(service, responses, r)),
+              methods=["POST"]),
         Route(RESPONSES_URL + "/{response_id}", _async(lambda r: _json(responses.retrieve(path(r, "response_id")))),
               methods=["GET"]),
         Route(RESPONSES_URL + "/{response_id}", _async(lambda r: _json(responses.delete(path(r, "response_id")))),
@@ -209,6 +211,10 @@ async def _responses(service: Service, responses: ResponsesOnline, request: Requ
         events = await unless_client_leaves(request, responses.open_stream(prepared))
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return JSONResponse(await unless_client_leaves(request, responses.answer(prepared)))
+
+
+async def _input_tokens(service: Service, responses: ResponsesOnline, request: Request) -> Response:
+    return _json(await tokens.count_input_tokens(service.engine, responses.prepare, await _body(request)))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

@@ -1,4 +1,5 @@
-"""POST /tokenize and POST /detokenize in llama-server's shapes, over the engine's vocabulary.
+"""POST /tokenize and POST /detokenize in llama-server's shapes, over the engine's vocabulary, and
+POST /v1/responses/input_tokens in OpenAI's.
 
     /tokenize    {"content": str, "add_special": false, "parse_special": true, "with_pieces": false}
                  -> {"tokens": [id, ...]}, or with pieces {"tokens": [{"id": id, "piece": str | [byte, ...]}]}
@@ -67,6 +68,17 @@ async def detokenize(engine: EngineAPI, body: Any) -> dict[str, Any]:
     return await _engine_call(work)
 
 
+async def count_input_tokens(engine: EngineAPI, prepare: Any, body: Any) -> dict[str, Any]:
+    """POST /v1/responses/input_tokens: the tokens a Responses body's input takes, as the engine
+    would evaluate it (the chain of `previous_response_id`, instructions and tools included).
+    `prepare` reads the body as /v1/responses does, so a body it refuses is refused here alike."""
+    def work() -> dict[str, Any]:
+        prompt = prepare(body).item.prompt
+        return {"object": "response.input_tokens",
+                "input_tokens": len(engine.tokenize(engine.render_chat(prompt), special=True))}
+    return await _engine_call(work)
+
+
 def _piece(piece: bytes) -> str | list[int]:
     try:
         return piece.decode("utf-8")
@@ -78,6 +90,8 @@ async def _engine_call(work: Any) -> dict[str, Any]:
     """`work()` in a thread, its engine errors as the statuses a caller can act on."""
     try:
         return await to_thread.run_sync(work)
+    except ApiError:  # already an answer (a Responses body refused, an unknown previous_response_id)
+        raise
     except InvalidRequest as exc:
         raise bad_request(str(exc), code=exc.code) from None
     except EngineClosed as exc:
