@@ -44,3 +44,28 @@ def test_a_moved_request_gives_the_tokens_it_gives_unmoved(family, deterministic
         assert (n_moves, none) == (1, 0), mode
         assert moved == unmoved, mode
         assert moved[0] and (moved[1] is not None) == (mode == "logprobs")
+
+
+def test_the_runner_copies_a_stream_and_empties_the_destination_of_a_copy_that_fails(model_path):
+    from llamabatch.core.plan import Chunk, Move, StepPlan
+    from llamabatch.llama.runner import LlamaRunner
+
+    runner = LlamaRunner(EngineConfig(model=model_path, n_parallel=2, n_ctx=2 * 128, threads=1), model_path)
+    sampler = runner.build_sampler(SamplingParams(temperature=0), 0)
+    try:
+        prompt = runner.tokenize("The lighthouse keeper wrote", special=False)
+        first = runner.execute(StepPlan([Chunk(0, 0, prompt, 0, True, False, sampler=sampler)])).sampled[0]
+
+        def step(slot: int, moves: list[Move]):
+            return runner.execute(StepPlan([Chunk(slot, 0, [first], len(prompt), True, True, sampler=sampler)],
+                                           moves=moves))
+
+        bad = step(1, [Move(0, 1, len(prompt) + 5)])  # the source holds fewer positions than said
+        assert bad.emptied == {1} and not bad.sampled and runner.kv.next_pos(1) == 0
+        moved = step(1, [Move(0, 1, len(prompt))])
+        assert not moved.emptied and runner.kv.next_pos(1) == len(prompt) + 1
+        assert runner.kv.next_pos(0) == len(prompt)  # the source keeps its cells
+        assert step(0, []).sampled[0] == moved.sampled[1]  # the copy continues as the original does
+    finally:
+        runner.free_sampler(sampler)
+        runner.close()
