@@ -8,6 +8,7 @@ path). It is not a benchmark itself and asserts nothing on time: benchmarks meas
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 
 def say(*args) -> None:
@@ -346,3 +347,27 @@ def server_completion(port: int, prompt: list[int], n: int, **fields: Any) -> di
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=3600) as r:
         return json.load(r)
+
+
+@contextlib.contextmanager
+def served(engine: Any, data_dir: str) -> Iterator[tuple[Any, int]]:
+    """`llamabatch serve`'s app over `engine` on a free loopback port, from a thread of this
+    process: (an openai client for it, the port). Closes the service, then the engine."""
+    from openai import OpenAI
+
+    from llamabatch.serve.http.app import build_app
+    from llamabatch.serve.http.server import listen
+    from llamabatch.serve.http.service import Service
+
+    service = Service(engine, data_dir)
+    listening = listen(build_app(service), "127.0.0.1", 0)
+    service.start()
+    thread = listening.run_in_thread()
+    try:
+        yield OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
+                     timeout=3600), listening.port
+    finally:
+        listening.stop()
+        thread.join(10)
+        service.close(30)
+        engine.close()

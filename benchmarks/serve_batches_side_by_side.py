@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _bench import Pairs, essay_prompts, machine_line, model_path, say, workload_args
+from _bench import Pairs, essay_prompts, machine_line, model_path, say, served, workload_args
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 COMPLETIONS = "/v1/completions"
@@ -110,22 +110,10 @@ def open_engine(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def figures(args: argparse.Namespace) -> None:
-    from openai import OpenAI
-
-    from llamabatch.serve.http.app import build_app
-    from llamabatch.serve.http.server import listen
-    from llamabatch.serve.http.service import Service
-
     engine, what = open_engine(args)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        service = Service(engine, str(workdir / "data"))
-        listening = listen(build_app(service), "127.0.0.1", 0)
-        service.start()
-        thread = listening.run_in_thread()
-        try:
-            client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
-                            timeout=3600)
+        with served(engine, str(workdir / "data")) as (client, _port):
             batches = Batches(client, write_batch(workdir / "big.jsonl", args.big_lines, args.tokens, "b"),
                               write_batch(workdir / "small.jsonl", args.small_lines, args.tokens, "s"),
                               {"big": args.big_lines, "small": args.small_lines})
@@ -147,11 +135,6 @@ def figures(args: argparse.Namespace) -> None:
             print(f"median over {args.rounds} pairs: small {small_pairs.median():.2f}x alone "
                   f"({', '.join(f'{x:.2f}' for x in small_pairs.ratios)}); big {big_pairs.median():.3f}x alone + "
                   f"small ({', '.join(f'{x:.3f}' for x in big_pairs.ratios)})")
-        finally:
-            listening.stop()
-            thread.join(10)
-            service.close(30)
-            engine.close()
 
 
 def main() -> None:

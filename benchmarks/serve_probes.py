@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from _bench import Pairs, machine_line, model_path
+from _bench import Pairs, machine_line, model_path, served
 from serve_batches import through_server, write_batch
 
 
@@ -100,13 +100,8 @@ def main() -> None:
     parser.add_argument("-m", "--model", default=None)
     args = parser.parse_args()
 
-    from openai import OpenAI
-
     from llamabatch import EngineConfig, SamplingParams
     from llamabatch.engines import open_engine
-    from llamabatch.serve.http.app import build_app
-    from llamabatch.serve.http.server import listen
-    from llamabatch.serve.http.service import Service
 
     model = model_path(args.model)
     config = EngineConfig(model=model, n_parallel=args.slots, n_ctx=512 * args.slots, threads=args.threads,
@@ -114,38 +109,32 @@ def main() -> None:
     engine = open_engine(config, SamplingParams(temperature=0, max_tokens=args.tokens), isolated=args.isolate)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        service = Service(engine, str(workdir / "data"))
-        listening = listen(build_app(service), "127.0.0.1", 0)
-        service.start()
-        thread = listening.run_in_thread()
-        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
-                        timeout=3600)
-        path = write_batch(workdir / "batch.jsonl", args.lines, args.tokens)
-        print(f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots (one KV cache), {args.threads} threads, "
-              f"{os.path.basename(model)}, {'supervised child' if args.isolate else 'in-process engine'}; "
-              f"/health every {args.probe_every} s, /metrics every {args.scrape_every} s; {machine_line(model)}")
-        scraped = Pairs()
-        probes: list[float] = []
-        try:
-            through_server(client, path, args.lines)  # warm-up: the first batch pays for loading pages and graphs
-            for r in range(1, args.rounds + 1):
-                with Every(args.probe_every, getter(listening.port, "/health", health_ok)) as probe:
-                    alone = through_server(client, path, args.lines)
-                    with Every(args.scrape_every, getter(listening.port, "/metrics", metrics_parse)) as scrape:
-                        with_scrapes = through_server(client, path, args.lines)
-                probes += probe.took
-                ratio = scraped.add(alone, with_scrapes)
-                print(f"round {r}: batch alone {alone:.2f} s, scraped {len(scrape.took)} times {with_scrapes:.2f} s "
-                      f"-> {ratio:.3f}x; /health: {len(probe.took)} probes, p50 {percentile(probe.took, 50) * 1000:.2f} "
-                      f"ms, p99 {percentile(probe.took, 99) * 1000:.2f} ms, slowest {max(probe.took) * 1000:.2f} ms")
-            print(f"median: scraped / alone {scraped.median():.3f}x over {len(scraped.ratios)} pairs "
-                  f"({', '.join(f'{x:.3f}' for x in scraped.ratios)}) (target <= 1.01); /health over {len(probes)} "
-                  f"probes: p99 {percentile(probes, 99) * 1000:.2f} ms (target < 5 ms)")
-        finally:
-            listening.stop()
-            thread.join(10)
-            service.close(30)
-            engine.close()
+        with served(engine, str(workdir / "data")) as (client, port):
+            rounds(args, client, port, write_batch(workdir / "batch.jsonl", args.lines, args.tokens),
+                   f"{args.lines} lines x {args.tokens} tokens, {args.slots} slots (one KV cache), {args.threads} "
+                   f"threads, {os.path.basename(model)}, {'supervised child' if args.isolate else 'in-process engine'}; "
+                   f"/health every {args.probe_every} s, /metrics every {args.scrape_every} s; {machine_line(model)}")
+
+
+def rounds(args: argparse.Namespace, client: Any, port: int, path: Path, header: str) -> None:
+    """A warm-up batch, then --rounds pairs: the batch alone, then scraped; /health probed throughout."""
+    print(header)
+    scraped = Pairs()
+    probes: list[float] = []
+    through_server(client, path, args.lines)  # warm-up: the first batch pays for loading pages and graphs
+    for r in range(1, args.rounds + 1):
+        with Every(args.probe_every, getter(port, "/health", health_ok)) as probe:
+            alone = through_server(client, path, args.lines)
+            with Every(args.scrape_every, getter(port, "/metrics", metrics_parse)) as scrape:
+                with_scrapes = through_server(client, path, args.lines)
+        probes += probe.took
+        ratio = scraped.add(alone, with_scrapes)
+        print(f"round {r}: batch alone {alone:.2f} s, scraped {len(scrape.took)} times {with_scrapes:.2f} s "
+              f"-> {ratio:.3f}x; /health: {len(probe.took)} probes, p50 {percentile(probe.took, 50) * 1000:.2f} "
+              f"ms, p99 {percentile(probe.took, 99) * 1000:.2f} ms, slowest {max(probe.took) * 1000:.2f} ms")
+    print(f"median: scraped / alone {scraped.median():.3f}x over {len(scraped.ratios)} pairs "
+          f"({', '.join(f'{x:.3f}' for x in scraped.ratios)}) (target <= 1.01); /health over {len(probes)} "
+          f"probes: p99 {percentile(probes, 99) * 1000:.2f} ms (target < 5 ms)")
 
 
 if __name__ == "__main__":

@@ -4,45 +4,20 @@ to GET, previous_response_id continues it, and the chain's prefix is restored fr
 prefix store rather than evaluated (cached_tokens > 0 in usage)."""
 from __future__ import annotations
 
-import re
 import signal
-import subprocess
-import sys
-import threading
 
-import fake_cli
-from child_tools import child_env, fake_gguf
-from lazy_modules import lazy
+from test_serve_http_restart import start_server as start_fake_server
 
-openai = lazy("openai")
-
-READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 # Long enough that the first turn's prompt passes the prefix store's 128-token minimum (the
 # fake tokenizes a character a token).
 INSTRUCTIONS = "You answer questions about the sea, in one short sentence each. " * 4
 
 
 def start_server(tmp_path):
-    args = ["serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "-m", fake_gguf(tmp_path),
-            "--n-parallel", "2", "--n-ctx", "2048", "--threads", "1", "--temperature", "0", "--max-tokens", "8",
-            "--prefix-store", str(tmp_path / "store")]
-    proc = subprocess.Popen([sys.executable, fake_cli.PATH, "fake", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=child_env())
-    killer = threading.Timer(60, proc.kill)  # a server that never says where it listens
-    killer.start()
-    try:
-        for line in proc.stderr:
-            found = READY.search(line)
-            if found:
-                break
-        else:
-            raise AssertionError(f"the server ended before listening (exit {proc.wait()})")
-    finally:
-        killer.cancel()
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # never let a full pipe stop it
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{found.group(1)}/v1", api_key="unused", max_retries=0,
-                           timeout=30)
-    return proc, client
+    """serve on the fake runner with a disk prefix store (a later --n-ctx and --prefix-store win over
+    test_serve_http_restart's own)."""
+    return start_fake_server(tmp_path, tmp_path / "data", "fake", "--n-parallel", "2", "--n-ctx", "2048",
+                             "--prefix-store", str(tmp_path / "store"))
 
 
 def test_previous_response_id_continues_across_a_kill_9_reusing_the_prefix(tmp_path):
