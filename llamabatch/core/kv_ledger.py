@@ -1,8 +1,9 @@
 """The KV ledger: what each slot's KV cache holds, and the changes to it the next plan carries.
 
-It is the one owner of "what is in each slot" (`Slot.cached`). A trim, a fork or a restore
-(from the disk prefix store, or of a parked request's own KV) changes the bookkeeping when
-it is decided and rides on the next StepPlan, where the runner applies it; `update`'s half
+It is the one owner of "what is in each slot" (`Slot.cached`). A trim, a fork, a restore
+(from the disk prefix store, or of a parked request's own KV) or a move (a running request
+into an idle slot below it: plan_moves) changes the bookkeeping when it is decided and rides
+on the next StepPlan, where the runner applies it; `update`'s half
 (what a restore gave, what a tick evaluated) comes back through here too. It also keeps the
 room of a KV pool the slots share and the bytes of parked requests' KV. Never imports llama_cpp.
 """
