@@ -12,13 +12,12 @@ import threading
 import time
 
 from llamabatch import EngineConfig, SamplingParams
-from llamabatch.engines import EngineFactory, open_engine
+from llamabatch.engines import open_engine
 from llamabatch.serve.http.app import build_app
 from llamabatch.serve.http.server import listen
 from llamabatch.serve.http.service import Service
 
 import fake_cli
-import supervised_child_runner
 from child_tools import child_env, fake_gguf
 from http_server import raw, serving
 from supervised_child_runner import HANG, POISON, RESTART_MARK_ENV
@@ -130,19 +129,10 @@ def test_health_is_503_loading_until_the_model_is_loaded_and_other_routes_say_wh
         proc.wait(10)
 
 
-class HangingChildEngines(EngineFactory):
-    """The real factory; the supervised child runs the fake whose sampling of HANG never returns."""
-
-    def runner_choice(self):
-        return supervised_child_runner.choice("hangs_on_prompt")
-
-    def child_environment(self):
-        return child_env()
-
-
 def test_a_hung_engine_child_shows_as_503_and_never_as_a_hung_probe_or_scrape(tmp_path):
     spec = EngineConfig(model=fake_gguf(tmp_path), n_parallel=2, n_ctx=512)
-    engine = open_engine(spec, SamplingParams(temperature=0, max_tokens=8), factory=HangingChildEngines(),
+    hanging = fake_cli.RegisteredRunnerEngines("hangs_on_prompt")  # the child's sampling of HANG never returns
+    engine = open_engine(spec, SamplingParams(temperature=0, max_tokens=8), factory=hanging,
                          isolated=True, watchdog_s=1.5)
     service = Service(engine, str(tmp_path / "data"))
     listening = listen(build_app(service), "127.0.0.1", 0)
