@@ -90,13 +90,18 @@ def build_app(service: Service, api_key: str | None = None, *, health_without_ke
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left,
                 Exception: _server_error}
+    return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
+                     middleware=front_middleware(api_key, health_without_key, cors_origins))
+
+
+def front_middleware(api_key: str | None, health_without_key: bool, cors_origins: Sequence[str]) -> list[Middleware]:
+    """The key check and CORS every app of `serve` puts before its routes (loading.py's too)."""
     middleware = [Middleware(BearerAuth, api_key=api_key, open_paths=(HEALTH_PATH,) if health_without_key else ())]
     if cors_origins:  # outermost: a preflight carries no key, and a 401 needs the CORS headers to be read
         middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(cors_origins),
                                         allow_methods=["GET", "POST", "DELETE"],
                                         allow_headers=["Authorization", "Content-Type"]))
-    return Starlette(routes=routes, exception_handlers=handlers,  # type: ignore[arg-type]
-                     middleware=middleware)
+    return middleware
 
 
 def _async(handler: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Response]]:

@@ -14,14 +14,12 @@ import socket
 from typing import Any, Iterator, Sequence
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .api_errors import ApiError
-from .auth import BearerAuth
+from .app import front_middleware
 from .health import HEALTH_PATH
 
 RETRY_AFTER_S = "1"
@@ -38,12 +36,8 @@ async def _loading(request: Request) -> JSONResponse:
 def loading_app(api_key: str | None, *, health_without_key: bool = False,
                 cors_origins: Sequence[str] = ()) -> Starlette:
     """Every path answers 503 "loading", behind the same key check and CORS as the real app."""
-    middleware = [Middleware(BearerAuth, api_key=api_key, open_paths=(HEALTH_PATH,) if health_without_key else ())]
-    if cors_origins:
-        middleware.insert(0, Middleware(CORSMiddleware, allow_origins=list(cors_origins),
-                                        allow_methods=["GET", "POST", "DELETE"],
-                                        allow_headers=["Authorization", "Content-Type"]))
-    return Starlette(routes=[Route("/{path:path}", _loading, methods=_METHODS)], middleware=middleware)
+    return Starlette(routes=[Route("/{path:path}", _loading, methods=_METHODS)],
+                     middleware=front_middleware(api_key, health_without_key, cors_origins))
 
 
 @contextlib.contextmanager
