@@ -94,6 +94,8 @@ class Result:
     # many of its completion tokens the grammar forced, unsampled.
     grammar_backend: str | None = None
     forced_tokens: int = 0
+    # A tool call grammar's syntax (constraints/tool_syntax.py): how the answer's calls are read out.
+    tool_syntax: str | None = None
 
     @property
     def all_logprobs(self) -> Any:

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from ..constraints.tool_grammar import tool_grammar
+from ..constraints.tool_syntax import ToolSyntax
 from ..errors import InvalidRequest
 from ..files.whole_file import UnreadableFile, read_text
 from ..openai_format import ToolRequest, parse_tools, split_tool_calls, tools_message
@@ -32,8 +33,10 @@ def read_tools_file(path: str) -> ToolRequest:
     return request
 
 
-def tools_grammar(request: ToolRequest) -> str | None:
-    return tool_grammar([(t.name, t.parameters) for t in request.tools], request.choice, request.parallel)
+def tools_grammar(request: ToolRequest, syntax: ToolSyntax) -> str | None:
+    """The call grammar in the template's syntax (the chat renders its own prompt, so the engine
+    does not rebuild it)."""
+    return tool_grammar([(t.name, t.parameters) for t in request.tools], request.choice, request.parallel, syntax)
 
 
 class TemplateWithTools:
@@ -51,7 +54,7 @@ class TemplateWithTools:
         return getattr(self._template, name)
 
 
-def call_notices(text: str) -> list[str]:
+def call_notices(text: str, syntax: ToolSyntax) -> list[str]:
     """One line per call the reply made: `tool call: NAME {arguments}`."""
-    _content, calls = split_tool_calls(text)
+    _content, calls = split_tool_calls(text, syntax)
     return [f"tool call: {c['name']} {json.dumps(c['arguments'], ensure_ascii=False)}" for c in calls]

@@ -175,7 +175,7 @@ class ChatSession:
             return result
         self.conversation.add("assistant", result.text)
         if self.tools is not None:
-            for line in call_notices(result.text):
+            for line in call_notices(result.text, self.engine.chat_template.tool_syntax):
                 self.io.notice(line)
         self._remember(prompt, result)
         if params.store_prefix:
@@ -194,7 +194,7 @@ class ChatSession:
         extra = [s for s in self.template.stop if s not in self.params.stop]
         params = self.params.replace(n=1) if self.params.n != 1 else self.params  # one reply per turn, whatever [sampling] n says
         if self.tools is not None:
-            params = params.replace(grammar=tools_grammar(self.tools), json_schema=None)
+            params = params.replace(grammar=tools_grammar(self.tools, self.engine.chat_template.tool_syntax), json_schema=None)
         return params.replace(stop=[*params.stop, *extra]) if extra else params
 
     # -- conversation changes -----------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Protocol, Sequence as Seq, Union
 
+from ..constraints.tool_grammar import ToolGrammar
 from ..errors import ContextOverflow, InvalidRequest
 from ..files.json_line import find_surrogate, surrogate_at
 from ..params import SamplingParams, random_seed
@@ -162,6 +163,8 @@ class InputPreparer:
         if is_chat(prompt) and self.chat_template.stop:
             # formats without special tokens (the plain transcript) need their own stops
             params = params.replace(stop=[*params.stop, *(s for s in self.chat_template.stop if s not in params.stop)])
+        if isinstance(params.grammar, ToolGrammar) and is_chat(prompt):  # calls in the syntax the template teaches
+            params = params.replace(grammar=params.grammar.for_syntax(self.chat_template.tool_syntax))
         return params
 
     def seed_for(self, params: SamplingParams) -> int:

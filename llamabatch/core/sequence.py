@@ -140,7 +140,8 @@ class Sequence:
         return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
                       seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
                       logprobs=self.logprobs, index=self.index, stored_prefix=self.stored_prefix,
-                      grammar_backend=self.grammar_backend, forced_tokens=self.forced_tokens)
+                      grammar_backend=self.grammar_backend, forced_tokens=self.forced_tokens,
+                      tool_syntax=getattr(self.params.grammar, "syntax", None))
 
     def request_result(self) -> Result:
         """The Result of the request this sequence belongs to: its own, or for an n-request
@@ -165,4 +166,4 @@ class Sequence:
         return Result(first.request_id, first.text, first.token_ids, (bad or first).finish_reason, usage, timings,
                       seed=first.seed, error=bad.error if bad else None, error_code=bad.error_code if bad else None,
                       stop=first.stop, logprobs=first.logprobs, samples=parts, grammar_backend=first.grammar_backend,
-                      forced_tokens=sum(r.forced_tokens for r in parts))
+                      forced_tokens=sum(r.forced_tokens for r in parts), tool_syntax=first.tool_syntax)

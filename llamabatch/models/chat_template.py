@@ -16,6 +16,7 @@ import os
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
+from ..constraints.tool_syntax import HERMES, ToolSyntax, syntax_of_template
 from ..core.plan import ChatFormats
 from ..errors import InvalidRequest
 from ..files.whole_file import UnreadableFile, read_text
@@ -99,6 +100,11 @@ class ChatTemplate:
             raise
         except Exception as exc:  # a template is user data: any failure is a bad request, not a crash
             raise InvalidRequest(f"chat template {self.name!r} failed: {_one_line(exc)}") from exc
+
+    @property
+    def tool_syntax(self) -> ToolSyntax:
+        """The call syntax the template teaches; one that does not read tools gets the fallback's (Hermes)."""
+        return syntax_of_template(self.source) if self.render_tools_fn is not None else HERMES
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r})"

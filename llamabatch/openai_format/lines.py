@@ -424,7 +424,7 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
     elif url == CHAT_URL:
         choices = []
         for i, r in enumerate(samples):
-            message, finish_reason = chat_message(r.text, r.finish_reason, tools)  # tool calls read out
+            message, finish_reason = chat_message(r.text, r.finish_reason, tools, result.tool_syntax)  # tool calls read out
             choices.append({"index": i, "message": message,
                             "logprobs": None if r.logprobs is None else chat_logprobs(r.logprobs, r.text),
                             "finish_reason": finish_reason})

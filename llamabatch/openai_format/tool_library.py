@@ -51,4 +51,4 @@ def tool_message(result: Result, tools: ToolRequest | None) -> tuple[dict[str, A
     """(the assistant message in OpenAI's shape, the finish_reason: tool_calls when it made calls)."""
     if result.finish_reason not in ("stop", "length"):
         raise InvalidRequest(f"the request ended with {result.finish_reason!r}: {result.error or 'no answer'}")
-    return chat_message(result.text, result.finish_reason, tools)
+    return chat_message(result.text, result.finish_reason, tools, result.tool_syntax)

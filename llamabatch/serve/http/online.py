@@ -20,7 +20,7 @@ from ...openai_format import CHAT_URL, EMBEDDINGS_URL, LineError, LineParser, Li
 from ...params import MAX_PRIORITY
 from ...results import Delta
 from .api_errors import ApiError, bad_request
-from .sse import DONE, StreamShape
+from .sse import DONE, StreamShape, engine_tool_syntax
 
 _LINE_PREFIX = re.compile(r"^line 1(: | )")
 
@@ -117,7 +117,7 @@ class Online:
     async def _events(self, request: OnlineRequest, handle: Any, events: asyncio.Queue,
                       event: Any) -> AsyncIterator[bytes]:
         shape = StreamShape(request.item.url or CHAT_URL, self.engine.model_name, max(1, request.item.params.n),
-                            tools=request.item.tools)
+                            tools=request.item.tools, tool_syntax=engine_tool_syntax(self.engine))
         try:
             opening = shape.opening()
             if opening:

@@ -9,10 +9,18 @@ import time
 import uuid
 from typing import Any
 
+from ...api import ChatEngine
+from ...constraints.tool_syntax import HERMES, ToolSyntax
 from ...openai_format import CHAT_URL, ToolCallSplitter, openai_call
 from ...results import Delta, Result
 
 DONE = b"data: [DONE]\n\n"
+
+
+def engine_tool_syntax(engine: Any) -> ToolSyntax:
+    """The call syntax of the engine's chat template (an engine without one here, the Ray pool: Hermes)."""
+    template = engine.chat_template if isinstance(engine, ChatEngine) else None
+    return template.tool_syntax if template is not None else HERMES
 
 
 def event(payload: dict[str, Any]) -> bytes:
@@ -20,12 +28,13 @@ def event(payload: dict[str, Any]) -> bytes:
 
 
 class StreamShape:
-    def __init__(self, url: str, model: str, samples: int, tools: Any = None):
+    def __init__(self, url: str, model: str, samples: int, tools: Any = None, tool_syntax: Any = HERMES):
         self.chat = url == CHAT_URL
         # a chat request whose answer may hold tool calls: each sample's text is split as it comes
         # (openai_format/tool_calls.py), calls sent whole as delta.tool_calls once they close
         self.tools = tools if self.chat and tools is not None and tools.calls_allowed else None
         self.splitters: dict[int, ToolCallSplitter] = {}
+        self.tool_syntax = tool_syntax  # the engine's template's (the engine rebuilds the mask in it)
         self.model = model
         self.samples = samples
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -48,7 +57,7 @@ class StreamShape:
 
     def delta(self, delta: Delta) -> bytes:
         if self.tools is not None:
-            splitter = self.splitters.setdefault(delta.index, ToolCallSplitter())
+            splitter = self.splitters.setdefault(delta.index, ToolCallSplitter(self.tool_syntax))
             return self._tool_events(delta.index, splitter, splitter.feed(delta.text))
         return self._chunk([self._choice(delta.index, {"content": delta.text} if self.chat else delta.text, None)])
 
