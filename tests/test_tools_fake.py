@@ -317,15 +317,36 @@ def test_the_library_helpers_around_engine_submit():
         with_tools([{"role": "user", "content": "x"}], [WEATHER], {"type": "function", "function": {"name": "nope"}})
 
 
-def test_a_table_cell_of_calls_alone_holds_the_calls():
-    from llamabatch.jobs.tables.table_output import response_text
+def test_a_tables_tool_calls_cell_holds_the_calls_and_its_response_the_content():
+    from llamabatch.jobs.tables.table_output import calls_text, response_text
 
     item = parse(chat_line(tools=[WEATHER]))
-    cell = response_text(build_record(item, result(CALL), "m"))
-    assert json.loads(cell)[0]["function"]["name"] == "get_weather"
+    record = build_record(item, result(CALL), "m")
+    assert response_text(record) is None and json.loads(calls_text(record))[0]["function"]["name"] == "get_weather"
     plain = build_record(parse({"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER]}),
-                         result(CALL), "m")
-    assert json.loads(response_text(plain))[0]["function"]["arguments"] == '{"city": "Paris"}'
+                         result("Sure. " + CALL), "m")
+    assert response_text(plain) == "Sure. "
+    assert json.loads(calls_text(plain))[0]["function"]["arguments"] == '{"city": "Paris"}'
+    assert calls_text(build_record(item, result("No call."), "m")) is None
+
+
+def test_run_to_a_table_has_a_tool_calls_column_only_when_an_answer_made_calls(tmp_path):
+    import csv
+
+    from cli_harness import invoke, runner_for
+
+    lines = [{"id": i, "messages": [{"role": "user", "content": f"q{i}"}], "tools": [WEATHER]} for i in range(2)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for reply, has_column in ((lambda p: CALL if "q1" in p else "plain", True), (lambda p: "plain", False)):
+        out = tmp_path / f"out{has_column}.csv"
+        done = invoke(["run", str(tmp_path / "in.jsonl"), "-o", str(out)], runner=runner_for(reply))
+        assert done.exit_code == 0, done.stderr
+        rows = list(csv.DictReader(out.open()))
+        assert ("tool_calls" in rows[0]) is has_column
+        if has_column:
+            by_id = {r["id"]: r for r in rows}
+            assert by_id["0"]["tool_calls"] == "" and by_id["0"]["response"] == "plain"
+            assert json.loads(by_id["1"]["tool_calls"])[0]["function"]["name"] == "get_weather"
 
 
 def test_a_serve_batch_of_tool_lines_records_the_calls(tmp_path):

@@ -10,8 +10,8 @@ table again, complete. Keep the records file: it is what a resume reads.
 
 Table columns: `row` (table inputs), `id`, the --keep-columns (a kept column named like an
 output column gets an `input.` prefix: table_layout.py), then `response`, `finish_reason`, `error_code`,
-`error`, `prompt_tokens`, `completion_tokens`, and `logprobs` (JSON text) when the run asked
-for logprobs. Rows are in input order (sorted by row number) with --order input.
+`error`, `prompt_tokens`, `completion_tokens`, `logprobs` (JSON text) when the run asked
+for logprobs, and `tool_calls` (OpenAI's calls as JSON text) when some answer made calls. Rows are in input order (sorted by row number) with --order input.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import json
 import os
 import re
 from array import array
+from dataclasses import replace
 from typing import Any, Iterator
 
 from ...openai_format import record_error_code, record_id
@@ -44,24 +45,32 @@ def records_path(table: str) -> str:
 
 
 def response_text(record: dict) -> str | None:
-    """A record's answer as a table cell: the text, or an embeddings line's vector as JSON text."""
+    """A record's answer as a table cell: the text (an answer of calls alone: none), or an
+    embeddings line's vector as JSON text."""
     if "embeddings" in record:  # an embeddings line: its vector (one input) as JSON text
         vectors = record["embeddings"]
         return json.dumps(vectors[0] if len(vectors) == 1 else vectors)
     if "text" in record:
-        return record.get("text") or _calls_text(record.get("tool_calls")) or record.get("text")
+        return None if record.get("tool_calls") and not record.get("text") else record.get("text")
     body = (record.get("response") or {}).get("body") or {}  # an OpenAI Batch line's record
     choices = body.get("choices") or [{}]
     first = choices[0]
     if "message" in first:
         message = first.get("message") or {}
-        return message.get("content") or _calls_text(message.get("tool_calls")) or message.get("content")
+        return message.get("content")
     return first.get("text")
 
 
-def _calls_text(calls: Any) -> str | None:
-    """An answer of tool calls alone, as its cell: the calls as JSON text (docs/tools.md)."""
-    return json.dumps(calls, ensure_ascii=False) if calls else None
+def calls_text(record: dict) -> str | None:
+    """A record's tool calls as their cell: OpenAI's calls as JSON text, or None without calls
+    (n > 1: one list per sample)."""
+    calls = record.get("tool_calls")
+    if calls is None:
+        body = (record.get("response") or {}).get("body") or {}
+        messages = [c.get("message") or {} for c in body.get("choices") or []]
+        calls = [m.get("tool_calls") or [] for m in messages]
+        calls = calls[0] if len(calls) == 1 else calls
+    return json.dumps(calls, ensure_ascii=False) if any(calls) else None
 
 
 def table_row(record: dict, layout: Layout) -> list[Any]:
@@ -77,7 +86,14 @@ def table_row(record: dict, layout: Layout) -> list[Any]:
             usage.get("prompt_tokens"), usage.get("completion_tokens")]
     if layout.logprobs:
         out.append(json.dumps(record["logprobs"], ensure_ascii=False) if record.get("logprobs") is not None else None)
+    if layout.tool_calls:
+        out.append(calls_text(record) if error is None else None)
     return out
+
+
+def _any_calls(path: str) -> bool:
+    """Whether some record of the records file made a tool call (its table gets the column)."""
+    return any(b'"tool_calls"' in raw and calls_text(json.loads(raw)) is not None for _offset, raw in _whole_lines(path))
 
 
 # A record's own "row" key: the first `"row": N` on its line. Records start {"id": ..., "row": N,
@@ -133,6 +149,8 @@ def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_inp
     """Write the table from the records file: to a temporary name, then renamed over `table`.
     Returns the rows written. Raises OSError (or the writer's error) and leaves `table` as it was.
     `csv_formulas`: --csv-formulas, for CSV and TSV (table_writers.formula_safe)."""
+    layout = replace(layout, tool_calls=_any_calls(records_file))
+
     def rows() -> Iterator[list]:
         return (table_row(r, layout) for r in records(records_file, in_input_order))
 
