@@ -1,7 +1,8 @@
 """The `response` object OpenAI's /v1/responses answers with, made from one Result: its
-`output` is one assistant `message` item holding one `output_text` part, `status` is
-`completed`, or `incomplete` with `incomplete_details.reason` "max_output_tokens" when the
-token limit cut the text. The same object is a batch line's `response.body`, the online answer,
+`output` is one assistant `message` item holding one `output_text` part, then, for a request
+with function tools, a `function_call` item per call read out of the answer (the message is left
+out when the answer is calls alone); `status` is `completed`, or `incomplete` with
+`incomplete_details.reason` "max_output_tokens" when the token limit cut the text. The same object is a batch line's `response.body`, the online answer,
 what `serve` stores, and what its streamed events carry. Pure: no I/O.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from ..results import Result
 from .responses_request import ResponsesRequest
+from .responses_tools import answer_parts, tools_echo
 
 
 def new_response_id() -> str:
@@ -39,22 +41,32 @@ def response_usage(result: Result) -> dict[str, Any]:
             "total_tokens": usage.total_tokens}
 
 
+def output_items(request: ResponsesRequest, result: Result, status: str, message_id: str | None = None
+                 ) -> list[dict[str, Any]]:
+    """The output items of a whole answer: its message (unless it is calls alone), then its calls."""
+    content, calls = answer_parts(result.text, request.tools, result.tool_syntax)
+    message = [] if content is None else [message_item(message_id or new_message_id(), content, status)]
+    return message + calls
+
+
 def response_object(request: ResponsesRequest, result: Result | None, model: str, *, response_id: str | None = None,
                     message_id: str | None = None, created_at: int | None = None,
-                    error: dict[str, str] | None = None) -> dict[str, Any]:
+                    error: dict[str, str] | None = None, output: list[dict[str, Any]] | None = None
+                    ) -> dict[str, Any]:
     """The whole response for a Result that ended with text (stop or length); with `result`
-    None, the response in progress (no output yet), or failed when `error` says why."""
+    None, the response in progress (no output yet), or failed when `error` says why. `output`:
+    the items a stream already gave out (their ids), instead of reading them from the text."""
     sampling, params = request.sampling, request.params
     body: dict[str, Any] = {
         "id": response_id or new_response_id(), "object": "response",
         "created_at": int(time.time()) if created_at is None else created_at,
         "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
         "instructions": request.instructions, "max_output_tokens": sampling.get("max_tokens"),
-        "max_tool_calls": None, "model": model, "output": [], "parallel_tool_calls": True,
+        "max_tool_calls": None, "model": model, "output": [],
         "previous_response_id": request.previous_response_id, "reasoning": {"effort": None, "summary": None},
         "service_tier": "default", "store": request.store,
         "temperature": sampling.get("temperature") if params is None else params.temperature,
-        "text": {"format": request.text_format}, "tool_choice": "auto", "tools": [], "top_logprobs": 0,
+        "text": {"format": request.text_format}, **tools_echo(request.tools, request.tool_choice), "top_logprobs": 0,
         "top_p": sampling.get("top_p") if params is None else params.top_p,
         "truncation": "disabled", "usage": None, "user": None, "metadata": request.metadata, "completed_at": None,
     }
@@ -64,11 +76,22 @@ def response_object(request: ResponsesRequest, result: Result | None, model: str
         return body
     cut = result.finish_reason == "length"
     status = "incomplete" if cut else "completed"
-    body.update(status=status, output=[message_item(message_id or new_message_id(), result.text, status)],
-                usage=response_usage(result), completed_at=None if cut else int(time.time()))
+    items = output if output is not None else output_items(request, result, status, message_id)
+    body.update(status=status, output=items, usage=response_usage(result), completed_at=None if cut else int(time.time()))
     if cut:
         body["incomplete_details"] = {"reason": "max_output_tokens"}
     return body
+
+
+def assistant_turn(response: dict[str, Any]) -> dict[str, Any]:
+    """A stored response's answer as the chat's assistant turn (its calls as chat's tool_calls),
+    for the chain that continues it."""
+    turn: dict[str, Any] = {"role": "assistant", "content": output_text(response)}
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in response.get("output", []) if item.get("type") == "function_call"]
+    if calls:
+        turn["tool_calls"] = calls
+    return turn
 
 
 def output_text(response: dict[str, Any]) -> str:

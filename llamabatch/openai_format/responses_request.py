@@ -1,10 +1,11 @@
 """OpenAI's /v1/responses request body read as one chat turn, for `serve` (online and batch
-lines) and `run` files alike: `input` (a string or message items), `instructions`,
-`max_output_tokens`, `temperature`, `top_p`, `text.format`, `metadata`, `store` and
-`previous_response_id`, plus llamabatch's own sampling fields as chat bodies take them.
+lines) and `run` files alike: `input` (a string or items: responses_input.py), `instructions`,
+`max_output_tokens`, `temperature`, `top_p`, `text.format`, `metadata`, `store`,
+`previous_response_id` and function `tools` (responses_tools.py), plus llamabatch's own sampling
+fields as chat bodies take them.
 
-What a response cannot be made from here (images, files, tool calls, computer calls, reasoning
-items) is refused naming the item or part and its type; tool and reasoning settings are fine
+What a response cannot be made from here (images, files, computer calls, reasoning items, tools
+other than functions) is refused naming the item, part or type; reasoning settings are fine
 when off. Pure: no I/O. A chain of stored responses (previous_response_id) is read by the
 server, which hands its turns in as `history`.
 """
@@ -17,19 +18,21 @@ from typing import Any
 from ..errors import InvalidRequest
 from ..params import FIELD_TYPES
 from .fields import is_int, json_kind
+from .responses_input import call_ids_check, read_input, short_json
+from .responses_tools import parse_responses_tools
+from .tool_lines import call_grammar
+from .tool_turns import tool_turns
+from .tools_request import ToolRequest, tools_message
 
 RESPONSES_URL = "/v1/responses"
-ROLES = ("user", "assistant", "system", "developer")
-TEXT_PARTS = ("input_text", "output_text")  # output_text: an earlier assistant turn sent back as input
 # Read here, not sampling fields (service_tier is read by lines.py as for chat bodies).
 OWN_FIELDS = ("input", "instructions", "max_output_tokens", "text", "metadata", "store", "previous_response_id",
-              "stream", "service_tier")
+              "stream", "service_tier", "tools", "tool_choice", "parallel_tool_calls")
 # Accepted and ignored: the loaded model answers, and these change nothing it does.
-IGNORED_FIELDS = ("model", "user", "parallel_tool_calls", "prompt_cache_key", "prompt_cache_retention",
-                  "safety_identifier", "stream_options", "truncation")
+IGNORED_FIELDS = ("model", "user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+                  "stream_options", "truncation")
 # Features not served: fine when absent or off, refused when asked for.
-OFF_FIELDS = ("tools", "tool_choice", "include", "reasoning", "background", "top_logprobs", "max_tool_calls",
-              "prompt", "conversation")
+OFF_FIELDS = ("include", "reasoning", "background", "top_logprobs", "max_tool_calls", "prompt", "conversation")
 OFF_VALUES = (None, False, 0, [], {}, "", "none", "auto")
 # Sampling fields a response has no use for: one output, no logprobs (no `include` of them).
 NOT_SAMPLING = ("n", "logprobs", "best_of")
@@ -38,10 +41,11 @@ MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI
 
 @dataclass
 class ResponsesRequest:
-    """One /v1/responses body, checked. `input` holds this turn's messages only ({"role",
-    "content"} with text content), which is what a stored response keeps for its chain."""
+    """One /v1/responses body, checked. `input` holds this turn's chat turns only ({"role",
+    "content"} with text content; tool turns in chat's shape), which is what a stored response
+    keeps for its chain; `items` the same input as OpenAI lists it (input_items)."""
 
-    input: list[dict[str, str]]
+    input: list[dict[str, Any]]
     instructions: str | None
     sampling: dict[str, Any]  # SamplingParams fields (max_output_tokens read as max_tokens)
     text_format: dict[str, Any]  # echoed in the response's `text.format`
@@ -50,14 +54,23 @@ class ResponsesRequest:
     previous_response_id: str | None = None
     history: list[dict[str, str]] = field(default_factory=list)  # the chain's turns, oldest first
     params: Any = None  # the SamplingParams it runs with (defaults filled in): the response echoes them
+    items: list[dict[str, Any]] = field(default_factory=list)
+    tools: ToolRequest | None = None
+    tool_choice: Any = None  # as given, for the response's echo when no tools are listed
 
-    def messages(self) -> list[dict[str, str]]:
-        """The chat the model is asked to continue: instructions as the system message (this
-        response's own: OpenAI does not carry a previous response's instructions over), then the
-        chain's turns, then this turn's input. developer is OpenAI's newer name for system."""
+    def messages(self) -> list[dict[str, Any]]:
+        """The chat the model is asked to continue: the tools for the template (when calls are
+        allowed), instructions as the system message (this response's own: OpenAI does not carry
+        a previous response's instructions over), then the chain's turns, then this turn's input,
+        tool turns in the template's shape. developer is OpenAI's newer name for system.
+        InvalidRequest when a function_call_output answers no call before it."""
         head = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        return [{**m, "role": "system"} if m["role"] == "developer" else m
-                for m in head + self.history + self.input]
+        if self.previous_response_id is not None and not self.history:  # the chain is read after the body
+            return head + self.input  # (serve's online route): checked once it is there
+        call_ids_check(self.history, self.items)
+        chat = tool_turns([{**m, "role": "system"} if m["role"] == "developer" else m
+                           for m in head + self.history + self.input])
+        return [tools_message(self.tools), *chat] if self.tools is not None and self.tools.calls_allowed else chat
 
 
 def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
@@ -70,7 +83,7 @@ def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
             continue
         if key in OFF_FIELDS:
             if not _off(value):
-                raise InvalidRequest(f"body.{key} is not supported by this server (got {_short(value)})")
+                raise InvalidRequest(f"body.{key} is not supported by this server (got {short_json(value)})")
             continue
         if key in NOT_SAMPLING or key not in FIELD_TYPES:
             raise InvalidRequest(f"unsupported body field {key!r} for {RESPONSES_URL}")
@@ -78,11 +91,12 @@ def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
     limit = body.get("max_output_tokens")
     if limit is not None:
         if not is_int(limit) or limit < 1:
-            raise InvalidRequest(f"body.max_output_tokens must be an integer >= 1, got {_short(limit)}")
+            raise InvalidRequest(f"body.max_output_tokens must be an integer >= 1, got {short_json(limit)}")
         sampling["max_tokens"] = limit
     if body.get("stream"):
         raise InvalidRequest("body.stream is not supported in a batch line: a batch writes whole responses")
-    if body.get("previous_response_id") is not None:
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, ChainedId):
         raise InvalidRequest("body.previous_response_id is not supported in batch lines: send the whole "
                              "conversation as input items")
     _store(body.get("store"))  # checked, then ignored: a batch's responses are in its output file
@@ -94,17 +108,36 @@ def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
         raise InvalidRequest(f"body.instructions must be a string, got {json_kind(instructions)}")
     if body.get("input") is None:
         raise InvalidRequest(f"{RESPONSES_URL} needs body.input")
-    return ResponsesRequest(_input(body["input"]), instructions or None, sampling, text_format,
-                            _metadata(body.get("metadata")), store=False)
+    turns, items = read_input(body["input"])
+    tools = parse_responses_tools(body)
+    if tools is not None and tools.calls_allowed:
+        if schema is not None:
+            raise InvalidRequest("body.tools constrain the answer to function calls and cannot be combined with "
+                                 "text.format json_schema or json_object (with tool_choice none they can)")
+        if sampling.get("grammar"):
+            raise InvalidRequest("body.tools constrain the answer to function calls and cannot be combined with "
+                                 "grammar (with tool_choice none they can)")
+        sampling["grammar"] = call_grammar(tools)
+    return ResponsesRequest(turns, instructions or None, sampling, text_format, _metadata(body.get("metadata")),
+                            store=False, items=items, tools=tools, tool_choice=body.get("tool_choice"),
+                            previous_response_id=None if previous is None else str(previous))
+
+
+class ChainedId(str):
+    """A previous_response_id the online route checked and will read the chain of: a batch line
+    (parsed from JSON) never holds one, so its previous_response_id is refused."""
 
 
 def take_online_fields(body: dict[str, Any]) -> tuple[bool, str | None]:
-    """Take `store` (default true, as OpenAI) and `previous_response_id` out of an online body,
-    checked: what the server serves online only, around the batch line's reading."""
+    """Take `store` (default true, as OpenAI) out of an online body and mark its
+    `previous_response_id`, checked: what the server serves online only, around the batch
+    line's reading."""
     store = _store(body.pop("store", None))
     previous = body.pop("previous_response_id", None)
     if previous is not None and not isinstance(previous, str):
         raise InvalidRequest(f"body.previous_response_id must be a string, got {json_kind(previous)}")
+    if previous is not None:
+        body["previous_response_id"] = ChainedId(previous)
     return store, previous
 
 
@@ -112,45 +145,6 @@ def _store(value: Any) -> bool:
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(f"body.store must be true or false, got {json_kind(value)}")
     return value is not False
-
-
-def _input(value: Any) -> list[dict[str, str]]:
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest(f"body.input must be a string or a non-empty list of items, got {json_kind(value)}")
-    return [_message(item, f"input[{i}]") for i, item in enumerate(value)]
-
-
-def _message(item: Any, where: str) -> dict[str, str]:
-    if not isinstance(item, dict):
-        raise InvalidRequest(f"{where} must be an object, got {json_kind(item)}")
-    kind = item.get("type", "message")
-    if kind != "message":
-        raise InvalidRequest(f"{where} has type {_short(kind)}, which this server does not take "
-                             "(message items with text only)")
-    role = item.get("role")
-    if role not in ROLES:
-        raise InvalidRequest(f"{where}.role must be one of {', '.join(ROLES)}, got {_short(role)}")
-    return {"role": role, "content": _content(item.get("content"), where)}
-
-
-def _content(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise InvalidRequest(f"{where}.content must be a string or a list of parts, got {json_kind(value)}")
-    texts = []
-    for i, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS:
-            shown = _short(kind) if isinstance(part, dict) else json_kind(part)
-            raise InvalidRequest(f"{where}.content[{i}] has type {shown}, which this server does not take "
-                                 f"(text parts only: {', '.join(TEXT_PARTS)})")
-        if not isinstance(part.get("text"), str):
-            raise InvalidRequest(f"{where}.content[{i}].text must be a string")
-        texts.append(part["text"])
-    return "\n".join(texts)  # separate blocks of text: a line between them
 
 
 def _text_format(value: Any) -> tuple[dict[str, Any], dict | None]:
@@ -204,9 +198,3 @@ def _off(value: Any) -> bool:
     if isinstance(value, dict):
         return all(v in OFF_VALUES for v in value.values())
     return value in OFF_VALUES
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-

@@ -29,7 +29,12 @@ def chat_with_tools(source: dict[str, Any], messages: list[dict], sampling: dict
     if sampling.get("json_schema") is not None or sampling.get("grammar"):
         raise InvalidRequest(f"{where}tools constrain the answer to tool calls and cannot be combined with "
                              "response_format or grammar (with tool_choice none they can)")
+    sampling["grammar"] = call_grammar(request)
+    return [tools_message(request), *messages], request
+
+
+def call_grammar(request: ToolRequest) -> Any:
+    """The constraint on a request's calls (chat bodies and /v1/responses alike)."""
     offered = [(t.name, t.parameters) for t in request.offered()]
     # a named choice asks for that call, once (as OpenAI answers it), whatever parallel_tool_calls says
-    sampling["grammar"] = tool_grammar(offered, request.choice, request.parallel and not request.named)
-    return [tools_message(request), *messages], request
+    return tool_grammar(offered, request.choice, request.parallel and not request.named)

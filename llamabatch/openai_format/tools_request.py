@@ -121,8 +121,8 @@ def _tools(value: Any, where: str) -> list[Tool]:
         unknown = sorted(set(item) - {"type", "function"})
         if unknown:
             raise InvalidRequest(f"{here} has an unknown field {unknown[0]!r}")
-        tools.append(_function(item.get("function"), f"{here}.function"))
-    return _unique(tools, where)
+        tools.append(function_tool(item.get("function"), f"{here}.function"))
+    return unique_tools(tools, where)
 
 
 def _functions(value: Any, where: str) -> list[Tool]:
@@ -130,10 +130,11 @@ def _functions(value: Any, where: str) -> list[Tool]:
         raise InvalidRequest(f"{where} must be an array of functions, got {json_kind(value)}")
     if len(value) > MAX_TOOLS:
         raise InvalidRequest(f"{where} has {len(value)} functions; at most {MAX_TOOLS} are allowed")
-    return _unique([_function(item, f"{where}[{i}]") for i, item in enumerate(value)], where)
+    return unique_tools([function_tool(item, f"{where}[{i}]") for i, item in enumerate(value)], where)
 
 
-def _function(value: Any, here: str) -> Tool:
+def function_tool(value: Any, here: str) -> Tool:
+    """One function ({name, description, parameters, strict}) checked; /v1/responses' flat tools too."""
     if not isinstance(value, dict):
         raise InvalidRequest(f"{here} must be an object with name, description and parameters, got {json_kind(value)}")
     unknown = sorted(set(value) - {"name", "description", "parameters", "strict"})
@@ -163,7 +164,7 @@ def _function(value: Any, here: str) -> Tool:
     return Tool(name, description, parameters, strict)
 
 
-def _unique(tools: list[Tool], where: str) -> list[Tool]:
+def unique_tools(tools: list[Tool], where: str) -> list[Tool]:
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if tool.name in seen:

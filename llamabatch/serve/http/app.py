@@ -87,6 +87,11 @@ def build_app(service: Service, api_key: str | None = None, *, health_without_ke
               methods=["GET"]),
         Route(RESPONSES_URL + "/{response_id}", _async(lambda r: _json(responses.delete(path(r, "response_id")))),
               methods=["DELETE"]),
+        Route(RESPONSES_URL + "/{response_id}/input_items",
+              _async(lambda r: _json(responses.input_items(path(r, "response_id"), **_query(r, "after", "limit", "order")))),
+              methods=["GET"]),
+        Route(RESPONSES_URL + "/{response_id}/cancel", _async(lambda r: _json(responses.cancel(path(r, "response_id")))),
+              methods=["POST"]),
     ]
     handlers = {ApiError: _api_error, HTTPException: _http_error, ClientDisconnect: _client_left,
                 Exception: _server_error}

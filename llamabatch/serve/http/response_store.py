@@ -1,7 +1,8 @@
 """Stored responses (`store`, default true) in the data dir, one JSON file each:
 
     DIR/responses/<resp-id>.json   {"response": the response object, "input": this turn's
-                                    messages, "previous_response_id": the one it continued}
+                                    chat turns, "items": the same input as OpenAI lists it,
+                                    "previous_response_id": the one it continued}
 
 A file is written to a temporary name, fsynced and renamed (files/replaced_file.py), so after
 a kill -9 a response is there whole or not at all; temporary files a kill left are removed at
@@ -18,7 +19,7 @@ import re
 from typing import Any
 
 from ...files.replaced_file import replacing, sync_folder
-from ...openai_format import ResponsesRequest, output_text
+from ...openai_format import ResponsesRequest, assistant_turn
 from .api_errors import ApiError, not_found
 from .object_ids import shown
 
@@ -45,7 +46,7 @@ class ResponseStore:
         """Keep a finished response with this turn's input (blocking: fsyncs; run it off the loop)."""
         response_id = response["id"]
         assert _ID.fullmatch(response_id), response_id
-        data = json.dumps({"response": response, "input": request.input,
+        data = json.dumps({"response": response, "input": request.input, "items": request.items,
                            "previous_response_id": request.previous_response_id}, ensure_ascii=False).encode()
         with replacing(self._path(response_id)) as tmp:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -74,6 +75,18 @@ class ResponseStore:
             raise not_found("response", shown(raw_id))
         return stored["response"]
 
+    def input_items(self, raw_id: Any) -> list[dict[str, Any]]:
+        """The response's input items, oldest first (a file saved before items were kept: its
+        messages, each as the message item it was)."""
+        stored = self._load(raw_id)
+        if stored is None:
+            raise not_found("response", shown(raw_id))
+        if isinstance(stored.get("items"), list):
+            return stored["items"]
+        return [{"id": f"msg_{raw_id[5:]}{i}", "type": "message", "role": m["role"], "status": "completed",
+                 "content": [{"type": "output_text" if m["role"] == "assistant" else "input_text", "text": m["content"]}]}
+                for i, m in enumerate(stored["input"])]
+
     def delete(self, raw_id: Any) -> dict[str, Any]:
         self.retrieve(raw_id)  # a 404 unless it is there
         with contextlib.suppress(FileNotFoundError):
@@ -81,9 +94,9 @@ class ResponseStore:
         sync_folder(self.folder)
         return {"id": raw_id, "object": "response", "deleted": True}
 
-    def history(self, previous_id: str) -> list[dict[str, str]]:
+    def history(self, previous_id: str) -> list[dict[str, Any]]:
         """The turns of the chain ending at `previous_id`, oldest first: each stored response's
-        input messages and its answer as the assistant's message."""
+        input turns and its answer as the assistant's turn (its calls as tool_calls)."""
         turns: list[list[dict[str, str]]] = []
         size, wanted, continued = 0, previous_id, None
         while wanted is not None:
@@ -93,8 +106,7 @@ class ResponseStore:
             stored = self._load(wanted)
             if stored is None:
                 raise _missing(wanted, continued)
-            text = output_text(stored["response"])
-            turn = [*stored["input"], {"role": "assistant", "content": text}]
+            turn = [*stored["input"], assistant_turn(stored["response"])]
             size += sum(len(m["content"]) for m in turn)
             if size > MAX_CHAIN_BYTES:
                 raise _chain_error(f"the chain of previous responses holds more than {MAX_CHAIN_BYTES // 2**20} MiB "
