@@ -25,3 +25,11 @@ def header(model_name: str, workers: list[WorkerState], where: str) -> str:
 def slots_note(worker: WorkerState) -> str:
     """The end of a worker's start note: "8 slots", or "8 slots (auto: 1.40x over 8 here)"."""
     return f"{worker.n_parallel} slots" + (f" ({worker.slots_reason})" if worker.slots_reason else "")
+
+
+def worker_row(worker: WorkerState) -> dict:
+    """One worker as serve's /health and /metrics show it."""
+    t = worker.tally
+    return {"name": t.name, "node": t.node, "pid": t.pid, "state": worker.state, "slots": worker.n_parallel,
+            "inflight": len(worker.inflight), "lines": t.lines, "generated_tokens": t.generated,
+            "restarts": t.restarts, "retried_here": t.retried_here}

@@ -14,7 +14,7 @@ else in flight, and a line convicted by the rule gets an `engine_crashed` error 
 """
 from __future__ import annotations
 
-import collections
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -46,6 +46,10 @@ class Line:
     retried: bool = False  # it was in flight when a worker died
     cancel_asked: bool = False
     ref: Any = None  # the pool's handle on the call running it
+    priority: int = 0  # lower runs sooner (SamplingParams.priority): serve's online requests go first
+
+    def __lt__(self, other: "Line") -> bool:  # the waiting heap's order: priority, then arrival
+        return (self.priority, self.key) < (other.priority, other.key)
 
 
 @dataclass(eq=False)
@@ -76,7 +80,9 @@ Outcomes = list[tuple[Line, Result]]
 
 class Dispatcher:
     def __init__(self, workers: list[WorkerState], send: Callable[[Line, WorkerState], None],
-                 cancel_remote: Callable[[Line], None], rule: PoisonRule | None = None):
+                 cancel_remote: Callable[[Line], None], rule: PoisonRule | None = None, urgent_below: int = 0):
+        """`urgent_below`: a line with a lower priority number (serve's online requests) may go
+        past a worker's cap by its slots: its engine admits it ahead of the queued lines there."""
         self.workers = workers
         self.rule: PoisonRule = rule or PoisonRule()
         self.fatal_error: str | None = None
@@ -84,7 +90,8 @@ class Dispatcher:
         self.isolated: list[Any] = []  # handles' ids of lines convicted as poison
         self._send_call = send
         self._cancel_remote = cancel_remote
-        self._pending: collections.deque[Line] = collections.deque()
+        self._pending: list[Line] = []  # a heap: the most urgent, then the oldest, first
+        self.urgent_below = urgent_below
         self._held: dict[int, Line] = {}  # suspects, waiting for their quarantine group's turn
 
     @property
@@ -96,7 +103,7 @@ class Dispatcher:
     def submit(self, line: Line) -> Outcomes:
         if self.fatal_error is not None:
             return [(line, cancelled_result())]
-        self._pending.append(line)
+        heapq.heappush(self._pending, line)
         self._dispatch()
         return []
 
@@ -166,6 +173,7 @@ class Dispatcher:
         for line in self._pending:
             if line.key == key:
                 self._pending.remove(line)
+                heapq.heapify(self._pending)
                 return [(line, cancelled_result())]
         line = self._held.pop(key, None)
         if line is not None:
@@ -201,12 +209,16 @@ class Dispatcher:
         if not self.rule.groups_waiting:
             for w in ready:
                 w.draining = False
-        # Fresh lines to the least loaded worker with room.
+        # Fresh lines, the most urgent first, to the worker with the shortest queue that has room.
         while self._pending:
-            room = [w for w in ready if not w.quarantine and not w.draining and len(w.inflight) < w.cap]
+            line = self._pending[0]
+            extra = 0 if line.priority >= self.urgent_below else 1
+            room = [w for w in ready if not w.quarantine and not w.draining
+                    and len(w.inflight) < w.cap + extra * w.n_parallel]
             if not room:
                 return
-            self._send(self._pending.popleft(), min(room, key=lambda w: len(w.inflight)))
+            heapq.heappop(self._pending)
+            self._send(line, min(room, key=lambda w: len(w.inflight)))
 
     def _send(self, line: Line, worker: WorkerState) -> None:
         line.worker = worker

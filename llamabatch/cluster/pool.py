@@ -43,7 +43,7 @@ from ..in_process.runners import RunnerChoice
 from ..params import SamplingParams
 from ..results import Delta
 from ..supervised.watchdog import DEFAULT_FLOOR_S
-from .describe import header
+from .describe import header, worker_row
 from .dispatch import READY, Line, Outcomes, WorkerState, cancelled_result
 from .ray_errors import RayStartError, death, first_line
 from .startup import open_ray, start_workers
@@ -79,7 +79,7 @@ class RayPool(EngineBase):
         self._workers = workers
         self._lock = threading.Lock()
         self._open: dict[int, Line] = {}  # every line without its outcome
-        self._watcher = Watcher(workers, self._lock, self._deliver, watchdog_s)
+        self._watcher = Watcher(workers, self._lock, self._deliver, watchdog_s, self.default_params.priority)
         self._dispatcher = self._watcher.dispatcher
         self._next_key = 0
         self.telemetry = Telemetry()
@@ -148,7 +148,8 @@ class RayPool(EngineBase):
             key = self._next_key
             self._next_key += 1
             self.telemetry.totals.submitted += 1
-            line = Line(key, prompt, params, handle=RequestHandle(self._cancel, key, stream, callback))
+            line = Line(key, prompt, params, handle=RequestHandle(self._cancel, key, stream, callback),
+                        priority=(params or self.default_params).priority)
             self._open[key] = line
             outcomes = self._dispatcher.submit(line)
         self._deliver(outcomes)
@@ -212,6 +213,16 @@ class RayPool(EngineBase):
             lines.append(f"llamabatch run: Ray: {restarts} worker restart(s), {d.retries} line(s) retried"
                          + (f", {len(d.isolated)} line(s) failed as poison (engine_crashed)" if d.isolated else ""))
         return lines
+
+    @property
+    def cluster(self) -> "RayPool":
+        """What a job reads its workers from (job_opening: serve's lanes pass it on): the pool itself."""
+        return self
+
+    def worker_rows(self) -> list[dict[str, Any]]:
+        """Each worker now, for serve's /health and /metrics."""
+        with self._lock:
+            return [worker_row(w) for w in self._workers]
 
     def describe(self) -> str:
         where = "a local Ray instance" if self._owns_ray else f"Ray cluster {self.address}"

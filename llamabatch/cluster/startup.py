@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -26,6 +27,7 @@ from .worker import RemoteWorker
 
 log = logging.getLogger("llamabatch.ray")
 
+REACH_TIMEOUT_S = 5.0  # a cluster's GCS port that does not accept a connection by then is unreachable
 MAX_RESTARTS = 4  # per worker and run: a worker that keeps dying (bad node, poison lines) is given up
 
 
@@ -46,6 +48,8 @@ def open_ray(address: str | None, log_to_driver: bool) -> bool:
     joined = ray.is_initialized()
     if not log_to_driver:  # Ray's own warnings (token auth, ...) are not ours to show; --debug shows them
         logging.getLogger("ray").setLevel(logging.ERROR)
+    if not joined and not owns:
+        _check_reachable(address)
     try:
         if not joined and owns:
             ray.init(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
@@ -60,6 +64,18 @@ def open_ray(address: str | None, log_to_driver: bool) -> bool:
                             f"{first_line(exc)}{hint}") from None
     _raylet_messages_to_log()
     return joined
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT nothing answers at is said at once: Ray itself retries for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or address.startswith("ray://"):
+        return  # auto, or a Ray client address: Ray's own error says it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayStartError(f"cannot join the Ray cluster at {address}: nothing answers there "
+                            f"({exc.strerror or exc})") from None
 
 
 def start_workers(config: EngineConfig, default_params: SamplingParams, owns: bool, address: str,

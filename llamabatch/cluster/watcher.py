@@ -36,11 +36,11 @@ class Watcher:
     hands each outcome to its line's caller with the lock released."""
 
     def __init__(self, workers: list[WorkerState], lock: threading.Lock, deliver: Callable[[Outcomes], None],
-                 watchdog_s: float):
+                 watchdog_s: float, urgent_below: int = 0):
         self.workers = workers
         self.lock = lock
         self.deliver = deliver
-        self.dispatcher = Dispatcher(workers, self.send, self.cancel_remote)
+        self.dispatcher = Dispatcher(workers, self.send, self.cancel_remote, urgent_below=urgent_below)
         self.by_ref: dict[Any, Line] = {}  # each generate call's ref, to its line
         self.hangs = 0  # workers the watchdog killed
         self.closed = threading.Event()

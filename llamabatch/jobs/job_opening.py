@@ -161,6 +161,7 @@ def _open_engine(opened: OpenedJob, engine: "EngineAPI | None") -> None:
     spec, host = opened.spec, opened.host
     if engine is not None:
         opened.engine, opened.owns_engine = engine, False
+        opened.cluster = getattr(engine, "cluster", None)  # a shared engine over Ray workers (serve --ray)
     else:
         cap = most_slots(opened.resolved.engine) + 1
         lines = count_lines(opened.source, cap) if opened.source.is_file else opened.tables.rows_up_to(cap)

@@ -13,6 +13,7 @@ from ..engine_setup import open_engine, resolve_options
 from ..env import Environment
 from ..engine_options import EngineOptions, with_engine_options
 from ..exit_status import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
+from .on_ray import CPUS_HELP, GPUS_HELP, RAY_HELP, WORKERS_HELP, open_ray_engines
 
 API_KEY_ENV = "LLAMABATCH_API_KEY"
 SERVE_EXTRA = "llamabatch serve needs the serve extra (Starlette, uvicorn, python-multipart, prometheus_client): pip install 'llamabatch[serve]'"
@@ -55,6 +56,15 @@ def serve_command(
         "--allow-changed-settings",
         help="A batch resumed at start whose settings differ from those it started with (another --temperature, "
              "model, ...) finishes with the new ones, recorded in its manifest, instead of failing")] = False,
+    ray: Annotated[Optional[str], typer.Option("--ray", metavar="[ADDRESS]", show_default=False,
+                                               rich_help_panel="Ray", help=RAY_HELP)] = None,
+    ray_workers: Annotated[Optional[int], typer.Option("--ray-workers", min=1, show_default=False,
+                                                       rich_help_panel="Ray", help=WORKERS_HELP)] = None,
+    ray_cpus_per_worker: Annotated[Optional[int], typer.Option("--ray-cpus-per-worker", min=1, show_default=False,
+                                                               rich_help_panel="Ray", help=CPUS_HELP)] = None,
+    ray_gpus_per_worker: Annotated[Optional[float], typer.Option("--ray-gpus-per-worker", min=0.0,
+                                                                 show_default=False, rich_help_panel="Ray",
+                                                                 help=GPUS_HELP)] = None,
     *,
     opts: EngineOptions,
     env: Environment,
@@ -82,7 +92,10 @@ def serve_command(
                 "503 until it is ready")
         with answering_while_loading(sock, loading_app(key, health_without_key=health_without_key,
                                                        cors_origins=cors_origin or ())):
-            engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
+            if ray is None:
+                engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
+            else:
+                engine = open_ray_engines(resolved, env, ray, ray_workers, ray_cpus_per_worker, ray_gpus_per_worker)
     except BaseException:
         sock.close()
         raise
@@ -94,7 +107,7 @@ def serve_command(
             listening = listen(app, host, port, sock)
             service.start()
             env.say(f"llamabatch serve: {engine.model_name} on http://{shown}:{listening.port}/v1 "
-                    f"({_slots(engine.stats().n_parallel - online_slots, online_slots, resolved.engine.kv_unified)}, "
+                    f"({_slots(engine.stats().n_parallel - online_slots, online_slots, resolved.engine.kv_unified, ray)}, "
                     f"data in {service.data.root})")
             stopped_by = _serve_until_stopped(listening)
         finally:
@@ -106,10 +119,10 @@ def serve_command(
         raise typer.Exit(stopped_by)
 
 
-def _slots(batch: int, online: int, shared: bool) -> str:
+def _slots(batch: int, online: int, shared: bool, ray: str | None = None) -> str:
     """"8 slots + 1 for online requests, one KV cache they share": what a user tunes next."""
     return (f"{batch} slots" + (f" + {online} for online requests" if online else "")
-            + (", one KV cache they share" if shared else ", a KV stream each"))
+            + (" over the Ray workers" if ray else ", one KV cache they share" if shared else ", a KV stream each"))
 
 
 def _serve_until_stopped(listening: Any) -> int | None:

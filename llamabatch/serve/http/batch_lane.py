@@ -97,6 +97,8 @@ class BatchLane:
     recovers_crashes = property(lambda self: self._engine.recovers_crashes)
     disk = property(lambda self: self._engine.disk)
     ready = property(lambda self: self._engine.ready)
+    # the Ray pool under serve --ray (its workers in the job's header, manifest and progress); None locally
+    cluster = property(lambda self: getattr(self._engine, "cluster", None))
 
     def __enter__(self) -> "BatchLane":
         return self
