@@ -1,10 +1,12 @@
 """`llamabatch serve`'s /v1/responses on the bundled model through the openai SDK: a json_schema
 format holds (the same masks as chat's response_format), a stream joins to the stored response,
-and a chain through previous_response_id reuses the first turn's KV. Properties only (never the
+a chain through previous_response_id reuses the first turn's KV, and a forced function call
+holds to its tool's schema (SmolLM2 through a Hermes template). Properties only (never the
 model's words)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -18,6 +20,8 @@ from llamabatch.serve.http.server import listen
 from llamabatch.serve.http.service import Service
 
 pytestmark = pytest.mark.model
+
+HERMES = str(Path(__file__).parent / "templates" / "hermes_tools.jinja")
 
 SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
           "required": ["colour"], "additionalProperties": False}
@@ -64,3 +68,49 @@ def test_responses_on_the_bundled_model(tmp_path):
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 1
     assert counted.input_tokens == second.usage.input_tokens  # the model's own template and vocabulary
     assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 1  # the first turn's KV
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}
+
+
+def test_responses_function_calls_on_smollm2_through_a_hermes_template(tmp_path, smollm2_path):
+    """tool_choice required gives a function_call item whose arguments hold to the tool's schema,
+    streamed as the same call, and its output continues the chain to a message."""
+    import jsonschema
+    from openai import OpenAI
+
+    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, threads=2,
+                                      chat_template=HERMES), SamplingParams(temperature=0, max_tokens=60))
+    service = Service(engine, str(tmp_path / "data"))
+    listening = listen(build_app(service), "127.0.0.1", 0)
+    service.start()
+    thread = listening.run_in_thread()
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
+                        timeout=300)
+        ask = dict(model="smollm2", input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
+                   parallel_tool_calls=False)
+        whole = client.responses.create(**ask)
+        with client.responses.stream(**ask) as stream:
+            done = [e for e in stream if e.type == "response.function_call_arguments.done"]
+            streamed = stream.get_final_response()
+        call = whole.output[-1]
+        final = client.responses.create(model="smollm2", previous_response_id=whole.id, tools=[WEATHER],
+                                        tool_choice="none", max_output_tokens=12, input=[
+                                            {"type": "function_call_output", "call_id": call.call_id,
+                                             "output": '{"sky": "sunny", "celsius": 21}'}])
+    finally:
+        listening.stop()
+        thread.join(10)
+        service.close(10)
+        engine.close()
+    assert [item.type for item in whole.output] == ["function_call"] and whole.status == "completed"
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    # greedy: the streamed call is the whole answer's call
+    assert [(c.name, c.arguments) for c in streamed.output] == [(call.name, call.arguments)]
+    assert len(done) == 1 and done[0].arguments == call.arguments
+    assert [item.type for item in final.output] == ["message"] and final.output_text
+    assert final.usage.input_tokens > whole.usage.output_tokens  # the call, with its output, is in the prompt
