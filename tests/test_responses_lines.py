@@ -114,3 +114,39 @@ def test_run_answers_responses_lines_with_response_objects(tmp_path):
         assert body["output"][0]["content"][0]["text"] == "fine"
     assert records["chat"]["response"]["body"]["object"] == "chat.completion"  # mixed freely, as other urls are
     assert records["bad"]["response"]["status_code"] == 400 and "computer_call" in records["bad"]["error"]["message"]
+
+
+WEATHER = {"type": "function", "name": "get_weather",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def test_tools_and_replayed_call_items_become_the_template_s_tools_and_tool_turns():
+    from llamabatch.constraints.tool_grammar import LarkGrammar
+    from llamabatch.openai_format import TOOLS_MESSAGE_ROLE
+
+    item = parse({"tools": [WEATHER], "input": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]})
+    tools, user, assistant, tool = item.prompt
+    assert tools["role"] == TOOLS_MESSAGE_ROLE and tools["tools"][0]["function"]["name"] == "get_weather"
+    assert user == {"role": "user", "content": "weather?"}
+    assert assistant["content"] == "Checking." and assistant["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    assert tool == {"role": "tool", "tool_call_id": "call_1", "content": "sunny", "name": "get_weather"}
+    assert isinstance(item.params.grammar, LarkGrammar)
+    assert [i["type"] for i in item.responses.items] == ["message", "message", "function_call", "function_call_output"]
+
+
+def test_a_record_reads_the_calls_in_the_syntax_the_engine_constrained():
+    item = parse({"input": "weather?", "tools": [WEATHER], "tool_choice": "required"})
+    result = Result(0, '{"name": "get_weather", "parameters": {"city": "Oslo"}}', [1], "stop",
+                    Usage(prompt_tokens=5, completion_tokens=1), Timings(), tool_syntax="llama3")
+    (call,) = build_record(item, result, "m")["response"]["body"]["output"]
+    assert (call["type"], call["name"], json.loads(call["arguments"])) == ("function_call", "get_weather", {"city": "Oslo"})
+
+
+def test_a_call_output_without_its_call_is_the_line_s_own_error():
+    item = parse({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "x"}]})
+    assert isinstance(item, LineError) and "call_9" in item.message and "matches no function_call" in item.message
