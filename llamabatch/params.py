@@ -75,6 +75,13 @@ class SamplingParams:
     # Who goes first when requests contend for slots: lower runs sooner (vLLM's convention).
     # Admission, the tick's prefill budget and preemption follow it (core/scheduler.py).
     priority: int = 0
+    # Thinking models (docs/tools.md, "Thinking models"): the most tokens a reasoning block may
+    # take before the engine closes it itself (None: no bound; 0: no reasoning at all); OpenAI's
+    # reasoning_effort and the chat template's own variables (chat_template_kwargs, e.g.
+    # {"enable_thinking": false}), both handed to a Jinja chat template as variables.
+    reasoning_budget: int | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict | None = None
 
     def replace(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
@@ -117,6 +124,7 @@ class SamplingParams:
                and -MAX_PRIORITY <= self.priority <= MAX_PRIORITY, "priority",
                f"an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}] (lower runs sooner)", self.priority)
         _check(self.prediction is None or isinstance(self.prediction, str), "prediction", "text", type(self.prediction).__name__)
+        check_reasoning_fields(self)
         if self.prediction is not None and self.n > 1:
             # as OpenAI: one prediction cannot guide n different samples
             raise InvalidRequest("prediction cannot be combined with n > 1")
@@ -170,6 +178,38 @@ class SamplingParams:
                 raise InvalidRequest(f"unknown sampling parameter {key!r}")
             values[key] = _coerce(key, raw)
         return cls(**values).validate()
+
+
+# OpenAI's values of reasoning_effort (the openai SDK's ReasoningEffort).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+# Variables a chat template gets from the engine itself, which chat_template_kwargs may not set.
+TEMPLATE_OWN_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def check_reasoning_fields(p: "SamplingParams") -> None:
+    """reasoning_budget, reasoning_effort and chat_template_kwargs, each refused naming itself."""
+    budget = p.reasoning_budget
+    _check(budget is None or (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0),
+           "reasoning_budget", "an integer >= 0 (0 = no reasoning)", budget)
+    _check(p.reasoning_effort is None or p.reasoning_effort in REASONING_EFFORTS, "reasoning_effort",
+           f"one of {', '.join(REASONING_EFFORTS)}", p.reasoning_effort)
+    kwargs = p.chat_template_kwargs
+    _check(kwargs is None or (isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs)),
+           "chat_template_kwargs", "an object of template variables", kwargs)
+    for key in kwargs or ():
+        _check(key not in TEMPLATE_OWN_VARIABLES, "chat_template_kwargs",
+               f"variables other than {', '.join(TEMPLATE_OWN_VARIABLES)} (the engine sets those)", key)
+
+
+def template_variables(p: "SamplingParams") -> dict[str, Any]:
+    """What a Jinja chat template gets beside the messages: chat_template_kwargs, reasoning_effort,
+    and enable_thinking false for a reasoning_budget of 0 (unless the kwargs say otherwise)."""
+    variables = dict(p.chat_template_kwargs or {})
+    if p.reasoning_effort is not None:
+        variables.setdefault("reasoning_effort", p.reasoning_effort)
+    if p.reasoning_budget == 0:
+        variables.setdefault("enable_thinking", False)
+    return variables
 
 
 # llama.cpp's LLAMA_DEFAULT_SEED: a sampler given it picks a seed of its own, so a result
@@ -244,6 +284,10 @@ def _coerce(key: str, raw: Any) -> Any:
         return raw
     if key == "prediction":
         return prediction_text(raw)
+    if key == "chat_template_kwargs" and not isinstance(raw, dict):
+        raise InvalidRequest(f"chat_template_kwargs must be an object of template variables, got {_kind(raw)}")
+    if key in ("reasoning_effort",) and not isinstance(raw, str):
+        raise InvalidRequest(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {_kind(raw)}")
     if key == "json_schema":
         if not isinstance(raw, (dict, str)):
             raise InvalidRequest(f"json_schema must be an object or a JSON string, got {type(raw).__name__}")

@@ -17,6 +17,8 @@ class Usage:
     # or prompt lookup) verified and kept in the answer, and verified and turned down.
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # of completion_tokens, those generated inside a thinking block; None: the prompt marks no reasoning
+    reasoning_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -24,7 +26,8 @@ class Usage:
 
     def completion_details(self) -> dict[str, int]:
         """OpenAI's usage.completion_tokens_details."""
-        return {"accepted_prediction_tokens": self.accepted_prediction_tokens,
+        details = {} if self.reasoning_tokens is None else {"reasoning_tokens": self.reasoning_tokens}
+        return {**details, "accepted_prediction_tokens": self.accepted_prediction_tokens,
                 "rejected_prediction_tokens": self.rejected_prediction_tokens}
 
     @property
@@ -36,10 +39,10 @@ class Usage:
         """The record's usage; `details`: with OpenAI's completion_tokens_details where guesses
         were verified (as restored_tokens, only where there is something to say)."""
         out: dict[str, Any] = {**asdict(self), "total_tokens": self.total_tokens}
-        del out["accepted_prediction_tokens"], out["rejected_prediction_tokens"]
+        del out["accepted_prediction_tokens"], out["rejected_prediction_tokens"], out["reasoning_tokens"]
         if not self.restored_tokens:  # only where the disk prefix store served some: records stay as they were
             del out["restored_tokens"]
-        if details and self.guessed:
+        if details and (self.guessed or self.reasoning_tokens is not None):
             out["completion_tokens_details"] = self.completion_details()
         return out
 
@@ -68,6 +71,8 @@ class Delta:
     text: str
     token_ids: list[int] = field(default_factory=list)
     index: int = 0  # which sample of an n-request the text belongs to
+    # A thinking answer's reasoning (core/thinking.py): joins to Result.reasoning as text joins to Result.text.
+    reasoning: str = ""
 
 
 @dataclass
@@ -94,6 +99,9 @@ class Result:
     # many of its completion tokens the grammar forced, unsampled.
     grammar_backend: str | None = None
     forced_tokens: int = 0
+    # A thinking answer (docs/tools.md, "Thinking models"): the text of its reasoning block, apart
+    # from `text` (the answer after it); None where the request's prompt marks no reasoning.
+    reasoning: str | None = None
     # A tool call grammar's syntax (constraints/tool_syntax.py): how the answer's calls are read out.
     tool_syntax: str | None = None
 

@@ -242,6 +242,7 @@ class FakeRunner:
         self.trims: list[tuple[int, int]] = []  # (slot, n_keep) applied, in order
         self.stale: set[int] = set()  # slots a failed decode left unknown, until a trim empties them
         self.samplers: list[FakeSampler] = []
+        self.written: list[list[int]] = []  # accept_forced's tokens, in order
         self.violations: list[str] = []
         self.forks: list[tuple[int, int, int]] = []  # (src, dst, n_tokens) applied, in order
         # Moves (plan.Move), as llama.cpp copies a whole stream: the destination becomes the
@@ -421,6 +422,14 @@ class FakeRunner:
             self._last_dist = (key, list(dist), np.cumsum(p / p.sum()).tolist())
         _, ids, cumulative = self._last_dist
         return ids[min(bisect.bisect_right(cumulative, sampler.rng.random()), len(ids) - 1)]
+
+    def accept_forced(self, sampler: Any, tokens: list[int]) -> None:
+        """Tokens the engine wrote unsampled (a thinking budget's closer): recorded; a request whose
+        grammar is "NO_CLOSE" scripts one whose grammar cannot take them. The scripted reply goes on
+        where it was."""
+        if sampler is not None and sampler.params.grammar == "NO_CLOSE":
+            raise InvalidRequest("the grammar stopped the answer: fake NO_CLOSE")
+        self.written.append(list(tokens))
 
     def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
         if self.grammar_allows is None or not (sampler.params.grammar or sampler.params.json_schema is not None):

@@ -125,7 +125,8 @@ class EngineCore(EngineBase):
                                    reserved=self.config.reserved_slots,
                                    park_budget=park_budget(runner),
                                    restored_whole_below=runner.restored_whole_below,
-                                   keep_floor=runner.keep_floor)
+                                   keep_floor=runner.keep_floor,
+                                   take_forced=runner.accept_forced)
         self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight
         self._requests = OpenRequests(self.telemetry, self.config.deterministic)  # without a Result yet
         # what submit() and cancel() left for the engine thread: (lane, request) pairs, in order

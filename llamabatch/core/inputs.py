@@ -14,11 +14,12 @@ from typing import Any, Callable, Protocol, Sequence as Seq, Union
 from ..constraints.tool_grammar import ToolGrammar
 from ..errors import ContextOverflow, InvalidRequest
 from ..files.json_line import find_surrogate, surrogate_at
-from ..params import SamplingParams, random_seed
+from ..params import SamplingParams, random_seed, template_variables
 from .byte_bound import too_long
 from .overflow_words import bytes_overflow, prompt_overflow, trained_context
 from .plan import Runner
 from .sequence import Sequence
+from .thinking_prompt import ThinkingPrompts, constrained_after
 
 Prompt = Union[str, Seq[int], Seq[dict]]
 
@@ -60,6 +61,7 @@ class InputPreparer:
         self._template_choice = chat_template
         self._template = None
         self._template_lock = threading.Lock()
+        self.thinking = ThinkingPrompts(self)
 
     @property
     def chat_template(self):
@@ -92,11 +94,12 @@ class InputPreparer:
         except Exception:  # a fake or odd tokenizer: treat the marker as absent
             return False
 
-    def render_chat(self, messages: Seq[dict]) -> str:
+    def render_chat(self, messages: Seq[dict], params: SamplingParams | None = None) -> str:
         checked = self._templates().validate(messages)
-        return self.chat_template.render(checked, add_generation_prompt=True)
+        variables = template_variables(params) if params is not None else None
+        return self.chat_template.render(checked, add_generation_prompt=True, variables=variables or None)
 
-    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+    def prompt_tokens(self, prompt: Prompt, params: SamplingParams | None = None) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequest("prompt is empty")
@@ -109,7 +112,7 @@ class InputPreparer:
             bad = find_surrogate(list(prompt), "messages")
             if bad:
                 raise InvalidRequest(bad)
-            text = self.render_chat(prompt)
+            text = self.render_chat(prompt, params)
             self._refuse_untokenizably_long(text)
             tokens = self.runner.tokenize(text, special=True)
         elif isinstance(prompt, (list, tuple)):
@@ -176,7 +179,10 @@ class InputPreparer:
         """The Sequence for this request, its sampler built last (nothing to free on failure).
         Raises LlamaBatchError (InvalidRequest, ContextOverflow) for bad input."""
         params = self.params_for(prompt, params)
-        tokens = self.prompt_tokens(prompt)
+        tokens = self.prompt_tokens(prompt, params)
+        thinking, tokens = self.thinking.decide(prompt, tokens, params)
+        if thinking is not None:
+            params = constrained_after(thinking, params)
         seed = self.seed_for(params)
         if params.n > self.runner.n_slots:
             raise InvalidRequest(f"n={params.n} is more than the {self.runner.n_slots} slots (n_parallel): "
@@ -185,7 +191,8 @@ class InputPreparer:
             prediction = self.prediction_tokens(params.prediction, len(tokens))
             sampler = self.runner.build_sampler(params, seed)
             return Sequence(request_id, tokens, params, seed, sampler,
-                            grammar_backend=getattr(sampler, "grammar_backend", None), prediction=prediction)
+                            grammar_backend=getattr(sampler, "grammar_backend", None), prediction=prediction,
+                            thinking=thinking)
         if not self.runner.can_fork:
             # the samples get the prompt by a KV fork (plan.Fork), which needs the full-size SWA
             # cache (kept only while cache_prompt is on) and a model whose memory can be trimmed
@@ -197,7 +204,7 @@ class InputPreparer:
             for i in range(params.n):
                 sample_seed = (seed + i) % 2**32
                 seqs.append(Sequence(request_id, tokens, params, sample_seed,
-                                     self.runner.build_sampler(params, sample_seed), index=i))
+                                     self.runner.build_sampler(params, sample_seed), index=i, thinking=thinking))
         except BaseException:
             for s in seqs:
                 self.runner.free_sampler(s.sampler)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
+from ..errors import InvalidRequest
 from .detok import IncrementalDetokenizer
 from .kv_ledger import KVLedger
 from .plan import Chunk
 from .sequence import Sequence, Status
+from .thinking import ReasoningSplit
 
 
 @dataclass
@@ -24,6 +26,7 @@ class SeqEvent:
     seq: Sequence
     text: str = ""
     tokens: list[int] = field(default_factory=list)
+    reasoning: str = ""  # a thinking answer's reasoning text (core/thinking.py); `text` is then its content
     finished: bool = False
     forced: int = 0  # of `tokens`, those its grammar forced (unsampled)
     accepted: int = 0  # of `tokens`, draft tokens its verification kept (core/drafts.py)
@@ -31,27 +34,39 @@ class SeqEvent:
 
 class OutputStep:
     def __init__(self, ledger: KVLedger, token_bytes: Callable[[int], bytes], is_eog: Callable[[int], bool],
-                 finish: Callable[[Sequence, str], str]):
+                 finish: Callable[..., str], take_forced: Callable[[Any, list[int]], None] | None = None):
         self.ledger = ledger
         self.token_bytes = token_bytes
         self.is_eog = is_eog
         self.finish = finish  # Scheduler.finish: gives a request its terminal status and frees its slot
+        # the runner's Runner.accept_forced: a sampler (and its grammar) told of tokens the engine wrote
+        self.take_forced = take_forced or (lambda _sampler, _tokens: None)
         self._detok: dict[Sequence, IncrementalDetokenizer] = {}  # by sequence: the n samples share an id
 
     def begin(self, seq: Sequence) -> None:
         """seq starts answering: its text is decoded (and its stop strings watched) from here."""
         self._detok[seq] = IncrementalDetokenizer(seq.params.stop)
+        if seq.thinking is not None:
+            seq.reasoning_split = ReasoningSplit(seq.thinking)
 
-    def end(self, seq: Sequence, reason: str) -> str:
-        """seq ends: its full text is set. Returns any held-back text (a cancelled or timed-out
-        request's partial stop-string match is part of its answer)."""
+    def end(self, seq: Sequence, reason: str) -> tuple[str, str]:
+        """seq ends: its full text (and a thinking answer's reasoning) is set. Returns any
+        held-back (text, reasoning): a cancelled or timed-out request's partial stop-string match
+        is part of its answer, and so is what a thinking answer's split still holds."""
         tail = ""
         detok = self._detok.pop(seq, None)
         if detok is not None and not detok.stopped and reason in ("cancelled", "timeout"):
             tail = detok.finish()
-        if detok is not None:
-            seq.text = detok.text
-        return tail
+        split, seq.reasoning_split = seq.reasoning_split, None
+        if split is None:
+            if detok is not None:
+                seq.text = detok.text
+            return tail, ""
+        content, reasoning = split.feed(tail)
+        more = split.finish()
+        seq.text, seq.reasoning = split.content_text, split.reasoning_text
+        seq.reasoning_tokens = split.tokens
+        return content + more[0], reasoning + more[1]
 
     def take_row(self, chunk: Chunk, seq: Sequence, sampled: dict[int, int],
                  logprobs: dict[int, dict], forced: dict[int, list[int]], accepted: dict[int, int] | None = None,
@@ -92,22 +107,48 @@ class OutputStep:
         event = SeqEvent(seq)
         steps = [*((tok, lp, "guess") for tok, lp in guesses), (token, logprob, "sampled"),
                  *((tok, None, "forced") for tok in forced or ())]
+        split = seq.reasoning_split
         for tok, lp, kind in steps:
             if event.finished:
                 break
-            more = self._accept_one(seq, tok, lp)
-            event.tokens += more.tokens
-            event.text += more.text
-            event.finished = more.finished
+            self._join(event, self._accept_one(seq, tok, lp, split))
             if kind == "forced":
                 event.forced += 1
                 seq.forced_tokens += 1
-            elif kind == "guess" and more.tokens:
+            elif kind == "guess" and event.tokens:
                 event.accepted += 1
                 seq.accepted_drafts += 1
+        if split is not None and not event.finished and split.must_close():
+            self._close_block(seq, split, event)
         return event
 
-    def _accept_one(self, seq: Sequence, token: int, logprob: dict | None) -> SeqEvent:
+    @staticmethod
+    def _join(event: SeqEvent, more: SeqEvent) -> None:
+        event.tokens += more.tokens
+        event.text += more.text
+        event.reasoning += more.reasoning
+        event.finished = more.finished
+
+    def _close_block(self, seq: Sequence, split: ReasoningSplit, event: SeqEvent) -> None:
+        """The thinking budget ran out: the engine writes the block's closer itself (its tokens
+        evaluated next tick, as a grammar's forced ones are), and the answer follows."""
+        split.closing = True
+        tokens = list(seq.thinking.close_tokens)
+        try:
+            self.take_forced(seq.sampler, tokens)
+        except InvalidRequest as exc:  # its grammar cannot take the closer: that request's error
+            self.finish(seq, "error", str(exc), exc.code)
+            event.finished = True
+            return
+        for tok in tokens:
+            if event.finished:
+                break
+            lp = None if seq.logprobs is None else {"token": self.token_bytes(tok).decode("utf-8", "replace"),
+                                                     "id": tok, "logprob": 0.0, "top_logprobs": []}
+            self._join(event, self._accept_one(seq, tok, lp, split, counted=False))
+
+    def _accept_one(self, seq: Sequence, token: int, logprob: dict | None, split: ReasoningSplit | None = None,
+                    counted: bool = True) -> SeqEvent:
         now = time.perf_counter()
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -118,7 +159,8 @@ class OutputStep:
             # Not part of the answer. ignore_eos bans EOG in the runner's sampler, so one that
             # still comes out means the request's grammar allows nothing else: it is done.
             event.text = detok.finish()
-            self.finish(seq, "stop")
+            self._split_text(event, split)
+            self._ended(event, self.finish(seq, "stop"))
             event.finished = True
             return event
         seq.output.append(token)
@@ -127,12 +169,30 @@ class OutputStep:
             seq.drafter.extend((token,))
         if logprob is not None and seq.logprobs is not None:
             seq.logprobs.append(logprob)
+        if split is not None and counted:
+            split.count()
         event.text = detok.push(self.token_bytes(token))
         if detok.stopped:
             seq.stop_hit = detok.stop_hit
-            self.finish(seq, "stop")
         elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
             event.text += detok.finish()
-            self.finish(seq, "length")
+        self._split_text(event, split)
+        if detok.stopped:
+            self._ended(event, self.finish(seq, "stop"))
+        elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
+            self._ended(event, self.finish(seq, "length"))
         event.finished = seq.finished
         return event
+
+    @staticmethod
+    def _ended(event: SeqEvent, tail: tuple[str, str]) -> None:
+        """What a thinking answer's split still held when the engine ended it (a plain answer's
+        detokenizer gave its own tail already)."""
+        event.text += tail[0]
+        event.reasoning += tail[1]
+
+    @staticmethod
+    def _split_text(event: SeqEvent, split: ReasoningSplit | None) -> None:
+        """A thinking answer's new text as its content and reasoning."""
+        if split is not None and event.text:
+            event.text, event.reasoning = split.feed(event.text)

@@ -334,6 +334,12 @@ class Runner(Protocol):
         order (llama/ubatch_split.py): what a tick with guesses would cost in passes."""
         ...
 
+    def accept_forced(self, sampler: Any, tokens: list[int]) -> None:
+        """Tell a request's sampler (its chain and grammar) of tokens the engine wrote into its
+        answer unsampled (a thinking budget's closer, core/thinking.py); InvalidRequest where its
+        grammar cannot take them."""
+        ...
+
     def valid_guesses(self, sampler: Any, tokens: list[int]) -> int:
         """How many of `tokens`, in order, the request's grammar allows next (all of them for a
         request without a token-mask grammar): its guesses are cut there."""

@@ -38,12 +38,12 @@ class Scheduler:
                  speculation: "Speculation | None" = None, pool_cells: int | None = None,
                  park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30, reserved: int = 0,
                  restored_whole_below: int | None = None, keep_floor: Callable[[int], int] | None = None,
-                 moves: bool = False):
+                 moves: bool = False, take_forced: Callable[[Any, list[int]], None] | None = None):
         self.ledger = KVLedger(n_slots, slot_ctx, cache_generated, pool_cells, keep_floor, restored_whole_below,
                                park, park_budget)
         self.saves = PrefixSaves(disk, self.ledger.slots)
         self.queue = AdmissionQueue(self.ledger, self.saves, cache_prompt, fork_min_tokens, reserved, disk)
-        self.output = OutputStep(self.ledger, token_bytes, is_eog, self.finish)
+        self.output = OutputStep(self.ledger, token_bytes, is_eog, self.finish, take_forced)
         self.slots = self.ledger.slots
         self.waiting = self.queue.waiting
         self.reserved = reserved  # the settings as given, for stats and tests
@@ -229,8 +229,8 @@ class Scheduler:
 
     # -- endings and KV changes from outside ----------------------------------------------------
 
-    def finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> str:
-        """Give seq its terminal status and free its slot. Returns any held-back text."""
+    def finish(self, seq: Sequence, reason: str, error: str | None = None, code: str | None = None) -> tuple[str, str]:
+        """Give seq its terminal status and free its slot. Returns any held-back (text, reasoning)."""
         tail = self.output.end(seq, reason)
         seq.status = Status.FINISHED
         seq.queued = False

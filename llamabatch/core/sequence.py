@@ -79,6 +79,12 @@ class Sequence:
     paused_at: float | None = None
     protected: bool = False
     queued: bool = False  # in the scheduler's queue (admitted ones stay WAITING until started)
+    # Thinking models (core/thinking.py): how its answer may reason (None: the prompt marks no
+    # reasoning); the reasoning text and the tokens generated inside the block, set when it ends.
+    thinking: Any = None
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    reasoning_split: Any = None  # while it answers: its thinking.ReasoningSplit (core/output_step.py)
 
     def __post_init__(self) -> None:
         if self.params.timeout:
@@ -113,6 +119,14 @@ class Sequence:
         return self.status == Status.FINISHED
 
     @property
+    def reasoning_left(self) -> int | None:
+        """Tokens its reasoning block may still take before the budget runs out (None: no bound now)."""
+        split = self.reasoning_split
+        if split is None or not split.in_block or split.closing or split.thinking.budget is None:
+            return None
+        return split.thinking.budget - split.tokens
+
+    @property
     def members(self) -> list["Sequence"]:
         """Every sample of this request (itself alone when n == 1)."""
         return self.group if self.group is not None else [self]
@@ -136,12 +150,14 @@ class Sequence:
         usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached,
                       restored_tokens=self.num_restored, completion_tokens=len(self.output),
                       accepted_prediction_tokens=self.accepted_drafts,
-                      rejected_prediction_tokens=self.rejected_drafts)
+                      rejected_prediction_tokens=self.rejected_drafts,
+                      reasoning_tokens=self.reasoning_tokens if self.thinking is not None else None)
         return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
                       seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
                       logprobs=self.logprobs, index=self.index, stored_prefix=self.stored_prefix,
                       grammar_backend=self.grammar_backend, forced_tokens=self.forced_tokens,
-                      tool_syntax=getattr(self.params.grammar, "syntax", None))
+                      tool_syntax=getattr(self.params.grammar, "syntax", None),
+                      reasoning=(self.reasoning or "") if self.thinking is not None else None)
 
     def request_result(self) -> Result:
         """The Result of the request this sequence belongs to: its own, or for an n-request
@@ -162,8 +178,10 @@ class Sequence:
         usage = Usage(prompt_tokens=first.usage.prompt_tokens, cached_tokens=first.usage.cached_tokens,
                       restored_tokens=first.usage.restored_tokens, completion_tokens=sum(r.usage.completion_tokens for r in parts),
                       accepted_prediction_tokens=sum(r.usage.accepted_prediction_tokens for r in parts),
-                      rejected_prediction_tokens=sum(r.usage.rejected_prediction_tokens for r in parts))
+                      rejected_prediction_tokens=sum(r.usage.rejected_prediction_tokens for r in parts),
+                      reasoning_tokens=None if first.reasoning is None else sum(r.usage.reasoning_tokens or 0 for r in parts))
         return Result(first.request_id, first.text, first.token_ids, (bad or first).finish_reason, usage, timings,
                       seed=first.seed, error=bad.error if bad else None, error_code=bad.error_code if bad else None,
                       stop=first.stop, logprobs=first.logprobs, samples=parts, grammar_backend=first.grammar_backend,
-                      forced_tokens=sum(r.forced_tokens for r in parts), tool_syntax=first.tool_syntax)
+                      forced_tokens=sum(r.forced_tokens for r in parts), tool_syntax=first.tool_syntax,
+                      reasoning=first.reasoning)

@@ -168,6 +168,13 @@ def _each_own(cands: Seq[Candidate], spare: int) -> list[dict[int, int]]:
     return out
 
 
+def thinking_room(seq: Sequence) -> int:
+    """Guesses a request may take before its thinking budget runs out (where the engine writes
+    the block's closer itself, core/thinking.py): none may cross that token."""
+    left = seq.reasoning_left
+    return (1 << 30) if left is None else left - 1
+
+
 class Speculation:
     """The scheduler's part of speculative decoding: guesses onto this tick's decode chunks,
     and what a verification gave back."""
@@ -220,4 +227,4 @@ class Speculation:
                 or len(seq.output) < seq.params.min_tokens):
             return 0
         return min(self.max_draft, seq.params.max_tokens - len(seq.output) - 1, slot_ctx - seq.num_tokens - 1,
-                   chunk_size - len(chunk.tokens))
+                   chunk_size - len(chunk.tokens), thinking_room(seq))

@@ -36,7 +36,7 @@ from .logprobs import LogprobReporter
 from .mask_grammar import GrammarStopped, chosen_backend
 from .row_job import RowJob
 from .ubatch_split import ubatch_sizes
-from .samplers import Sampler, SamplerFactory, sample_row
+from .samplers import Sampler, SamplerFactory, accept_written, sample_row
 from .vocab import Vocabulary
 from ..config import EngineConfig
 from ..checks.kv_cache_types import pair_name
@@ -175,6 +175,9 @@ class LlamaRunner:
 
     def tokenize(self, text: str, *, special: bool, add_special: bool = True) -> list[int]:
         return self.vocab.tokenize(text, special=special, add_special=add_special)
+
+    def accept_forced(self, sampler: Sampler, tokens: list[int]) -> None:
+        accept_written(sampler, tokens)
 
     def valid_guesses(self, sampler: Sampler, tokens: list[int]) -> int:
         return len(tokens) if sampler.matcher is None else sampler.matcher.valid_prefix(tokens)

@@ -68,8 +68,8 @@ class SamplerFactory:
         constrained = bool(params.grammar) or params.json_schema is not None
         matcher = self.masks.matcher_for(params.grammar, params.json_schema) if self.masks and constrained else None
         if matcher is None and isinstance(params.grammar, LarkGrammar):  # llama.cpp's sampler reads GBNF only
-            raise InvalidRequest("tool calls are constrained by llguidance: use --grammar-backend auto or llguidance, "
-                                 "or tool_choice none")
+            raise InvalidRequest("tool calls, and a constraint after a reasoning block, are masks of llguidance: use "
+                                 "--grammar-backend auto or llguidance (or tool_choice none, reasoning_budget 0)")
         backend = ("llguidance" if matcher else "llama") if constrained else None
         block_eog = params.ignore_eos and not constrained
         twin = params.min_tokens > 0 and not params.ignore_eos and not constrained
@@ -210,6 +210,21 @@ def sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_vocab
             for t in sampler.forced:
                 C.llama_sampler_accept(sampler.chain, t)
     return tok
+
+
+def accept_written(sampler: Sampler, tokens: list[int]) -> None:
+    """Tokens the engine wrote into the answer unsampled (a thinking budget's closer): the grammar
+    mask and the chains take them as sampled ones. llama.cpp's own grammar sampler would abort the
+    process on a token it forbids, so a request constrained by it ends instead (InvalidRequest)."""
+    if sampler.grammar_backend == "llama":
+        raise InvalidRequest("the reasoning budget ran out, but the request's grammar (llama.cpp's sampler) "
+                             "cannot take the end of the reasoning block: use --grammar-backend auto")
+    for tok in tokens:
+        if sampler.matcher is not None:
+            sampler.matcher.accept(tok)
+        C.llama_sampler_accept(sampler.chain, tok)
+        if sampler.no_eog_chain:
+            C.llama_sampler_accept(sampler.no_eog_chain, tok)
 
 
 def _sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_vocab: int) -> int:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from ..constraints.tool_syntax import HERMES, ToolSyntax, syntax_of_template
 from ..core.plan import ChatFormats
+from ..core.thinking import markers_in
 from ..errors import InvalidRequest
 from ..files.whole_file import UnreadableFile, read_text
 from ..openai_format import TOOLS_MESSAGE_ROLE
@@ -77,24 +78,31 @@ class ChatTemplate:
     """
 
     def __init__(self, name: str, source: str, render_fn: RenderFn, stop: tuple[str, ...] = (),
-                 fallback_reason: str | None = None, render_tools_fn: Callable[..., str] | None = None):
+                 fallback_reason: str | None = None, render_tools_fn: Callable[..., str] | None = None,
+                 jinja_fn: Callable[..., str] | None = None):
         self.name = name
         # (messages, add_generation_prompt, tools): a Jinja template that reads `tools` (tool_prompt.py)
         self.render_tools_fn = render_tools_fn
+        # (messages, add_generation_prompt, tools, variables): a Jinja template, which takes a
+        # request's template variables (SamplingParams' chat_template_kwargs, reasoning_effort)
+        self.jinja_fn = jinja_fn
         self.source = source
         self.stop = stop
         self.fallback_reason = fallback_reason
         self._render_fn = render_fn
 
-    def render(self, messages, add_generation_prompt: bool = True) -> str:
+    def render(self, messages, add_generation_prompt: bool = True, variables: dict | None = None) -> str:
+        """The prompt; `variables` go to a Jinja template beside the messages (others have none)."""
         checked = validate_messages(messages)
         tools, checked = take_tools(checked)
         try:
             if tools is not None or has_tool_turns(checked):
                 if self.render_tools_fn is not None:
-                    return self.render_tools_fn(checked, add_generation_prompt, tools)
+                    return self.render_tools_fn(checked, add_generation_prompt, tools, variables)
                 say_fallback_once(self.name)
                 checked = fallback_messages(checked, tools)
+            if variables and self.jinja_fn is not None:
+                return self.jinja_fn(checked, add_generation_prompt, None, variables)
             return self._render_fn(checked, add_generation_prompt)
         except InvalidRequest:
             raise
@@ -105,6 +113,11 @@ class ChatTemplate:
     def tool_syntax(self) -> ToolSyntax:
         """The call syntax the template teaches; one that does not read tools gets the fallback's (Hermes)."""
         return syntax_of_template(self.source) if self.render_tools_fn is not None else HERMES
+
+    @property
+    def thinking(self) -> tuple[str, str] | None:
+        """The reasoning block's (opener, closer) a Jinja template writes (core/thinking.py), or None."""
+        return markers_in(self.source) if self.jinja_fn is not None else None
 
     def __repr__(self) -> str:
         return f"ChatTemplate(name={self.name!r})"
@@ -315,9 +328,10 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
     except TemplateError as exc:
         raise InvalidRequest(f"chat template {name!r} does not compile: {_one_line(exc)}") from None
 
-    def render(messages: Messages, add_generation_prompt: bool, tools: list | None = None) -> str:
-        context = {"messages": messages, "add_generation_prompt": add_generation_prompt, "bos_token": bos_token,
-                   "eos_token": eos_token}
+    def render(messages: Messages, add_generation_prompt: bool, tools: list | None = None,
+               variables: dict | None = None) -> str:
+        context = {**(variables or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
+                   "bos_token": bos_token, "eos_token": eos_token}
         if tools is not None:
             context["tools"] = tools  # Hugging Face's convention: absent when the request has none
         try:
@@ -328,7 +342,8 @@ def jinja_template(name: str, text: str, bos_token: str, eos_token: str,
             prompt = prompt[len(bos_token):]
         return prompt
 
-    return ChatTemplate(name, text, render, render_tools_fn=render if template_reads_tools(text) else None)
+    return ChatTemplate(name, text, render, render_tools_fn=render if template_reads_tools(text) else None,
+                        jinja_fn=render)
 
 
 def _with_tool_text(messages: Messages, tools: list | None) -> Messages:

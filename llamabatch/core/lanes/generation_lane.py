@@ -266,8 +266,8 @@ class GenerationLane:
 
     def _deliver(self, event: SeqEvent) -> None:
         seq = event.seq
-        if event.text or event.tokens:
-            self.requests.deliver(seq.request_id, Delta(event.text, event.tokens, seq.index))
+        if event.text or event.tokens or event.reasoning:
+            self.requests.deliver(seq.request_id, Delta(event.text, event.tokens, seq.index, event.reasoning))
         if event.finished:
             self._complete(seq)
 
@@ -278,12 +278,12 @@ class GenerationLane:
             if member.finished:
                 continue
             was_waiting = member.status == Status.WAITING and member.index == 0  # only sample 0 is queued
-            tail = self.scheduler.finish(member, reason, error, code)
+            tail, reasoning = self.scheduler.finish(member, reason, error, code)
             if was_waiting:
                 with self._cond:
                     self.waiting -= 1
-            if tail:
-                self.requests.deliver(member.request_id, Delta(tail, [], member.index))
+            if tail or reasoning:
+                self.requests.deliver(member.request_id, Delta(tail, [], member.index, reasoning))
             self._complete(member)
 
     def _release(self, sampler: Any) -> None:

@@ -1,0 +1,89 @@
+"""Which requests think, decided at submit time from the prompt (core/thinking.py says how an
+answer's reasoning is then split and bounded).
+
+A request thinks where its chat template (or the vocabulary: `<think>` one token) marks a
+reasoning block and either the rendered prompt ends inside one (the template opened it, so the
+answer starts inside it) or, for chat messages, the model may open one as it starts. Token-id
+prompts (the `chat` command renders its own) think only where they end inside a block of the
+engine's template. A reasoning_budget of 0 on a prompt that opened a block closes it at once, in
+the prompt: no reasoning token is generated. A constraint (json_schema, a tool grammar, a GBNF
+grammar) then applies from the end of the block (constraints/thinking_grammar.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..constraints.thinking_grammar import thinking_grammar
+from ..params import SamplingParams
+from .thinking import THINKING_MARKERS, Thinking, close_text, ends_inside
+
+_TAIL_TOKENS = 32  # of a prompt's tokens, read back as text to find an open or empty block
+
+
+class ThinkingPrompts:
+    """The thinking decisions of one InputPreparer (its runner and chat template)."""
+
+    def __init__(self, inputs: Any):
+        self.inputs = inputs
+        self._close_tokens: dict[str, tuple[int, ...]] = {}
+        self._in_vocab: bool | None = None  # whether `<think>` is one token: asked once
+
+    def markers(self, chat: bool) -> tuple[str, str] | None:
+        """The engine's template's markers; a token-id prompt reads them only from a template
+        already chosen (choosing one would say a fallback notice for a plain completion)."""
+        inputs = self.inputs
+        if not chat and inputs._template is None:
+            return None
+        found = getattr(inputs.chat_template, "thinking", None)
+        if found is not None:
+            return found
+        opener, closer = THINKING_MARKERS[0]
+        if self._in_vocab is None:
+            self._in_vocab = inputs._is_one_token(opener)
+        return (opener, closer) if self._in_vocab else None
+
+    def decide(self, prompt: Any, tokens: list[int], params: SamplingParams) -> tuple[Thinking | None, list[int]]:
+        """(how the answer thinks or None, the prompt's tokens: with the block closed for budget 0)."""
+        from .inputs import is_chat
+
+        chat = is_chat(prompt)
+        if not chat and not (isinstance(prompt, (list, tuple)) and prompt):
+            return None, tokens
+        markers = self.markers(chat)
+        if markers is None:
+            return None, tokens
+        text = self._text(tokens[-_TAIL_TOKENS:])
+        inside = ends_inside(text, markers)
+        if not chat and not inside:
+            return None, tokens
+        budget = params.reasoning_budget
+        closed = text.rstrip().endswith(markers[1])  # the template wrote an empty block (enable_thinking false)
+        if inside and budget == 0:
+            tokens, inside = tokens + list(self.close_tokens(markers)), False
+        if not inside and (closed or budget == 0):
+            budget = 0  # no reasoning: a block the model opens anyway is closed at once
+        return Thinking(markers[0], markers[1], inside, budget, self.close_tokens(markers)), tokens
+
+    def close_tokens(self, markers: tuple[str, str]) -> tuple[int, ...]:
+        text = close_text(markers)
+        if text not in self._close_tokens:
+            runner = self.inputs.runner
+            tokens = runner.tokenize(text, special=True, add_special=False)
+            bos = runner.tokenize("", special=True, add_special=False)
+            self._close_tokens[text] = tuple(tokens[len(bos):] if bos and tokens[:len(bos)] == bos else tokens)
+        return self._close_tokens[text]
+
+    def _text(self, tokens: list[int]) -> str:
+        runner = self.inputs.runner
+        return b"".join(runner.token_piece(t) for t in tokens).decode("utf-8", "replace")  # special ones shown
+
+
+def constrained_after(thinking: Thinking, params: SamplingParams) -> SamplingParams:
+    """The params with their constraint moved after the reasoning block; as they are where the
+    answer cannot reason (budget 0: the constraint holds from the first token)."""
+    if thinking.budget == 0 and not thinking.inside:
+        return params
+    if params.json_schema is None and not params.grammar:
+        return params
+    grammar = thinking_grammar(thinking.opener, thinking.closer, thinking.inside, params.json_schema, params.grammar)
+    return params.replace(grammar=grammar, json_schema=None)
