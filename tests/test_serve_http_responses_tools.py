@@ -220,3 +220,33 @@ def test_bad_tool_fields_are_a_400_naming_them(tmp_path, body, named):
         answer = post(server, {"input": "x", **body})
     assert answer.status == 400, answer.body
     assert named in answer.json()["error"]["message"]
+
+
+def test_input_tokens_count_the_tools_and_a_call_s_output_as_create_evaluates_them(tmp_path):
+    _prompts, server_cm = tool_serving(tmp_path)
+    with server_cm as server:
+        client = server.client()
+        bare = client.responses.input_tokens.count(model="any", input="weather?")
+        with_tools = client.responses.input_tokens.count(model="any", input="weather?", tools=[WEATHER])
+        first = client.responses.create(model="any", input="weather?", tools=[WEATHER])
+        output = [{"type": "function_call_output", "call_id": first.output[1].call_id, "output": "sunny"}]
+        counted = client.responses.input_tokens.count(model="any", input=output, previous_response_id=first.id,
+                                                      tools=[WEATHER])
+        second = client.responses.create(model="any", input=output, previous_response_id=first.id, tools=[WEATHER])
+    assert with_tools.input_tokens == first.usage.input_tokens > bare.input_tokens
+    assert counted.input_tokens == second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_a_response_stored_before_input_items_were_kept_lists_its_messages(tmp_path):
+    with serving(tmp_path / "data") as server:
+        client = server.client()
+        made = client.responses.create(model="any", input=[{"role": "user", "content": "question 1"},
+                                                           {"role": "assistant", "content": "answer 1"}])
+        path = tmp_path / "data" / "responses" / f"{made.id}.json"
+        stored = json.loads(path.read_text())
+        del stored["items"]
+        path.write_text(json.dumps(stored))
+        listed = client.responses.input_items.list(made.id, order="asc")
+    assert [(i.role, i.content[0].type, i.content[0].text) for i in listed.data] == [
+        ("user", "input_text", "question 1"), ("assistant", "output_text", "answer 1")]
+    assert len({i.id for i in listed.data}) == 2
