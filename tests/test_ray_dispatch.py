@@ -123,3 +123,24 @@ def test_cancel_waiting_and_running_lines():
     out = c.d.died(c.w("w1"), "killed")  # it dies before answering: no retry for a cancelled line
     assert [(line.key, r.finish_reason) for line, r in out] == [(0, "cancelled")]
     assert c.d.retries == 0
+
+
+def test_an_urgent_line_goes_first_past_a_full_workers_cap_to_the_shortest_queue():
+    """serve --ray's online requests (a lower priority number than batch lines) pass the waiting
+    batch lines and may take a worker past its cap by its slots, on the least loaded worker."""
+    c = Cluster(2, cap=2)
+    c.submit(0, 1, 2, 3, 4, 5)  # both workers full, 4 and 5 wait
+    c.answer(2)  # w1 takes 4: w1 [0, 4], w2 [1, 3]; 5 waits
+    c.answer(1)
+    assert c.on("w2") == [3, 5]
+    for key in (6, 8):
+        c.lines[key] = Line(key, "online", None, priority=-1)
+        assert c.d.submit(c.lines[key]) == []
+    assert c.d.waiting == 0 and c.on("w1") == [0, 4, 6] and c.on("w2") == [3, 5, 8]  # past the caps, one each
+    c.lines[7] = Line(7, "batch", None)
+    c.lines[9] = Line(9, "online", None, priority=-1)
+    c.d.submit(c.lines[7])
+    c.d.submit(c.lines[9])  # both workers past their caps by their slots: 9 and 7 wait
+    assert c.d.waiting == 2
+    c.answer(0)  # room for an urgent line on w1, not for a batch line: 9 passes 7
+    assert c.on("w1") == [4, 6, 9] and c.d.waiting == 1

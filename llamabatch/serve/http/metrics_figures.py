@@ -2,7 +2,8 @@
 over what the server already holds, asking the engine process nothing.
 
 EngineFigures: Engine.stats() (running totals, and slots and queue as of the engine's last
-tick; the supervised engine answers it from the parent's own copy) and the restart count.
+tick; the supervised engine answers it from the parent's own copy) and the restart count; on Ray
+(serve --ray) each worker's state, load and totals as well.
 BatchFigures: every unfinished batch in the catalogue, its lines done of all (the counts the
 batch queue writes every half second), and for each batch running now the tokens per second its
 lane has generated and an ETA from its pace so far.
@@ -49,6 +50,33 @@ class EngineFigures(Collector):
                                ("failed", stats.failed), ("timed_out", stats.timed_out)):
             outcomes.add_metric([outcome], count)
         yield outcomes
+        yield from _worker_figures(self.engine)
+
+
+# serve --ray: a figure per Ray worker (its name and node as labels): (row field, name, help, counter?)
+_WORKER_FIGURES = (
+    ("up", "ray_worker_up", "1 while the Ray worker serves, 0 while it restarts or after it is gone.", False),
+    ("slots", "ray_worker_slots", "Slots of the Ray worker's engine.", False),
+    ("inflight", "ray_worker_requests_running", "Requests the Ray worker holds now (in a slot or queued "
+     "in its engine).", False),
+    ("lines", "ray_worker_requests", "Requests the Ray worker answered.", True),
+    ("generated_tokens", "ray_worker_generation_tokens", "Tokens the Ray worker generated.", True),
+    ("restarts", "ray_worker_restarts", "Times the Ray worker's process died and was started again.", True),
+)
+
+
+def _worker_figures(engine: Any) -> Iterator[Any]:
+    """Per-worker figures of an engine on Ray workers (RayPool.worker_rows); none for one engine."""
+    rows = getattr(engine, "worker_rows", None)
+    if rows is None:
+        return
+    workers = [{**row, "up": int(row["state"] == "ready")} for row in rows()]
+    for field, name, help_text, counter in _WORKER_FIGURES:
+        kind = CounterMetricFamily if counter else GaugeMetricFamily
+        family = kind(PREFIX + name, help_text, labels=["worker", "node"])
+        for row in workers:
+            family.add_metric([row["name"], row["node"]], row[field])
+        yield family
 
 
 class BatchFigures(Collector):
