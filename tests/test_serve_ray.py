@@ -57,14 +57,17 @@ def cluster():
 class Server:
     """`serve --ray` in a process of its own: its SDK client, its workers' pids by name."""
 
-    def __init__(self, tmp_path, data_dir, address: str, runner: str, workers: int = 3):
-        args = ["serve", "--port", "0", "--data-dir", str(data_dir), "-m", fake_gguf(tmp_path), "--n-parallel", "4",
-                "--n-ctx", "1024", "--temperature", "0", "--max-tokens", "8", "--prefix-store", "off",
+    def __init__(self, tmp_path, data_dir, address: str, runner: str | None, workers: int = 3,
+                 engine: tuple[str, ...] = ("--n-parallel", "4", "--max-tokens", "8"), model: str | None = None):
+        """`runner`: the registered fake every worker runs; None: the real command on `model`."""
+        args = ["serve", "--port", "0", "--data-dir", str(data_dir), "-m", model or fake_gguf(tmp_path), *engine,
+                "--n-ctx", "1024", "--temperature", "0", "--prefix-store", "off",
                 "--ray", address, "--ray-workers", str(workers), "--ray-cpus-per-worker", "1"]
-        self.proc = subprocess.Popen([sys.executable, fake_cli.PATH, runner, *args], stdout=subprocess.DEVNULL,
+        command = [fake_cli.PATH, runner] if runner else ["-m", "llamabatch"]
+        self.proc = subprocess.Popen([sys.executable, *command, *args], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env=child_env(**ENV))
         self.said: list[str] = []
-        killer = threading.Timer(120, self.proc.kill)  # a server that never says where it listens
+        killer = threading.Timer(300, self.proc.kill)  # a server that never says where it listens
         killer.start()
         try:
             for line in self.proc.stderr:
@@ -177,6 +180,28 @@ def test_a_poison_line_is_engine_crashed_and_the_others_answered(cluster, tmp_pa
         server.stop()
     assert [(r["custom_id"], r["error"]["code"]) for r in errors] == [("q5", "engine_crashed")]
     assert (done.status, done.request_counts.completed, done.request_counts.failed) == ("completed", 11, 1)
+
+
+@pytest.mark.model
+def test_two_workers_on_the_model_answer_a_batch_and_online_requests_alike(cluster, tmp_path, model_path):
+    # One slot per engine and no prompt cache: every line runs alone, so greedy text is the
+    # same on either worker (../shared/probes/README.md: batch-mates change the rows).
+    alone = ("--n-parallel", "1", "--no-cache-prompt", "--max-tokens", "6")
+    server = Server(tmp_path, tmp_path / "data", cluster, None, workers=2, engine=alone, model=model_path)
+    same = [{**line, "body": {**line["body"], "messages": [{"role": "user", "content": "Name a colour."}]}}
+            for line in batch_lines(6)]
+    try:
+        done = wait_batch(server.client, run_batch(server.client, "".join(json.dumps(line) + "\n" for line in same)
+                                                   .encode()).id, ended, timeout=240)
+        outputs, _ = answered_once(server.client, done, 6)
+        online = server.client.chat.completions.create(model="m", messages=[{"role": "user", "content":
+                                                                              "Name a colour."}])
+        workers = server.health()["workers"]
+    finally:
+        server.stop()
+    texts = {r["response"]["body"]["choices"][0]["message"]["content"] for r in outputs}
+    assert done.request_counts.completed == 6 and texts == {online.choices[0].message.content}
+    assert [w["name"] for w in workers] == ["w1", "w2"] and all(w["lines"] > 0 for w in workers)
 
 
 def test_an_address_nothing_answers_at_is_one_line_and_exit_2(tmp_path):
