@@ -130,6 +130,8 @@ class Result:
             "seed": self.seed,
             "error": None if self.error is None else {"code": self.error_code, "message": self.error},
         }
+        if self.reasoning is not None:  # a thinking answer: its reasoning block, apart from the text
+            out["reasoning"] = [s.reasoning for s in self.samples] if self.samples is not None else self.reasoning
         if self.deterministic:
             out["deterministic"] = True
         if self.stored_prefix is not None:

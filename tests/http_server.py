@@ -55,11 +55,12 @@ def serving(data_dir: Any, *, n_parallel: int = 4, step_delay: float = 0.0, api_
             online_slots: int = 1, reply_with: Callable[[str], str] = reply, max_tokens: int = 16,
             upload_limits: UploadLimits = UploadLimits(), clock: Callable[[], float] = time.time,
             job_settings: dict[str, Any] | None = None, reserved_slots: int = 0,
-            max_concurrent_batches: int | None = None, slot_ctx: int = 256, **app_options: Any) -> Iterator[Running]:
-    """`app_options`: build_app's own (health_without_key, cors_origins)."""
+            max_concurrent_batches: int | None = None, slot_ctx: int = 256, chat_template: str | None = None,
+            **app_options: Any) -> Iterator[Running]:
+    """`app_options`: build_app's own (health_without_key, cors_origins); `chat_template` the engine's."""
     runner = FakeRunner(n_slots=n_parallel, slot_ctx=slot_ctx, n_batch=256, reply=reply_with, step_delay=step_delay)
     engine = Engine(EngineConfig(n_parallel=n_parallel, n_batch=256, chunk_size=64, n_ctx=slot_ctx * n_parallel,
-                                 reserved_slots=reserved_slots),
+                                 reserved_slots=reserved_slots, chat_template=chat_template),
                     runner=runner, default_params=SamplingParams(temperature=0, max_tokens=max_tokens))
     service = Service(engine, str(data_dir), online_slots=online_slots, upload_limits=upload_limits, clock=clock,
                       job_settings=job_settings, max_concurrent_batches=max_concurrent_batches)

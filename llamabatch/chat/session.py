@@ -231,8 +231,15 @@ class ChatSession:
 
     def _stream(self, handle: Any) -> int:
         shown = 0
+        thinking = False  # a thinking answer's reasoning is shown between the markers the model wrote
         try:
             for delta in handle:
+                if delta.reasoning:
+                    self.io.write(("" if thinking else "<think>\n") + delta.reasoning)
+                    thinking = True
+                if delta.text and thinking:
+                    self.io.write("\n</think>\n\n")
+                    thinking = False
                 if delta.text:
                     shown += len(delta.text)  # counted first: a Ctrl-C inside write() must not repeat it
                     self.io.write(delta.text)

@@ -64,6 +64,7 @@ ENGINE_OPTIONS: dict[str, Any] = {
     "stop": Annotated[Optional[list[str]], _opt("--stop", help="Stop string (repeatable)", panel=SAMPLING)],
     "grammar_file": Annotated[Optional[str], _opt("--grammar-file", help="GBNF grammar file constraining output", panel=SAMPLING)],
     "json_schema": Annotated[Optional[str], _opt("--json-schema", help="JSON schema (inline JSON or a file) constraining output", panel=SAMPLING)],
+    "reasoning_budget": Annotated[Optional[int], _opt("--reasoning-budget", metavar="N", help="Thinking models: the most tokens a reasoning block may take before the engine closes it and the answer follows; 0 = no reasoning (a request's reasoning_budget overrides) [default: no bound]", panel=SAMPLING)],
 }
 
 if tuple(ENGINE_OPTIONS) != SHARED_KEYS:  # a key added on one side only would be silently ignored

@@ -4,8 +4,8 @@ answer's reasoning is then split and bounded).
 A request thinks where its chat template (or the vocabulary: `<think>` one token) marks a
 reasoning block and either the rendered prompt ends inside one (the template opened it, so the
 answer starts inside it) or, for chat messages, the model may open one as it starts. Token-id
-prompts (the `chat` command renders its own) think only where they end inside a block of the
-engine's template. A reasoning_budget of 0 on a prompt that opened a block closes it at once, in
+prompts (the `chat` command renders its own) think only where they end inside a block of
+THINKING_MARKERS. A reasoning_budget of 0 on a prompt that opened a block closes it at once, in
 the prompt: no reasoning token is generated. A constraint (json_schema, a tool grammar, a GBNF
 grammar) then applies from the end of the block (constraints/thinking_grammar.py).
 """
@@ -28,12 +28,12 @@ class ThinkingPrompts:
         self._close_tokens: dict[str, tuple[int, ...]] = {}
         self._in_vocab: bool | None = None  # whether `<think>` is one token: asked once
 
-    def markers(self, chat: bool) -> tuple[str, str] | None:
-        """The engine's template's markers; a token-id prompt reads them only from a template
-        already chosen (choosing one would say a fallback notice for a plain completion)."""
+    def markers(self, chat: bool, tail: str) -> tuple[str, str] | None:
+        """The markers of the engine's template (or of the vocabulary) for chat messages; for a
+        token-id prompt, the pair whose block its tail leaves open (no template is chosen for it)."""
+        if not chat:
+            return next((pair for pair in THINKING_MARKERS if ends_inside(tail, pair)), None)
         inputs = self.inputs
-        if not chat and inputs._template is None:
-            return None
         found = getattr(inputs.chat_template, "thinking", None)
         if found is not None:
             return found
@@ -49,10 +49,10 @@ class ThinkingPrompts:
         chat = is_chat(prompt)
         if not chat and not (isinstance(prompt, (list, tuple)) and prompt):
             return None, tokens
-        markers = self.markers(chat)
+        text = self._text(tokens[-_TAIL_TOKENS:])
+        markers = self.markers(chat, text)
         if markers is None:
             return None, tokens
-        text = self._text(tokens[-_TAIL_TOKENS:])
         inside = ends_inside(text, markers)
         if not chat and not inside:
             return None, tokens

@@ -15,6 +15,7 @@ jobs/ and serve/ import the names below, never the modules behind them (tests/te
   tool_calls.py     the calls read out of an answer (whole or streamed) in OpenAI's shape
   ignored_fields.py documented fields with no local effect, named in records (and a header online)
   tool_library.py   with_tools / tool_message: the same around Engine.submit, for the library
+  reasoning.py      a thinking answer's reasoning_content and reasoning_tokens in OpenAI's shapes
 """
 from .embed_records import EmbedLine
 from .embed_vectors import check_encoding, encode as encode_vector
@@ -27,6 +28,7 @@ from .responses_object import (assistant_turn, message_item, new_message_id, new
 from .responses_tools import function_call_item
 from .ignored_fields import header_for as ignored_fields_header
 from .responses_request import RESPONSES_URL, ResponsesRequest, take_online_fields
+from .reasoning import usage_details, with_reasoning
 from .tool_calls import (ToolCallSplitter, chat_message, new_call_id, openai_call, plain_tool_fields, result_tool_fields,
                          split_tool_calls)
 from .tool_library import tool_message, with_tools
@@ -34,6 +36,7 @@ from .tool_lines import chat_with_tools
 from .tools_request import TOOL_BODY_FIELDS, TOOLS_MESSAGE_ROLE, Tool, ToolRequest, parse_tools, tools_message
 
 __all__ = [
+    "usage_details", "with_reasoning",
     "CHAT_URL", "COMPLETIONS_URL", "EMBEDDINGS_URL", "OPENAI", "URLS", "EmbedLine", "LineError", "LineParser",
     "LineRequest", "build_record", "check_encoding", "check_messages", "check_prompt", "duplicate_id_error",
     "encode_vector", "error_result", "failed", "is_int", "is_request_id", "is_unnamed_error", "json_kind",

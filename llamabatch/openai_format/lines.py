@@ -32,6 +32,7 @@ from .embed_records import EmbedLine, embedding_body, plain_embedding_record
 from .logprobs import chat_logprobs, completion_logprobs
 from .responses_object import response_object
 from .responses_request import RESPONSES_URL, ResponsesRequest, parse_responses_body
+from .reasoning import usage_details, with_reasoning
 from .tool_calls import chat_message, result_tool_fields
 from .tool_lines import chat_with_tools
 from .tools_request import TOOL_BODY_FIELDS, ToolRequest
@@ -416,8 +417,9 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
     usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
              "total_tokens": result.usage.total_tokens,
              "prompt_tokens_details": {"cached_tokens": result.usage.cached_tokens}}
-    if result.usage.guessed:  # speculative decoding verified guesses (docs/speculative.md)
-        usage["completion_tokens_details"] = result.usage.completion_details()
+    details = usage_details(result.usage)  # guesses verified, reasoning tokens
+    if details is not None:
+        usage["completion_tokens_details"] = details
     samples = result.samples if result.samples is not None else [result]
     if url == RESPONSES_URL and responses is not None:
         body = response_object(responses, result, model, created_at=created)
@@ -425,7 +427,7 @@ def openai_record(custom_id: LineId, url: str | None, result: Result, model: str
         choices = []
         for i, r in enumerate(samples):
             message, finish_reason = chat_message(r.text, r.finish_reason, tools, result.tool_syntax)  # tool calls read out
-            choices.append({"index": i, "message": message,
+            choices.append({"index": i, "message": with_reasoning(message, r),
                             "logprobs": None if r.logprobs is None else chat_logprobs(r.logprobs, r.text),
                             "finish_reason": finish_reason})
         body = {"id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": created, "model": model,

@@ -23,6 +23,7 @@ from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..results import Result
 from .fields import check_messages
+from .reasoning import with_reasoning
 from .tool_calls import chat_message
 from .tool_lines import chat_with_tools
 from .tools_request import ToolRequest
@@ -48,7 +49,9 @@ def with_tools(messages: list[dict], tools: list[dict] | None, tool_choice: Any 
 
 
 def tool_message(result: Result, tools: ToolRequest | None) -> tuple[dict[str, Any], str]:
-    """(the assistant message in OpenAI's shape, the finish_reason: tool_calls when it made calls)."""
+    """(the assistant message in OpenAI's shape, the finish_reason: tool_calls when it made calls;
+    a thinking answer's reasoning as reasoning_content)."""
     if result.finish_reason not in ("stop", "length"):
         raise InvalidRequest(f"the request ended with {result.finish_reason!r}: {result.error or 'no answer'}")
-    return chat_message(result.text, result.finish_reason, tools, result.tool_syntax)
+    message, finish_reason = chat_message(result.text, result.finish_reason, tools, result.tool_syntax)
+    return with_reasoning(message, result), finish_reason

@@ -21,7 +21,7 @@ from .resolved import Resolved
 
 ENGINE_KEYS = tuple(ENGINE_RULES)  # EngineConfig's keys a flag, env variable or config file sets
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop",
-                 "grammar_file", "json_schema")
+                 "grammar_file", "json_schema", "reasoning_budget")
 # Every key a flag sets (cli/engine_options.py declares one flag per key, in this order).
 SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
                "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "kv_unified", "max_memory",

@@ -137,7 +137,7 @@ class Link:
                     os.write(2, f"llamabatch test hook: {CRASH_PROMPT_ENV} matched; calling os.abort()\n".encode())
                     os.abort()
                 # Deltas come from a tick, whose end sends them: no wake-up per token
-                self._append(wire.Streamed(pid, item.text, item.token_ids), wake=False)
+                self._append(wire.Streamed(pid, item.text, item.token_ids, item.reasoning), wake=False)
             else:
                 self._handles.pop(pid, None)
                 self._pids.pop(handle.request_id, None)

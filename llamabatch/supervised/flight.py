@@ -25,19 +25,24 @@ class Flight:
     sent_tokens: int = 0
     attempt_chars: int = 0  # produced by the current attempt
     attempt_tokens: int = 0
+    sent_reasoning: int = 0  # a thinking answer's reasoning characters, counted as the text's are
+    attempt_reasoning: int = 0
     crashes: list[str] = field(default_factory=list)  # how each child it was in died
 
     @property
     def pid(self) -> int:
         return self.handle.request_id
 
-    def new_part(self, text: str, tokens: list[int]) -> Delta | None:
+    def new_part(self, text: str, tokens: list[int], reasoning: str = "") -> Delta | None:
         """The part of a Delta the caller has not seen: a retry streams again from the start."""
         skip_chars = max(0, self.sent_chars - self.attempt_chars)
         skip_tokens = max(0, self.sent_tokens - self.attempt_tokens)
+        skip_reasoning = max(0, self.sent_reasoning - self.attempt_reasoning)
         self.attempt_chars += len(text)
         self.attempt_tokens += len(tokens)
+        self.attempt_reasoning += len(reasoning)
         self.sent_chars = max(self.sent_chars, self.attempt_chars)
         self.sent_tokens = max(self.sent_tokens, self.attempt_tokens)
-        text, tokens = text[skip_chars:], tokens[skip_tokens:]
-        return Delta(text, list(tokens)) if text or tokens else None
+        self.sent_reasoning = max(self.sent_reasoning, self.attempt_reasoning)
+        text, tokens, reasoning = text[skip_chars:], tokens[skip_tokens:], reasoning[skip_reasoning:]
+        return Delta(text, list(tokens), reasoning=reasoning) if text or tokens or reasoning else None

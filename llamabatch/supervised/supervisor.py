@@ -235,7 +235,7 @@ class Supervisor:
             return
         if isinstance(item, wire.Streamed):
             flight = e._in_child.get(item.pid)
-            delta = flight.new_part(item.text, item.token_ids) if flight is not None else None
+            delta = flight.new_part(item.text, item.token_ids, item.reasoning) if flight is not None else None
             if delta is not None:
                 out.append(functools.partial(flight.handle._deliver, delta))
         elif isinstance(item, wire.Finished):

@@ -104,6 +104,7 @@ class Streamed:
     pid: int
     text: str
     token_ids: list[int]
+    reasoning: str = ""  # a thinking answer's reasoning (results.Delta.reasoning)
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ class Online:
             if opening:
                 yield opening
             while isinstance(event, Delta):
-                if event.text:
+                if event.text or event.reasoning:
                     chunk = shape.delta(event)
                     if chunk:  # a tool call's text is held until the call closes
                         yield chunk

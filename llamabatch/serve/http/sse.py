@@ -11,7 +11,7 @@ from typing import Any
 
 from ...api import ChatEngine
 from ...constraints.tool_syntax import HERMES, ToolSyntax
-from ...openai_format import CHAT_URL, ToolCallSplitter, openai_call
+from ...openai_format import CHAT_URL, ToolCallSplitter, openai_call, usage_details
 from ...results import Delta, Result
 
 DONE = b"data: [DONE]\n\n"
@@ -56,6 +56,14 @@ class StreamShape:
         return self._chunk([self._choice(i, {"role": "assistant", "content": ""}, None) for i in range(self.samples)])
 
     def delta(self, delta: Delta) -> bytes:
+        reasoning = b""
+        if delta.reasoning and self.chat:  # a thinking answer's reasoning: its own chunks, before the content
+            reasoning = self._chunk([self._choice(delta.index, {"reasoning_content": delta.reasoning}, None)])
+        if not delta.text:
+            return reasoning
+        return reasoning + self._content(delta)
+
+    def _content(self, delta: Delta) -> bytes:
         if self.tools is not None:
             splitter = self.splitters.setdefault(delta.index, ToolCallSplitter(self.tool_syntax))
             return self._tool_events(delta.index, splitter, splitter.feed(delta.text))
@@ -91,6 +99,9 @@ class StreamShape:
         if include_usage:
             usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
                      "total_tokens": result.usage.total_tokens}
+            details = usage_details(result.usage)
+            if details is not None:
+                usage["completion_tokens_details"] = details
             out += self._chunk([], usage=usage)
         return out
 

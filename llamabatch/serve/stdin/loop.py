@@ -255,8 +255,9 @@ class Server:
 
     def _on_item(self, flight: Flight, handle: RequestHandle, item: Delta | Result) -> None:
         if isinstance(item, Delta):
-            if item.text and flight.stream:
-                self.output.send(token_event(flight.id, item.text, item.index if flight.samples > 1 else None))
+            if (item.text or item.reasoning) and flight.stream:
+                self.output.send(token_event(flight.id, item.text, item.index if flight.samples > 1 else None,
+                                             item.reasoning))
             return
         # Queue the terminal event before the flight disappears: once in_flight reads 0, every
         # terminal event is ahead of the writer's close marker.

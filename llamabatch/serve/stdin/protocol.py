@@ -208,9 +208,12 @@ def ready_event(model: str, n_parallel: int, n_ctx: int, slot_ctx: int) -> dict[
     return {"event": "ready", "model": model, "n_parallel": n_parallel, "n_ctx": n_ctx, "slot_ctx": slot_ctx}
 
 
-def token_event(request_id: RequestId, text: str, index: int | None = None) -> dict[str, Any]:
-    """`index` (n > 1 only) names the sample the text belongs to."""
+def token_event(request_id: RequestId, text: str, index: int | None = None, reasoning: str = "") -> dict[str, Any]:
+    """`index` (n > 1 only) names the sample the text belongs to; `reasoning`, a thinking
+    answer's reasoning text (only where there is some: `text` is then the answer's)."""
     event: dict[str, Any] = {"id": request_id, "event": "token", "text": text}
+    if reasoning:
+        event["reasoning"] = reasoning
     if index is not None:
         event["index"] = index
     return event
