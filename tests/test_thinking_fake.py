@@ -300,3 +300,21 @@ def test_the_library_tool_message_carries_reasoning_content():
         result = engine.submit(ASK, SamplingParams(temperature=0)).result()
     message, finish_reason = tool_message(result, None)
     assert message == {"role": "assistant", "content": "Paris.", "reasoning_content": "Paris is in France."}
+
+
+def test_a_table_output_has_a_reasoning_column_when_some_answer_reasoned(tmp_path):
+    import csv
+
+    from cli_harness import invoke, runner_for
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": 1, "messages": ASK}) + "\n")
+    out = tmp_path / "out.csv"
+    done = invoke(["run", str(src), "-o", str(out), "--chat-template", TEMPLATE, "--temperature", "0"],
+                  runner=runner_for(lambda prompt: ANSWER))
+    assert done.exit_code == 0, done.stderr
+    (row,) = list(csv.DictReader(out.open()))
+    assert (row["response"], row["reasoning"]) == ("Paris.", "Paris is in France.")
+    plain = tmp_path / "plain.csv"
+    assert invoke(["run", str(src), "-o", str(plain)], runner=runner_for(lambda prompt: "x")).exit_code == 0
+    assert "reasoning" not in next(csv.DictReader(plain.open()))

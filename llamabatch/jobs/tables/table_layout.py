@@ -17,11 +17,12 @@ class Layout:
     logprobs: bool = False
     rows: bool = True  # a `row` column (table inputs; a JSONL input's records have no row number)
     tool_calls: bool = False  # a `tool_calls` column: some answer made tool calls (table_output.finalize)
+    reasoning: bool = False  # a `reasoning` column: some answer was a thinking model's (table_output.finalize)
 
     def kept_name(self, column: str) -> str:
         """A kept column's name in the table: prefixed when it is an output column's name in any
         case (SQLite tells no names apart by case: `ID` beside `id` would be refused there)."""
-        fixed = ("row", "id", "logprobs", "tool_calls") + RESULT_COLUMNS
+        fixed = ("row", "id", "logprobs", "tool_calls", "reasoning") + RESULT_COLUMNS
         return KEPT_PREFIX + column if column.translate(_ASCII_LOWER) in fixed else column
 
     def clashes(self, fold_case: bool = False) -> list[list[str]]:
@@ -37,4 +38,4 @@ class Layout:
     def columns(self) -> list[str]:
         return ((["row"] if self.rows else []) + ["id"] + [self.kept_name(c) for c in self.keep]
                 + list(RESULT_COLUMNS) + (["logprobs"] if self.logprobs else [])
-                + (["tool_calls"] if self.tool_calls else []))
+                + (["tool_calls"] if self.tool_calls else []) + (["reasoning"] if self.reasoning else []))

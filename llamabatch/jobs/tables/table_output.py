@@ -11,7 +11,8 @@ table again, complete. Keep the records file: it is what a resume reads.
 Table columns: `row` (table inputs), `id`, the --keep-columns (a kept column named like an
 output column gets an `input.` prefix: table_layout.py), then `response`, `finish_reason`, `error_code`,
 `error`, `prompt_tokens`, `completion_tokens`, `logprobs` (JSON text) when the run asked
-for logprobs, and `tool_calls` (OpenAI's calls as JSON text) when some answer made calls. Rows are in input order (sorted by row number) with --order input.
+for logprobs, `tool_calls` (OpenAI's calls as JSON text) when some answer made calls, and
+`reasoning` (a thinking model's reasoning block) when some answer had one. Rows are in input order (sorted by row number) with --order input.
 """
 from __future__ import annotations
 
@@ -88,7 +89,24 @@ def table_row(record: dict, layout: Layout) -> list[Any]:
         out.append(json.dumps(record["logprobs"], ensure_ascii=False) if record.get("logprobs") is not None else None)
     if layout.tool_calls:
         out.append(calls_text(record) if error is None else None)
+    if layout.reasoning:
+        out.append(reasoning_text(record) if error is None else None)
     return out
+
+
+def reasoning_text(record: dict) -> str | None:
+    """A record's reasoning cell: a plain record's `reasoning`, a chat body's `reasoning_content`."""
+    if "reasoning" in record:
+        value = record["reasoning"]
+        return value if isinstance(value, str) or value is None else json.dumps(value, ensure_ascii=False)
+    choices = (((record.get("response") or {}).get("body") or {}).get("choices") or [{}])
+    return (choices[0].get("message") or {}).get("reasoning_content")
+
+
+def _any_reasoning(path: str) -> bool:
+    """Whether some record of the records file is a thinking answer's (its table gets the column)."""
+    return any((b'"reasoning"' in raw or b'"reasoning_content"' in raw) and reasoning_text(json.loads(raw)) is not None
+               for _offset, raw in _whole_lines(path))
 
 
 def _any_calls(path: str) -> bool:
@@ -149,7 +167,7 @@ def finalize(records_file: str, table: str, kind: str, layout: Layout, *, in_inp
     """Write the table from the records file: to a temporary name, then renamed over `table`.
     Returns the rows written. Raises OSError (or the writer's error) and leaves `table` as it was.
     `csv_formulas`: --csv-formulas, for CSV and TSV (table_writers.formula_safe)."""
-    layout = replace(layout, tool_calls=_any_calls(records_file))
+    layout = replace(layout, tool_calls=_any_calls(records_file), reasoning=_any_reasoning(records_file))
 
     def rows() -> Iterator[list]:
         return (table_row(r, layout) for r in records(records_file, in_input_order))
