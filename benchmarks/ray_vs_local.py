@@ -103,7 +103,7 @@ def main() -> None:
             pairs.append((lt / lw, rt / rw, rcpu))
             print(f"round {r + 1}: local {lt / lw:6.1f} tok/s ({lw:5.1f}s)   ray {rt / rw:6.1f} tok/s ({rw:5.1f}s)   "
                   f"ray/local {rt / rw / (lt / lw):.2f}")
-        _, one_wall, one_cpu = timed_run([str(one), *ray], env, tmp / "one.jsonl", 1)
+        _, one_wall, one_cpu = timed_run([str(one), *ray], env, tmp / "one_out.jsonl", 1)  # not over its input
         per_line = [(cpu - one_cpu) / (a.lines - 1) * 1000 for _, _, cpu in pairs]
         local_mean = sum(p[0] for p in pairs) / len(pairs)
         ray_mean = sum(p[1] for p in pairs) / len(pairs)

@@ -1,8 +1,8 @@
 """The Ray pool's calls to its workers, and the thread that watches them (pool.py's driver side).
 
 Every call out to a worker (a line's `generate`, a `start` after a restart, a watchdog's
-`progress` question) is a Ray ref; the watcher thread waits on them all at once. Each one that
-finishes is a line's answer, a worker's death (its lines go back to the dispatcher, and Ray
+`progress` question) is a Ray ref whose end Ray's own thread hands to the watcher thread
+(`watch`: a callback on the ref's future, no polling). Each one that finishes is a line's answer, a worker's death (its lines go back to the dispatcher, and Ray
 restarts the actor in place), a restarted worker back, or a busy worker's step count for its
 watchdog. A worker with lines in flight that finishes no step for the watchdog's bound is
 killed here, and its lines are handled as for any dead worker.
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from ..supervised.watchdog import DEFAULT_MARGIN, Watchdog
 from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
@@ -26,7 +27,7 @@ from .ray_errors import death, first_line
 log = logging.getLogger("llamabatch.ray")
 
 RESTART_TIMEOUT_S = 300.0  # a worker not back by then (its node gone, no room) counts as gone
-POLL_S = 0.05  # how long the watcher waits for results before looking again
+POLL_S = 0.05  # how long the watcher waits for a finished call before checking restarts and watchdogs
 PROGRESS_EVERY_S = 1.0  # how often the watcher asks a busy worker how many steps its engine finished
 
 
@@ -42,6 +43,9 @@ class Watcher:
         self.deliver = deliver
         self.dispatcher = Dispatcher(workers, self.send, self.cancel_remote, urgent_below=urgent_below)
         self.by_ref: dict[Any, Line] = {}  # each generate call's ref, to its line
+        # Finished calls, put by Ray's own thread as each ends: waiting on them all with
+        # ray.wait cost the driver a pass over every call in flight for each answer.
+        self.finished: queue.SimpleQueue = queue.SimpleQueue()
         self.hangs = 0  # workers the watchdog killed
         self.closed = threading.Event()
         self.here = ray.util.get_node_ip_address()  # a hung worker on this node is also SIGKILLed by pid
@@ -60,11 +64,17 @@ class Watcher:
 
     # -- Ray calls (the dispatcher calls these under the lock) ------------------------------------
 
+    def watch(self, ref: Any) -> Any:
+        """`ref`, whose outcome reaches the watcher thread through `finished` when its call ends."""
+        ref.future().add_done_callback(lambda future: self.finished.put((ref, future)))
+        return ref
+
     def send(self, line: Line, worker: WorkerState) -> None:
         if len(worker.inflight) == 1 and worker.watchdog is not None:  # it was idle: the stall clock starts now
             worker.watchdog.progress()
         line.ref = worker.actor.generate.remote(line.key, line.prompt, line.params)
         self.by_ref[line.ref] = line
+        self.watch(line.ref)
 
     def cancel_remote(self, line: Line) -> None:
         if line.worker is not None:
@@ -77,36 +87,27 @@ class Watcher:
             with self.lock:
                 outcomes = self.check_restarts()
                 self.check_watchdogs()
-                refs = (list(self.by_ref) + [w.start_ref for w in self.workers if w.start_ref is not None]
-                        + [w.progress_ref for w in self.workers if w.progress_ref is not None])
             self.deliver(outcomes)
-            if not refs:
-                time.sleep(POLL_S)
-                continue
             try:
-                ready, rest = ray.wait(refs, num_returns=1, timeout=POLL_S)
-                if ready and rest:
-                    more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
-                    ready += more
-            except Exception:
-                if self.closed.is_set():  # Ray shutting down under us
-                    return
-                log.exception("ray.wait failed")
-                time.sleep(POLL_S)
+                done = [self.finished.get(timeout=POLL_S)]
+            except queue.Empty:
                 continue
-            for ref in ready:
-                self.deliver(self.collect(ref))
+            while True:
+                try:
+                    done.append(self.finished.get_nowait())
+                except queue.Empty:
+                    break
+            for ref, future in done:
+                self.deliver(self.collect(ref, future))
 
-    def collect(self, ref: Any) -> Outcomes:
+    def collect(self, ref: Any, future: Any) -> Outcomes:
         """One finished call: a line's answer, a worker's death, or a restarted worker back."""
         error: BaseException | None = None
         value: Any = None
         try:
-            value = ray.get(ref, timeout=0)
-        except (RayActorError, RayTaskError) as exc:
+            value = future.result()
+        except Exception as exc:  # RayActorError: the worker died; RayTaskError (its cause's type too): it raised
             error = exc
-        except GetTimeoutError:
-            return []
         with self.lock:
             d = self.dispatcher
             worker = next((w for w in self.workers if w.progress_ref is not None and w.progress_ref == ref), None)
@@ -153,7 +154,7 @@ class Watcher:
             if w.watchdog is None or not w.watchdog.enabled or w.state != READY or not w.inflight:
                 continue
             if w.progress_ref is None and now >= w.ask_progress_at:
-                w.progress_ref = w.actor.progress.remote()
+                w.progress_ref = self.watch(w.actor.progress.remote())
                 w.ask_progress_at = now + PROGRESS_EVERY_S
             w.watchdog.check()
 
@@ -184,6 +185,6 @@ class Watcher:
                 w.start_ref = None
                 out += self.dispatcher.gone(w, f"not back {RESTART_TIMEOUT_S:.0f}s after it died")
             elif w.start_ref is None and now >= w.ask_again_at:
-                w.start_ref = w.actor.start.remote()
+                w.start_ref = self.watch(w.actor.start.remote())
         return out
 
