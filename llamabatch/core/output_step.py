@@ -111,11 +111,12 @@ class OutputStep:
         for tok, lp, kind in steps:
             if event.finished:
                 break
-            self._join(event, self._accept_one(seq, tok, lp, split))
+            more = self._accept_one(seq, tok, lp, split)
+            self._join(event, more)
             if kind == "forced":
                 event.forced += 1
                 seq.forced_tokens += 1
-            elif kind == "guess" and event.tokens:
+            elif kind == "guess" and more.tokens:
                 event.accepted += 1
                 seq.accepted_drafts += 1
         if split is not None and not event.finished and split.must_close():
