@@ -11,7 +11,7 @@ slots. The driver submits `--lines` prompts of `--line-bytes` bytes as JSONL lin
 run's reader keeps), each answered with one token, and times first submit to last answer.
 Driver CPU is this process's own (its threads and Ray's core worker threads), so
 1000 / (CPU ms per line) is what one driver core can sustain with the engines anywhere else.
-Bytes per line: the call's arguments and its Result as Ray pickles them. Measures only.
+Bytes per line: what a worker's put() and take() carry of it, pickled. Measures only.
 """
 from __future__ import annotations
 
@@ -35,11 +35,12 @@ def prompt_of(size: int, i: int) -> str:
     return head + ("lorem ipsum dolor sit amet " * (room // 27 + 1))[:max(room, 0)]
 
 
-def wire_bytes(key: int, prompt: str, params, result) -> tuple[int, int]:
-    """Pickled sizes of one generate call's arguments and of its Result (what Ray ships)."""
+def wire_bytes(pool, key: int, prompt: str, params, result) -> tuple[int, int]:
+    """Pickled sizes of one line as a worker's put() gets it and of its (key, Result) as take()
+    returns it (several lines share a call; Ray's own framing per call is not counted)."""
     import ray.cloudpickle as pickle
 
-    return len(pickle.dumps((key, prompt, params))), len(pickle.dumps(result))
+    return len(pickle.dumps((key, prompt, pool.on_the_wire(params)))), len(pickle.dumps((key, result)))
 
 
 def one_round(pool, params, prompts: list[str]) -> tuple[float, float, list]:
@@ -101,8 +102,9 @@ def main() -> None:
             wall, cpu, results = one_round(pool, params, prompts)
             print(f"round {r + 1}: {a.lines / wall:7.0f} lines/s handed out and collected ({wall:.2f}s wall); "
                   f"driver CPU {cpu / a.lines * 1000:.3f} ms/line (one driver core: {a.lines / cpu:.0f} lines/s)")
-        out, back = wire_bytes(0, prompts[-1], params, results[-1])
-        print(f"on the wire per line (pickled): {out} bytes out (key, prompt, params), {back} bytes back (Result)")
+        out, back = wire_bytes(pool, 0, prompts[-1], params, results[-1])
+        print(f"on the wire per line (pickled): {out} bytes out (key, prompt; params equal to the defaults are not "
+              f"sent), {back} bytes back (key, Result)")
     finally:
         pool.close()
 

@@ -70,6 +70,8 @@ class WorkerState:
     ask_again_at: float = 0.0
     watchdog: Any = None  # llamabatch.supervised.watchdog.Watchdog, fed by the pool
     progress_ref: Any = None  # a progress() question not answered yet
+    take_ref: Any = None  # the take() out on it: its next finished lines
+    outbox: list = field(default_factory=list)  # lines sent to it, for the watcher's next put()
     ask_progress_at: float = 0.0
     steps_seen: int = -1
     kill_reason: str | None = None  # set when the pool killed it as hung

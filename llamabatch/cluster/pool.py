@@ -148,12 +148,17 @@ class RayPool(EngineBase):
             key = self._next_key
             self._next_key += 1
             self.telemetry.totals.submitted += 1
-            line = Line(key, prompt, params, handle=RequestHandle(self._cancel, key, stream, callback),
-                        priority=(params or self.default_params).priority)
+            line = Line(key, prompt, self.on_the_wire(params), priority=(params or self.default_params).priority,
+                        handle=RequestHandle(self._cancel, key, stream, callback))
             self._open[key] = line
             outcomes = self._dispatcher.submit(line)
         self._deliver(outcomes)
         return line.handle
+
+    def on_the_wire(self, params: SamplingParams | None) -> SamplingParams | None:
+        """What a line sends of its params: None when they are the defaults every worker holds
+        (most of a line's pickled bytes, and of the driver's time pickling it, saved)."""
+        return None if params == self.default_params else params
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:

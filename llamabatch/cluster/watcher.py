@@ -1,10 +1,13 @@
 """The Ray pool's calls to its workers, and the thread that watches them (pool.py's driver side).
 
-Every call out to a worker (a line's `generate`, a `start` after a restart, a watchdog's
-`progress` question) is a Ray ref whose end Ray's own thread hands to the watcher thread
-(`watch`: a callback on the ref's future, no polling). Each one that finishes is a line's answer, a worker's death (its lines go back to the dispatcher, and Ray
-restarts the actor in place), a restarted worker back, or a busy worker's step count for its
-watchdog. A worker with lines in flight that finishes no step for the watchdog's bound is
+Lines go out to a worker in `put` calls, several at once when several wait for it (its outbox),
+and come back in `take` calls, each bringing every line it finished since the last (one is
+out per worker all the time): one Ray call per bunch of lines, not per line. Every call the
+watcher waits on (a `take`, a `start` after a restart, a watchdog's `progress` question) is a
+Ray ref whose end Ray's own thread hands to the watcher thread (`watch`: a callback on the
+ref's future, no polling). Each one that finishes is a worker's finished lines, its death (a
+failed `take`: its lines go back to the dispatcher, and Ray restarts the actor in place), a
+restarted worker back, or a busy worker's step count for its watchdog. A worker with lines in flight that finishes no step for the watchdog's bound is
 killed here, and its lines are handled as for any dead worker.
 """
 from __future__ import annotations
@@ -21,13 +24,15 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from ..supervised.watchdog import DEFAULT_MARGIN, Watchdog
-from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState, crashed_result
+from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState
 from .ray_errors import death, first_line
 
 log = logging.getLogger("llamabatch.ray")
 
 RESTART_TIMEOUT_S = 300.0  # a worker not back by then (its node gone, no room) counts as gone
 POLL_S = 0.05  # how long the watcher waits for a finished call before checking restarts and watchdogs
+TAKE_WAIT_S = 1.0  # how long a worker's take() waits for a finished line before answering none
+WAKE = None  # put on `finished` by send(): lines wait in an outbox for the watcher's next put()
 PROGRESS_EVERY_S = 1.0  # how often the watcher asks a busy worker how many steps its engine finished
 
 
@@ -42,10 +47,10 @@ class Watcher:
         self.lock = lock
         self.deliver = deliver
         self.dispatcher = Dispatcher(workers, self.send, self.cancel_remote, urgent_below=urgent_below)
-        self.by_ref: dict[Any, Line] = {}  # each generate call's ref, to its line
         # Finished calls, put by Ray's own thread as each ends: waiting on them all with
         # ray.wait cost the driver a pass over every call in flight for each answer.
         self.finished: queue.SimpleQueue = queue.SimpleQueue()
+        self.woken = False  # a WAKE is on `finished` already
         self.hangs = 0  # workers the watchdog killed
         self.closed = threading.Event()
         self.here = ray.util.get_node_ip_address()  # a hung worker on this node is also SIGKILLed by pid
@@ -70,11 +75,26 @@ class Watcher:
         return ref
 
     def send(self, line: Line, worker: WorkerState) -> None:
+        """Into the worker's outbox: the watcher thread puts what each outbox holds in one call
+        (a line submitted alone goes at once; lines freed by a bunch of answers go together)."""
         if len(worker.inflight) == 1 and worker.watchdog is not None:  # it was idle: the stall clock starts now
             worker.watchdog.progress()
-        line.ref = worker.actor.generate.remote(line.key, line.prompt, line.params)
-        self.by_ref[line.ref] = line
-        self.watch(line.ref)
+        worker.outbox.append(line)
+        if not self.woken:
+            self.woken = True
+            self.finished.put(WAKE)
+
+    def flush(self) -> None:
+        """Each worker's outbox in one put() (under the lock); a line that went elsewhere since
+        (its worker died) is left out, and a worker's take() is kept out while it is ready."""
+        self.woken = False
+        for w in self.workers:
+            lines = [line for line in w.outbox if line.worker is w] if w.state == READY else []
+            w.outbox = []
+            if lines:
+                w.actor.put.remote([(line.key, line.prompt, line.params) for line in lines])
+            if w.state == READY and w.take_ref is None:
+                w.take_ref = self.watch(w.actor.take.remote(TAKE_WAIT_S))
 
     def cancel_remote(self, line: Line) -> None:
         if line.worker is not None:
@@ -87,6 +107,7 @@ class Watcher:
             with self.lock:
                 outcomes = self.check_restarts()
                 self.check_watchdogs()
+                self.flush()
             self.deliver(outcomes)
             try:
                 done = [self.finished.get(timeout=POLL_S)]
@@ -97,11 +118,12 @@ class Watcher:
                     done.append(self.finished.get_nowait())
                 except queue.Empty:
                     break
-            for ref, future in done:
-                self.deliver(self.collect(ref, future))
+            for item in done:
+                if item is not WAKE:
+                    self.deliver(self.collect(*item))
 
     def collect(self, ref: Any, future: Any) -> Outcomes:
-        """One finished call: a line's answer, a worker's death, or a restarted worker back."""
+        """One finished call: a worker's finished lines, its death, or a restarted worker back."""
         error: BaseException | None = None
         value: Any = None
         try:
@@ -126,25 +148,29 @@ class Watcher:
                     worker.ask_again_at = time.monotonic() + 0.5
                     return []
                 return d.gone(worker, first_line(error) if error is not None else value["error"])
-            line = self.by_ref.pop(ref, None)
-            if line is None or line.worker is None:
-                return []  # a call of a worker already counted as dead
-            worker = line.worker
-            if isinstance(error, RayActorError):
-                for lost in worker.inflight.values():
-                    self.by_ref.pop(lost.ref, None)
-                outcomes = d.died(worker, worker.kill_reason or death(error))
-                worker.kill_reason = None
-                worker.progress_ref = None
-                worker.steps_seen = -1  # a restarted engine counts from 0
-                # Ray restarts the actor in place; `start` answers once it is back, or raises
-                # if it can't come back (its node is gone, or its restarts are used up).
-                worker.down_since = worker.ask_again_at = time.monotonic()
-                log.info("worker %s died: %s", worker.tally.name, worker.tally.death)
-                return outcomes
-            result = value if error is None else crashed_result(
-                f"the Ray worker failed on this line: {first_line(error)}")
-            return d.answered(line, result)
+            worker = next((w for w in self.workers if w.take_ref is not None and w.take_ref == ref), None)
+            if worker is None:
+                return []  # a take of a worker already counted as dead
+            worker.take_ref = None
+            # a take answered by another process: it died and Ray restarted it between two takes
+            restarted = error is None and value[0] != worker.tally.pid
+            if error is None and not restarted:
+                answered = [(worker.inflight.get(key), result) for key, result in value[1]]
+                return [out for line, result in answered if line is not None for out in d.answered(line, result)]
+            if error is not None and not isinstance(error, RayActorError):  # take() itself failed: ask again
+                log.warning("take on worker %s failed: %s", worker.tally.name, first_line(error))
+                return []
+            worker.outbox = []
+            why = "its process was restarted" if restarted else death(error)  # type: ignore[arg-type]
+            outcomes = d.died(worker, worker.kill_reason or why)
+            worker.kill_reason = None
+            worker.progress_ref = None
+            worker.steps_seen = -1  # a restarted engine counts from 0
+            # Ray restarts the actor in place; `start` answers once it is back, or raises
+            # if it can't come back (its node is gone, or its restarts are used up).
+            worker.down_since = worker.ask_again_at = time.monotonic()
+            log.info("worker %s died: %s", worker.tally.name, worker.tally.death)
+            return outcomes
 
     def check_watchdogs(self) -> None:
         """Ask busy workers how many steps they finished (at most one question out per worker), and

@@ -1,7 +1,8 @@
 """The worker side of `run --ray`: one Engine in a Ray actor process (pool.py drives it).
 
-A threaded actor: lines come in as `generate` calls, several at a time, and join the engine's
-running batch like any other submit; `progress` answers the driver's watchdog beside them.
+A threaded actor: lines come in by `put`, several at a time, and join the engine's running
+batch like any other submit; their Results go back by `take`, all that finished since the last
+one; `progress` answers the driver's watchdog beside them.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import ray
 from ..config import EngineConfig
 from ..core.engine import EngineCore
 from ..core.telemetry import TickRecord
+from ..core.engine_base import error_result
 from ..errors import LlamaBatchError
 from ..in_process.runners import RunnerChoice
 from ..params import SamplingParams
@@ -24,8 +26,7 @@ from ..supervised.watchdog import RECENT_TICKS
 
 
 class EngineWorker:
-    """One engine in a Ray actor. Lines come in as `generate` calls, several at a time (a
-    threaded actor), and join the engine's running batch like any other submit."""
+    """One engine in a Ray actor (a threaded one: `take` waits beside `put`, `cancel`, `progress`)."""
 
     def __init__(self, config: EngineConfig, default_params: SamplingParams, max_slots: int | None = None,
                  runner: RunnerChoice | None = None):
@@ -34,9 +35,10 @@ class EngineWorker:
         self._max_slots = max_slots  # n_parallel "auto": never more slots than the run has lines
         self._runner = runner  # a registered runner instead of the model (tests)
         self._engine: EngineCore | None = None
-        self._handles: dict[int, Any] = {}
-        self._cancelled: set[int] = set()
-        self._lock = threading.Lock()
+        self._handles: dict[int, Any] = {}  # key -> its engine handle, while it runs
+        self._cancelled: set[int] = set()  # keys cancelled before their line arrived
+        self._results: list[tuple[int, Result]] = []  # finished, for the next take
+        self._ready = threading.Condition()
         self._steps = 0  # engine steps finished, and the recent ones' wall times: the driver's watchdog
         self._recent_s: collections.deque[float] = collections.deque(maxlen=RECENT_TICKS)
 
@@ -67,26 +69,47 @@ class EngineWorker:
 
     def progress(self) -> tuple[int, float]:
         """(engine steps finished so far, the longest recent step in seconds). A threaded actor
-        answers this beside running generate calls, unless its whole process is stopped."""
+        answers this beside `put` and `take` calls, unless its whole process is stopped."""
         return self._steps, max(self._recent_s, default=0.0)
 
-    def generate(self, key: int, prompt: Any, params: SamplingParams | None) -> Result:
-        assert self._engine is not None, "generate before start"
-        handle = self._engine.submit(prompt, params, stream=False)
-        with self._lock:
-            if key in self._cancelled:  # the cancel overtook this call
-                self._cancelled.discard(key)
-                handle.cancel()
-            else:
-                self._handles[key] = handle
-        try:
-            return handle.result()
-        finally:
-            with self._lock:
+    def put(self, items: list[tuple[int, Any, SamplingParams | None]]) -> None:
+        """Lines in, each (key, prompt, params): all the driver has for this worker at once, so
+        a busy driver pays one call for several lines. Their Results come back through `take`."""
+        if self._engine is None:  # restarted by Ray, not started yet: the driver's take sees the new pid
+            return
+        for key, prompt, params in items:
+            try:
+                handle = self._engine.submit(prompt, params, stream=False,
+                                             callback=lambda _h, event, key=key: self._finished(key, event))
+            except LlamaBatchError as exc:  # refused (a prompt past the context ...): that line's error
+                self._finished(key, error_result(-1, str(exc), exc.code))
+                continue
+            with self._ready:
+                if key in self._cancelled:  # the cancel overtook this line
+                    self._cancelled.discard(key)
+                    handle.cancel()
+                elif not handle.done:
+                    self._handles[key] = handle
+
+    def _finished(self, key: int, event: Any) -> None:
+        if isinstance(event, Result):
+            with self._ready:
                 self._handles.pop(key, None)
+                self._results.append((key, event))
+                self._ready.notify()
+
+    def take(self, wait_s: float) -> tuple[int, list[tuple[int, Result]]]:
+        """(this process's pid, every (key, Result) finished since the last take), waiting up to
+        `wait_s` for one: the driver keeps one take out per worker, so a busy worker's answers
+        come back together. The pid tells the driver a process Ray restarted behind its back."""
+        with self._ready:
+            if not self._results:
+                self._ready.wait(wait_s)
+            taken, self._results = self._results, []
+        return os.getpid(), taken
 
     def cancel(self, key: int) -> None:
-        with self._lock:
+        with self._ready:
             handle = self._handles.get(key)
             if handle is None:
                 self._cancelled.add(key)
