@@ -162,6 +162,9 @@ def test_guesses_never_cross_the_budget():
     assert thinking_room(seq) == 2
     seq.reasoning_split.closing = True
     assert thinking_room(seq) > 1000
+    opens = Sequence(2, [1], SamplingParams(), 0, thinking=Thinking("<think>", "</think>", False, 0, ()))
+    opens.reasoning_split = ReasoningSplit(opens.thinking)
+    assert thinking_room(opens) == 0  # the model may still open a block: no guess may run into it
 
 
 def test_a_request_whose_prompt_marks_no_reasoning_is_unchanged():

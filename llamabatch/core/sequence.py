@@ -119,14 +119,6 @@ class Sequence:
         return self.status == Status.FINISHED
 
     @property
-    def reasoning_left(self) -> int | None:
-        """Tokens its reasoning block may still take before the budget runs out (None: no bound now)."""
-        split = self.reasoning_split
-        if split is None or not split.in_block or split.closing or split.thinking.budget is None:
-            return None
-        return split.thinking.budget - split.tokens
-
-    @property
     def members(self) -> list["Sequence"]:
         """Every sample of this request (itself alone when n == 1)."""
         return self.group if self.group is not None else [self]

@@ -171,8 +171,8 @@ def _each_own(cands: Seq[Candidate], spare: int) -> list[dict[int, int]]:
 def thinking_room(seq: Sequence) -> int:
     """Guesses a request may take before its thinking budget runs out (where the engine writes
     the block's closer itself, core/thinking.py): none may cross that token."""
-    left = seq.reasoning_left
-    return (1 << 30) if left is None else left - 1
+    room = seq.reasoning_split.guess_room() if seq.reasoning_split is not None else None
+    return (1 << 30) if room is None else room
 
 
 class Speculation:

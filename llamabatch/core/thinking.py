@@ -82,6 +82,14 @@ class ReasoningSplit:
         if self.state == _INSIDE and not self.closing:
             self.tokens += 1
 
+    def guess_room(self) -> int | None:
+        """How many guessed tokens (speculative decoding) may join the answer now without crossing
+        the budget: none while the model may still open the block, None where no budget bounds it."""
+        budget = self.thinking.budget
+        if budget is None or self.closing or self.state in (_AFTER, _CONTENT):
+            return None
+        return 0 if self.state == _START else max(0, budget - self.tokens - 1)
+
     def must_close(self) -> bool:
         """Whether the budget has run out inside the block (the engine writes the closer once)."""
         budget = self.thinking.budget
