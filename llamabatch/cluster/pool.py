@@ -11,9 +11,10 @@ Why Ray core actors and our own dispatcher rather than Ray Data with an actor po
 already has a streaming reader, a reorder-buffer writer, --resume and per-line errors. Ray
 Data would own the read and the write (its own datasource/datasink, its own ordering and
 retries), so run's one code path for records would become two. With actors only the engine
-moves: each actor owns a continuous-batching engine and gets single lines, a bounded number
-at a time, so a slow line never holds a block back and a dead worker costs exactly its
-in-flight lines, which the driver knows by id.
+moves: each actor owns a continuous-batching engine and gets lines, a bounded number at a
+time, each answered as it finishes (sent and collected in bunches: watcher.py's put and take),
+so a slow line never holds a block back and a dead worker costs exactly its in-flight lines,
+which the driver knows by id.
 
 Faults: an actor whose process dies is restarted in place by Ray (up to MAX_RESTARTS times)
 and its in-flight lines are retried under the shared poison-line rule. A worker with lines in
