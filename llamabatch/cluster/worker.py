@@ -116,6 +116,11 @@ class EngineWorker:
         if handle is not None:
             handle.cancel()
 
+    def close(self) -> None:
+        """Stop the engine (a worker in this process: tests; Ray ends an actor by killing it)."""
+        if self._engine is not None:
+            self._engine.close()
+
     def tokenize(self, text: str, special: bool, add_special: bool = True) -> list[int]:
         assert self._engine is not None, "tokenize before start"
         return self._engine.tokenize(text, special=special, add_special=add_special)
