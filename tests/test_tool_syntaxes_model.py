@@ -104,3 +104,50 @@ def test_serve_streams_a_llama3_call_as_its_whole_answer_gives_it(tmp_path, smol
         thread.join(10)
         service.close(10)
         engine.close()
+
+
+def test_run_and_a_serve_batch_give_the_same_calls(tmp_path, smollm2_path):
+    """The same tool lines (greedy, deterministic: a request's tokens do not depend on what runs
+    beside it) through `llamabatch run` and a `serve` batch: the same calls."""
+    from openai import OpenAI
+
+    from llamabatch.engines import open_engine
+    from llamabatch.serve.http.app import build_app
+    from llamabatch.serve.http.server import listen
+    from llamabatch.serve.http.service import Service
+
+    from cli_harness import invoke
+    from http_server import ended, records, wait_batch
+
+    cases = CASES[1:]  # several tools; one named
+    data = "".join(line(i, *case) + "\n" for i, case in enumerate(cases))
+    (tmp_path / "in.jsonl").write_text(data)
+    done = invoke(["run", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "-m", smollm2_path,
+                   "--chat-template", TEMPLATE_OF["llama3"], "--temperature", "0", "--n-parallel", "2",
+                   "--n-ctx", "2048", "--threads", "2", "--deterministic"])
+    assert done.exit_code == 0, done.stderr
+    by_run = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["tool_calls"]
+              for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
+
+    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2048, threads=2, deterministic=True,
+                                      chat_template=TEMPLATE_OF["llama3"]), SamplingParams(temperature=0))
+    service = Service(engine, str(tmp_path / "data"), online_slots=1)
+    listening = listen(build_app(service), "127.0.0.1", 0)
+    service.start()
+    thread = listening.run_in_thread()
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+        f = client.files.create(file=("in.jsonl", data.encode()), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+        batch = wait_batch(client, batch.id, ended, timeout=WAIT)
+        by_serve = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["tool_calls"]
+                    for r in records(client, batch.output_file_id)}
+    finally:
+        listening.stop()
+        thread.join(10)
+        service.close(10)
+        engine.close()
+
+    def calls(by_id: dict) -> dict:
+        return {k: [(c["function"]["name"], c["function"]["arguments"]) for c in v] for k, v in by_id.items()}
+    assert len(by_run) == len(cases) and calls(by_run) == calls(by_serve)
