@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -22,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 from .atomic_write import write_atomically
 from .file_format import (BadEntry, decode_entry, encode_head, entry_size, read_head_and_tokens, tokens_from_le,
                           tokens_to_le)
+from .folder_scan import FolderScan
 from .housekeeping import evict_lru, remove_dead_tmp_files
 from .index import Match, PrefixIndex, sort_key, sort_key_from_le
 from .other_kv import other_kv_entries, why_not_loaded
@@ -34,10 +34,6 @@ log = logging.getLogger("llamabatch.prefix_store")
 # MB each), thousands of small ones. More is dropped, never waited for (see writer.py).
 MAX_PENDING_BYTES = 256 << 20
 
-# A folder whose mtime is this recent may change again within the same timestamp tick (coarse
-# kernel clock, or 1-2 s on some file systems), so an unchanged mtime proves nothing yet: the
-# index rescans the listing (cheap: no file is reopened that it already knows) until it is older.
-_RACY_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -68,11 +64,11 @@ class PrefixStore:
         self._folder = self.root / self._folder_name
         self._lock = threading.RLock()
         self._index = PrefixIndex()
-        self._seen: tuple[int, int, int] | None = None  # the folder's (mtime, inode, device) last scanned
-        self._racy = False
         self._queued: set[str] = set()  # names queued or being written by this store
         self._unwanted: set[str] = set()  # of those, removed before their write ended: never kept
         self._counts = {"saved": 0, "loaded": 0, "refused": 0, "dropped": 0}
+        self._scan = FolderScan(self._folder, self._folder_name, self._fingerprint, self._index, self._lock,
+                                on_refused=lambda: self._counts.update(refused=self._counts["refused"] + 1))
         self._writer = BackgroundWriter(max_pending_bytes)
         self._closed = False
         if self.enabled:
@@ -98,7 +94,7 @@ class PrefixStore:
             return None
         query = sort_key(tokens)
         with self._lock:
-            self._refresh()
+            self._scan.refresh()
             match = find(query)
         return StoreHit(match.name, match.common, match.n_tokens) if match else None
 
@@ -108,7 +104,7 @@ class PrefixStore:
             return False
         _, name = self._name_of(tokens_to_le(tokens))
         with self._lock:
-            self._refresh()
+            self._scan.refresh()
             return name in self._index or name in self._queued
 
     def _name_of(self, tokens_le: bytes) -> tuple[str, str]:
@@ -141,9 +137,9 @@ class PrefixStore:
                     if got != st.st_size:
                         raise BadEntry(f"read {got} of {st.st_size} bytes")
                     tokens_le, payload = decode_entry(data, self._fingerprint)
-                    self._check_name(tokens_le, path.name)
+                    self._scan.check_name(tokens_le, path.name)
                 except BadEntry as exc:
-                    self._refuse(hit.name, path, inode, str(exc))
+                    self._scan.refuse(hit.name, path, inode, str(exc))
                     return None
                 try:
                     os.utime(f.fileno() if os.utime in os.supports_fd else path)
@@ -170,7 +166,7 @@ class PrefixStore:
         try:
             with open(path, "rb") as f:
                 _, tokens_le = read_head_and_tokens(f, self._fingerprint, os.fstat(f.fileno()).st_size)
-            self._check_name(tokens_le, path.name)
+            self._scan.check_name(tokens_le, path.name)
         except (OSError, BadEntry):
             return None  # a bad file is refused (and deleted) by the index or by load, not here
         return tokens_from_le(tokens_le)
@@ -194,11 +190,6 @@ class PrefixStore:
         with self._lock:
             self._index.remove(name)
         return removed
-
-    def _check_name(self, tokens_le: bytes | memoryview, file_name: str) -> None:
-        """An entry's name is a hash of its tokens: BadEntry when these do not give that name."""
-        if entry_file(entry_key(self._folder_name, tokens_le)) != file_name:
-            raise BadEntry("its tokens do not match its name")
 
     def other_kv_note(self) -> str | None:
         """One line when this root holds entries of the same model saved with other KV cache
@@ -232,7 +223,7 @@ class PrefixStore:
         key, name = self._name_of(tokens_le)
         view = memoryview(payload).cast("B")
         with self._lock:
-            self._refresh()
+            self._scan.refresh()
             if name in self._index or name in self._queued:
                 return None
             if entry_size(self._fingerprint, len(tokens), len(view)) > self.max_bytes:
@@ -275,7 +266,7 @@ class PrefixStore:
         refused (torn/foreign/corrupt files deleted), dropped (saves not written), pending."""
         with self._lock:
             if self.enabled:
-                self._refresh()
+                self._scan.refresh()
             return {"entries": len(self._index), "bytes": self._index.total_bytes(), **self._counts,
                     "pending": self._writer.pending}
 
@@ -315,59 +306,3 @@ class PrefixStore:
     def _drop(self, name: str, why: str) -> None:
         self._counts["dropped"] += 1
         log.debug("prefix store: save of %s dropped: %s", name, why)
-
-    def _refuse(self, name: str, path: Path, inode: int, why: str) -> None:
-        """Delete a bad entry file (unless another process already replaced it) and forget it."""
-        try:
-            if os.stat(path).st_ino == inode:
-                os.unlink(path)
-        except OSError:
-            pass
-        with self._lock:
-            self._index.remove(name)
-            self._counts["refused"] += 1
-        log.debug("prefix store: refused and deleted %s: %s", name, why)
-
-    def _refresh(self) -> None:
-        """Bring the index up to date with the folder if it changed (lock held)."""
-        try:
-            st = os.stat(self._folder)
-        except OSError:
-            for name in self._index.names():
-                self._index.remove(name)
-            self._seen = None
-            return
-        seen = (st.st_mtime_ns, st.st_ino, st.st_dev)
-        if seen == self._seen and not self._racy:
-            return
-        self._racy = time.time_ns() - st.st_mtime_ns < _RACY_NS
-        self._seen = seen
-        try:
-            with os.scandir(self._folder) as it:
-                on_disk = {f"{self._folder_name}/{e.name}" for e in it
-                           if is_entry_file(e.name) and e.is_file(follow_symlinks=False)}
-        except OSError:
-            return
-        known = self._index.names()
-        for name in known - on_disk:
-            self._index.remove(name)
-        for name in on_disk - known:
-            self._index_file(name)
-
-    def _index_file(self, name: str) -> None:
-        file_name = name.partition("/")[2]
-        path = self._folder / file_name
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                try:
-                    head, tokens_le = read_head_and_tokens(f, self._fingerprint, st.st_size)
-                    self._check_name(tokens_le, file_name)
-                    if head.n_tokens == 0:
-                        raise BadEntry("no tokens")
-                except BadEntry as exc:
-                    self._refuse(name, path, st.st_ino, str(exc))
-                    return
-        except OSError:
-            return  # vanished (evicted) or unreadable: not indexed
-        self._index.add(name, sort_key_from_le(tokens_le), st.st_size)
