@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -50,6 +52,9 @@ def open_ray(address: str | None, log_to_driver: bool) -> bool:
         logging.getLogger("ray").setLevel(logging.ERROR)
     if not joined and not owns:
         _check_reachable(address)
+    # ray.init makes SIGTERM exit at once (status 15); the command's own handler drains and exits 143
+    main = threading.current_thread() is threading.main_thread()
+    on_sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if not joined and owns:
             ray.init(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
@@ -62,6 +67,8 @@ def open_ray(address: str | None, log_to_driver: bool) -> bool:
                     "its token in ~/.ray/auth_token)")
         raise RayStartError(f"cannot {'start Ray' if owns else f'join the Ray cluster at {address}'}: "
                             f"{first_line(exc)}{hint}") from None
+    if on_sigterm is not None:
+        signal.signal(signal.SIGTERM, on_sigterm)
     _raylet_messages_to_log()
     return joined
 
