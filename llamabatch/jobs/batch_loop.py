@@ -16,7 +16,6 @@ still in flight are abandoned (no record) and the engine is stopped.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import threading
@@ -31,7 +30,7 @@ from .resume.crash_journal import CrashJournal
 from ..openai_format import LineError, LineParser, LineRequest, duplicate_id_error, error_result
 from ..results import EmbeddingResult, Result
 from ..supervised import ENGINE_CRASHED, ENGINE_UNAVAILABLE
-from .progress import RATE_WINDOW_S, Snapshot
+from .progress import RunClock, Snapshot
 from .resume.id_sets import Answered, IdSet
 from .reading.input_source import BackgroundCount, Source
 from .reading.start_order import StartOrder
@@ -81,14 +80,12 @@ class BatchLoop:
         self._stalled_at: float | None = None
         self._reader_done = threading.Event()
         self._starter_done = threading.Event()
-        self._started = time.monotonic()
-        self._ended: float | None = None
-        self._rate_samples: collections.deque = collections.deque()  # (time, generated tokens)
+        self.clock = RunClock()
         self._reader = threading.Thread(target=self._read, name="llamabatch-reader", daemon=True)
         self._starter = threading.Thread(target=self._start_lines, name="llamabatch-starter", daemon=True)
 
     def start(self) -> None:
-        self._started = time.monotonic()
+        self.clock.start()
         self._reader.start()
         self._starter.start()
 
@@ -153,24 +150,10 @@ class BatchLoop:
         """Engine processes started after a crash (a supervised engine; 0 in-process)."""
         return self.engine.restarts
 
-    def elapsed(self) -> float:
-        return (self._ended if self._ended is not None else time.monotonic()) - self._started
-
-    def stop_clock(self) -> None:
-        """elapsed() stays what it is now: the loop is over."""
-        self._ended = time.monotonic()
-
     def snapshot(self, counter: BackgroundCount | None) -> Snapshot:
         stats = self.engine.stats()
-        now = time.monotonic()
-        elapsed = max(now - self._started, 1e-6)
-        # generated tok/s over the last few seconds: the current speed, not the run's average
-        samples = self._rate_samples
-        samples.append((now, stats.generated_tokens))
-        while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW_S:
-            samples.popleft()
-        t0, g0 = samples[0] if now - samples[0][0] > 0.5 else (self._started, 0)
-        tok_s = (stats.generated_tokens - g0) / max(now - t0, 1e-6)
+        elapsed = max(self.clock.elapsed(), 1e-6)
+        tok_s = self.clock.rate(stats.generated_tokens)
         written = self.writer.stats.written
         done = written + self.skipped
         total = counter.total if counter is not None else None

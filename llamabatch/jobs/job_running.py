@@ -79,8 +79,8 @@ def _run_lines(opened: OpenedJob, stops: StopRequests) -> tuple[BatchLoop, Recor
         writer.close()
         opened.sink.close()
         complete = not run.stopping and run.read_error is None and writer.error is None
-        run.stop_clock()  # the lines' time: verification and the table are not in elapsed_s
-        opened.files.end(complete=complete, wall_s=run.elapsed(), written=writer.stats.written,
+        run.clock.stop()  # the lines' time: verification and the table are not in elapsed_s
+        opened.files.end(complete=complete, wall_s=run.clock.elapsed(), written=writer.stats.written,
                          generated=writer.stats.completion_tokens, ray=cluster.describe() if cluster else None,
                          input_ids=run.seen_ids if complete else None)
     return run, writer, reservoir, complete
@@ -126,7 +126,7 @@ def _report(opened: OpenedJob, run: BatchLoop, writer: RecordWriter, stops: Stop
     return JobReport(
         ok=s.ok, failed=s.failed, lines=run.admitted + run.skipped, output=spec.output if spec.output != "-" else None,
         manifest=manifest, error_file=spec.error_file, cancelled=stops.level > 0 and not interrupted,
-        interrupted=interrupted, elapsed_s=run.elapsed(), already_answered=run.skipped,
+        interrupted=interrupted, elapsed_s=run.clock.elapsed(), already_answered=run.skipped,
         not_written=writer.not_written, not_started=writer.unstarted, abandoned=run.abandoned, unit=run.unit,
         error=error, output_failed=writer.error is not None,
         records_output=records,
