@@ -10,11 +10,13 @@ three ways on one engine:
   zero    the same with reasoning_budget 0
   off     the same with chat_template_kwargs {"enable_thinking": false}
 Prints, per model and way: answers whose content parses as JSON valid against the line's schema
-(jsonschema), answers with reasoning text, total reasoning tokens, finish reasons.
+(jsonschema), of all and of those that ended by themselves (an answer cut by max_tokens is cut
+JSON), answers with reasoning text, total reasoning tokens, finish reasons.
 A measurement, not a test: it never asserts.
 
 Usage:
   python benchmarks/thinking_json.py [-m smollm2,gemma] [--lines 20] [--budget 48] [--max-tokens 160]
+      [--ways think,zero,off]
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ def valid(text: str | None, schema: dict) -> bool:
 def measure(model: str, lines, schemas: dict, args) -> None:
     ways = {"think": {"reasoning_budget": args.budget}, "zero": {"reasoning_budget": 0},
             "off": {"chat_template_kwargs": {"enable_thinking": False}}}
+    ways = {way: fields for way, fields in ways.items() if way in args.ways.split(",")}
     config = EngineConfig(model=model_path(model), n_parallel=8, n_ctx=8 * 1024, chat_template=TEMPLATE)
     with Engine(config) as engine:
         for way, fields in ways.items():
@@ -60,10 +63,13 @@ def measure(model: str, lines, schemas: dict, args) -> None:
                        for name, messages in lines]
             results = [(name, h.result()) for name, h in handles]
             ok = sum(valid(r.text, schemas[name]) for name, r in results)
+            stopped = [(name, r) for name, r in results if r.finish_reason == "stop"]
+            ok_stopped = sum(valid(r.text, schemas[name]) for name, r in stopped)
             reasoned = sum(bool(r.reasoning) for _, r in results)
             tokens = sum(r.usage.reasoning_tokens or 0 for _, r in results)
             reasons = collections.Counter(r.finish_reason for _, r in results)
-            print(f"{model:8} {way:5}  valid JSON in content {ok}/{len(results)}  with reasoning {reasoned}/"
+            print(f"{model:8} {way:5}  valid JSON in content {ok}/{len(results)} (of those that stopped "
+                  f"{ok_stopped}/{len(stopped)})  with reasoning {reasoned}/"
                   f"{len(results)}  reasoning tokens {tokens}  finish {dict(reasons)}", flush=True)
 
 
@@ -73,6 +79,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=20)
     ap.add_argument("--budget", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--ways", default="think,zero,off")
     args = ap.parse_args()
     module = _schemas()
     lines = module.lines(args.lines)
