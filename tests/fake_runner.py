@@ -188,7 +188,7 @@ class FakeRunner:
         # verified chunk's rows is sampled in order as a row of its own would be, a guess kept
         # while it equals that row's token; with `probs` (the tokens before a row -> {token: p}, a
         # known distribution of what precedes the row) each row is one draw from it with the
-        # sampler's own generator, guess or not, as the real runner samples (runner._verify_chunk).
+        # sampler's own generator, guess or not, as the real runner samples (llama/chunk_sampling.py ChunkSampler.verify).
         self.can_verify = can_verify
         self.draft_limits: dict[str, int] = {}
         self.probs = probs

@@ -41,7 +41,7 @@ class Chunk:
     # request samples next, evaluated as rows of this same decode. The runner asks logits for
     # the last n_draft + 1 rows and samples them in order with the chunk's sampler, keeping
     # each guess its sampling agrees with (the row's own token is the guess: runner.py
-    # _verify_chunk); at the first disagreement the token it sampled there
+    # chunk_sampling.ChunkSampler.verify); at the first disagreement the token it sampled there
     # ends the chunk's output (else the last row's sample does). StepResult.accepted says how
     # many guesses were kept; the KV cells of the others go in the next plan's Trim.
     n_draft: int = 0

@@ -18,9 +18,8 @@ import ctypes
 
 import functools
 import time
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
 from llama_cpp import llama_cpp as C
 
 from . import batch_invariance as invariance
@@ -33,10 +32,12 @@ from .cpu_kernels import derive_shapes_for, kernel_path
 from .embedder import Embedder, default_pooling
 from .kv import KvCache
 from .logprobs import LogprobReporter
-from .mask_grammar import GrammarStopped, chosen_backend
+from .mask_grammar import chosen_backend
 from .row_job import RowJob
+from .chunk_sampling import ChunkSampler
+from .invariant_decode import execute_invariant
 from .ubatch_split import ubatch_sizes
-from .samplers import Sampler, SamplerFactory, accept_written, sample_row
+from .samplers import Sampler, SamplerFactory, accept_written
 from .vocab import Vocabulary
 from ..config import EngineConfig
 from ..checks.kv_cache_types import pair_name
@@ -102,6 +103,7 @@ class LlamaRunner:
                               "free": invariance.DECODE_ROWS - 1} if self.deterministic else {})
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
+        self.rows = ChunkSampler(self.ctx, self.n_vocab, self.logprobs, self.deterministic)
         # Embeddings run in a context of their own, made on first use (embedder.py says why).
         self.embedder = Embedder(self.model, config, self.deterministic, self.metadata,
                                  taken=need.total if need is not None else 0)
@@ -246,7 +248,7 @@ class LlamaRunner:
                 emptied.add(move.dst_slot)
         # trims, restores, forks and moves applied above: the first llama_decode performs the copies
         plan = plan.without_slots(emptied)
-        result = self._execute_invariant(plan) if self.deterministic else self._execute_chunks(plan)
+        result = execute_invariant(self, plan) if self.deterministic else self._execute_chunks(plan)
         result.restored = restored
         result.emptied = emptied
         return result
@@ -288,9 +290,9 @@ class LlamaRunner:
             if chunk.sample_apart and self.can_sample_apart:
                 result.apart[chunk.slot] = RowJob(self, chunk, row)  # copies the row: the next decode overwrites it
             elif chunk.n_draft:
-                self._verify_chunk(chunk, row, result)
+                self.rows.verify(chunk, row, result)
             else:
-                self._sample_chunk(chunk, row, result)
+                self.rows.sample(chunk, row, result)
         result.sample_ms = (time.perf_counter() - t1) * 1000
         return result
 
@@ -315,127 +317,6 @@ class LlamaRunner:
         return kv_state.fingerprint(self.model_path, self.model, kv_unified=self.kv_unified,
                                     swa_full=self.kv.swa_full, kernels=self.kernels.name,
                                     cache_types=self.cache_types, flash_attn=self.flash_attn)
-
-    def _sample_chunk(self, chunk: Any, row: int, result: StepResult) -> None:
-        # the chunk's own sampler, then those of an n-request's other samples, which take
-        # their first token from the same row, each with its own chain and seed. A grammar's
-        # mask clears the row in place (mask_grammar.py; the samples of one request share the
-        # grammar, so its first mask is theirs too): logprobs are the model's own, so with
-        # logprobs wanted they come from a copy taken first. Forced tokens are evaluated without
-        # being sampled, so they have no logprobs: then, and in deterministic mode (whose ticks
-        # are shaped for one decode token a slot), none are forced.
-        targets = ((chunk.slot, chunk.sampler), *chunk.siblings)
-        masked = any(sampler.matcher is not None for _, sampler in targets)
-        raw = self._row_copy(row) if masked and chunk.logprobs is not None else None
-        force = chunk.logprobs is None and not self.deterministic
-        for slot, sampler in targets:
-            try:
-                tok = sample_row(sampler, self.ctx, row, chunk.suppress_eog, self.n_vocab, force=force)
-            except GrammarStopped as exc:  # that request's grammar, not the tick: it alone ends
-                result.failed[slot] = (str(exc), exc.code)
-                continue
-            result.sampled[slot] = tok
-            if sampler.forced:
-                result.forced[slot] = sampler.forced
-            if chunk.logprobs is not None:
-                result.logprobs[slot] = (self.logprobs.from_row(self.ctx, row, tok, chunk.logprobs) if raw is None else
-                                         self.logprobs.from_logits(raw, tok, chunk.logprobs, np.empty_like(raw), None))
-
-    def _verify_chunk(self, chunk: Any, last_row: int, result: StepResult) -> None:
-        """Sample a verified chunk's rows in order (plan.Chunk.n_draft): each row is sampled
-        with the request's chain exactly as in a tick of its own, and its guess is kept when
-        the sampled token is the guess; the first other token ends the chunk's output.
-
-        This keeps every answer: a greedy chain's pick is a point mass; a chain that draws at
-        random draws once per emitted token from its own generator, as without guesses, so
-        the tokens are the ones `--speculative off` draws from the same logits, and a guess
-        x is kept with probability p(x) (p: the whole chain, bias, penalties, top-k/p,
-        min-p, temperature, a grammar's mask); when it is not, the token is distributed as
-        p with x removed, renormalized: the accept rule of speculative sampling with a
-        point-mass draft (Leviathan et al. 2023), in the coupling that changes no draw."""
-        guesses = chunk.tokens[len(chunk.tokens) - chunk.n_draft:]
-        sampler = chunk.sampler
-        raw_needed = sampler.matcher is not None and chunk.logprobs is not None
-        records = []
-        for i in range(chunk.n_draft + 1):
-            row = last_row - chunk.n_draft + i
-            raw = self._row_copy(row) if raw_needed else None
-            last = i == chunk.n_draft
-            try:
-                tok = sample_row(sampler, self.ctx, row, False, self.n_vocab,
-                                 force=last and chunk.logprobs is None and not self.deterministic)
-            except GrammarStopped as exc:  # that request's grammar, not the tick: it alone ends
-                result.failed[chunk.slot] = (str(exc), exc.code)
-                return
-            record = None
-            if chunk.logprobs is not None:
-                record = (self.logprobs.from_row(self.ctx, row, tok, chunk.logprobs) if raw is None else
-                          self.logprobs.from_logits(raw, tok, chunk.logprobs, np.empty_like(raw), None))
-            if i < chunk.n_draft and tok == guesses[i]:
-                records.append(record)
-                continue
-            break
-        result.sampled[chunk.slot] = tok
-        result.accepted[chunk.slot] = len(records)
-        if chunk.logprobs is not None:
-            result.logprobs[chunk.slot] = record
-            result.accepted_logprobs[chunk.slot] = records
-        if sampler.forced and i == chunk.n_draft:
-            result.forced[chunk.slot] = sampler.forced
-
-    def _row_copy(self, row: int) -> "np.ndarray":
-        return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)).copy()
-
-    def _execute_invariant(self, plan: StepPlan) -> StepResult:
-        """Deterministic mode: the plan as llama_decode calls shaped by batch_invariance (the
-        prefill chunks, one call per padded length, then the decode rows), padding cells
-        removed after each."""
-        result = StepResult()
-        decodes = [c for c in plan.chunks if c.is_decode]
-
-        def passes() -> Iterator[invariance.Pass]:
-            yield from invariance.prefill_passes([c for c in plan.chunks if not c.is_decode], self.shapes)
-            if decodes:  # shaped only now: its padding rows go after what the prefill passes added
-                yield invariance.decode_pass(decodes, self.n_seq_ids, self.kv.next_pos, self.shapes)
-
-        done: list[Any] = []  # chunks already evaluated: rolled back if a later pass fails
-        for shaped in passes():
-            status = self._run_pass(shaped, result)
-            if status != 0:
-                for chunk in done:  # llama.cpp rolls back a failed call, not an earlier one
-                    self.kv.drop_from(chunk.slot, chunk.start_pos)
-                result.status = status
-                result.sampled.clear()
-                result.logprobs.clear()
-                return result
-            done += shaped.chunks
-        return result
-
-    def _run_pass(self, shaped: invariance.Pass, result: StepResult) -> int:
-        batch = self.batch
-        for i, r in enumerate(shaped.rows):
-            batch.token[i] = r.token
-            batch.pos[i] = r.pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = r.seq
-            batch.logits[i] = 1 if r.logits else 0
-        batch.n_tokens = len(shaped.rows)
-        t0 = time.perf_counter()
-        status = C.llama_decode(self.ctx, batch)
-        C.llama_synchronize(self.ctx)
-        t1 = time.perf_counter()
-        if status == 0:
-            for chunk, row in shaped.sample_rows:
-                if chunk.n_draft:
-                    self._verify_chunk(chunk, row, result)
-                else:
-                    self._sample_chunk(chunk, row, result)
-        for seq, pos in shaped.trims:  # the padding rows' cells (none are left after a failure)
-            self.kv.drop_from(seq, pos)
-        result.eval_ms += (t1 - t0) * 1000
-        result.sample_ms += (time.perf_counter() - t1) * 1000
-        result.ubatches += 1  # a pass is shaped to fit one ubatch (batch_invariance)
-        return status
 
     def embed(self, batch: EmbedBatch) -> EmbedStepResult:
         return self.embedder.run(batch)
