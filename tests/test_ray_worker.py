@@ -51,3 +51,16 @@ def test_a_cancel_reaches_a_running_line(worker):
     worker.put([(5, "a long one", SamplingParams(max_tokens=200, temperature=0.0))])
     worker.cancel(5)
     assert take_all(worker, 1)[5].finish_reason == "cancelled"
+
+
+def test_a_node_with_another_llamabatch_version_is_refused_before_loading():
+    w = EngineWorker(EngineConfig(model="fake.gguf", n_parallel=2, n_ctx=512, prefix_store=None),
+                     SamplingParams(max_tokens=3), runner=choice("fake"))
+    from llamabatch.version import __version__
+
+    info = w.start("0.0.0-driver")
+    assert info["error"] == (f"llamabatch {__version__} is installed there and 0.0.0-driver here: "
+                             "install the same version on every node")
+    assert w._engine is None  # nothing loaded
+    assert "error" not in w.start(__version__)
+    w.close()

@@ -21,6 +21,7 @@ from ..config import EngineConfig
 from ..in_process.runners import RunnerChoice
 from ..params import SamplingParams
 from ..settings.slots import most_slots
+from ..version import __version__
 from .describe import slots_note
 from .dispatch import WorkerState
 from .plan import Node, PlacementError, WorkerTally, place_workers
@@ -112,7 +113,7 @@ def start_workers(config: EngineConfig, default_params: SamplingParams, owns: bo
             scheduling_strategy=NodeAffinitySchedulingStrategy(p.node.node_id, soft=False),
         ).remote(config.replace(threads=p.cpus), default_params, max_slots, runner)
         w = WorkerState(WorkerTally(f"w{i}", p.node.address, 0, p.cpus), cap, most,
-                        actor=actor, start_ref=actor.start.remote())
+                        actor=actor, start_ref=actor.start.remote(__version__))
         states.append(w)
     note(f"llamabatch run: Ray {'local instance' if owns else address}: {len(nodes)} node(s); starting "
          f"{len(placements)} engine(s) and loading the model on each")

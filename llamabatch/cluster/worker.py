@@ -23,6 +23,7 @@ from ..in_process.runners import RunnerChoice
 from ..params import SamplingParams
 from ..results import Result
 from ..supervised.watchdog import RECENT_TICKS
+from ..version import __version__
 
 
 class EngineWorker:
@@ -42,9 +43,14 @@ class EngineWorker:
         self._steps = 0  # engine steps finished, and the recent ones' wall times: the driver's watchdog
         self._recent_s: collections.deque[float] = collections.deque(maxlen=RECENT_TICKS)
 
-    def start(self) -> dict:
-        """Load the model; say where we are and what we loaded (or why not)."""
+    def start(self, driver_version: str | None = None) -> dict:
+        """Load the model; say where we are and what we loaded (or why not). `driver_version`:
+        the driver's llamabatch, which must be this node's too (lines and records cross the wire
+        as its classes)."""
         info = {"node": ray.util.get_node_ip_address(), "host": socket.gethostname(), "pid": os.getpid()}
+        if driver_version is not None and driver_version != __version__:
+            return {**info, "error": f"llamabatch {__version__} is installed there and {driver_version} here: "
+                                     "install the same version on every node"}
         if self._engine is None:
             try:
                 # The model is resolved (the same absolute path on every node) and n_parallel
