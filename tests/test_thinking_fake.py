@@ -321,3 +321,28 @@ def test_a_table_output_has_a_reasoning_column_when_some_answer_reasoned(tmp_pat
     plain = tmp_path / "plain.csv"
     assert invoke(["run", str(src), "-o", str(plain)], runner=runner_for(lambda prompt: "x")).exit_code == 0
     assert "reasoning" not in next(csv.DictReader(plain.open()))
+
+
+def test_a_serve_batch_record_carries_reasoning_content(tmp_path):
+    from http_server import ended, records, wait_batch
+
+    line = {"custom_id": "r1", "method": "POST", "url": CHAT_URL, "body": {"messages": ASK, "reasoning_budget": 4}}
+    with serving(tmp_path / "data", reply_with=lambda prompt: ANSWER, max_tokens=80, slot_ctx=1024,
+                 chat_template=TEMPLATE) as server:
+        client = server.client()
+        f = client.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint=CHAT_URL, completion_window="24h")
+        (record,) = records(client, wait_batch(client, batch.id, ended).output_file_id)
+    body = record["response"]["body"]
+    assert body["choices"][0]["message"]["reasoning_content"] == "Pari"
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 4
+
+
+def test_a_retried_supervised_request_streams_only_the_reasoning_not_yet_seen():
+    from llamabatch.supervised.flight import Flight
+
+    flight = Flight(handle=None, prompt=ASK, params=SamplingParams(), submitted_at=0.0)  # type: ignore[arg-type]
+    first = flight.new_part("", [1, 2], "abc")
+    flight.new_attempt()  # a new child streams from the start
+    again = flight.new_part("", [1, 2, 3], "abcd")
+    assert (first.reasoning, again.reasoning, again.token_ids) == ("abc", "d", [3])

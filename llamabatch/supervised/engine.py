@@ -361,7 +361,7 @@ class SupervisedEngine(EngineBase):
             if params.timeout is not None:  # a retry gets what is left of the request's time
                 left = params.timeout - (time.perf_counter() - flight.submitted_at)
                 params = params.replace(timeout=max(left, 1e-3))
-            flight.attempt_chars = flight.attempt_tokens = 0
+            flight.new_attempt()
             self._in_child[flight.pid] = flight
             batch.append(wire.Request(flight.pid, flight.prompt, params))
         self._outgoing.put((self._child, wire.Submit(batch)))

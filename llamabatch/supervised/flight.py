@@ -33,6 +33,10 @@ class Flight:
     def pid(self) -> int:
         return self.handle.request_id
 
+    def new_attempt(self) -> None:
+        """A new child runs it again: its output streams again from the start."""
+        self.attempt_chars = self.attempt_tokens = self.attempt_reasoning = 0
+
     def new_part(self, text: str, tokens: list[int], reasoning: str = "") -> Delta | None:
         """The part of a Delta the caller has not seen: a retry streams again from the start."""
         skip_chars = max(0, self.sent_chars - self.attempt_chars)
