@@ -25,7 +25,7 @@ class ThinkingPrompts:
 
     def __init__(self, inputs: Any):
         self.inputs = inputs
-        self._close_tokens: dict[str, tuple[int, ...]] = {}
+        self._close_tokens: dict[tuple[str, bool], tuple[int, ...]] = {}
         self._in_vocab: bool | None = None  # whether `<think>` is one token: asked once
 
     def markers(self, chat: bool, tail: str) -> tuple[str, str] | None:
@@ -57,21 +57,25 @@ class ThinkingPrompts:
         if not chat and not inside:
             return None, tokens
         budget = params.reasoning_budget
+        # under a mask the closer is text (llguidance lets a vocabulary's special tokens match only
+        # as themselves, as for tool_grammar's openers): written as text tokens, the mask takes it
+        spelled = self.close_tokens(markers, special=params.json_schema is None and not params.grammar)
         closed = text.rstrip().endswith(markers[1])  # the template wrote an empty block (enable_thinking false)
         if inside and budget == 0:
             tokens, inside = tokens + list(self.close_tokens(markers)), False
         if not inside and (closed or budget == 0):
             budget = 0  # no reasoning: a block the model opens anyway is closed at once
-        return Thinking(markers[0], markers[1], inside, budget, self.close_tokens(markers)), tokens
+        return Thinking(markers[0], markers[1], inside, budget, spelled), tokens
 
-    def close_tokens(self, markers: tuple[str, str]) -> tuple[int, ...]:
-        text = close_text(markers)
-        if text not in self._close_tokens:
+    def close_tokens(self, markers: tuple[str, str], special: bool = True) -> tuple[int, ...]:
+        """close_text's tokens; `special`: a closer that is one token of the vocabulary as that token."""
+        key = (close_text(markers), special)
+        if key not in self._close_tokens:
             runner = self.inputs.runner
-            tokens = runner.tokenize(text, special=True, add_special=False)
-            bos = runner.tokenize("", special=True, add_special=False)
-            self._close_tokens[text] = tuple(tokens[len(bos):] if bos and tokens[:len(bos)] == bos else tokens)
-        return self._close_tokens[text]
+            tokens = runner.tokenize(key[0], special=special, add_special=False)
+            bos = runner.tokenize("", special=special, add_special=False)
+            self._close_tokens[key] = tuple(tokens[len(bos):] if bos and tokens[:len(bos)] == bos else tokens)
+        return self._close_tokens[key]
 
     def _text(self, tokens: list[int]) -> str:
         runner = self.inputs.runner
