@@ -68,14 +68,21 @@ class ThinkingPrompts:
         return Thinking(markers[0], markers[1], inside, budget, spelled), tokens
 
     def close_tokens(self, markers: tuple[str, str], special: bool = True) -> tuple[int, ...]:
-        """close_text's tokens; `special`: a closer that is one token of the vocabulary as that token."""
+        """close_text's tokens; `special`: a closer that is one token of the vocabulary as that
+        token, else spelled in two halves (llama.cpp matches a user-defined token even in text)."""
         key = (close_text(markers), special)
         if key not in self._close_tokens:
-            runner = self.inputs.runner
-            tokens = runner.tokenize(key[0], special=special, add_special=False)
-            bos = runner.tokenize("", special=special, add_special=False)
-            self._close_tokens[key] = tuple(tokens[len(bos):] if bos and tokens[:len(bos)] == bos else tokens)
+            text = key[0]
+            cut = text.index(markers[1]) + len(markers[1]) // 2
+            parts = (text,) if special else (text[:cut], text[cut:])
+            self._close_tokens[key] = tuple(t for part in parts for t in self._tokens(part))
         return self._close_tokens[key]
+
+    def _tokens(self, text: str) -> list[int]:
+        runner = self.inputs.runner
+        tokens = runner.tokenize(text, special=True, add_special=False)
+        bos = runner.tokenize("", special=True, add_special=False)
+        return tokens[len(bos):] if bos and tokens[:len(bos)] == bos else tokens
 
     def _text(self, tokens: list[int]) -> str:
         runner = self.inputs.runner
