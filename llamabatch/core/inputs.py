@@ -180,7 +180,7 @@ class InputPreparer:
         Raises LlamaBatchError (InvalidRequest, ContextOverflow) for bad input."""
         params = self.params_for(prompt, params)
         tokens = self.prompt_tokens(prompt, params)
-        thinking, tokens = self.thinking.decide(prompt, tokens, params)
+        thinking, tokens = self.thinking.decide(prompt, is_chat(prompt), tokens, params)
         if thinking is not None:
             params = constrained_after(thinking, params)
         seed = self.seed_for(params)

@@ -42,11 +42,10 @@ class ThinkingPrompts:
             self._in_vocab = inputs._is_one_token(opener)
         return (opener, closer) if self._in_vocab else None
 
-    def decide(self, prompt: Any, tokens: list[int], params: SamplingParams) -> tuple[Thinking | None, list[int]]:
-        """(how the answer thinks or None, the prompt's tokens: with the block closed for budget 0)."""
-        from .inputs import is_chat
-
-        chat = is_chat(prompt)
+    def decide(self, prompt: Any, chat: bool, tokens: list[int],
+               params: SamplingParams) -> tuple[Thinking | None, list[int]]:
+        """(how the answer thinks or None, the prompt's tokens: with the block closed for budget 0).
+        `chat`: the prompt is chat messages (else text or token ids)."""
         if not chat and not (isinstance(prompt, (list, tuple)) and prompt):
             return None, tokens
         text = self._text(tokens[-_TAIL_TOKENS:])
