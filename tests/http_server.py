@@ -42,12 +42,12 @@ class Running:
     base_url: str
     service: Service
     engine: Engine
-    runner: FakeRunner
+    runner: FakeRunner | None  # None: an engine on the model (serving_engine)
 
-    def client(self, api_key: str = "unused", **kw: Any) -> Any:
+    def client(self, api_key: str = "unused", timeout: float = 60, **kw: Any) -> Any:
         from openai import OpenAI
 
-        return OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=60, **kw)
+        return OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=timeout, **kw)
 
 
 @contextlib.contextmanager
@@ -62,6 +62,19 @@ def serving(data_dir: Any, *, n_parallel: int = 4, step_delay: float = 0.0, api_
     engine = Engine(EngineConfig(n_parallel=n_parallel, n_batch=256, chunk_size=64, n_ctx=slot_ctx * n_parallel,
                                  reserved_slots=reserved_slots, chat_template=chat_template),
                     runner=runner, default_params=SamplingParams(temperature=0, max_tokens=max_tokens))
+    with serving_engine(engine, data_dir, runner=runner, api_key=api_key, online_slots=online_slots,
+                        upload_limits=upload_limits, clock=clock, job_settings=job_settings,
+                        max_concurrent_batches=max_concurrent_batches, **app_options) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def serving_engine(engine: Any, data_dir: Any, *, runner: FakeRunner | None = None, api_key: str | None = None,
+                   online_slots: int = 1, upload_limits: UploadLimits = UploadLimits(),
+                   clock: Callable[[], float] = time.time, job_settings: dict[str, Any] | None = None,
+                   max_concurrent_batches: int | None = None, **app_options: Any) -> Iterator[Running]:
+    """`serve`'s app over `engine` (fake or on the model) on a free loopback port, from a thread
+    of this process; the service, then the engine, closed after."""
     service = Service(engine, str(data_dir), online_slots=online_slots, upload_limits=upload_limits, clock=clock,
                       job_settings=job_settings, max_concurrent_batches=max_concurrent_batches)
     try:

@@ -74,50 +74,33 @@ def test_the_call_mask_of_each_syntax_on_a_real_vocabulary(smollm2_masks, syntax
 
 
 def test_serve_streams_a_llama3_call_as_its_whole_answer_gives_it(tmp_path, smollm2_path):
-    from openai import OpenAI
-
     from llamabatch.engines import open_engine
-    from llamabatch.serve.http.app import build_app
-    from llamabatch.serve.http.server import listen
-    from llamabatch.serve.http.service import Service
+
+    from http_server import serving_engine
 
     engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, threads=2,
                                       chat_template=TEMPLATE_OF["llama3"]), SamplingParams(temperature=0, max_tokens=60))
-    service = Service(engine, str(tmp_path / "data"), online_slots=2)
-    listening = listen(build_app(service), "127.0.0.1", 0)
-    service.start()
-    thread = listening.run_in_thread()
-    try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+    with serving_engine(engine, tmp_path / "data", online_slots=2) as running:
+        client = running.client(timeout=WAIT)
         ask = dict(model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
                    tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
         whole = client.chat.completions.create(**ask)
         chunks = list(client.chat.completions.create(stream=True, **ask))
-        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-        (call,) = whole.choices[0].message.tool_calls
-        assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
-        assert [(c.function.name, c.function.arguments) for c in calls] == [(call.function.name, call.function.arguments)]
-        assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no call text leaked
-    finally:
-        listening.stop()
-        thread.join(10)
-        service.close(10)
-        engine.close()
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    (call,) = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
+    assert [(c.function.name, c.function.arguments) for c in calls] == [(call.function.name, call.function.arguments)]
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)  # no call text leaked
 
 
 def test_run_and_a_serve_batch_give_the_same_calls(tmp_path, smollm2_path):
     """The same tool lines (greedy, deterministic: a request's tokens do not depend on what runs
     beside it) through `llamabatch run` and a `serve` batch: the same calls."""
-    from openai import OpenAI
-
     from llamabatch.engines import open_engine
-    from llamabatch.serve.http.app import build_app
-    from llamabatch.serve.http.server import listen
-    from llamabatch.serve.http.service import Service
 
     from cli_harness import invoke
-    from http_server import ended, records, wait_batch
+    from http_server import ended, records, serving_engine, wait_batch
 
     cases = CASES[1:]  # several tools; one named
     data = "".join(line(i, *case) + "\n" for i, case in enumerate(cases))
@@ -131,22 +114,13 @@ def test_run_and_a_serve_batch_give_the_same_calls(tmp_path, smollm2_path):
 
     engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2048, threads=2, deterministic=True,
                                       chat_template=TEMPLATE_OF["llama3"]), SamplingParams(temperature=0))
-    service = Service(engine, str(tmp_path / "data"), online_slots=1)
-    listening = listen(build_app(service), "127.0.0.1", 0)
-    service.start()
-    thread = listening.run_in_thread()
-    try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+    with serving_engine(engine, tmp_path / "data") as running:
+        client = running.client(timeout=WAIT)
         f = client.files.create(file=("in.jsonl", data.encode()), purpose="batch")
         batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
         batch = wait_batch(client, batch.id, ended, timeout=WAIT)
         by_serve = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["tool_calls"]
                     for r in records(client, batch.output_file_id)}
-    finally:
-        listening.stop()
-        thread.join(10)
-        service.close(10)
-        engine.close()
 
     def calls(by_id: dict) -> dict:
         return {k: [(c["function"]["name"], c["function"]["arguments"]) for c in v] for k, v in by_id.items()}

@@ -79,21 +79,14 @@ def test_required_and_named_calls_are_valid_against_their_tools_schema(engine):
 
 
 def test_serve_answers_the_openai_sdk_with_calls_streamed_and_a_round_trip(tmp_path, smollm2_path):
-    from openai import OpenAI
-
     from llamabatch.engines import open_engine
-    from llamabatch.serve.http.app import build_app
-    from llamabatch.serve.http.server import listen
-    from llamabatch.serve.http.service import Service
+
+    from http_server import serving_engine
 
     engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, threads=2, chat_template=HERMES),
                          SamplingParams(temperature=0, max_tokens=60))
-    service = Service(engine, str(tmp_path / "data"), online_slots=2)
-    listening = listen(build_app(service), "127.0.0.1", 0)
-    service.start()
-    thread = listening.run_in_thread()
-    try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0, timeout=WAIT)
+    with serving_engine(engine, tmp_path / "data", online_slots=2) as running:
+        client = running.client(timeout=WAIT)
         messages = [{"role": "user", "content": "What is the weather in Paris?"}]
         ask = dict(model="smollm2", tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
         whole = client.chat.completions.create(messages=messages, **ask)
@@ -109,11 +102,6 @@ def test_serve_answers_the_openai_sdk_with_calls_streamed_and_a_round_trip(tmp_p
         final = client.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER], tool_choice="none",
                                                max_tokens=12)
         assert final.choices[0].message.content and not final.choices[0].message.tool_calls
-    finally:
-        listening.stop()
-        thread.join(10)
-        service.close(10)
-        engine.close()
 
 
 @pytest.fixture(scope="module")
