@@ -7,10 +7,11 @@ costs against the same prompts with the tool's schema as `response_format`.
 validity: every call read out of every answer (records' `tool_calls`, and a stream's calls read
 piece by piece as `serve` reads them) is checked with jsonschema against its tool's parameters,
 on SmolLM2 through tests/templates/hermes_tools.jinja and Gemma 3 through the fallback; it
-prints calls valid / calls made per model and mode. speed: the same prompts as OpenAI chat lines,
-A with the chosen tool's schema as `response_format`, B with the tool and `tool_choice:
-required`, each line answered in full (greedy); it prints the wall time of each and the ratio
-A/B per pair (>= 1: tools as fast).
+prints calls valid / calls made per model and mode. speed: the same questions as OpenAI chat
+lines, (1) with the chosen tool's schema as `response_format`, (3) with the tool and `tool_choice:
+required`, each line answered in full (greedy), and between them the schema lines on the tool
+lines' own prompts (the tools written in by the template), so that only the constraint differs;
+it prints the wall time of each and the ratios per round (>= 1: tools as fast).
 """
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ def validity(models: list[tuple[str, str, str | None]], max_tokens: int) -> None
                 print(f"| {label} | {mode} | {len(items)} | {whole[0]} / {whole[1]} | {streamed[0]} / {streamed[1]} |", flush=True)
 
 
-def speed(path: str, template: str | None, prompts: int, rounds: int, max_tokens: int, slots: int) -> None:
+def speed(path: str, template: str | None, prompts: int, rounds: int, max_tokens: int, slots: int,
+          kv_unified: bool | None) -> None:
     from llamabatch import Engine, EngineConfig, SamplingParams
     from llamabatch.openai_format import LineParser
 
@@ -127,19 +129,31 @@ def speed(path: str, template: str | None, prompts: int, rounds: int, max_tokens
         "response_format": {"type": "json_schema", "json_schema": {"name": "create_event", "schema": schema}}}})
         for i, q in enumerate(asks)]
     tool_lines = [chat_line(i, q, tools, "required", max_tokens) for i, q in enumerate(asks)]
-    with Engine(EngineConfig(model=path, n_parallel=slots, n_ctx=slots * 1024, threads=2, chat_template=template)) as engine:
-        def batch(lines: list[str]) -> tuple[float, int]:
-            items = [parser.parse(text, i + 1) for i, text in enumerate(lines)]
+    schema_items = [parser.parse(text, i + 1) for i, text in enumerate(schema_lines)]
+    tool_items = [parser.parse(text, i + 1) for i, text in enumerate(tool_lines)]
+    config = EngineConfig(model=path, n_parallel=slots, n_ctx=slots * 1024, threads=2, chat_template=template)
+    if kv_unified is not None:
+        config = config.replace(kv_unified=kv_unified)
+    with Engine(config) as engine:
+        # the tool lines' own prompts (the template writes the tools into them), as token ids
+        tool_prompts = [engine.tokenize(engine.render_chat(it.prompt), special=True) for it in tool_items]
+        arms = {"json_schema, its own prompt": [(it.prompt, it.params) for it in schema_items],
+                "json_schema, the tool prompt": [(p, it.params) for p, it in zip(tool_prompts, schema_items)],
+                "tools required": [(it.prompt, it.params) for it in tool_items]}
+
+        def batch(requests: list) -> tuple[float, int]:
             start = time.perf_counter()
-            results = [h.result() for h in [engine.submit(it.prompt, it.params, stream=False) for it in items]]
+            results = [h.result() for h in [engine.submit(p, params, stream=False) for p, params in requests]]
             return time.perf_counter() - start, sum(r.usage.completion_tokens for r in results)
 
-        batch(schema_lines[:slots] + tool_lines[:slots])  # warm-up: grammars compiled, prefixes cached alike
-        print("| round | response_format s (tokens) | tools required s (tokens) | ratio A/B |")
-        print("| --- | --- | --- | --- |")
+        for requests in arms.values():  # warm-up: grammars compiled, prefixes cached alike
+            batch(requests[:slots])
+        print("| round | " + " | ".join(f"{name}: s (tokens)" for name in arms) + " | ratio (2)/(3) | ratio (1)/(3) |")
+        print("|" + " --- |" * (len(arms) + 3))
         for r in range(1, rounds + 1):
-            (a, ta), (b, tb) = batch(schema_lines), batch(tool_lines)
-            print(f"| {r} | {a:.2f} ({ta}) | {b:.2f} ({tb}) | {a / b:.3f} |", flush=True)
+            got = [batch(requests) for requests in arms.values()]
+            cells = " | ".join(f"{t:.2f} ({n})" for t, n in got)
+            print(f"| {r} | {cells} | {got[1][0] / got[2][0]:.3f} | {got[0][0] / got[2][0]:.3f} |", flush=True)
 
 
 def main() -> None:
@@ -150,6 +164,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8, help="engine slots for speed (default 8)")
     ap.add_argument("--max-tokens", type=int, default=80, help="max_tokens per line (default 80)")
     ap.add_argument("--model", choices=["smollm2", "gemma3"], default="smollm2", help="speed's model (default smollm2)")
+    ap.add_argument("--kv-unified", action=argparse.BooleanOptionalAction, default=None,
+                    help="speed's KV layout (default: the engine's)")
     args = ap.parse_args()
     from llamabatch.models.resolve import resolve_model_ref
 
@@ -160,7 +176,7 @@ def main() -> None:
         validity([("SmolLM2 (hermes_tools.jinja)", smollm2, HERMES), ("Gemma 3 (fallback)", gemma, None)], args.max_tokens)
     else:
         path, template = (smollm2, HERMES) if args.model == "smollm2" else (gemma, None)
-        speed(path, template, args.prompts, args.rounds, args.max_tokens, args.slots)
+        speed(path, template, args.prompts, args.rounds, args.max_tokens, args.slots, args.kv_unified)
     return None
 
 
