@@ -58,9 +58,9 @@ SHAPES = {
     "pattern": lambda n: ("json_schema", {"type": "string", "pattern": f"^(a{{0,{n}}}){{0,{n}}}$"}),
 }
 
-GUARD = [("llamabatch.params", "grammar_problem"), ("llamabatch.llama.samplers", "grammar_problem"),
-         ("llamabatch.llama.samplers", "llama_grammar_problem"), ("llamabatch.llama.samplers", "size_problem"),
-         ("llamabatch.llama.samplers", "schema_expansion_problem"), ("llamabatch.llama.mask_grammar", "size_problem"),
+GUARD = [("llamabatch.params", "grammar_problem"), ("llamabatch.llama.sampling.samplers", "grammar_problem"),
+         ("llamabatch.llama.sampling.samplers", "llama_grammar_problem"), ("llamabatch.llama.sampling.samplers", "size_problem"),
+         ("llamabatch.llama.sampling.samplers", "schema_expansion_problem"), ("llamabatch.llama.sampling.mask_grammar", "size_problem"),
          ("llamabatch.constraints.schema_prepare", "schema_reach_problem")]
 
 

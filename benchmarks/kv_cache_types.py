@@ -63,7 +63,7 @@ def auto_bound(model: str, name: str, max_memory: str, threads: int) -> tuple[in
     """The most slots n_parallel auto may choose under max_memory with this cache type."""
     from llamabatch.llama import autoslots
     from llamabatch.models.gguf_header import read_header
-    from llamabatch.llama.resources import kv_bytes_per_token, weights_size
+    from llamabatch.kernel_paths.resources import kv_bytes_per_token, weights_size
 
     config = EngineConfig(model=model, n_parallel="auto", threads=threads, max_memory=max_memory, **types_of(name))
     per_token = kv_bytes_per_token(read_header(model).metadata, name, name)

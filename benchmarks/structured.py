@@ -326,7 +326,7 @@ def mask_figures(name: str, model: str, args) -> dict[str, str]:
     import numpy as np
     from llama_cpp import llama_cpp as C
 
-    from llamabatch.llama.mask_grammar import MaskGrammars, Matcher
+    from llamabatch.llama.sampling.mask_grammar import MaskGrammars, Matcher
 
     vocab, handle = vocabulary(model)
     try:

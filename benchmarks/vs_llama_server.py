@@ -58,7 +58,7 @@ from _tool_crash import crash_line
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.bench.trace import trace_figures
 from llamabatch.checks.kv_cache_types import CACHE_TYPES, FLASH_ATTN
-from llamabatch.llama.cpu_buffers import chosen
+from llamabatch.kernel_paths.cpu_buffers import chosen
 from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / ".." / "shared" / "tools" / "build-llama-cpp-tools.sh"

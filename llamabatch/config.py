@@ -19,7 +19,7 @@ from .params import SEED_ALLOWED, is_seed
 from .checks.value_rules import Rule, boolean, choice, integer, optional, text
 
 # The names these settings may hold. The code behind each name lives with the engine
-# (core/policies.py, llama/cpu_buffers.py, llama/mask_grammar.py) and takes its names from here.
+# (core/scheduling/policies.py, kernel_paths/cpu_buffers.py, llama/sampling/mask_grammar.py) and takes its names from here.
 POLICY_NAMES = ("decode-maximal", "prefill-priority", "balanced")
 CPU_BUFFERS = ("auto", "plain", "repack")
 GRAMMAR_BACKENDS = ("auto", "llguidance", "llama")
@@ -66,10 +66,10 @@ class EngineConfig:
     # whatever its shape, and forks share cells instead of copying them.
     kv_unified: bool = False
     # With a stream per slot, a running request moves into an idle slot below it so the busy
-    # slots stay consecutive (one graph run a tick: core/kv_ledger.py plan_moves). False: never.
+    # slots stay consecutive (one graph run a tick: core/scheduling/kv_ledger.py plan_moves). False: never.
     slot_moves: bool = True
     # A request's tokens depend only on its prompt, sampling parameters and seed, not on what
-    # else shares the batch (see llamabatch/llama/batch_invariance.py and docs/deterministic.md). CPU builds only.
+    # else shares the batch (see llamabatch/kernel_paths/batch_invariance.py and docs/deterministic.md). CPU builds only.
     deterministic: bool = False
     # Which CPU weight layout llama.cpp loads with, and so which kernels run (cpu_buffers.py):
     # "auto" (llama.cpp's default, AMX only where a probe shows it runs), "plain" or
@@ -87,7 +87,7 @@ class EngineConfig:
     # is <cache dir>/prefix-store). Least recently used entries go past max_bytes (0 = off).
     prefix_store: str | None = None
     prefix_store_max_bytes: int = DEFAULT_PREFIX_STORE_BYTES
-    # How grammars and JSON schemas constrain sampling (llama/mask_grammar.py): "auto" and
+    # How grammars and JSON schemas constrain sampling (llama/sampling/mask_grammar.py): "auto" and
     # "llguidance" apply them as token masks, "llama" with llama.cpp's GBNF sampler.
     # None = $LLAMABATCH_GRAMMAR_BACKEND, else "auto".
     grammar_backend: str | None = None
@@ -154,7 +154,7 @@ class EngineConfig:
             _bad("reserved_slots", f"fewer than n_parallel ({slots}): requests at the default priority need a slot",
                  self.reserved_slots)
         if self.deterministic and self.kv_unified:
-            # the invariance rests on one KV stream per sequence (llamabatch/llama/batch_invariance.py)
+            # the invariance rests on one KV stream per sequence (llamabatch/kernel_paths/batch_invariance.py)
             _bad("kv_unified", "false when deterministic is on", self.kv_unified)
         if self.deterministic:
             # its row rule was derived for f16 attention without flash attention: a quantized K

@@ -26,7 +26,7 @@ MAX_PRIORITY = 1000  # priority is an integer in [-MAX_PRIORITY, MAX_PRIORITY]
 class SamplingParams:
     """How one request samples and when it stops.
 
-    Every field maps onto a llama.cpp sampler (the chain is built in C, in `llama/samplers.py`)
+    Every field maps onto a llama.cpp sampler (the chain is built in C, in `llama/sampling/samplers.py`)
     or onto a stop rule handled by the engine. `temperature=0` means greedy.
     """
 
@@ -73,7 +73,7 @@ class SamplingParams:
     # `speculative` setting is auto; False: one token a tick.
     speculative: bool = True
     # Who goes first when requests contend for slots: lower runs sooner (vLLM's convention).
-    # Admission, the tick's prefill budget and preemption follow it (core/scheduler.py).
+    # Admission, the tick's prefill budget and preemption follow it (core/scheduling/scheduler.py).
     priority: int = 0
     # Thinking models (docs/tools.md, "Thinking models"): the most tokens a reasoning block may
     # take before the engine closes it itself (None: no bound; 0: no reasoning at all); OpenAI's

@@ -154,7 +154,7 @@ settings.register_profile("long", max_examples=2000, deadline=None)
 
 @functools.lru_cache(maxsize=1)
 def _cpu_paths() -> tuple[list[str], str]:
-    from llamabatch.llama import cpu_buffers
+    from llamabatch.kernel_paths import cpu_buffers
     from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
 
     extras = list(cpu_extra_buffer_types())

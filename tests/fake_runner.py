@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
 from llamabatch.core.plan import INTERRUPTED, EmbedBatch, EmbedStepResult, Runner, SampleStopped, StepPlan, StepResult
-from llamabatch.llama.ubatch_split import ubatch_sizes
+from llamabatch.kernel_paths.ubatch_split import ubatch_sizes
 
 EOG = 1  # end of generation
 FILL = ord("~")  # sampled where EOG is blocked (ignore_eos, min_tokens)
@@ -188,12 +188,12 @@ class FakeRunner:
         # verified chunk's rows is sampled in order as a row of its own would be, a guess kept
         # while it equals that row's token; with `probs` (the tokens before a row -> {token: p}, a
         # known distribution of what precedes the row) each row is one draw from it with the
-        # sampler's own generator, guess or not, as the real runner samples (llama/chunk_sampling.py ChunkSampler.verify).
+        # sampler's own generator, guess or not, as the real runner samples (llama/sampling/chunk_sampling.py ChunkSampler.verify).
         self.can_verify = can_verify
         self.draft_limits: dict[str, int] = {}
         self.probs = probs
         self._last_dist: tuple[tuple, list[int], list[float]] | None = None  # _draw's: (distribution, ids, cumulative)
-        # A grammar's forced tokens (llama/mask_grammar.py): after each inline sample, force(the
+        # A grammar's forced tokens (llama/sampling/mask_grammar.py): after each inline sample, force(the
         # reply's text so far) says how many of the reply's next tokens come forced, unsampled.
         self.force = force
         self.can_fork = can_fork

@@ -8,7 +8,7 @@ import pytest
 
 from cli_harness import invoke
 
-from llamabatch.llama import batch_invariance as inv
+from llamabatch.kernel_paths import batch_invariance as inv
 from llamabatch.settings.layers import merge
 from llamabatch.cli.run.progress import PlainReporter
 from llamabatch.cli.run.job_summary import verified
@@ -120,7 +120,7 @@ def test_a_decode_pass_with_guesses_gives_every_id_the_longest_chunks_rows():
     assert len(p.rows) == 8 * 4 and all(sum(r.seq == s for r in p.rows) == 4 for s in range(8))
     assert [(r.token, r.pos) for r in p.rows if r.seq == 1] == [(7, 30), (8, 31), (9, 32), (10, 33)]
     assert [r.token for r in p.rows if r.seq == 0] == [7] + [inv.PAD_TOKEN] * 3
-    # the verified chunk's sample row is its last guess's (llama/chunk_sampling.py ChunkSampler.verify reads back)
+    # the verified chunk's sample row is its last guess's (llama/sampling/chunk_sampling.py ChunkSampler.verify reads back)
     assert dict((c.slot, row) for c, row in p.sample_rows) == {0: 0, 1: 7}
     assert dict(p.trims)[0] == 6 and dict(p.trims)[1] == 34
     too_long = Chunk(1, 101, list(range(inv.max_decode_rows() + 1)), 30, True, True, n_draft=inv.max_decode_rows())

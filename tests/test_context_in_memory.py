@@ -18,7 +18,7 @@ from llamabatch import EngineConfig, SamplingParams
 from llamabatch.chat.context_size import chat_context
 from llamabatch.engines import open_engine
 from llamabatch.errors import ResourceLimit
-from llamabatch.llama import resources
+from llamabatch.kernel_paths import resources
 from llamabatch.settings.context_sizing import slot_in_memory
 from llamabatch.settings.given import settings_for
 

@@ -12,7 +12,8 @@ import pytest
 from cli_harness import invoke
 from llamabatch import EngineConfig
 from llamabatch.kernel_paths import machine_verdicts
-from llamabatch.llama import batch_invariance as inv, cpu_buffers
+from llamabatch.kernel_paths import batch_invariance as inv
+from llamabatch.kernel_paths import cpu_buffers
 from llamabatch.settings.layers import merge
 from llamabatch.errors import DeterminismUnavailable, InvalidRequest
 from llamabatch.models.gguf_header import TensorInfo
@@ -201,7 +202,7 @@ class ProbeRunner:
 
 
 def test_self_check_refuses_in_one_line_naming_the_kernels_and_caches_it(monkeypatch, tmp_path):
-    from llamabatch.llama import determinism_check
+    from llamabatch.kernel_paths import determinism_check
 
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
     answers = {False: [1, 2, 3], True: [1, 2, 4]}
@@ -218,7 +219,7 @@ def test_self_check_refuses_in_one_line_naming_the_kernels_and_caches_it(monkeyp
 
 
 def test_self_check_passes_when_the_tokens_agree(monkeypatch, tmp_path):
-    from llamabatch.llama import determinism_check
+    from llamabatch.kernel_paths import determinism_check
 
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(determinism_check, "generate", lambda runner, with_fillers: [5, 6, 7])
@@ -228,7 +229,7 @@ def test_self_check_passes_when_the_tokens_agree(monkeypatch, tmp_path):
 
 
 def test_self_check_in_a_slot_too_small_for_its_probe_says_so(monkeypatch, tmp_path):
-    from llamabatch.llama import determinism_check
+    from llamabatch.kernel_paths import determinism_check
 
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path))
     runner = ProbeRunner()

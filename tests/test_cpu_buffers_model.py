@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from llamabatch import EngineConfig, SamplingParams
-from llamabatch.llama.cpu_buffers import KernelPath, probe_amx
+from llamabatch.kernel_paths.cpu_buffers import KernelPath, probe_amx
 from llamabatch.core.plan import Chunk, StepPlan
 
 pytestmark = pytest.mark.model
@@ -63,7 +63,7 @@ def test_the_amx_probe_subprocess_runs_the_model(model_path):
 
 
 def test_self_check_holds_on_each_layout(model_path, cpu_path, monkeypatch):
-    from llamabatch.llama import determinism_check
+    from llamabatch.kernel_paths import determinism_check
     from llamabatch.llama.runner import LlamaRunner
 
     runner = LlamaRunner(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, deterministic=True,

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from llamabatch.core.detok import IncrementalDetokenizer
+from llamabatch.core.scheduling.detok import IncrementalDetokenizer
 
 REPLACEMENT = "\ufffd"
 

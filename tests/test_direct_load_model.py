@@ -9,7 +9,13 @@ import sys
 import pytest
 from llama_cpp import llama_cpp as C
 
-from llamabatch.llama import cpu_buffers, cpu_kernels, direct_load, load
+from llamabatch.kernel_paths import cpu_buffers
+
+from llamabatch.llama import cpu_kernels
+
+from llamabatch.llama import direct_load
+
+from llamabatch.llama import load
 from llamabatch.llama.backend import log_mark, weight_buffers
 
 SIGILL_CHILD = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"]

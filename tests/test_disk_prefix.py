@@ -8,7 +8,7 @@ import os
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.core.disk_prefix import SAVE_MIN_TOKENS
+from llamabatch.core.prefixes.disk_prefix import SAVE_MIN_TOKENS
 
 from fake_runner import FakeRunner
 

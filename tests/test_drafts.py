@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamabatch.core.drafts import Drafter
 from llamabatch.core.speculation import Candidate, TickCost, choose, expected
-from llamabatch.llama.ubatch_split import ubatch_sizes
+from llamabatch.kernel_paths.ubatch_split import ubatch_sizes
 
 from fake_runner import text_tokens
 

@@ -7,7 +7,7 @@ import logging
 import re
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.llama import resources
+from llamabatch.kernel_paths import resources
 
 MIB = 2**20
 

@@ -8,7 +8,7 @@ from llamabatch import EngineConfig, InvalidRequest, SamplingParams
 from llamabatch.settings import config_file
 from llamabatch.config import KEY_RULES
 from llamabatch.params import LLAMA_RANDOM_SEED, random_seed
-from llamabatch.core.policies import POLICIES
+from llamabatch.core.scheduling.policies import POLICIES
 
 
 def test_seed_0xffffffff_is_refused_because_llama_cpp_reads_it_as_random():

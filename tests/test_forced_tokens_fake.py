@@ -1,10 +1,10 @@
-"""Tokens a grammar forces (llama/mask_grammar.py) on the scripted FakeRunner: they join the
+"""Tokens a grammar forces (llama/sampling/mask_grammar.py) on the scripted FakeRunner: they join the
 output unsampled, are evaluated as one chunk with the next decode token, and every stop, length
 and slot bound still holds token by token. No model."""
 from __future__ import annotations
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.core.policies import POLICIES
+from llamabatch.core.scheduling.policies import POLICIES
 
 from fake_runner import FakeRunner, text_tokens
 

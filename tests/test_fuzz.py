@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from llamabatch import SamplingParams
 from llamabatch.serve.stdin.loop import serve
-from llamabatch.core.detok import IncrementalDetokenizer
+from llamabatch.core.scheduling.detok import IncrementalDetokenizer
 from llamabatch.errors import InvalidRequest
 from llamabatch.openai_format.lines import LineError, LineParser, LineRequest
 from llamabatch.params import FIELD_TYPES

@@ -10,7 +10,7 @@ from llamabatch.constraints.gbnf_shape import measure
 from llamabatch.constraints.gbnf_guard import (MAX_GRAMMAR_BYTES, MAX_GRAMMAR_ELEMENTS, MAX_GRAMMAR_RULES, MAX_GROUP_DEPTH,
                                                MAX_REFERENCE_DEPTH, MAX_REPETITION_COUNT, grammar_problem)
 from llamabatch.constraints.reference_graph import reach
-from llamabatch.llama.schema_expansion import MAX_SCHEMA_COUNT, schema_expansion_problem
+from llamabatch.llama.sampling.schema_expansion import MAX_SCHEMA_COUNT, schema_expansion_problem
 
 
 @pytest.mark.parametrize("grammar,found", [

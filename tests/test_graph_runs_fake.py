@@ -5,7 +5,7 @@ tokens are evaluated, each once (the runner checks every position), whatever the
 from __future__ import annotations
 
 from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
-from llamabatch.llama.ubatch_split import ubatch_sizes
+from llamabatch.kernel_paths.ubatch_split import ubatch_sizes
 
 from fake_runner import FakeRunner
 

@@ -1,4 +1,4 @@
-"""GreedyPick (llamabatch/llama/greedy_pick.py) against llama.cpp's own chain of a logit bias and
+"""GreedyPick (llamabatch/llama/sampling/greedy_pick.py) against llama.cpp's own chain of a logit bias and
 greedy, applied to the same candidates: the same token on rows with ties, -inf, NaN and biases of
 every sign (no model: llama_sampler_apply works on a candidate array alone)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 from llama_cpp import llama_cpp as C
 
-from llamabatch.llama.greedy_pick import GreedyPick
+from llamabatch.llama.sampling.greedy_pick import GreedyPick
 
 N = 12  # a small vocabulary of few values: ties, and biases on the top token, are common
 

@@ -1,5 +1,5 @@
 """Greedy requests on the bundled model give the same tokens with the in-place pick
-(llamabatch/llama/greedy_pick.py) as with llama.cpp's sampler chain: the two runs evaluate the
+(llamabatch/llama/sampling/greedy_pick.py) as with llama.cpp's sampler chain: the two runs evaluate the
 same batches, so they see the same logits on any kernel path, and only the pick differs."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.llama import samplers
+from llamabatch.llama.sampling import samplers
 
 
 def run(model_path, cases, in_place: bool, monkeypatch):

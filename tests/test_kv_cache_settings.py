@@ -11,7 +11,7 @@ from llama_cpp import llama_cpp as C
 from cli_harness import invoke, runner_for
 from llamabatch import EngineConfig
 from llamabatch.errors import InvalidRequest
-from llamabatch.llama import batch_invariance as invariance
+from llamabatch.kernel_paths import batch_invariance as invariance
 from llamabatch.llama.load import context_params
 from llamabatch.settings.file_layer import resolve_settings
 

@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.llama import resources
+from llamabatch.kernel_paths import resources
 
 Q8 = {"cache_type_k": "q8_0", "cache_type_v": "q8_0"}
 INSTRUCTION = ("You are a careful assistant. Read the short product review that follows and answer "

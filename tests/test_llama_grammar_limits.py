@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from llamabatch.llama.llama_grammar_limits import MAX_LLAMA_ALTERNATIVES, MAX_LLAMA_COUNT_PRODUCT, llama_grammar_problem
-from llamabatch.llama.schema_expansion import schema_expansion_problem
+from llamabatch.llama.sampling.llama_grammar_limits import MAX_LLAMA_ALTERNATIVES, MAX_LLAMA_COUNT_PRODUCT, llama_grammar_problem
+from llamabatch.llama.sampling.schema_expansion import schema_expansion_problem
 
 
 class FakeVocab:

@@ -1,4 +1,4 @@
-"""Matcher.mask_row (llama/mask_grammar.py) on scripted masks: the row keeps exactly the allowed
+"""Matcher.mask_row (llama/sampling/mask_grammar.py) on scripted masks: the row keeps exactly the allowed
 tokens' logits and every other is -inf, by both of its paths (few words set, or many). No model."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from llamabatch.llama.mask_grammar import GrammarStopped, Matcher
+from llamabatch.llama.sampling.mask_grammar import GrammarStopped, Matcher
 
 
 class ScriptedMask:

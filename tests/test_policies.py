@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from llamabatch.core.policies import POLICIES, balanced, decode_maximal, prefill_priority
+from llamabatch.core.scheduling.policies import POLICIES, balanced, decode_maximal, prefill_priority
 
 
 class Req:

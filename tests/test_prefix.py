@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from llamabatch.core.prefix import SlotView, choose_slot, common_prefix_len
+from llamabatch.core.prefixes.prefix import SlotView, choose_slot, common_prefix_len
 
 
 @pytest.mark.parametrize(

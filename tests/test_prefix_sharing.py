@@ -11,7 +11,7 @@ import pytest
 from llamabatch import EngineConfig, SamplingParams
 from llamabatch.core.engine import EngineCore
 from llamabatch.core.plan import Fork, StepResult
-from llamabatch.core.scheduler import Scheduler
+from llamabatch.core.scheduling.scheduler import Scheduler
 from llamabatch.core.sequence import Status
 
 from fake_runner import EOG, FakeRunner, text_tokens, token_piece

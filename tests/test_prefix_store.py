@@ -25,7 +25,7 @@ import pytest
 from llamabatch.prefix_store import PrefixStore, StoreHit
 from llamabatch.prefix_store import atomic_write
 from llamabatch.prefix_store.file_format import tokens_to_le
-from llamabatch.core.common_prefix import common_prefix
+from llamabatch.core.prefixes.common_prefix import common_prefix
 from llamabatch.prefix_store.index import PrefixIndex, sort_key
 from llamabatch.prefix_store.naming import entry_key, fingerprint_folder
 

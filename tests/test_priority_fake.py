@@ -11,7 +11,7 @@ import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.plan import StepPlan
-from llamabatch.core.admission import FAIR_SHARE
+from llamabatch.core.scheduling.admission import FAIR_SHARE
 
 from fake_runner import FakeRunner, gated_at_first_call
 
@@ -268,7 +268,7 @@ def test_run_counts_its_preempted_lines_and_the_summary_says_so(tmp_path):
 def test_a_request_queued_again_takes_its_place_by_arrival_and_the_oldest_stays_the_oldest():
     # A parked request is queued again while the scheduler's record of who arrived first still
     # holds its first entry (the heap drops entries lazily).
-    from llamabatch.core.scheduler import Scheduler
+    from llamabatch.core.scheduling.scheduler import Scheduler
     from llamabatch.core.sequence import Sequence
 
     scheduler = Scheduler(1, 64, 64, 16, "decode-maximal", True, lambda t: b"x", lambda t: False)

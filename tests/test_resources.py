@@ -10,7 +10,7 @@ from cli_harness import invoke
 from llamabatch import EngineConfig
 from llamabatch.errors import InvalidRequest, ResourceLimit
 from llamabatch.checks.max_memory import memory_cap
-from llamabatch.llama.resources import check, check_addition, needs
+from llamabatch.kernel_paths.resources import check, check_addition, needs
 
 GIB, MIB = 2**30, 2**20
 PER_LAYER = 1 * (256 + 256) * 2  # Gemma 3 270M: 1 KV head x (key 256 + value 256) x f16

@@ -419,7 +419,7 @@ def test_dry_run_eta_comes_from_the_calibration_with_its_basis(tmp_path):
     from llamabatch.llama import autoslots
 
     inp = write_lines(tmp_path / "in.jsonl", [{"id": "a", "prompt": "abc", "max_tokens": 100}])
-    from llamabatch.llama.cpu_buffers import chosen
+    from llamabatch.kernel_paths.cpu_buffers import chosen
 
     model = str(tmp_path / "fake.gguf")
     key = autoslots.cache_key(model, 2, chosen(None))  # the layout is in the key: LLAMABATCH_CPU_BUFFERS=plain runs too

@@ -18,7 +18,7 @@ from llamabatch.jobs.batch_watch import StopRequests, watch
 from llamabatch.jobs.reading.input_source import Source
 from llamabatch.jobs.writing.output_sink import open_output
 from llamabatch.openai_format.lines import EmbedLine, LineParser, LineRequest
-from llamabatch.core.common_prefix import common_prefix
+from llamabatch.core.prefixes.common_prefix import common_prefix
 from llamabatch.jobs.reading.start_order import MIN_SHARED, StartOrder, prompt_key
 from llamabatch.jobs.writing.record_writer import RecordWriter
 from llamabatch.params import SamplingParams

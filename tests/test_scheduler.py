@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamabatch.params import SamplingParams
 from llamabatch.core.plan import StepPlan, StepResult
-from llamabatch.core.scheduler import Scheduler
+from llamabatch.core.scheduling.scheduler import Scheduler
 from llamabatch.core.sequence import Sequence, Status
 
 from fake_runner import EOG, byte_tokens, text_tokens, token_piece

@@ -12,8 +12,8 @@ import time
 from types import SimpleNamespace
 
 from llamabatch.openai_format import error_result
-from llamabatch.serve.http.batch_lane import BatchLane
-from llamabatch.serve.http.batch_share import BatchShare
+from llamabatch.serve.http.batches.batch_lane import BatchLane
+from llamabatch.serve.http.batches.batch_share import BatchShare
 
 from http_server import CHAT, batch_file, ended, records, serving, wait_batch
 from test_serve_http_restart import lines_file, start_server

@@ -21,7 +21,7 @@ import fake_cli
 from child_tools import child_env, fake_gguf
 from llamabatch import SamplingParams
 from llamabatch.serve.http.api_errors import ApiError
-from llamabatch.serve.http.upload_check import MAX_LINE_BYTES, UploadCheck
+from llamabatch.serve.http.batches.upload_check import MAX_LINE_BYTES, UploadCheck
 
 from http_server import CHAT, COMPLETIONS, batch_file, multipart, raw, reply, serving
 from lazy_modules import lazy

@@ -127,7 +127,7 @@ def test_the_engine_never_holds_more_batch_lines_than_the_slots_left_to_online_r
 
 def test_the_batch_lane_sends_only_the_slots_it_is_given_and_refills_as_lines_end():
     from llamabatch import Engine, EngineConfig, SamplingParams
-    from llamabatch.serve.http.batch_lane import BatchLane
+    from llamabatch.serve.http.batches.batch_lane import BatchLane
 
     from fake_runner import FakeRunner
 
@@ -159,7 +159,7 @@ def test_the_batch_lane_is_the_whole_engine_api_spelled_out_not_forwarded():
 
     from llamabatch import Engine, EngineConfig, SamplingParams
     from llamabatch.api import EngineAPI
-    from llamabatch.serve.http.batch_lane import BatchLane
+    from llamabatch.serve.http.batches.batch_lane import BatchLane
 
     from fake_runner import FakeRunner
 

@@ -16,7 +16,7 @@ import time
 import fake_cli
 from supervised_child_runner import POISON
 from child_tools import child_env, fake_gguf
-from llamabatch.serve.http.batch_files import cut_torn_tail
+from llamabatch.serve.http.batches.batch_files import cut_torn_tail
 from llamabatch.serve.http.catalogue import Catalogue
 
 from http_server import CHAT, batch_file, ended, records, serving, wait_batch

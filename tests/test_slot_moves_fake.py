@@ -11,7 +11,7 @@ import random
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams, TickRecord
-from llamabatch.core.kv_ledger import MOVE_MIN_LEFT, KVLedger, runs_of
+from llamabatch.core.scheduling.kv_ledger import MOVE_MIN_LEFT, KVLedger, runs_of
 from llamabatch.core.sequence import Status
 
 from fake_runner import FakeRunner

@@ -1,4 +1,4 @@
-"""Sampling with guesses keeps the request's distribution (llama/chunk_sampling.py ChunkSampler.verify: each row one
+"""Sampling with guesses keeps the request's distribution (llama/sampling/chunk_sampling.py ChunkSampler.verify: each row one
 draw of the request's own generator, a guess kept when the draw is the guess): on the
 FakeRunner with a known distribution per row, 10,000 tokens of a sampled answer whose
 prediction keeps guessing one token are distributed as that distribution (chi-square), for a

@@ -1,4 +1,4 @@
-"""Structured output as token masks (llama/mask_grammar.py) on the real models: the mask against
+"""Structured output as token masks (llama/sampling/mask_grammar.py) on the real models: the mask against
 llama.cpp's own GBNF sampler over fuzzed prefixes, validity over a set of schemas, forced
 tokens, deterministic mode across batch compositions, and bad grammars as their own line's error."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from llama_cpp import llama_cpp as C
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.llama.mask_grammar import MaskGrammars
+from llamabatch.llama.sampling.mask_grammar import MaskGrammars
 from llamabatch.llama.vocab import Vocabulary
 
 from structured_schemas import SCHEMAS, lines

@@ -109,7 +109,7 @@ def smollm2_masks(smollm2_path):
     from llama_cpp import llama_cpp as C
 
     from llamabatch.llama.direct_load import load_vocabulary
-    from llamabatch.llama.mask_grammar import MaskGrammars
+    from llamabatch.llama.sampling.mask_grammar import MaskGrammars
     from llamabatch.llama.vocab import Vocabulary
 
     model = load_vocabulary(smollm2_path)

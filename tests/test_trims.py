@@ -6,7 +6,7 @@ from fake_runner import EOG, FakeRunner, detokenize, missing_runner_members, tex
 
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.core.plan import Chunk, Fork, Runner, StepPlan, Trim
-from llamabatch.core.scheduler import Scheduler
+from llamabatch.core.scheduling.scheduler import Scheduler
 from llamabatch.core.sequence import Sequence
 
 WAIT = 30

@@ -1,6 +1,6 @@
-"""The mirror of llama.cpp's batch splitting (llama/ubatch_split.py) on hand-worked cases;
+"""The mirror of llama.cpp's batch splitting (kernel_paths/ubatch_split.py) on hand-worked cases;
 tests/test_ubatch_split_model.py checks it against llama.cpp itself."""
-from llamabatch.llama.ubatch_split import ubatch_sizes
+from llamabatch.kernel_paths.ubatch_split import ubatch_sizes
 
 
 def test_unified_cuts_the_batch_every_n_ubatch_rows():

@@ -1,4 +1,4 @@
-"""llama/ubatch_split.py against llama.cpp itself: graph runs counted with ggml's eval
+"""kernel_paths/ubatch_split.py against llama.cpp itself: graph runs counted with ggml's eval
 callback (one call for the `result_output` tensor per graph computed) on the bundled model,
 for both KV layouts and batches whose slot ids are consecutive, gapped, out of order, mixed."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import llama_cpp as C
 import pytest
 
 from llamabatch.llama.direct_load import load_weights
-from llamabatch.llama.ubatch_split import ubatch_sizes
+from llamabatch.kernel_paths.ubatch_split import ubatch_sizes
 
 _ggml = ctypes.CDLL(os.path.join(os.path.dirname(C.__file__), "lib", "libggml-base.so"))
 _ggml.ggml_get_name.restype = ctypes.c_char_p

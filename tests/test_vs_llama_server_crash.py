@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llamabatch.llama.cpu_buffers import KernelPath
+from llamabatch.kernel_paths.cpu_buffers import KernelPath
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 

@@ -24,7 +24,7 @@ SANCTIONED = {
     "llamabatch/llama/load.py": {"llama_model_load_from_file"},  # the engine's load, params from cpu_kernels
     "llamabatch/llama/cpu_kernels.py": {"llama_model_default_params", "Llama"},  # model_params, high_level_llama
     "llamabatch/llama/direct_load.py": {"llama_model_load_from_file"},  # vocab_only: no weights, no kernels
-    "llamabatch/llama/cpu_buffers.py": {HAND_MADE_DEFAULT},  # resolve(): the choice itself
+    "llamabatch/kernel_paths/cpu_buffers.py": {HAND_MADE_DEFAULT},  # resolve(): the choice itself
     "llamabatch/llama/amx_probe.py": {HAND_MADE_DEFAULT},  # the probe, only ever in a throwaway process
     # compares llama.cpp's own choice with pinned CPU_REPACK only where the build has no other extra type
     "tests/test_cpu_buffers_model.py": {HAND_MADE_DEFAULT},

@@ -125,7 +125,7 @@ def kv_figures(engine: Any) -> dict[str, Any]:
     config, runner = engine.config, getattr(engine, "runner", None)
     mib = getattr(runner, "kv_mib", None)
     if mib is None:
-        from ..llama.resources import needs
+        from ..kernel_paths.resources import needs
 
         mib = needs(config, getattr(runner, "metadata", None) or {}, 0).kv_bytes / 2**20
     return {"cache_types": pair_name(config.cache_type_k, config.cache_type_v), "flash_attn": config.flash_attn,

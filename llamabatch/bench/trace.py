@@ -3,7 +3,7 @@
 Ticks are grouped as llama.cpp sees them: decode rows only, prefill rows only, or both in one
 batch (mixed). For each group: how many, mean tokens and graph runs (ubatches: llama.cpp
 splits a batch into ubatches of at most n_ubatch rows, and with a KV stream per slot only
-consecutive slots share one; see llama/ubatch_split.py), and where the mean tick's wall time
+consecutive slots share one; see kernel_paths/ubatch_split.py), and where the mean tick's wall time
 went: llama_decode, the C samplers, and the Python work before (cancels, admission,
 scheduling), while filling the llama_batch, and after (stops, detokenizing, delivery,
 telemetry). What is left (wall minus all of these) is loop bookkeeping between them. With

@@ -81,7 +81,7 @@ def _model_facts(config: EngineConfig, model_path: str) -> Facts:
     """context_sizing.model_facts, its budget no larger than the default max_memory (90% of
     what is available) leaves beside the weights: what the engine checks before loading."""
     from ..settings.context_sizing import model_facts
-    from ..llama.resources import available_memory, weights_size
+    from ..kernel_paths.resources import available_memory, weights_size
     from ..checks.max_memory import memory_cap
 
     model_ctx, per_token, budget, text = model_facts(config, model_path)
@@ -94,9 +94,9 @@ def _model_facts(config: EngineConfig, model_path: str) -> Facts:
 
 
 def _fits(config: EngineConfig, model_path: str) -> bool:
-    """False when the engine's memory check (llama/resources.py) would refuse `config`: a
+    """False when the engine's memory check (kernel_paths/resources.py) would refuse `config`: a
     deterministic chat's spare sequences take more KV than its slots alone."""
-    from ..llama.resources import check
+    from ..kernel_paths.resources import check
 
     try:
         check(config, model_path)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from ..core.policies import POLICIES
+from ..core.scheduling.policies import POLICIES
 from ..checks.kv_cache_types import CACHE_TYPES
 from ..settings.layers import SHARED_KEYS
 from .env import Environment

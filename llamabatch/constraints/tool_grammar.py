@@ -18,7 +18,7 @@ as they would in `json_schema`; closed to their listed properties the same way).
 
 The text is a LarkGrammar, a str marked as built here: SamplingParams.grammar takes it past
 the GBNF guard (its schemas went through the json_schema guard instead), and only llguidance
-compiles it (llama/mask_grammar.py). A line's own `grammar` text is never one. A request's
+compiles it (llama/sampling/mask_grammar.py). A line's own `grammar` text is never one. A request's
 grammar is built before the engine's template is known, in Hermes' syntax; the engine that
 renders the prompt rebuilds it in its template's syntax (ToolGrammar.for_syntax).
 """

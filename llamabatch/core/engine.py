@@ -30,9 +30,9 @@ from .handle import EventCallback, RequestHandle
 from .inputs import ChatTemplates, InputPreparer, Prompt
 from ..params import SamplingParams
 from .plan import Runner
-from .disk_prefix import DiskPrefixes
+from .prefixes.disk_prefix import DiskPrefixes
 from .lanes.open_requests import OpenRequests
-from .scheduler import Scheduler
+from .scheduling.scheduler import Scheduler
 from .sequence import Sequence
 from .engine_base import EngineBase, check_room, checked_token_ids
 from .speculation import Speculation

@@ -30,7 +30,7 @@ class EngineBase:
     hangs: int = 0
     isolated: Sequence[int] = ()
     recovers_crashes: bool = False
-    disk: Any = None  # the disk prefix store this process's engine uses (core/disk_prefix.py); None elsewhere
+    disk: Any = None  # the disk prefix store this process's engine uses (core/prefixes/disk_prefix.py); None elsewhere
 
     def __enter__(self) -> Any:
         return self

@@ -140,7 +140,7 @@ class Move:
 @dataclass(frozen=True)
 class Restore:
     """Make `slot`'s KV cache hold exactly the `n_tokens` tokens whose KV `payload` carries (a
-    disk prefix store entry: core/disk_prefix.py, written by `runner.snapshot`).
+    disk prefix store entry: core/prefixes/disk_prefix.py, written by `runner.snapshot`).
 
     Semantics, as the runner applies it: after the plan's trims and before its forks; whatever
     the slot held is gone. It may fail (llama.cpp finds no room for the cells, or refuses the
@@ -157,7 +157,7 @@ class Restore:
     slot: int
     n_tokens: int
     payload: Any = field(repr=False, compare=False)
-    # A preempted request's own KV put back (core/admission.py's parking), not a store entry:
+    # A preempted request's own KV put back (core/scheduling/admission.py's parking), not a store entry:
     # it continues from its end as the store's entries do; a runner may do it where `can_park`.
     resume: bool = False
 
@@ -208,12 +208,12 @@ class StepResult:
     eval_ms: float = 0.0
     sample_ms: float = 0.0
     fill_ms: float = 0.0  # writing the plan into the llama_batch, before llama_decode
-    ubatches: int = 0  # graph runs llama_decode made of the batch (llama/ubatch_split.py)
+    ubatches: int = 0  # graph runs llama_decode made of the batch (kernel_paths/ubatch_split.py)
     # slot -> a SampleJob for each sample_apart chunk: run on a sampling thread, it gives that
     # chunk's tokens (its own and its siblings') later; the slot's request waits for them.
     apart: dict[int, "SampleJob"] = field(default_factory=dict)
     restored: dict[int, bool] = field(default_factory=dict)  # slot -> whether its Restore took
-    # slot -> tokens its grammar forced after the sampled one (llama/mask_grammar.py): they
+    # slot -> tokens its grammar forced after the sampled one (llama/sampling/mask_grammar.py): they
     # join the output unsampled and are evaluated with the next tick's decode chunk
     forced: dict[int, list[int]] = field(default_factory=dict)
     # slot -> (one-line error, code) for a request whose sampling failed on its own account (its
@@ -293,7 +293,7 @@ class Runner(Protocol):
     n_slots: int  # sequences the context holds side by side (n_parallel)
     slot_ctx: int  # tokens one slot holds (in a shared pool: the most one request may hold)
     # A KV pool the slots share (a unified cache), in cells; requests are admitted by room in it
-    # (core/kv_ledger.py). None: a stream of slot_ctx cells per slot.
+    # (core/scheduling/kv_ledger.py). None: a stream of slot_ctx cells per slot.
     pool_cells: int | None
     kv_mib: float | None  # the KV cache's size in MiB, by llama.cpp's count (None: not known)
     n_vocab: int  # token ids are 0..n_vocab-1
@@ -331,7 +331,7 @@ class Runner(Protocol):
 
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:
         """How many graph runs llama_decode makes of a batch of (slot, rows) runs in this
-        order (llama/ubatch_split.py): what a tick with guesses would cost in passes."""
+        order (kernel_paths/ubatch_split.py): what a tick with guesses would cost in passes."""
         ...
 
     def accept_forced(self, sampler: Any, tokens: list[int]) -> None:

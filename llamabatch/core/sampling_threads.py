@@ -49,7 +49,7 @@ THREAD_NAME = "llamabatch-samp"  # sampling threads' OS-level name (Linux keeps 
 def wants_apart(params: SamplingParams, sampler: Any = None) -> bool:
     """Which requests are sampled apart: those with a grammar in llama.cpp's sampler (whose
     cost grows with the vocabulary times the grammar's alternatives). The rest sample inline,
-    cheaply; so do grammars applied as a token mask (llama/mask_grammar.py: tens of
+    cheaply; so do grammars applied as a token mask (llama/sampling/mask_grammar.py: tens of
     microseconds a step), whose slots then never skip a tick waiting for their token."""
     if getattr(sampler, "matcher", None) is not None:
         return False

@@ -60,7 +60,7 @@ class Sequence:
     save_at: int | None = None
     num_restored: int = 0
     stored_prefix: str | None = None
-    # Structured output (llama/mask_grammar.py): how its grammar constrains it ("llguidance"
+    # Structured output (llama/sampling/mask_grammar.py): how its grammar constrains it ("llguidance"
     # masks or llama.cpp's "llama" sampler; None unconstrained), and tokens it forced unsampled.
     grammar_backend: str | None = None
     forced_tokens: int = 0
@@ -70,7 +70,7 @@ class Sequence:
     prediction: list[int] | None = None
     accepted_drafts: int = 0
     rejected_drafts: int = 0
-    # Priority (core/admission.py): a request preempted for a higher-priority one waits with its
+    # Priority (core/scheduling/admission.py): a request preempted for a higher-priority one waits with its
     # KV kept in host memory (`parked`, a kv_ledger.Parked) and resumes where it stopped; how often,
     # and for how long in all. `protected`: admitted by the fair share, it is never preempted.
     parked: Any = None
@@ -84,7 +84,7 @@ class Sequence:
     thinking: Any = None
     reasoning: str | None = None
     reasoning_tokens: int = 0
-    reasoning_split: Any = None  # while it answers: its thinking.ReasoningSplit (core/output_step.py)
+    reasoning_split: Any = None  # while it answers: its thinking.ReasoningSplit (core/scheduling/output_step.py)
 
     def __post_init__(self) -> None:
         if self.params.timeout:

@@ -12,7 +12,7 @@ slot's guesses are worth what its recent acceptance rate says (the j-th guess jo
 output with probability rate^j), and the tick's cost is estimated by TickCost from its graph
 runs, rows and rows with logits, fitted to the engine's own ticks. With a KV stream per slot
 llama.cpp evaluates only equal row counts of consecutive slots in one graph run
-(llama/ubatch_split.py), so the choices weighed are both: one common number of guess rows for
+(kernel_paths/ubatch_split.py), so the choices weighed are both: one common number of guess rows for
 every decode slot (a slot with fewer real guesses pads with filler rows, which cost a row but
 save a graph run), and each slot its own guesses, no fillers (what the unified cache prefers).
 """

@@ -38,7 +38,7 @@ class TickRecord:
     # speculative decoding: guesses this tick verified (rows of its batch), and those that joined answers
     drafted_tokens: int = 0
     accepted_tokens: int = 0
-    # priority (core/scheduler.py): requests preempted before this tick, and the tick's rows by
+    # priority (core/scheduling/scheduler.py): requests preempted before this tick, and the tick's rows by
     # the priority of the request they belong to (empty when every row has priority 0)
     preemptions: int = 0
     rows_by_priority: dict[int, int] = field(default_factory=dict)
@@ -81,7 +81,7 @@ class Totals:
     ticks: int = 0
     decode_tokens: int = 0
     prefill_tokens: int = 0
-    forced_tokens: int = 0  # grammars' forced tokens (llama/mask_grammar.py), part of generated_tokens
+    forced_tokens: int = 0  # grammars' forced tokens (llama/sampling/mask_grammar.py), part of generated_tokens
     drafted_tokens: int = 0  # guesses verified (speculative decoding, core/drafts.py)
     accepted_tokens: int = 0  # of them, those that joined answers (part of generated_tokens)
     preemptions: int = 0  # requests put aside for higher-priority ones (their KV kept, resumed later)

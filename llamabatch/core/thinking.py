@@ -7,7 +7,7 @@ template that writes `<think>\\n` in its generation prompt, as DeepSeek-R1 disti
 model may open it itself as the first thing it writes. ReasoningSplit reads the answer's text
 piece by piece into its reasoning and its content (the answer after the block, leading
 whitespace dropped), counts the tokens generated inside the block, and says when the budget has
-run out: the engine then writes CLOSE_TEXT itself (core/output_step.py) and the answer follows.
+run out: the engine then writes CLOSE_TEXT itself (core/scheduling/output_step.py) and the answer follows.
 
 Pure state: no model, no threads, tested on plain strings.
 """

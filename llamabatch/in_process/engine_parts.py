@@ -8,7 +8,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 from ..config import EngineConfig
-from ..core.disk_prefix import DiskPrefixes
+from ..core.prefixes.disk_prefix import DiskPrefixes
 
 log = logging.getLogger("llamabatch.prefix_store")
 

@@ -12,7 +12,7 @@ from ..config import EngineConfig
 from ..core.plan import Chunk, StepPlan
 from ..errors import LlamaBatchError
 from ..params import SamplingParams
-from .cpu_buffers import KernelPath
+from ..kernel_paths.cpu_buffers import KernelPath
 
 
 class AmxProbeFailed(LlamaBatchError):

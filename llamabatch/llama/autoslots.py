@@ -23,7 +23,7 @@ from ..checks.kv_cache_types import pair_name
 from ..checks.max_memory import memory_cap
 from ..files.replaced_file import replacing
 # the KV and memory figures are resources.py's (which also checks them before a context is made)
-from .resources import available_memory, kv_bytes_per_token, weights_size
+from ..kernel_paths.resources import available_memory, kv_bytes_per_token, weights_size
 
 log = logging.getLogger("llamabatch.autoslots")
 
@@ -123,7 +123,7 @@ def cache_key(model_path: str, threads: int, cpu_buffers: str | None = None, kv:
 def kv_setting(config: EngineConfig) -> str:
     """The cache key's part for the KV types, flash attention and layout; "" for the defaults,
     which keeps the key calibrations had before these settings existed. The layout decides how
-    llama.cpp splits a tick (llama/ubatch_split.py), and so the curve: `serve`, which shares one
+    llama.cpp splits a tick (kernel_paths/ubatch_split.py), and so the curve: `serve`, which shares one
     cache by default, does not reuse a curve measured on a stream per slot."""
     types = pair_name(config.cache_type_k, config.cache_type_v)
     layout = "|kv_unified" if config.kv_unified else ""
@@ -184,7 +184,7 @@ def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = Non
         return Choice(1, "auto: bounded by 1 input line", {})
     memory = available_memory() if memory is None else memory
     measure = measure or (lambda levels: calibrate(config, model_path, levels))
-    from .cpu_buffers import chosen
+    from ..kernel_paths.cpu_buffers import chosen
 
     key = cache_key(model_path, config.n_threads, chosen(config.cpu_buffers), kv_setting(config))
     entry = read_cache(key)

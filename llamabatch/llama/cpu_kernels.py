@@ -13,8 +13,8 @@ from typing import Any, Iterator
 
 from llama_cpp import llama_cpp as C
 
-from . import batch_invariance as invariance
-from . import cpu_buffers
+from ..kernel_paths import batch_invariance as invariance
+from ..kernel_paths import cpu_buffers
 from .backend import init_backend
 from ..config import EngineConfig
 from ..errors import InvalidRequest

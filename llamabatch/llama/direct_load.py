@@ -16,7 +16,7 @@ from typing import Any
 from llama_cpp import llama_cpp as C
 
 from .backend import first_error, init_backend, log_mark
-from .cpu_buffers import KernelPath
+from ..kernel_paths.cpu_buffers import KernelPath
 from .cpu_kernels import kernel_path, model_params
 from .load import load_model
 from ..config import EngineConfig

@@ -41,7 +41,7 @@ from llama_cpp import llama_cpp as C
 
 from ..config import EngineConfig
 from ..errors import ResourceLimit
-from . import resources
+from ..kernel_paths import resources
 from ..core.plan import EmbedBatch, EmbedStepResult
 
 LLAMA_MAX_SEQ = 256  # llama-cparams.h: sequence ids of one context

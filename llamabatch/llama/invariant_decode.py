@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 from llama_cpp import llama_cpp as C
 
-from . import batch_invariance as invariance
+from ..kernel_paths import batch_invariance as invariance
 from ..core.plan import StepPlan, StepResult
 
 

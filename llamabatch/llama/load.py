@@ -8,7 +8,7 @@ from typing import Any
 
 from llama_cpp import llama_cpp as C
 
-from . import batch_invariance as invariance
+from ..kernel_paths import batch_invariance as invariance
 from .backend import first_error, weight_buffers
 from .cpu_kernels import model_params
 from ..config import EngineConfig

@@ -22,22 +22,24 @@ from typing import Any
 
 from llama_cpp import llama_cpp as C
 
-from . import batch_invariance as invariance
-from . import kv_state, load, resources
+from ..kernel_paths import batch_invariance as invariance
+from . import kv_state
+from . import load
+from ..kernel_paths import resources
 from .backend import flash_attention, gpu_offload_supported, init_backend, kv_cache_mib, log_mark
 from .chat_formats import LlamaChatFormats
 from .decode_interrupt import DecodeInterrupt
-from .cpu_buffers import KernelPath
+from ..kernel_paths.cpu_buffers import KernelPath
 from .cpu_kernels import derive_shapes_for, kernel_path
 from .embedder import Embedder, default_pooling
 from .kv import KvCache
-from .logprobs import LogprobReporter
-from .mask_grammar import chosen_backend
-from .row_job import RowJob
-from .chunk_sampling import ChunkSampler
+from .sampling.logprobs import LogprobReporter
+from .sampling.mask_grammar import chosen_backend
+from .sampling.row_job import RowJob
+from .sampling.chunk_sampling import ChunkSampler
 from .invariant_decode import execute_invariant
-from .ubatch_split import ubatch_sizes
-from .samplers import Sampler, SamplerFactory, accept_written
+from ..kernel_paths.ubatch_split import ubatch_sizes
+from .sampling.samplers import Sampler, SamplerFactory, accept_written
 from .vocab import Vocabulary
 from ..config import EngineConfig
 from ..checks.kv_cache_types import pair_name
@@ -112,7 +114,7 @@ class LlamaRunner:
         self.default_pooling = config.pooling or default_pooling(self.metadata)
         self.embed_refusal = self.embedder.refusal
         if self.deterministic:
-            from .determinism_check import check
+            from ..kernel_paths.determinism_check import check
 
             try:
                 check(self)  # refuses, with one line naming the kernels, where the row rule does not hold
@@ -165,7 +167,7 @@ class LlamaRunner:
     def kernel_text(self) -> str:
         """"llama.cpp default kernels (cpu_buffers=auto: CPU_REPACK; weights: CPU_Mapped 235 MiB,
         CPU_REPACK 13 MiB)": the layout asked for and the buffers llama.cpp put the weights in."""
-        from .determinism_check import describe_buffers
+        from ..kernel_paths.determinism_check import describe_buffers
 
         kv = f"KV {self.cache_types}" + (f" {self.kv_mib:.1f} MiB" if self.kv_mib is not None else "")
         kv += " (flash attention on)" if self.flash_attn else " (flash attention off)"

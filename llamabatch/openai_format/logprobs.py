@@ -1,6 +1,6 @@
 """Log probabilities in the shapes users already parse: OpenAI chat, OpenAI (legacy) completions.
 
-The engine gives one record per generated token (see llamabatch/llama/logprobs.py):
+The engine gives one record per generated token (see llamabatch/llama/sampling/logprobs.py):
 `{"token", "id", "logprob", "bytes", "top_logprobs": [{"token", "id", "logprob", "bytes"}]}`.
 These functions only reshape those records; pure, so every rule is unit-testable.
 """

@@ -15,7 +15,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core.common_prefix import common_prefix
+from ..core.prefixes.common_prefix import common_prefix
 
 
 def sort_key(tokens: Sequence[int]) -> bytes:

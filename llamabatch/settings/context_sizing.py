@@ -7,7 +7,7 @@ What a line needs is its prompt's tokens plus its `max_tokens`. The rule, over t
   - some need more, up to the model's trained context: either one KV stream per slot, each
     as large as the longest line, or one pool shared by the slots (`kv_unified`) with room
     for the `n_parallel` largest lines at once, where one request may take up to the model's
-    context and waits for room (core/scheduler.py admits by room in a pool). Streams when
+    context and waits for room (core/scheduling/scheduler.py admits by room in a pool). Streams when
     they cost at most STREAMS_OVER_POOL times the pool's cells (a file of documents of about
     one length), else the pool (mostly short lines and a few long ones: the short ones do
     not each pay the long ones' size);
@@ -117,7 +117,7 @@ def model_facts(config: EngineConfig, model_path: str) -> tuple[int | None, int 
     the weights (as for n_parallel auto, autoslots.bounds)."""
     from ..llama.autoslots import KV_MEMORY_SHARE
     from ..models.gguf_header import GGUFError, read_header
-    from ..llama.resources import available_memory, kv_bytes_per_token, weights_size
+    from ..kernel_paths.resources import available_memory, kv_bytes_per_token, weights_size
     from ..checks.max_memory import DEFAULT_MAX_MEMORY, memory_cap
 
     try:
@@ -148,7 +148,7 @@ def slot_in_memory(config: EngineConfig, model_path: str, *, memory: int | None 
     known, the default fits, or not even GRAIN tokens a slot fit (the check refuses in its own
     words then)."""
     from ..models.gguf_header import GGUFError, read_header
-    from ..llama.resources import available_memory, check, weights_size
+    from ..kernel_paths.resources import available_memory, check, weights_size
     from ..checks.max_memory import DEFAULT_MAX_MEMORY
     from ..errors import LlamaBatchError, ResourceLimit
 

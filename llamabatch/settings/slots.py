@@ -40,7 +40,7 @@ def planned_slots(config: EngineConfig, model_path: str,
     and machine were never calibrated; the calibration {slots: decode tok/s}; when it was
     measured, epoch seconds). An explicit n_parallel is itself."""
     from ..llama import autoslots
-    from ..llama.cpu_buffers import chosen
+    from ..kernel_paths.cpu_buffers import chosen
 
     entry = autoslots.read_cache(autoslots.cache_key(model_path, config.n_threads, chosen(config.cpu_buffers),
                                                      autoslots.kv_setting(config)))

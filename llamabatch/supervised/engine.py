@@ -95,7 +95,7 @@ class SupervisedEngine(EngineBase):
         self._child_config = self.config.replace(model=self.model_path, max_queue=0)  # the parent bounds the queue
         # The child checks again before it allocates; checking here too means a setting that
         # cannot fit costs no child start and reaches the caller as itself (ResourceLimit).
-        from ..llama import resources
+        from ..kernel_paths import resources
 
         resources.check(self._child_config, self.model_path)
         self._env = env

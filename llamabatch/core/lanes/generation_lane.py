@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterable
 
 from ...errors import DecodeError, InternalError
 from ...results import Delta
-from ..disk_prefix import DiskPrefixes
+from ..prefixes.disk_prefix import DiskPrefixes
 from .open_requests import OpenRequests
 from ..plan import INTERRUPTED, Runner, StepPlan, StepResult
 from ..sampling_threads import GRACE, SampleJobRun, SamplingThreads
-from ..scheduler import PrefixToSave, Scheduler, SeqEvent
+from ..scheduling.scheduler import PrefixToSave, Scheduler, SeqEvent
 from ..sequence import Sequence, Status
 from ..telemetry import RequestRecord, TickRecord
 from ..tick_interrupt import TickInterrupt

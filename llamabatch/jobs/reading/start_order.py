@@ -2,7 +2,7 @@
 
 The engine evaluates a prompt prefix once while some slot holds it: a slot that ran a line
 keeps its KV, and a line sharing a prefix with a busy slot gets it by a KV fork
-(core/scheduler.py). Lines of more instructions than slots, interleaved line by line, never
+(core/scheduling/scheduler.py). Lines of more instructions than slots, interleaved line by line, never
 find theirs: each slot is reused for another instruction before the next line of its own
 comes, and every line evaluates its instruction again. So `run` reads up to `window` lines
 ahead and chooses which to start.
@@ -44,7 +44,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ...core.common_prefix import common_prefix
+from ...core.prefixes.common_prefix import common_prefix
 from ...core.inputs import is_chat
 
 # A shared prefix shorter than this (characters; token ids for a token-id prompt) is not

@@ -29,7 +29,7 @@ from ...files.json_line import BadJSON, loads
 from .api_errors import ApiError, bad_request
 from .auth import BearerAuth
 from .client_gone import unless_client_leaves
-from .file_content import FileContent
+from .batches.file_content import FileContent
 from .health import HEALTH_PATH, health_answer
 from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from .metrics import METRICS_PATH, ServerMetrics, metrics_answer
@@ -37,7 +37,7 @@ from .response_store import ResponseStore
 from .responses_online import ResponsesOnline
 from .service import Service
 from . import tokens
-from .upload_check import too_large
+from .batches.upload_check import too_large
 
 log = logging.getLogger("llamabatch.serve.http")
 _BODY = "the request body"

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 from typing import Any
 
-from .records import STATUS_TIMES, BatchRecord, FileRecord, dumps, loads
+from .batches.records import STATUS_TIMES, BatchRecord, FileRecord, dumps, loads
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (

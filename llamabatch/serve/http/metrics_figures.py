@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .records import UNFINISHED
+from .batches.records import UNFINISHED
 
 PREFIX = "llamabatch:"
 

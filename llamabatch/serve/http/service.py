@@ -11,18 +11,18 @@ from typing import Any, Callable
 from ...api import EngineAPI
 from ...jobs import JobHost, start_job
 from .api_errors import ApiError, bad_request, not_found
-from .batch_lane import BatchLane
-from .batch_queue import BatchQueue
-from .batch_share import BatchShare
-from .batch_requests import new_batch
+from .batches.batch_lane import BatchLane
+from .batches.batch_queue import BatchQueue
+from .batches.batch_share import BatchShare
+from .batches.batch_requests import new_batch
 from .catalogue import Catalogue
 from .data_dir import DataDir
 from .limits import DEFAULT_LIST_LIMIT, MAX_FILES_LIST_LIMIT, MAX_LIST_LIMIT, UploadLimits
 from .object_ids import BATCH, FILE, checked, new_id, shown
 from .online import Online
-from .records import UNFINISHED, BatchRecord, FileRecord
-from .upload_check import UploadCheck
-from .uploads import MultipartUpload
+from .batches.records import UNFINISHED, BatchRecord, FileRecord
+from .batches.upload_check import UploadCheck
+from .batches.uploads import MultipartUpload
 
 
 def batch_inflight(n_parallel: int, online_slots: int, reserved_slots: int = 0) -> int:

@@ -1,6 +1,6 @@
 """How many leading items two sequences share, for token lists, byte strings and text alike.
 
-Prefix sharing between slots (core/prefix.py), the disk prefix store's index (over byte keys)
+Prefix sharing between slots (core/prefixes/prefix.py), the disk prefix store's index (over byte keys)
 and `run`'s start order (over prompt text) all ask it, often of thousands of items, so the
 items are compared a slice at a time (one C comparison each), never one by one in Python.
 """

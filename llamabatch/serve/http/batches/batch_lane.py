@@ -17,10 +17,10 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from ...core.engine_base import EngineBase
-from ...errors import LlamaBatchError
-from ...results import EmbeddingResult, Result
-from ...openai_format import error_result
+from ....core.engine_base import EngineBase
+from ....errors import LlamaBatchError
+from ....results import EmbeddingResult, Result
+from ....openai_format import error_result
 from .batch_share import BatchShare
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import FileResponse, MalformedRangeHeader, RangeNotSatisfiable
 
-from .api_errors import ApiError
+from ..api_errors import ApiError
 
 
 class FileContent(FileResponse):

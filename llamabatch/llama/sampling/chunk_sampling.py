@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from llama_cpp import llama_cpp as C
 
-from ..core.plan import StepResult
+from ...core.plan import StepResult
 from .logprobs import LogprobReporter
 from .mask_grammar import GrammarStopped
 from .samplers import sample_row

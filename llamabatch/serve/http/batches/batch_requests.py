@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...openai_format import URLS
-from .api_errors import bad_request, not_found
-from .catalogue import Catalogue
-from .limits import COMPLETION_WINDOWS, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE
-from .object_ids import BATCH, FILE, checked, new_id, shown
+from ....openai_format import URLS
+from ..api_errors import bad_request, not_found
+from ..catalogue import Catalogue
+from ..limits import COMPLETION_WINDOWS, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE
+from ..object_ids import BATCH, FILE, checked, new_id, shown
 from .records import VALIDATING, BatchRecord
 
 _KNOWN = ("input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after")

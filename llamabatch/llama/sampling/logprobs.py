@@ -8,7 +8,7 @@ from typing import Any
 
 from llama_cpp import llama_cpp as C
 
-from .vocab import Vocabulary
+from ..vocab import Vocabulary
 
 
 class LogprobReporter:

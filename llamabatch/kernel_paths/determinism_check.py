@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..kernel_paths import machine_verdicts
+from . import machine_verdicts
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
 from ..core.plan import Chunk, StepPlan, Trim

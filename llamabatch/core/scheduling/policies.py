@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence as Seq, TypeVar
 
-from ..config import POLICY_NAMES
+from ...config import POLICY_NAMES
 
 T = TypeVar("T")
 Allocation = list[tuple[T, int]]
@@ -31,7 +31,7 @@ def _fill_prefill(prefills: Seq[T], budget: int, chunk_size: int, remaining: Cal
 
 def _fill_decode(decodes: Seq[T], budget: int, chunk_size: int, remaining: Callable[[T], int]) -> Allocation:
     """Each generating sequence its pending tokens: its last sampled one, and any its grammar
-    forced after it (llama/mask_grammar.py), as one chunk of at most chunk_size, while the
+    forced after it (llama/sampling/mask_grammar.py), as one chunk of at most chunk_size, while the
     budget lasts. Without forced tokens that is one token each, as it always was."""
     out: Allocation = []
     for seq in decodes:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 from llama_cpp import llama_cpp as C
 
-from ..core.plan import SampleStopped
+from ...core.plan import SampleStopped
 
 SLICE_SECONDS = 0.002  # the grammar pass in pieces of about this long: a stop or a pause waits for one piece
 FIRST_SLICE, MIN_SLICE, MAX_SLICE = 256, 4, 65536  # candidates; a piece's size follows the time the last took

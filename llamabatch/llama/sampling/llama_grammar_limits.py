@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..constraints.gbnf_shape import measure
-from ..constraints.reference_graph import reach
+from ...constraints.gbnf_shape import measure
+from ...constraints.reference_graph import reach
 
 if TYPE_CHECKING:
-    from .vocab import Vocabulary
+    from ..vocab import Vocabulary
 
 MAX_LLAMA_ALTERNATIVES = 500  # ~2.6 s a token on a 262,144-token vocabulary at worst
 MAX_LLAMA_COUNT_PRODUCT = 400  # nested counts multiplied; the time a token grows with its square

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .plan import Chunk, Fork, Move, Restore, StepResult, Trim
-from .sequence import Sequence, Status
+from ..plan import Chunk, Fork, Move, Restore, StepResult, Trim
+from ..sequence import Sequence, Status
 
 
 @dataclass(eq=False)

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from ..config import GRAMMAR_BACKENDS
-from ..errors import InvalidRequest
-from ..constraints.gbnf_guard import size_problem
-from ..constraints.schema_prepare import prepared_schema_text
-from ..constraints.tool_grammar import LarkGrammar
+from ...config import GRAMMAR_BACKENDS
+from ...errors import InvalidRequest
+from ...constraints.gbnf_guard import size_problem
+from ...constraints.schema_prepare import prepared_schema_text
+from ...constraints.tool_grammar import LarkGrammar
 
 BACKENDS = GRAMMAR_BACKENDS  # what EngineConfig.grammar_backend may hold
 BACKEND_ENV = "LLAMABATCH_GRAMMAR_BACKEND"

@@ -10,9 +10,9 @@ import os
 import time
 from dataclasses import dataclass
 
-from .catalogue import Catalogue
-from .data_dir import DataDir
-from .object_ids import FILE, new_id
+from ..catalogue import Catalogue
+from ..data_dir import DataDir
+from ..object_ids import FILE, new_id
 from .records import BatchRecord, FileRecord
 
 OUTPUT, ERRORS = "output.jsonl", "errors.jsonl"

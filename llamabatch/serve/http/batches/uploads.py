@@ -14,9 +14,9 @@ from typing import Any
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from ...files.replaced_file import sync_folder
-from .api_errors import ApiError, bad_request
-from .limits import MAX_FILENAME
+from ....files.replaced_file import sync_folder
+from ..api_errors import ApiError, bad_request
+from ..limits import MAX_FILENAME
 from .upload_check import UploadCheck
 
 MAX_FIELD_BYTES = 1024  # a form field other than the file (purpose)

@@ -15,8 +15,8 @@ import json
 import re
 from typing import Any
 
-from ..constraints.gbnf_guard import MAX_GRAMMAR_BYTES, MAX_GROUP_DEPTH
-from ..constraints.pattern_counts import nested_count_product
+from ...constraints.gbnf_guard import MAX_GRAMMAR_BYTES, MAX_GROUP_DEPTH
+from ...constraints.pattern_counts import nested_count_product
 from .llama_grammar_limits import MAX_LLAMA_COUNT_PRODUCT
 
 # every count a schema may ask for: maxItems - minItems nested groups must stay under the

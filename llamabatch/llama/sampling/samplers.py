@@ -10,18 +10,18 @@ import llama_cpp
 import numpy as np
 from llama_cpp import llama_cpp as C
 
-from ..errors import InvalidRequest
-from ..constraints.gbnf_guard import grammar_problem, size_problem
-from ..params import SamplingParams
-from ..constraints.schema_prepare import prepared_schema_text
-from ..constraints.tool_grammar import LarkGrammar
-from .backend import first_error, log_mark
+from ...errors import InvalidRequest
+from ...constraints.gbnf_guard import grammar_problem, size_problem
+from ...params import SamplingParams
+from ...constraints.schema_prepare import prepared_schema_text
+from ...constraints.tool_grammar import LarkGrammar
+from ..backend import first_error, log_mark
 from .greedy_pick import GreedyPick
 from .llama_grammar_limits import llama_grammar_problem
 from .mask_grammar import Matcher, MaskGrammars, available as mask_library_available
 from .schema_expansion import schema_expansion_problem
 from .stderr_capture import grammar_complaint, stderr_captured
-from .vocab import Vocabulary
+from ..vocab import Vocabulary
 
 # The bias a -inf logit_bias becomes under a grammar: far below any real logit (they span tens),
 # finite, and small enough that dividing by a tiny temperature stays finite in float32 for long.

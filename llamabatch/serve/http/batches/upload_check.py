@@ -9,10 +9,10 @@ batch's error file, as OpenAI reports a failed request.
 """
 from __future__ import annotations
 
-from ...openai_format import OPENAI, LineError, LineParser
-from ...params import SamplingParams
-from .api_errors import ApiError, bad_request
-from .limits import MAX_BODY_BYTES, UploadLimits
+from ....openai_format import OPENAI, LineError, LineParser
+from ....params import SamplingParams
+from ..api_errors import ApiError, bad_request
+from ..limits import MAX_BODY_BYTES, UploadLimits
 
 MAX_LINE_BYTES = MAX_BODY_BYTES  # one request line is at most what one online request body may be
 

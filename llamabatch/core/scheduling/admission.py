@@ -15,13 +15,13 @@ from collections import deque
 from typing import TYPE_CHECKING, NamedTuple
 
 from .kv_ledger import KVLedger, Slot
-from .plan import Fork, Restore
-from .prefix import SlotView, choose_slot, longest_shared
+from ..plan import Fork, Restore
+from ..prefixes.prefix import SlotView, choose_slot, longest_shared
 from .prefix_saves import PrefixSaves
-from .sequence import Sequence, Status
+from ..sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from .disk_prefix import DiskPrefixes
+    from ..prefixes.disk_prefix import DiskPrefixes
 
 # Priority's guard against starvation: once the oldest waiting request has watched this many
 # admissions of others go ahead of it, it is admitted next whatever its priority, and it is

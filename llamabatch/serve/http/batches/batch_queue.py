@@ -18,12 +18,12 @@ import threading
 import time
 from typing import Any, Callable
 
-from ...errors import LlamaBatchError
-from ...jobs import Done, LineFinished, SettingsChanged
-from .api_errors import bad_request
+from ....errors import LlamaBatchError
+from ....jobs import Done, LineFinished, SettingsChanged
+from ..api_errors import bad_request
 from .batch_files import BatchPaths, batch_paths, cut_torn_tail, register_outputs, whole_lines
-from .catalogue import Catalogue
-from .data_dir import DataDir
+from ..catalogue import Catalogue
+from ..data_dir import DataDir
 from .records import (CANCELLED, CANCELLING, COMPLETED, ENDED, EXPIRED, FAILED, FINALIZING, IN_PROGRESS,
                       UNFINISHED, VALIDATING, BatchRecord)
 

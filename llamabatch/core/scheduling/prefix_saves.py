@@ -12,12 +12,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .plan import Chunk, StepPlan
-from .prefix import longest_shared
-from .sequence import Sequence, Status
+from ..plan import Chunk, StepPlan
+from ..prefixes.prefix import longest_shared
+from ..sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from .disk_prefix import DiskPrefixes
+    from ..prefixes.disk_prefix import DiskPrefixes
     from .kv_ledger import Slot
 
 

@@ -17,17 +17,17 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from .admission import Admission, AdmissionQueue, slots_wanted, urgent_rows_only
-from .drafts import Drafter
+from ..drafts import Drafter
 from .kv_ledger import MOVE_CELLS, MOVE_MIN_LEFT, KVLedger
 from .output_step import OutputStep, SeqEvent
-from .plan import Chunk, Fork, StepPlan, StepResult, Trim
+from ..plan import Chunk, Fork, StepPlan, StepResult, Trim
 from .policies import POLICIES
 from .prefix_saves import PrefixSaves, PrefixToSave
-from .sequence import Sequence, Status
+from ..sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from .disk_prefix import DiskPrefixes
-    from .speculation import Speculation
+    from ..prefixes.disk_prefix import DiskPrefixes
+    from ..speculation import Speculation
 
 
 class Scheduler:
@@ -158,7 +158,7 @@ class Scheduler:
             self.ledger.plan_moves({seq.slot for seq, n in allocation if n > 0}, min_left,  # type: ignore[misc]
                                    time.perf_counter(), len(self.slots) - self.reserved)
         # In slot order: with a KV stream per slot, llama.cpp puts rows of consecutive slot ids in
-        # one ubatch (llama/ubatch_split.py; docs/performance.md, "Scheduler notes").
+        # one ubatch (kernel_paths/ubatch_split.py; docs/performance.md, "Scheduler notes").
         chunks = sorted((self._chunk(seq, n) for seq, n in allocation), key=lambda c: c.slot)
         spare = self.n_batch - sum(len(c.tokens) for c in chunks)
         if self.speculation is not None and spare > 0:

@@ -11,12 +11,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import InvalidRequest
+from ...errors import InvalidRequest
 from .detok import IncrementalDetokenizer
 from .kv_ledger import KVLedger
-from .plan import Chunk
-from .sequence import Sequence, Status
-from .thinking import ReasoningSplit
+from ..plan import Chunk
+from ..sequence import Sequence, Status
+from ..thinking import ReasoningSplit
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from ..config import CPU_BUFFERS
 from ..processes import entries
-from ..kernel_paths import machine_verdicts
+from . import machine_verdicts
 
 CHOICES = CPU_BUFFERS  # what EngineConfig.cpu_buffers may hold
 REPACK = "CPU_REPACK"  # ggml-cpu's names for its extra buffer types

@@ -1,0 +1,1 @@
+"""The scheduler and its parts: the KV ledger (what each slot holds), admission (queue order, fair share, priority, preemption), the output step (tokens accepted, detokenized, stopped), and the prefix saves it plans."""
