@@ -28,6 +28,7 @@ class Started:
     cluster: str | None  # run on Ray: the workers, described; None locally
     input: str
     output: str | None  # None: the job's stdout
+    layout_reason: str = ""  # the KV layout the job chose from its file, and why ("" when not chosen)
 
 
 @dataclass(frozen=True)

@@ -226,4 +226,5 @@ def _begin(opened: OpenedJob) -> None:
         model=engine.model_name, why_model=model_why(opened.resolved.sources.get("model")) if opened.owns_engine else "",
         n_parallel=engine.config.n_parallel, slot_ctx=engine.slot_ctx, slots_reason=engine.slots_reason,
         kernels=engine.kernels, cluster=cluster.describe() if cluster else None, input=opened.spec.input,
-        output=opened.spec.output if opened.spec.output != "-" else None))
+        output=opened.spec.output if opened.spec.output != "-" else None,
+        layout_reason=opened.resolved.layout_reason if opened.owns_engine else ""))

@@ -26,6 +26,7 @@ class Resolved:
     sources: dict[str, str] = field(default_factory=dict)  # key -> "flag" | "env LLAMABATCH_X" | "file:line" | "default"
     model: "ModelRef | None" = None  # None: the model is not resolved yet
     slots_reason: str = ""
+    layout_reason: str = ""  # the KV layout `run` chose from its file, and why (settings/kv_layout.py)
 
     def replace(self, **changes) -> "Resolved":
         return dataclasses.replace(self, sources=dict(self.sources), **changes)

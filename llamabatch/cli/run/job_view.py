@@ -100,7 +100,8 @@ def header(event: Started) -> str:
         model = f"{event.model} ({event.why_model})" if event.why_model else event.model
         why = f" ({event.slots_reason})" if event.slots_reason else ""
         kernels = f", {event.kernels}" if event.kernels else ""
-        what = f"{model}, {event.n_parallel} slots x {event.slot_ctx} tokens{why}{kernels}"
+        layout = f", {event.layout_reason}" if event.layout_reason else ""
+        what = f"{model}, {event.n_parallel} slots x {event.slot_ctx} tokens{why}{kernels}{layout}"
     return f"{what}, {event.input} -> {event.output or 'stdout'}"
 
 
