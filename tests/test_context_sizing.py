@@ -147,13 +147,15 @@ def test_n_ctx_auto_is_read_from_every_layer():
 
 
 def test_a_file_whose_lines_all_fit_a_default_slot_keeps_today_s_engine_exactly(tmp_path):
-    # benchmarks/vs_llama_server.py's workload (c): prompts of 95-1,430 tokens, 32 out. Each
-    # fits 4,096: the engine is the one of before auto, field for field.
-    lines = [{"prompt": "w" * n, "max_tokens": 32} for n in (95, 700, 1430)] * 8
+    # benchmarks/vs_llama_server.py's workload (c): distinct prompts of 95-1,430 tokens, 32 out.
+    # Each fits 4,096: the engine is the one of before auto, field for field (long distinct
+    # prompts: a stream per slot, settings/kv_layout.py)
+    lines = [{"prompt": f"{i}: " + "w " * n, "max_tokens": 32} for i, n in enumerate((95, 700, 1430) * 8)]
     config = EngineConfig(model="m.gguf", n_parallel=8)
     out, plan, tokenizer, prepared = fit(tmp_path, lines, config)
     assert plan is None and fit.long_lines == frozenset()
     assert out.engine == config and out.engine.n_ctx is None and not out.engine.kv_unified
+    assert out.layout_reason.startswith("KV layout: a stream per slot")
 
 
 def test_an_explicit_n_parallel_is_kept_exactly():

@@ -110,7 +110,7 @@ def test_a_prompt_that_fits_but_whose_max_tokens_does_not_is_run_clipped(tmp_pat
     assert (r["valid"], r["invalid"]) == (3, 0)
     assert r["max_output_tokens"] == 4 + 4 + (4096 - 3000)
     assert r["slots"]["slot_ctx"] == 4096
-    assert r["slots"]["context_reason"] == "n_ctx auto: 4,096 tokens a slot hold every line"
+    assert r["slots"]["context_reason"].startswith("n_ctx auto: 4,096 tokens a slot hold every line; KV layout: ")
 
 
 def test_the_kv_memory_allowed_bounds_the_plan_and_names_the_options(tmp_path, monkeypatch):
@@ -160,7 +160,8 @@ def test_without_model_facts_a_default_slot_is_the_most_and_longer_prompts_are_f
         "slot held before auto; the model's trained context is unknown): shorten the prompt, or give --n-ctx")
     s = r["slots"]
     assert (s["n_parallel"], s["slot_ctx"], s["n_ctx"]) == (4, 4096, 4 * 4096)
-    assert s["context_reason"] == "n_ctx auto: 4,096 tokens a slot hold every line that can fit; 1 line can never fit"
+    assert s["context_reason"].startswith("n_ctx auto: 4,096 tokens a slot hold every line that can fit; 1 line can never "
+                                          "fit; KV layout: ")
 
 
 def test_an_explicit_n_ctx_keeps_the_fixed_slot_and_reads_no_model_facts(tmp_path, monkeypatch):
