@@ -15,9 +15,8 @@ from pydantic import BaseModel
 from llamabatch import SamplingParams
 from llamabatch.config import EngineConfig
 from llamabatch.engines import open_engine
-from llamabatch.serve.http.app import build_app
-from llamabatch.serve.http.server import listen
-from llamabatch.serve.http.service import Service
+
+from http_server import serving_engine
 
 pytestmark = pytest.mark.model
 
@@ -34,15 +33,8 @@ class Colour(BaseModel):
 def test_responses_on_the_bundled_model(tmp_path):
     engine = open_engine(EngineConfig(model=None, n_parallel=2, n_ctx=2 * 512, threads=2),
                          SamplingParams(temperature=0, max_tokens=12))
-    service = Service(engine, str(tmp_path / "data"))
-    listening = listen(build_app(service), "127.0.0.1", 0)
-    service.start()
-    thread = listening.run_in_thread()
-    try:
-        from openai import OpenAI
-
-        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
-                        timeout=300)
+    with serving_engine(engine, tmp_path / "data") as running:
+        client = running.client(timeout=300)
         shaped = client.responses.create(model="gemma", input="Name a colour.", max_output_tokens=40,
                                          text={"format": {"type": "json_schema", "name": "colour", "schema": SCHEMA,
                                                           "strict": True}})
@@ -56,11 +48,6 @@ def test_responses_on_the_bundled_model(tmp_path):
         second = client.responses.retrieve(events[0].response.id)
         counted = client.responses.input_tokens.count(model="gemma", instructions="You are a helpful assistant.",
                                                       input="And the sky?", previous_response_id=first.id)
-    finally:
-        listening.stop()
-        thread.join(10)
-        service.close(10)
-        engine.close()
     assert shaped.status == "completed" and json.loads(shaped.output_text)["colour"] in ("red", "green", "blue")
     assert isinstance(parsed.output_parsed, Colour)  # the SDK's own schema from a pydantic model, parsed back
     assert first.usage.output_tokens <= 8 and first.status in ("completed", "incomplete")
@@ -79,17 +66,11 @@ def test_responses_function_calls_on_smollm2_through_a_hermes_template(tmp_path,
     """tool_choice required gives a function_call item whose arguments hold to the tool's schema,
     streamed as the same call, and its output continues the chain to a message."""
     import jsonschema
-    from openai import OpenAI
 
     engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, threads=2,
                                       chat_template=HERMES), SamplingParams(temperature=0, max_tokens=60))
-    service = Service(engine, str(tmp_path / "data"))
-    listening = listen(build_app(service), "127.0.0.1", 0)
-    service.start()
-    thread = listening.run_in_thread()
-    try:
-        client = OpenAI(base_url=f"http://127.0.0.1:{listening.port}/v1", api_key="unused", max_retries=0,
-                        timeout=300)
+    with serving_engine(engine, tmp_path / "data") as running:
+        client = running.client(timeout=300)
         ask = dict(model="smollm2", input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
                    parallel_tool_calls=False)
         whole = client.responses.create(**ask)
@@ -101,11 +82,6 @@ def test_responses_function_calls_on_smollm2_through_a_hermes_template(tmp_path,
                                         tool_choice="none", max_output_tokens=12, input=[
                                             {"type": "function_call_output", "call_id": call.call_id,
                                              "output": '{"sky": "sunny", "celsius": 21}'}])
-    finally:
-        listening.stop()
-        thread.join(10)
-        service.close(10)
-        engine.close()
     assert [item.type for item in whole.output] == ["function_call"] and whole.status == "completed"
     assert call.name == "get_weather"
     jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
