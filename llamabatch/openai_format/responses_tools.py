@@ -18,7 +18,7 @@ from ..constraints.tool_syntax import syntax_named
 from ..errors import InvalidRequest
 from .fields import json_kind
 from .tool_calls import openai_call, split_tool_calls
-from .tools_request import CHOICES, MAX_TOOLS, Tool, ToolRequest, function_tool, unique_tools
+from .tools_request import CHOICES, Tool, ToolRequest, function_tool, tool_array, unique_tools
 
 TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
 
@@ -48,14 +48,8 @@ def parse_responses_tools(body: dict[str, Any]) -> ToolRequest | None:
 
 
 def _tools(value: Any) -> list[Tool]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidRequest(f"body.tools must be an array of tools, got {json_kind(value)}")
-    if len(value) > MAX_TOOLS:
-        raise InvalidRequest(f"body.tools has {len(value)} tools; at most {MAX_TOOLS} are allowed")
     tools = []
-    for i, item in enumerate(value):
+    for i, item in enumerate(tool_array(value, "body.tools")):
         here = f"body.tools[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"{here} must be an object, got {json_kind(item)}")

@@ -103,15 +103,21 @@ def parse_tools(body: dict[str, Any], where: str = "body.") -> ToolRequest | Non
     return request
 
 
-def _tools(value: Any, where: str) -> list[Tool]:
+def tool_array(value: Any, where: str) -> list:
+    """A request's `tools` as a list ([] when absent): InvalidRequest for anything but an array
+    of at most MAX_TOOLS (Chat Completions' and Responses' alike)."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise InvalidRequest(f"{where} must be an array of tools, got {json_kind(value)}")
     if len(value) > MAX_TOOLS:
         raise InvalidRequest(f"{where} has {len(value)} tools; at most {MAX_TOOLS} are allowed")
+    return value
+
+
+def _tools(value: Any, where: str) -> list[Tool]:
     tools: list[Tool] = []
-    for i, item in enumerate(value):
+    for i, item in enumerate(tool_array(value, where)):
         here = f"{where}[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"{here} must be an object, got {json_kind(item)}")
