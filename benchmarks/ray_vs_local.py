@@ -13,6 +13,7 @@ Measures only; never asserts on time. The machine may be shared: read the per-pa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from _bench import (completion_tokens, llamabatch_command, machine_line, read_records, workload_args,
                     write_prompt_lines)
@@ -75,42 +77,18 @@ def start_head(env: dict, tmp: Path, cpus: int) -> tuple[subprocess.Popen, str]:
     return head, address
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lines", type=int, default=48, help="input lines (default 48)")
-    workload_args(ap, tokens=48, slots=8, rounds=2)  # --slots: per engine, both sides
-    a = ap.parse_args()
-
-    tmp = Path(tempfile.mkdtemp(prefix="lbbench"))
+@contextlib.contextmanager
+def ray_head(cpus: int, prefix: str) -> Iterator[tuple[dict, Path, str]]:
+    """A Ray head of `cpus` CPUs with token authentication in a scratch folder: (the environment
+    to run llamabatch in, the folder, the head's address); stopped and removed after."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     token = tmp / "auth_token"
     token.write_text(secrets.token_hex(32))
     env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0")
-    inp, one = tmp / "in.jsonl", tmp / "one.jsonl"
-    write_input(inp, a.lines, a.tokens)
-    write_input(one, 1, a.tokens)
-    engine = ["--n-parallel", str(a.slots), "--n-ctx", str(256 * a.slots)]
-    local = [str(inp), *engine, "--threads", "2"]
-    head, address = start_head(env, tmp, 2)
-    ray = ["--ray", address, "--ray-workers", "2", "--ray-cpus-per-worker", "1", *engine]
-    print(f"{a.lines} lines x {a.tokens} tokens, {a.slots} slots per engine; local: 1 engine x 2 threads; "
-          f"Ray: 2 workers x 1 thread on a 2-CPU head; {machine_line()}")
+    head, address = start_head(env, tmp, cpus)
     try:
-        pairs = []
-        for r in range(a.rounds):
-            lt, lw, _ = timed_run(local, env, tmp / "local.jsonl", a.lines)
-            rt, rw, rcpu = timed_run([str(inp), *ray], env, tmp / "ray.jsonl", a.lines)
-            pairs.append((lt / lw, rt / rw, rcpu))
-            print(f"round {r + 1}: local {lt / lw:6.1f} tok/s ({lw:5.1f}s)   ray {rt / rw:6.1f} tok/s ({rw:5.1f}s)   "
-                  f"ray/local {rt / rw / (lt / lw):.2f}")
-        _, one_wall, one_cpu = timed_run([str(one), *ray], env, tmp / "one_out.jsonl", 1)  # not over its input
-        per_line = [(cpu - one_cpu) / (a.lines - 1) * 1000 for _, _, cpu in pairs]
-        local_mean = sum(p[0] for p in pairs) / len(pairs)
-        ray_mean = sum(p[1] for p in pairs) / len(pairs)
-        print(f"mean: local {local_mean:.1f} tok/s, ray {ray_mean:.1f} tok/s, ray/local {ray_mean / local_mean:.2f}")
-        print(f"ray start-up (1-line run, end to end): {one_wall:.1f}s wall, driver CPU {one_cpu:.2f}s")
-        print("driver CPU per line beyond start-up: " + ", ".join(f"{x:.2f} ms" for x in per_line)
-              + f" (mean {sum(per_line) / len(per_line):.2f} ms/line)")
+        yield env, tmp, address
     finally:
         head.send_signal(signal.SIGTERM)
         try:
@@ -119,6 +97,37 @@ def main() -> None:
             head.kill()
         shutil.rmtree(tmp, ignore_errors=True)
 
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lines", type=int, default=48, help="input lines (default 48)")
+    workload_args(ap, tokens=48, slots=8, rounds=2)  # --slots: per engine, both sides
+    a = ap.parse_args()
+
+    with ray_head(2, "lbbench") as (env, tmp, address):
+        inp, one = tmp / "in.jsonl", tmp / "one.jsonl"
+        write_input(inp, a.lines, a.tokens)
+        write_input(one, 1, a.tokens)
+        engine = ["--n-parallel", str(a.slots), "--n-ctx", str(256 * a.slots)]
+        local = [str(inp), *engine, "--threads", "2"]
+        ray = ["--ray", address, "--ray-workers", "2", "--ray-cpus-per-worker", "1", *engine]
+        print(f"{a.lines} lines x {a.tokens} tokens, {a.slots} slots per engine; local: 1 engine x 2 threads; "
+              f"Ray: 2 workers x 1 thread on a 2-CPU head; {machine_line()}")
+        pairs = []
+        for r in range(a.rounds):
+            lt, lw, _ = timed_run(local, env, tmp / "local.jsonl", a.lines)
+            rt, rw, rcpu = timed_run([str(inp), *ray], env, tmp / "ray.jsonl", a.lines)
+            pairs.append((lt / lw, rt / rw, rcpu))
+            print(f"round {r + 1}: local {lt / lw:6.1f} tok/s ({lw:5.1f}s)   ray {rt / rw:6.1f} tok/s ({rw:5.1f}s)   "
+                  f"ray/local {rt / rw / (lt / lw):.2f}")
+        _, one_wall, one_cpu = timed_run([str(one), *ray], env, tmp / "one_out.jsonl", 1)  # not over its input
+    per_line = [(cpu - one_cpu) / (a.lines - 1) * 1000 for _, _, cpu in pairs]
+    local_mean = sum(p[0] for p in pairs) / len(pairs)
+    ray_mean = sum(p[1] for p in pairs) / len(pairs)
+    print(f"mean: local {local_mean:.1f} tok/s, ray {ray_mean:.1f} tok/s, ray/local {ray_mean / local_mean:.2f}")
+    print(f"ray start-up (1-line run, end to end): {one_wall:.1f}s wall, driver CPU {one_cpu:.2f}s")
+    print("driver CPU per line beyond start-up: " + ", ".join(f"{x:.2f} ms" for x in per_line)
+          + f" (mean {sum(per_line) / len(per_line):.2f} ms/line)")
 
 if __name__ == "__main__":
     main()

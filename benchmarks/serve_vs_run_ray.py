@@ -17,17 +17,14 @@ import argparse
 import json
 import os
 import re
-import secrets
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from _bench import llamabatch_command, machine_line, say
-from ray_vs_local import TOPICS, start_head
+from ray_vs_local import TOPICS, ray_head
 
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 
@@ -84,43 +81,31 @@ def main() -> None:
     a = ap.parse_args()
     from openai import OpenAI
 
-    tmp = Path(tempfile.mkdtemp(prefix="lbsvr"))
-    token = tmp / "auth_token"
-    token.write_text(secrets.token_hex(32))
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
-               RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0")
-    inp = tmp / "in.jsonl"
-    content = write_batch(inp, a.lines, a.tokens)
-    head, address = start_head(env, tmp, 4)
-    ray = ["--ray", address, "--ray-workers", "2", "--ray-cpus-per-worker", "1", "--n-parallel", str(a.slots),
-           "--n-ctx", str(256 * a.slots), "--prefix-store", "off",
-           "--kv-unified"]  # serve's default KV layout, given to both: the same engines either side
-    server = None
-    try:
-        server, port = start_server(env, tmp / "data", ray)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=3600)
-        print(f"{a.lines} lines x {a.tokens} tokens, 2 workers x 1 CPU x {a.slots} slots each side, on one Ray "
-              f"head of 4 logical CPUs; {machine_line()}")
-        ratios = []
-        for r in range(a.rounds):
-            run_tok_s = run_once(env, inp, tmp / "run.jsonl", ray)
-            serve_tok_s = serve_once(client, content, tmp / "data")
-            ratios.append(serve_tok_s / run_tok_s)
-            print(f"round {r + 1}: run --ray {run_tok_s:6.1f} tok/s   serve --ray {serve_tok_s:6.1f} tok/s   "
-                  f"serve/run {ratios[-1]:.3f}")
-            say(f"load average {os.getloadavg()[0]:.1f}")
-        print("per-pair serve/run: " + ", ".join(f"{x:.3f}" for x in ratios))
-    finally:
-        if server is not None:
-            server.send_signal(signal.SIGTERM)
-            server.wait(60)
-        head.send_signal(signal.SIGTERM)
+    with ray_head(4, "lbsvr") as (env, tmp, address):
+        inp = tmp / "in.jsonl"
+        content = write_batch(inp, a.lines, a.tokens)
+        ray = ["--ray", address, "--ray-workers", "2", "--ray-cpus-per-worker", "1", "--n-parallel", str(a.slots),
+               "--n-ctx", str(256 * a.slots), "--prefix-store", "off",
+               "--kv-unified"]  # serve's default KV layout, given to both: the same engines either side
+        server = None
         try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
-
+            server, port = start_server(env, tmp / "data", ray)
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=3600)
+            print(f"{a.lines} lines x {a.tokens} tokens, 2 workers x 1 CPU x {a.slots} slots each side, on one Ray "
+                  f"head of 4 logical CPUs; {machine_line()}")
+            ratios = []
+            for r in range(a.rounds):
+                run_tok_s = run_once(env, inp, tmp / "run.jsonl", ray)
+                serve_tok_s = serve_once(client, content, tmp / "data")
+                ratios.append(serve_tok_s / run_tok_s)
+                print(f"round {r + 1}: run --ray {run_tok_s:6.1f} tok/s   serve --ray {serve_tok_s:6.1f} tok/s   "
+                      f"serve/run {ratios[-1]:.3f}")
+                say(f"load average {os.getloadavg()[0]:.1f}")
+            print("per-pair serve/run: " + ", ".join(f"{x:.3f}" for x in ratios))
+        finally:
+            if server is not None:
+                server.send_signal(signal.SIGTERM)
+                server.wait(60)
 
 if __name__ == "__main__":
     main()
