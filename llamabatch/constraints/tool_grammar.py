@@ -28,7 +28,7 @@ import json
 from typing import Iterable
 
 from .schema_prepare import prepared_schema_text
-from .tool_syntax import HERMES, ToolSyntax
+from .tool_syntax import HERMES, ToolSyntax, syntax_named
 
 OPEN, CLOSE = HERMES.trigger, HERMES.closer.strip()
 # llguidance's JSON options as json_schema gets them (llama/mask_grammar.JSON_OPTIONS): no free
@@ -52,7 +52,6 @@ class ToolGrammar(LarkGrammar):
         return grammar
 
     def __getnewargs__(self):  # pickled (to an engine child or a Ray worker) with what it was built from
-        from .tool_syntax import syntax_named
         return str(self), self.tools, self.mode, self.parallel, syntax_named(self.syntax)
 
     def for_syntax(self, syntax: ToolSyntax) -> "ToolGrammar":
