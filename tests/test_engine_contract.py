@@ -25,8 +25,9 @@ from llamabatch.errors import EngineClosed, QueueFull
 from llamabatch.engines import Engine
 from llamabatch.supervised import SupervisedEngine
 import supervised_child_runner
-from child_tools import TESTS, child_env, fake_gguf
+from child_tools import child_env, fake_gguf
 from fake_runner import N_VOCAB
+from local_ray import local_ray
 
 # One xdist worker runs the whole module: its engines (and Ray) start once, not once per worker.
 pytestmark = pytest.mark.xdist_group("engine_contract")
@@ -45,25 +46,8 @@ def model_file(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def ray_session():
     """A local Ray instance for the module: its workers can import the registered fake runner."""
-    import ray
-
-    # Ray's processes inherit the environment ray.init sees (restored right after). Not
-    # runtime_env: with one, every actor waits for a worker process of its own (seconds each)
-    # instead of taking one Ray started beforehand.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        mp.setenv("PYTHONPATH", TESTS)
-        mp.delenv("LLAMABATCH_MODEL", raising=False)
-        for attempt in (1, 2):
-            try:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-                break
-            except Exception:  # "The current node timed out during startup" (Ray's fixed 30 s): a loaded machine
-                ray.shutdown()
-                if attempt == 2:
-                    raise
-    yield
-    ray.shutdown()
+    with local_ray(num_cpus=2):
+        yield
 
 
 def open_engine(kind: str, model_file: str, request: pytest.FixtureRequest, max_queue: int = 0) -> Any:

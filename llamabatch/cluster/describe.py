@@ -13,18 +13,25 @@ def header(model_name: str, workers: list[WorkerState], where: str) -> str:
     """"gemma, 2 engine(s) x 4 slots x 256 tokens on a local Ray instance", or with
     differing or auto-chosen counts, each worker's: "gemma, 2 engine(s) (w1: 8 slots x 4096
     tokens, auto: bounded by 6 input lines; w2: ...) on ..."."""
-    shapes = {(w.n_parallel, w.slot_ctx) for w in workers}
+    shapes = {(w.n_parallel, w.reserved, w.slot_ctx) for w in workers}
     if len(shapes) == 1 and not any(w.slots_reason for w in workers):
-        n, ctx = shapes.pop()
-        return f"{model_name}, {len(workers)} engine(s) x {n} slots x {ctx} tokens on {where}"
-    each = "; ".join(f"{w.tally.name}: {w.n_parallel} slots x {w.slot_ctx} tokens"
+        n, reserved, ctx = shapes.pop()
+        online = f" (+ {reserved} each for online requests)" if reserved else ""
+        return f"{model_name}, {len(workers)} engine(s) x {n - reserved} slots x {ctx} tokens{online} on {where}"
+    each = "; ".join(f"{w.tally.name}: {_slots(w)} x {w.slot_ctx} tokens"
                      + (f", {w.slots_reason}" if w.slots_reason else "") for w in workers)
     return f"{model_name}, {len(workers)} engine(s) ({each}) on {where}"
 
 
+def _slots(worker: WorkerState) -> str:
+    """"8 slots", or with serve's --online-slots "8 slots + 1 for online requests"."""
+    r = worker.reserved
+    return f"{worker.n_parallel - r} slots" + (f" + {r} for online requests" if r else "")
+
+
 def slots_note(worker: WorkerState) -> str:
     """The end of a worker's start note: "8 slots", or "8 slots (auto: 1.40x over 8 here)"."""
-    return f"{worker.n_parallel} slots" + (f" ({worker.slots_reason})" if worker.slots_reason else "")
+    return _slots(worker) + (f" ({worker.slots_reason})" if worker.slots_reason else "")
 
 
 def worker_row(worker: WorkerState) -> dict:

@@ -56,8 +56,10 @@ class Line:
 class WorkerState:
     tally: WorkerTally
     cap: int
-    n_parallel: int
+    n_parallel: int  # its engine's slots, the reserved ones included
     state: str = READY
+    reserved: int = 0  # of n_parallel, slots its engine keeps for online requests (serve's --online-slots)
+    node_id: str = ""  # Ray's id of its node (the header and manifest name it)
     inflight: dict[int, Line] = field(default_factory=dict)
     quarantine: set[int] = field(default_factory=set)  # the suspect group it runs, alone
     draining: bool = False  # kept free of fresh lines until a suspect group can have it

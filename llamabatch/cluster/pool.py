@@ -94,8 +94,10 @@ class RayPool(EngineBase):
               workers: int | None, cpus_per_worker: int | None, gpus_per_worker: float,
               inflight_per_worker: int | None = None, log_to_driver: bool = False,
               note: Callable[[str], None] = lambda _m: None, max_slots: int | None = None,
-              watchdog_s: float = DEFAULT_FLOOR_S, runner: RunnerChoice | None = None) -> "RayPool":
-        """Connect to (or start) Ray, place the engines, load the model on every one.
+              watchdog_s: float = DEFAULT_FLOOR_S, runner: RunnerChoice | None = None,
+              extra_slots: int = 0) -> "RayPool":
+        """Connect to (or start) Ray, place the engines, load the model on every one, each with
+        `extra_slots` more slots reserved for requests above the default priority (serve's online ones).
 
         Raises RayStartError before any line runs: no cluster, no room, a node without the model.
         """
@@ -103,7 +105,7 @@ class RayPool(EngineBase):
         joined = open_ray(address, log_to_driver)
         try:
             started = start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
-                                    gpus_per_worker, inflight_per_worker, note, max_slots, runner)
+                                    gpus_per_worker, inflight_per_worker, note, max_slots, runner, extra_slots)
             pool = cls(started.workers, started.model_name, started.slot_ctx, owns, address or "local", watchdog_s,
                        started.config, default_params)
         except BaseException:
@@ -204,7 +206,9 @@ class RayPool(EngineBase):
             busy = sum(min(len(w.inflight), w.n_parallel) for w in live)
             n = sum(w.n_parallel for w in self._workers)
             waiting = self._dispatcher.waiting
-        return self.telemetry.stats(["generating"] * busy + ["idle"] * (n - busy), waiting, self.slot_ctx)
+            reserved = sum(w.reserved for w in self._workers)
+        return self.telemetry.stats(["generating"] * busy + ["idle"] * (n - busy), waiting, self.slot_ctx,
+                                    reserved_slots=reserved)
 
     def progress(self) -> str:
         """Per-worker rates for the progress line."""

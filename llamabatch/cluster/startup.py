@@ -89,8 +89,9 @@ def _check_reachable(address: str) -> None:
 def start_workers(config: EngineConfig, default_params: SamplingParams, owns: bool, address: str,
                   workers: int | None, cpus: int | None, gpus: float, inflight: int | None,
                   note: Callable[[str], None], max_slots: int | None = None,
-                  runner: RunnerChoice | None = None) -> Started:
-    """Place the engines, start an actor for each, and wait until every one has loaded the model."""
+                  runner: RunnerChoice | None = None, extra_slots: int = 0) -> Started:
+    """Place the engines, start an actor for each, and wait until every one has loaded the model.
+    `extra_slots`: slots on each engine reserved for online requests (serve's --online-slots)."""
     nodes = [Node(n["NodeID"], n["NodeManagerAddress"], int(n["Resources"].get("CPU", 0)),
                   float(n["Resources"].get("GPU", 0))) for n in ray.nodes() if n.get("Alive")]
     try:
@@ -99,7 +100,7 @@ def start_workers(config: EngineConfig, default_params: SamplingParams, owns: bo
         raise RayStartError(str(exc)) from None
     # With "auto" each worker chooses its slot count when it starts; until then plan for the
     # most it may choose (the actor's thread count is fixed when it is created).
-    most = most_slots(config)
+    most = most_slots(config) + extra_slots
     cap = inflight or 2 * most
     if config.model is not None:  # the same absolute path on every node, not the driver's cwd
         config = config.replace(model=os.path.abspath(os.path.expanduser(config.model)))
@@ -111,8 +112,8 @@ def start_workers(config: EngineConfig, default_params: SamplingParams, owns: bo
             num_cpus=p.cpus, num_gpus=p.gpus, max_restarts=MAX_RESTARTS, max_task_retries=0,
             max_concurrency=cap + 4,  # room for cancel calls beside `cap` generate calls
             scheduling_strategy=NodeAffinitySchedulingStrategy(p.node.node_id, soft=False),
-        ).remote(config.replace(threads=p.cpus), default_params, max_slots, runner)
-        w = WorkerState(WorkerTally(f"w{i}", p.node.address, 0, p.cpus), cap, most,
+        ).remote(config.replace(threads=p.cpus), default_params, max_slots, runner, extra_slots)
+        w = WorkerState(WorkerTally(f"w{i}", p.node.address, 0, p.cpus), cap, most, node_id=p.node.node_id,
                         actor=actor, start_ref=actor.start.remote(__version__))
         states.append(w)
     note(f"llamabatch run: Ray {'local instance' if owns else address}: {len(nodes)} node(s); starting "
@@ -126,9 +127,11 @@ def start_workers(config: EngineConfig, default_params: SamplingParams, owns: bo
         elif "error" in info:
             problems.append(f"node {info['node']} ({info['host']}): {info['error']}")
         else:
-            w.n_parallel, w.tally.pid = info["n_parallel"], info["pid"]
+            w.n_parallel, w.tally.pid, w.reserved = info["n_parallel"], info["pid"], info.get("reserved_slots", 0)
             w.slot_ctx, w.slots_reason = info["slot_ctx"], info.get("slots_reason", "")
-            w.cap = inflight or 2 * w.n_parallel  # its engine's own slots now that it has chosen
+            # its engine's own batch slots now that it has chosen, and as many queued; online
+            # requests take its reserved slots beyond that (the dispatcher lets them past the cap)
+            w.cap = inflight or 2 * (w.n_parallel - w.reserved)
     if problems:
         more = f" (and {len(problems) - 1} more worker(s))" if len(problems) > 1 else ""
         raise RayStartError(problems[0] + more)

@@ -30,8 +30,9 @@ class EngineWorker:
     """One engine in a Ray actor (a threaded one: `take` waits beside `put`, `cancel`, `progress`)."""
 
     def __init__(self, config: EngineConfig, default_params: SamplingParams, max_slots: int | None = None,
-                 runner: RunnerChoice | None = None):
+                 runner: RunnerChoice | None = None, extra_slots: int = 0):
         self._config = config
+        self._extra_slots = extra_slots  # serve's --online-slots: reserved on this engine for online requests
         self._defaults = default_params
         self._max_slots = max_slots  # n_parallel "auto": never more slots than the run has lines
         self._runner = runner  # a registered runner instead of the model (tests)
@@ -60,13 +61,13 @@ class EngineWorker:
                 from ..settings.given import settings_for
 
                 self._engine = open_worker_engine(settings_for(self._config, self._defaults), self._runner,
-                                                  self._max_slots)
+                                                  self._max_slots, self._extra_slots)
             except LlamaBatchError as exc:
                 return {**info, "error": str(exc)}
             self._engine.subscribe(self._on_record)
         e = self._engine
         return {**info, "model_name": e.model_name, "slot_ctx": e.slot_ctx, "n_parallel": e.config.n_parallel,
-                "slots_reason": e.slots_reason}
+                "reserved_slots": e.config.reserved_slots, "slots_reason": e.slots_reason}
 
     def _on_record(self, record: Any) -> None:
         if isinstance(record, TickRecord):

@@ -72,13 +72,15 @@ class EngineFactory:
 
     def ray_pool(self, resolved: Resolved, *, address: str | None, workers: int | None,
                  cpus_per_worker: int | None, gpus_per_worker: float, max_slots: int | None,
-                 watchdog_s: float | None, log_to_driver: bool, note: Callable[[str], None]) -> "RayPool":
+                 watchdog_s: float | None, log_to_driver: bool, note: Callable[[str], None],
+                 extra_slots: int = 0) -> "RayPool":
         """Engines on Ray workers (cluster/pool.py, imported here: it imports ray). Each worker
-        decides "auto" on its own node, bounded by `max_slots`. Raises ClusterStartError."""
+        decides "auto" on its own node, bounded by `max_slots`, and reserves `extra_slots` more
+        for online requests. Raises ClusterStartError."""
         from ..cluster.pool import RayPool
 
         bounds = {} if watchdog_s is None else {"watchdog_s": watchdog_s}
         return RayPool.start(resolved.engine, resolved.sampling, address=address, workers=workers,
                              cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker,
                              log_to_driver=log_to_driver, note=note, max_slots=max_slots,
-                             runner=self.runner_choice(), **bounds)
+                             runner=self.runner_choice(), extra_slots=extra_slots, **bounds)

@@ -73,13 +73,14 @@ def open_pool(spec: Resolved | EngineConfig | None = None, params: SamplingParam
               address: str | None = None, workers: int | None = None, cpus_per_worker: int | None = None,
               gpus_per_worker: float = 0.0, max_slots: int | None = None, watchdog_s: float | None = None,
               log_to_driver: bool = False, note: Callable[[str], None] = lambda _line: None,
-              factory: EngineFactory | None = None) -> "EngineAPI":
+              factory: EngineFactory | None = None, extra_slots: int = 0) -> "EngineAPI":
     """Engines on Ray workers behind one submit (cluster/pool.py's RayPool), started and with
     the model loaded on every worker before this returns.
 
     `address`: a Ray cluster to join (None: a Ray instance of this process's own on this
     machine); `workers`, `cpus_per_worker`, `gpus_per_worker`: the placement (None: as many
-    as fit). Each worker decides n_parallel "auto" on its own node, bounded by `max_slots`.
+    as fit). Each worker decides n_parallel "auto" on its own node, bounded by `max_slots`, and
+    reserves `extra_slots` more for requests above the default priority (serve's --online-slots).
     `note`: progress lines for people while the workers start. Raises InvalidRequest when Ray
     is not installed, ClusterStartError when the engines cannot start (no cluster, no room,
     a node without the model)."""
@@ -95,4 +96,4 @@ def open_pool(spec: Resolved | EngineConfig | None = None, params: SamplingParam
     return (factory or EngineFactory()).ray_pool(
         resolved, address=address, workers=workers, cpus_per_worker=cpus_per_worker,
         gpus_per_worker=gpus_per_worker, max_slots=max_slots, watchdog_s=watchdog_s,
-        log_to_driver=log_to_driver, note=note)
+        log_to_driver=log_to_driver, note=note, extra_slots=extra_slots)

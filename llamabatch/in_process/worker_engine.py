@@ -9,15 +9,22 @@ from __future__ import annotations
 
 from ..settings.resolved import Resolved
 from .engine import Engine
-from .preparing import prepare
+from ..settings.slots import with_extra_slots
+from .preparing import prepare, with_memory_fit
 from .runners import RunnerChoice, make_runner
 
 
 def open_worker_engine(resolved: Resolved, runner: RunnerChoice | None = None,
-                       max_slots: int | None = None) -> Engine:
+                       max_slots: int | None = None, extra_slots: int = 0) -> Engine:
     """An Engine over `resolved`: the model checked, "auto" decided (bounded by `max_slots`)
-    and loaded, or the registered runner `runner`. Raises ModelLoadError (one line)."""
+    and loaded, or the registered runner `runner`. `extra_slots`: reserved for requests above
+    the default priority, on top of the slots decided (serve --ray's --online-slots, per worker).
+    Raises ModelLoadError (one line)."""
     if runner is None:
-        resolved = prepare(resolved, max_slots)
+        resolved = prepare(resolved, max_slots, fit_memory=not extra_slots)
+        if extra_slots:  # fitted to max_memory with the extra slots, as open_engine does
+            resolved = with_memory_fit(with_extra_slots(resolved, extra_slots))
+    elif extra_slots:
+        resolved = with_extra_slots(resolved, extra_slots)
     return Engine(resolved.engine, runner=make_runner(runner, resolved.engine), default_params=resolved.sampling,
                   slots_reason=resolved.slots_reason)

@@ -36,11 +36,14 @@ def open_ray_engines(resolved: Resolved, spec: Any, *, note: Callable[[str], Non
 
 def open_cluster(resolved: Resolved, address: str, *, workers: int | None, cpus_per_worker: int | None,
                  gpus_per_worker: float | None, note: Callable[[str], None], max_slots: int | None = None,
-                 watchdog_s: float | None = None, debug: bool = False, factory: Any = None) -> Any:
+                 watchdog_s: float | None = None, debug: bool = False, factory: Any = None,
+                 extra_slots: int = 0) -> Any:
     """Engines on the Ray workers at `address` (LOCAL: a Ray instance of this process's own),
-    for `run --ray` and `serve --ray` alike. Raises ClusterStartError (one line)."""
+    for `run --ray` and `serve --ray` alike; `extra_slots` on each reserved for online requests.
+    Raises ClusterStartError (one line)."""
     if resolved.sources.get("threads", "default") != "default":
         note("--threads is not used with --ray: each engine runs --ray-cpus-per-worker threads")
     return open_pool(resolved, address=None if address == LOCAL else address, workers=workers,
                      cpus_per_worker=cpus_per_worker, gpus_per_worker=gpus_per_worker or 0.0,
-                     max_slots=max_slots, watchdog_s=watchdog_s, log_to_driver=debug, note=note, factory=factory)
+                     max_slots=max_slots, watchdog_s=watchdog_s, log_to_driver=debug, note=note, factory=factory,
+                     extra_slots=extra_slots)

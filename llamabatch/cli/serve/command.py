@@ -95,7 +95,9 @@ def serve_command(
             if ray is None:
                 engine = open_engine(resolved, env, isolated=isolate, extra_slots=online_slots)
             else:
-                engine = open_ray_engines(resolved, env, ray, ray_workers, ray_cpus_per_worker, ray_gpus_per_worker)
+                engine = open_ray_engines(resolved, env, ray, ray_workers, ray_cpus_per_worker, ray_gpus_per_worker,
+                                          online_slots)
+                online_slots = engine.stats().reserved_slots  # on every worker: the pool's in all
     except BaseException:
         sock.close()
         raise

@@ -19,15 +19,17 @@ GPUS_HELP = "GPUs per engine (CUDA builds; with --n-gpu-layers)."
 
 
 def open_ray_engines(resolved: "Resolved", env: Environment, address: str, workers: int | None,
-                     cpus_per_worker: int | None, gpus_per_worker: float | None) -> Any:
-    """The RayPool, every worker's model loaded. A cluster that can't be reached or can't hold
-    the engines is bad input for the server: one line, exit 2, before it listens."""
+                     cpus_per_worker: int | None, gpus_per_worker: float | None, online_slots: int = 0) -> Any:
+    """The RayPool, every worker's model loaded, each engine with `online_slots` more slots
+    reserved for online requests. A cluster that can't be reached or can't hold the engines is
+    bad input for the server: one line, exit 2, before it listens."""
     from ...jobs.on_ray import open_cluster, require_ray
 
     require_ray()
     try:
         pool = open_cluster(resolved, address, workers=workers, cpus_per_worker=cpus_per_worker,
                             gpus_per_worker=gpus_per_worker, debug=env.debug, factory=env.engine_factory,
+                            extra_slots=online_slots,
                             note=lambda line: env.say(line.replace("llamabatch run:", "llamabatch serve:", 1)))
     except ClusterStartError as exc:
         raise fail(str(exc), EXIT_USAGE) from None
