@@ -3,6 +3,7 @@ fake runner at 50 ms a step ("slow"): --online-slots reserved on each worker's e
 what the header (and so a job's manifest) says of the workers."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -70,3 +71,22 @@ def test_without_online_slots_the_online_request_sets_a_batch_line_aside(ray_ses
         online, _, batch = online_beside_a_full_worker(pool)
     assert online.finish_reason == "length"
     assert sum(r.timings.preemptions for r in batch) == 1
+
+
+def test_a_jobs_header_and_manifest_name_each_worker_and_its_node(ray_session, tmp_path):
+    import ray
+
+    from llamabatch import run_job
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"line {i}"}) + "\n" for i in range(6)))
+    events = []
+    with start_pool(tmp_path, workers=2, runner="fake") as pool:
+        run_job(str(source), str(tmp_path / "out.jsonl"), engine=pool, on_event=events.append)
+    node = next(n for n in ray.nodes() if n["Alive"])
+    named = (f": w1 on {node['NodeManagerAddress']} (node {node['NodeID'][:12]}), "
+             f"w2 on {node['NodeManagerAddress']} (node {node['NodeID'][:12]})")
+    started = next(e for e in events if type(e).__name__ == "Started")
+    manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
+    assert started.cluster.endswith(named) and started.cluster.startswith("fake, 2 engine(s) x 2 slots")
+    assert manifest["ray"] == started.cluster

@@ -9,18 +9,30 @@ from __future__ import annotations
 from .dispatch import WorkerState
 
 
+NODE_ID_CHARS = 12  # of Ray's 56-hex-digit node id: enough to tell a cluster's nodes apart
+
+
 def header(model_name: str, workers: list[WorkerState], where: str) -> str:
-    """"gemma, 2 engine(s) x 4 slots x 256 tokens on a local Ray instance", or with
-    differing or auto-chosen counts, each worker's: "gemma, 2 engine(s) (w1: 8 slots x 4096
-    tokens, auto: bounded by 6 input lines; w2: ...) on ..."."""
+    """"gemma, 2 engine(s) x 4 slots x 256 tokens on a local Ray instance: w1 on 10.0.0.1
+    (node 5f0c2a9e41b7), w2 on ...", or with differing or auto-chosen counts, each worker's:
+    "gemma, 2 engine(s) (w1: 8 slots x 4096 tokens, auto: bounded by 6 input lines; w2: ...)
+    on ...: w1 on ...". What a run's first line and a job's manifest ("ray") say."""
     shapes = {(w.n_parallel, w.reserved, w.slot_ctx) for w in workers}
     if len(shapes) == 1 and not any(w.slots_reason for w in workers):
         n, reserved, ctx = shapes.pop()
         online = f" (+ {reserved} each for online requests)" if reserved else ""
-        return f"{model_name}, {len(workers)} engine(s) x {n - reserved} slots x {ctx} tokens{online} on {where}"
-    each = "; ".join(f"{w.tally.name}: {_slots(w)} x {w.slot_ctx} tokens"
-                     + (f", {w.slots_reason}" if w.slots_reason else "") for w in workers)
-    return f"{model_name}, {len(workers)} engine(s) ({each}) on {where}"
+        shape = f"{len(workers)} engine(s) x {n - reserved} slots x {ctx} tokens{online}"
+    else:
+        shape = f"{len(workers)} engine(s) (" + "; ".join(
+            f"{w.tally.name}: {_slots(w)} x {w.slot_ctx} tokens" + (f", {w.slots_reason}" if w.slots_reason else "")
+            for w in workers) + ")"
+    return f"{model_name}, {shape} on {where}: " + ", ".join(where_is(w) for w in workers)
+
+
+def where_is(worker: WorkerState) -> str:
+    """"w1 on 10.0.0.1 (node 5f0c2a9e41b7)": the worker's name, its node's address and id."""
+    node = f" (node {worker.node_id[:NODE_ID_CHARS]})" if worker.node_id else ""
+    return f"{worker.tally.name} on {worker.tally.node}{node}"
 
 
 def _slots(worker: WorkerState) -> str:
