@@ -1,7 +1,7 @@
 """What a q8_0 KV cache buys and costs against f16, in one run, A B A B:
 
 1. KV bytes per slot, as llama.cpp itself counts them (its "llama_kv_cache: size" log lines,
-   which the engine keeps as runner.kv_mib), q8_0 / f16.
+   which the engine keeps as runner.capabilities.kv_mib), q8_0 / f16.
 2. The most slots `--n-parallel auto` may take under one --max-memory (autoslots.bounds with
    this model's KV bytes per token in each type and its weights), q8_0 / f16.
 3. Generated tokens/s at equal slots, q8_0 / f16 per A-B pair and their median, on uniform
@@ -53,7 +53,7 @@ def throughput(model: str, name: str, slots: int, prompts: list[str], tokens: in
     with Engine(config) as engine:
         engine.generate(["warm up"], SamplingParams(max_tokens=2, temperature=0.0))
         run = timed_generate(engine, prompts, params)
-        kv_mib = engine.runner.kv_mib
+        kv_mib = engine.runner.capabilities.kv_mib
     if run.failed:
         raise SystemExit(f"{len(run.failed)} request(s) failed, first: {run.failed[0].error}")
     return run.tok_s, kv_mib / slots

@@ -63,7 +63,7 @@ def copy_cost(model: str, threads: int, slot_ctx: int, reps: int) -> tuple[float
             runner.execute(StepPlan(trims=[Trim(t, 0) for t in targets]))
             return tick([0], [Move(s, t, pos[s]) for s, t in zip(range(1, 1 + COPIES), targets)])
 
-        mib = runner.kv_mib / SLOTS
+        mib = runner.capabilities.kv_mib / SLOTS
         block = bytearray(int(mib * 2 ** 20))
 
         def memcpy() -> float:

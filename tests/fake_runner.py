@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from llamabatch.errors import InvalidRequest
-from llamabatch.core.plan import INTERRUPTED, EmbedBatch, EmbedStepResult, Runner, SampleStopped, StepPlan, StepResult
+from llamabatch.core.plan import (INTERRUPTED, EmbedBatch, EmbedStepResult, Runner, RunnerCapabilities, SampleStopped,
+                                  StepPlan, StepResult)
 from llamabatch.kernel_paths.ubatch_split import ubatch_sizes
 
 EOG = 1  # end of generation
@@ -177,10 +178,6 @@ class FakeRunner:
         self.eval_ms = eval_ms  # what each decode reports it took (the engine estimates tick times from it)
         self._stop = threading.Event()  # interrupt() sets it; clear_interrupt() clears it
         self.interrupted_calls: list[int] = []  # execute() calls that interrupt() stopped
-        # A KV pool the slots share (a unified cache): the slots together never hold more than
-        # pool_cells tokens (a plan that would is a violation), one slot up to slot_ctx of them.
-        self.pool_cells = pool_cells
-        self.kv_mib: float | None = None  # the KV cache's size is not known: parked KV may take 1 GiB
         # A request with a grammar allows only the tokens grammar_allows says yes to (the
         # scripted reply is assumed to keep to it): valid_guesses cuts guesses at the first other.
         self.grammar_allows = grammar_allows
@@ -189,23 +186,14 @@ class FakeRunner:
         # while it equals that row's token; with `probs` (the tokens before a row -> {token: p}, a
         # known distribution of what precedes the row) each row is one draw from it with the
         # sampler's own generator, guess or not, as the real runner samples (llama/sampling/chunk_sampling.py ChunkSampler.verify).
-        self.can_verify = can_verify
-        self.draft_limits: dict[str, int] = {}
         self.probs = probs
         self._last_dist: tuple[tuple, list[int], list[float]] | None = None  # _draw's: (distribution, ids, cumulative)
         # A grammar's forced tokens (llama/sampling/mask_grammar.py): after each inline sample, force(the
         # reply's text so far) says how many of the reply's next tokens come forced, unsampled.
         self.force = force
-        self.can_fork = can_fork
         # The disk prefix store: snapshot() gives the slot's fake KV as bytes, a Restore puts
         # them back; restore_ok(slot) False scripts llama.cpp refusing one (the slot is emptied).
-        self.can_store = can_store
-        self.can_park = can_park  # preemption: a running slot snapshotted, put back later (Restore.resume)
         self.restore_ok = restore_ok or (lambda slot: True)
-        # a restore of fewer tokens than this brings every position back (a sequence inside the
-        # sliding window): such a slot may be cut back anywhere. None: like Gemma 3's window
-        # layers past their window, only from its restored end (self.floor)
-        self.restored_whole_below = restored_whole_below
         self.kv_fingerprint = {"model": "fake", "layout": "fake"}
         self.restores: list[tuple[int, int, bool]] = []  # (slot, n_tokens, took) applied, in order
         # slot -> its restored length: like Gemma 3's window layers in llama.cpp, a restored slot
@@ -217,8 +205,17 @@ class FakeRunner:
         self.window = window
         self.lost_below: dict[int, int] = {}
         self.snapshots: list[tuple[int, int]] = []  # (slot, tokens) snapshotted, in order
-        self.can_trim = partial_trim
-        self.can_sample_apart = can_sample_apart
+        # can_park: preemption, a running slot snapshotted and put back later (Restore.resume);
+        # kv_mib None: the KV cache's size is not known, so parked KV may take 1 GiB
+        # pool_cells: a KV pool the slots share (a unified cache): the slots together never hold more than
+        # pool_cells tokens (a plan that would is a violation), one slot up to slot_ctx of them.
+        # restored_whole_below: a restore of fewer tokens brings every position back (a sequence
+        # inside the sliding window), so the slot may be cut back anywhere. None: like Gemma 3's
+        # window layers past their window, only from its restored end (self.floor)
+        self.capabilities = RunnerCapabilities(
+            can_fork=can_fork, can_trim=partial_trim, can_sample_apart=can_sample_apart, can_store=can_store,
+            can_park=can_park, restored_whole_below=restored_whole_below, can_verify=can_verify,
+            pool_cells=pool_cells, kv_mib=None)
         self.kernel_text = ""  # no llama.cpp kernels: the header line names none
         self.bos_text = self.eos_text = ""  # the fake vocabulary has no BOS/EOS text
         self.sample_delay = sample_delay
@@ -355,7 +352,7 @@ class FakeRunner:
         for chunk in plan.chunks:
             self.kv[chunk.slot].extend(chunk.tokens)
         for chunk in plan.chunks:
-            if chunk.wants_logits and chunk.sample_apart and self.can_sample_apart:
+            if chunk.wants_logits and chunk.sample_apart and self.capabilities.can_sample_apart:
                 job = FakeJob(self, chunk, detokenize(self.kv[chunk.slot]))
                 with self._lock:
                     self.jobs.append(job)
@@ -437,7 +434,7 @@ class FakeRunner:
         return next((i for i, t in enumerate(tokens) if not self.grammar_allows(t)), len(tokens))
 
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:
-        return len(ubatch_sizes(runs, self.n_batch or 512, unified=self.pool_cells is not None))
+        return len(ubatch_sizes(runs, self.n_batch or 512, unified=self.capabilities.pool_cells is not None))
 
     def lose_window(self, slot: int, below: int) -> None:
         """A neighbour took `slot`'s window cells at positions below `below` (see `window`)."""
@@ -457,7 +454,7 @@ class FakeRunner:
             kv = self.kv[t.slot]
             if not 0 <= t.n_keep <= len(kv):
                 self.violations.append(f"trim {t} but the slot holds {len(kv)} tokens")
-            if t.n_keep > 0 and not self.can_trim:
+            if t.n_keep > 0 and not self.capabilities.can_trim:
                 self.violations.append(f"trim {t} keeps part of a slot on a runner that cannot (can_trim False)")
             if t.n_keep > 0 and t.slot in self.stale:
                 self.violations.append(f"trim {t} keeps part of a slot a failed decode left unknown")
@@ -483,7 +480,7 @@ class FakeRunner:
     def _apply_restores(self, plan: StepPlan) -> dict[int, bool]:
         took = {}
         for r in plan.restores:
-            if not (self.can_park if r.resume else self.can_store):
+            if not (self.capabilities.can_park if r.resume else self.capabilities.can_store):
                 self.violations.append(f"restore into slot {r.slot} planned for a runner that cannot (can_store False)")
             if any(c.slot == r.slot for c in plan.chunks):
                 self.violations.append(f"slot {r.slot} is restored and evaluated in the same plan")
@@ -495,7 +492,7 @@ class FakeRunner:
             self.kv[r.slot] = tokens if ok else []
             self.lost_below.pop(r.slot, None)
             n = len(self.kv[r.slot])
-            whole = self.restored_whole_below is not None and n < self.restored_whole_below
+            whole = self.capabilities.restored_whole_below is not None and n < self.capabilities.restored_whole_below
             self.floor[r.slot] = 0 if whole else n
             self.stale.discard(r.slot)
             took[r.slot] = ok
@@ -506,7 +503,7 @@ class FakeRunner:
         sources = {f.src_slot for f in plan.forks}
         targets: set[int] = set()
         for f in plan.forks:
-            if not self.can_fork:
+            if not self.capabilities.can_fork:
                 self.violations.append(f"fork {f} planned for a runner that cannot fork")
             if f.src_slot == f.dst_slot or f.dst_slot in targets or f.dst_slot in sources:
                 self.violations.append(f"fork {f}: a slot is copied onto itself, twice, or is also a source")
@@ -535,7 +532,7 @@ class FakeRunner:
             {f.src_slot for f in plan.forks} | {f.dst_slot for f in plan.forks}
         ends: set[int] = set()
         for m in plan.moves:
-            if self.pool_cells is not None or not self.can_fork:
+            if self.capabilities.pool_cells is not None or not self.capabilities.can_fork:
                 self.violations.append(f"move {m} planned with one KV cache the slots share, or no forks")
             if m.src_slot == m.dst_slot or {m.src_slot, m.dst_slot} & (ends | others):
                 self.violations.append(f"move {m}: a slot another change of the plan touches")
@@ -581,13 +578,13 @@ class FakeRunner:
                 self.violations.append(f"slot {chunk.slot}: chunk wants logits but carries no sampler")
             if not chunk.wants_logits and (chunk.sampler is not None or chunk.logprobs is not None):
                 self.violations.append(f"slot {chunk.slot}: chunk samples nothing but carries a sampler or logprobs")
-        if self.pool_cells is not None:
+        if self.capabilities.pool_cells is not None:
             after = {slot: len(tokens) for slot, tokens in enumerate(self.kv)}
             for chunk in plan.chunks:
                 after[chunk.slot] = chunk.start_pos + len(chunk.tokens)
-            if sum(after.values()) > self.pool_cells:
+            if sum(after.values()) > self.capabilities.pool_cells:
                 self.violations.append(f"the slots would hold {sum(after.values())} tokens, more than the pool's "
-                                       f"{self.pool_cells}")
+                                       f"{self.capabilities.pool_cells}")
 
     def _sample(self, chunk: Any, slot: int, sampler: Any, context: str | None = None) -> int:
         if sampler is None:

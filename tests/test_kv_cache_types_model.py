@@ -47,7 +47,7 @@ def test_q8_0_reuses_a_cached_prompt_prefix(q8_engine):
 def test_the_kv_llama_cpp_allocates_is_what_the_memory_check_counts(q8_engine):
     runner = q8_engine.runner
     need = resources.needs(q8_engine.config, runner.metadata, weights=0)
-    assert runner.kv_mib == pytest.approx(need.kv_bytes / 2**20, abs=0.01)  # llama.cpp logs MiB to 2 decimals
+    assert runner.capabilities.kv_mib == pytest.approx(need.kv_bytes / 2**20, abs=0.01)  # llama.cpp logs MiB to 2 decimals
     f16 = resources.needs(q8_engine.config.replace(cache_type_k="f16", cache_type_v="f16"), runner.metadata, 0)
     assert need.kv_bytes * 64 == f16.kv_bytes * 34  # q8_0: 34 bytes per 32 values, f16: 64
     assert "KV q8_0/q8_0" in runner.kernel_text and "flash attention on" in runner.kernel_text

@@ -362,11 +362,12 @@ def test_the_shared_cli_layer_imports_no_command_folder_and_settings_no_cli():
             assert not any(d.startswith("llamabatch.cli") for d in deps), (name, deps)
 
 
-def test_core_reads_the_runner_by_its_protocol_never_by_getattr_with_a_default():
-    # what the engine may ask of a runner is declared in plan.Runner, so a runner missing one fails loudly
-    found = [f"{name}:{i}" for name, path in sorted(all_modules().items()) if package_of(name) == "core"
+def test_no_module_reads_the_runner_by_getattr_with_a_default():
+    # what anyone may ask of a runner is declared in plan.Runner (what plans may ask, in its
+    # RunnerCapabilities), so a runner missing one fails loudly instead of being guessed at
+    found = [f"{name}:{i}" for name, path in sorted(all_modules().items())
              for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-             if re.search(r"getattr\((self\.)?runner\b", line)]
+             if re.search(r"getattr\((\w+\.)?_?runner\b", line)]
     assert not found, "declare it in plan.Runner and read it as an attribute: " + ", ".join(found)
 
 

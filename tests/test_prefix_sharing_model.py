@@ -60,7 +60,7 @@ def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(fa
     runner = LlamaRunner(config, family.path)
     sampler = runner.build_sampler(SamplingParams(temperature=0), 0)
     try:
-        assert runner.can_fork and runner.can_trim
+        assert runner.capabilities.can_fork and runner.capabilities.can_trim
         assert missing_runner_members(runner) == []  # LlamaRunner is the Runner protocol, all of it
         # greedy: stateless, one chain serves both slots
         # Gemma: past its window. SmolLM2 has none, and its Q4_1 prefill is slow here (no repacked

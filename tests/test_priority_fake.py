@@ -6,6 +6,7 @@ batch starting within one tick while every batch request still ends exactly once
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -344,7 +345,7 @@ def test_more_admissions_in_one_tick_than_the_fair_share_admit_everyone_in_order
 
 def test_parked_kv_past_its_budget_is_dropped_and_the_request_evaluated_again():
     runner = FakeRunner(n_slots=1, slot_ctx=256, n_batch=64, reply=lambda p: "0123456789")
-    runner.kv_mib = 1e-9  # the engine's budget for parked KV is the KV cache's size: here 0 bytes
+    runner.capabilities = replace(runner.capabilities, kv_mib=1e-9)  # the engine's budget for parked KV is the KV cache's size: here 0 bytes
 
     engine, submitted = urgent_at_first_decode(runner, params(priority=-2, max_tokens=3))
     with engine:

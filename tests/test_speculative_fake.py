@@ -4,6 +4,8 @@ get without them, the turned-down guesses' cells leave by Trims, and usage and t
 count them."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llamabatch import Engine, EngineConfig, SamplingParams
@@ -183,10 +185,10 @@ def test_guesses_are_cut_at_the_first_token_the_grammar_forbids():
 def test_deterministic_mode_verifies_guesses_within_the_runners_limits():
     # deterministic mode pads every decode token with rows of its own stream (batch_invariance.py):
     # a guess takes a padding row at no cost, and no slot takes more rows than the pass can pad,
-    # which the runner says through draft_limits; the answer is the very tokens of --speculative off
+    # which the runner says through its capabilities' max_draft and free_draft; the answer is the very tokens of --speculative off
     params = SamplingParams(temperature=0, max_tokens=200, prediction=PREDICTION)
     runner = FakeRunner(n_slots=2, slot_ctx=256, reply=lambda p: ANSWER, can_verify=True)
-    runner.draft_limits = {"max_draft": 1, "free": 1}
+    runner.capabilities = replace(runner.capabilities, max_draft=1, free_draft=1)
     with engine_for(runner, deterministic=True) as engine:
         (result,) = engine.generate(["fix: " + PREDICTION], [params])
         stats = engine.stats()

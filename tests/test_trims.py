@@ -2,10 +2,12 @@
 first in `execute`, and the fake runner checks every one against its copy of the cache."""
 from __future__ import annotations
 
+from dataclasses import fields
+
 from fake_runner import EOG, FakeRunner, detokenize, missing_runner_members, text_tokens, token_piece
 
 from llamabatch import Engine, EngineConfig, SamplingParams
-from llamabatch.core.plan import Chunk, Fork, Runner, StepPlan, Trim
+from llamabatch.core.plan import Chunk, Fork, Runner, RunnerCapabilities, StepPlan, Trim
 from llamabatch.core.scheduling.scheduler import Scheduler
 from llamabatch.core.sequence import Sequence
 
@@ -39,7 +41,7 @@ def test_admission_plans_a_trim_to_what_the_prompt_reuses_and_the_plan_carries_i
 
 
 def test_without_partial_trims_a_slot_reuses_nothing_of_its_own_cache():
-    sched = scheduler(n_slots=1, cache_prompt=False)  # the engine passes cache_prompt and runner.can_trim
+    sched = scheduler(n_slots=1, cache_prompt=False)  # the engine passes cache_prompt and runner.capabilities.can_trim
     sched.slots[0].cached = text_tokens("hello world")
     sched.add(seq(1, "hello there"))
     admit_all(sched)
@@ -166,7 +168,11 @@ def test_engine_trims_only_through_plans_and_a_failed_batch_is_emptied_by_the_ne
 
 def test_the_fake_runner_implements_the_whole_runner_protocol():
     assert missing_runner_members(FakeRunner()) == []
-    assert {"metadata", "n_vocab", "bos_text", "eos_text", "chat_formats", "can_fork", "can_trim",
-            "can_sample_apart", "model_path", "kernel_text", "tokenize", "execute"} <= set(Runner.__annotations__) | {
+    assert {"metadata", "n_vocab", "bos_text", "eos_text", "chat_formats", "capabilities", "model_path",
+            "kernel_text", "tokenize", "execute"} <= set(Runner.__annotations__) | {
         n for n in vars(Runner) if not n.startswith("_")}
+    # what plans may ask is one declared value, not loose attributes beside the model's facts
+    asked = {"can_fork", "can_trim", "can_sample_apart", "can_store", "can_park", "can_verify", "pool_cells"}
+    assert asked <= {f.name for f in fields(RunnerCapabilities)} and not asked & set(Runner.__annotations__)
+    assert isinstance(FakeRunner().capabilities, RunnerCapabilities)
     assert "keep_prefix" not in vars(Runner)  # KV trims go through the plan

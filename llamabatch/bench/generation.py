@@ -122,12 +122,12 @@ def kv_figures(engine: Any) -> dict[str, Any]:
     it (the memory check's count where the runner has no log of it)."""
     from ..checks.kv_cache_types import pair_name
 
-    config, runner = engine.config, getattr(engine, "runner", None)
-    mib = getattr(runner, "kv_mib", None)
+    config, runner = engine.config, getattr(engine, "runner", None)  # an engine in a worker has none here
+    mib = runner.capabilities.kv_mib if runner is not None else None
     if mib is None:
         from ..kernel_paths.resources import needs
 
-        mib = needs(config, getattr(runner, "metadata", None) or {}, 0).kv_bytes / 2**20
+        mib = needs(config, runner.metadata if runner is not None else {}, 0).kv_bytes / 2**20
     return {"cache_types": pair_name(config.cache_type_k, config.cache_type_v), "flash_attn": config.flash_attn,
             "mib_per_slot": mib / config.n_parallel if mib else None}
 

@@ -56,8 +56,8 @@ def free_samplers(runner: Runner, seq: Sequence) -> None:
 def park_budget(runner: Runner) -> int:
     """Bytes of preempted requests' KV kept in memory at once: the KV cache's own size (what the
     memory checks counted once), 1 GiB where the runner does not know it."""
-    kv_mib = runner.kv_mib
-    return int(kv_mib * 2**20) if isinstance(kv_mib, (int, float)) and kv_mib > 0 else 1 << 30
+    kv_mib = runner.capabilities.kv_mib
+    return int(kv_mib * 2**20) if kv_mib is not None and kv_mib > 0 else 1 << 30
 
 
 class EngineCore(EngineBase):
@@ -84,11 +84,12 @@ class EngineCore(EngineBase):
         self.runner = runner
         self.kernels = runner.kernel_text  # for the header line: which CPU kernels run, and why
         self.slot_ctx = runner.slot_ctx
+        can = runner.capabilities
         self.inputs = InputPreparer(runner, runner.slot_ctx, params, default_seed=self.config.seed,
                                     chat_template=self.config.chat_template, chat_templates=chat_templates,
                                     on_notice=on_notice or (lambda line: log.warning("%s", line)))
         # Prefix sharing across slots forks KV between slots: only where the runner can.
-        fork_min_tokens = self.config.share_prefix_min if self.config.cache_prompt and runner.can_fork else 0
+        fork_min_tokens = self.config.share_prefix_min if self.config.cache_prompt and can.can_fork else 0
         if self.config.deterministic:
             # Cross-slot prefix sharing is off in deterministic mode: the invariance tests do not
             # cover it, so it is not promised. An n-request's forks stay (the runner applies them
@@ -102,29 +103,29 @@ class EngineCore(EngineBase):
         # Where llama_decode's threads take every core, the sampling threads pause while it runs.
         self.sampling_threads = (SamplingThreads(self._cond, runner.n_slots,
                                                  yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
-                                 if runner.can_sample_apart and not self.config.deterministic else None)
+                                 if can.can_sample_apart and not self.config.deterministic else None)
         self.disk = disk  # the disk prefix store, or None
         # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).
         # Speculative decoding (speculation.py): where the runner can verify guesses and keep part
         # of a slot (a Trim removes the turned-down ones). Deterministic mode pads every decode
         # token with rows after it in its stream (batch_invariance.py): a guess takes one of
         # them at no cost, and no slot takes more rows than the pass can pad.
-        speculating = (self.config.speculation == "auto" and runner.can_verify and runner.can_trim
+        speculating = (self.config.speculation == "auto" and can.can_verify and can.can_trim
                        and self.config.cache_prompt)
         self.scheduler = Scheduler(runner.n_slots, runner.slot_ctx, self.config.n_batch, self.config.chunk_size,
-                                   self.config.policy, self.config.cache_prompt and runner.can_trim,
+                                   self.config.policy, self.config.cache_prompt and can.can_trim,
                                    runner.token_bytes, runner.is_eog,
                                    fork_min_tokens=fork_min_tokens, cache_generated=not self.config.deterministic,
                                    sample_apart=((lambda seq: wants_apart(seq.params, seq.sampler))
                                                  if self.sampling_threads else None),
                                    disk=self.disk,
-                                   speculation=Speculation(runner.graph_runs, runner.valid_guesses, **runner.draft_limits)
+                                   speculation=Speculation(runner.graph_runs, runner.valid_guesses, **can.draft_limits)
                                    if speculating else None,
-                                   pool_cells=runner.pool_cells, moves=self.config.slot_moves and runner.can_fork,
-                                   park=runner.snapshot if runner.can_park else None,
+                                   pool_cells=can.pool_cells, moves=self.config.slot_moves and can.can_fork,
+                                   park=runner.snapshot if can.can_park else None,
                                    reserved=self.config.reserved_slots,
                                    park_budget=park_budget(runner),
-                                   restored_whole_below=runner.restored_whole_below,
+                                   restored_whole_below=can.restored_whole_below,
                                    keep_floor=runner.keep_floor,
                                    take_forced=runner.accept_forced)
         self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight

@@ -127,7 +127,7 @@ class InputPreparer:
             raise InvalidRequest(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
         if len(tokens) >= self.slot_ctx:  # the same words as the dry run's (overflow_words.py)
             raise ContextOverflow(prompt_overflow(len(tokens), self.slot_ctx, trained=self.trained_context(),
-                                                  pool=self.runner.pool_cells is not None))
+                                                  pool=self.runner.capabilities.pool_cells is not None))
         return tokens
 
     def trained_context(self) -> int | None:
@@ -193,7 +193,7 @@ class InputPreparer:
             return Sequence(request_id, tokens, params, seed, sampler,
                             grammar_backend=getattr(sampler, "grammar_backend", None), prediction=prediction,
                             thinking=thinking)
-        if not self.runner.can_fork:
+        if not self.runner.capabilities.can_fork:
             # the samples get the prompt by a KV fork (plan.Fork), which needs the full-size SWA
             # cache (kept only while cache_prompt is on) and a model whose memory can be trimmed
             raise InvalidRequest(f"n={params.n} needs a KV fork of the prompt, which this engine cannot do "

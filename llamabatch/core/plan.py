@@ -57,7 +57,7 @@ class Trim:
       fails, so a retry plan (Scheduler.shrink) does not carry them again;
     - `0 <= n_keep <= len(what the slot holds)`; `n_keep == 0` empties the slot and every
       runner can do it; `n_keep > 0` keeps part of a sequence, which only a runner whose
-      `can_trim` is True can (recurrent/hybrid memories cannot; a sliding-window cache
+      `capabilities.can_trim` is True can (recurrent/hybrid memories cannot; a sliding-window cache
       only keeps the early cells at full size): the scheduler plans none elsewhere, and a
       runner refuses one it cannot keep exactly (RuntimeError) rather than let a chunk be
       evaluated after a prefix that is gone;
@@ -104,7 +104,7 @@ class Fork:
     data moves. It is exact only when the whole prefix is still in
     the cache: with Gemma 3's sliding window that needs the full-size SWA cache, which the
     runner keeps whenever `cache_prompt` is on. Recurrent/hybrid models cannot trim a copy:
-    `runner.can_fork` is False for them and the scheduler never plans a fork.
+    `runner.capabilities.can_fork` is False for them and the scheduler never plans a fork.
 
     The scheduler decides forks (`Scheduler.fork`, or admission when prompts share a
     prefix) and updates its own bookkeeping of `dst`'s cache at once; the runner only copies.
@@ -150,7 +150,7 @@ class Restore:
     from its end: with Gemma 3's sliding window llama.cpp saves only the last 512 positions of
     the window layers, so a restored slot cannot be trimmed shorter (the store only offers
     entries whose whole token list starts the prompt). A slot restored with fewer tokens than
-    the runner's `restored_whole_below` holds every position of every layer, so later requests
+    the runner's `capabilities.restored_whole_below` holds every position of every layer, so later requests
     may keep any prefix of it, as of a slot that evaluated them.
     """
 
@@ -158,7 +158,7 @@ class Restore:
     n_tokens: int
     payload: Any = field(repr=False, compare=False)
     # A preempted request's own KV put back (core/scheduling/admission.py's parking), not a store entry:
-    # it continues from its end as the store's entries do; a runner may do it where `can_park`.
+    # it continues from its end as the store's entries do; a runner may do it where `capabilities.can_park`.
     resume: bool = False
 
 
@@ -284,6 +284,38 @@ class ChatFormats(Protocol):
     def apply(self, template: str, messages: list[dict], add_generation_prompt: bool) -> str | None: ...
 
 
+@dataclass(frozen=True)
+class RunnerCapabilities:
+    """What plans may ask of a runner and the KV facts admission needs, declared once by the
+    runner (Runner.capabilities): the defaults ask nothing a plain runner might not do."""
+
+    can_fork: bool = False  # whether plans may carry Forks and Moves (False for recurrent/hybrid models)
+    can_trim: bool = False  # whether a Trim may keep part of a slot (n_keep > 0); emptying one always works
+    can_sample_apart: bool = False  # whether sample_apart chunks come back as SampleJobs (else sampled inline)
+    can_store: bool = False  # whether slots may be saved to / restored from the disk prefix store
+    # whether a running request's slot may be snapshotted and put back into another slot later
+    # (Restore.resume): preemption keeps the request's KV in host memory this way
+    can_park: bool = False
+    # A slot restored (Restore) with fewer tokens than this holds all of them in every layer (a
+    # sliding window's cells go only once the sequence outgrows what its mask keeps), so a Trim
+    # may keep any prefix of it; None: it is continued from its end only.
+    restored_whole_below: int | None = None
+    can_verify: bool = False  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
+    # The most guesses one decode chunk carries (None: speculation's own limit), and how many of
+    # them take rows at no cost (deterministic mode's padding rows)
+    max_draft: int | None = None
+    free_draft: int = 0
+    # A KV pool the slots share (a unified cache), in cells; requests are admitted by room in it
+    # (core/scheduling/kv_ledger.py). None: a stream of slot_ctx cells per slot.
+    pool_cells: int | None = None
+    kv_mib: float | None = None  # the KV cache's size in MiB, by llama.cpp's count (None: not known)
+
+    @property
+    def draft_limits(self) -> dict[str, int]:
+        """Speculation's max_draft and free, where this runner sets them."""
+        return {} if self.max_draft is None else {"max_draft": self.max_draft, "free": self.free_draft}
+
+
 class Runner(Protocol):
     """Everything that touches llama.cpp: the runner contract with `StepPlan`. The real one is
     `llama.runner.LlamaRunner`; tests/fake_runner.py implements all of it with a script."""
@@ -292,10 +324,6 @@ class Runner(Protocol):
     model_path: str  # the GGUF file
     n_slots: int  # sequences the context holds side by side (n_parallel)
     slot_ctx: int  # tokens one slot holds (in a shared pool: the most one request may hold)
-    # A KV pool the slots share (a unified cache), in cells; requests are admitted by room in it
-    # (core/scheduling/kv_ledger.py). None: a stream of slot_ctx cells per slot.
-    pool_cells: int | None
-    kv_mib: float | None  # the KV cache's size in MiB, by llama.cpp's count (None: not known)
     n_vocab: int  # token ids are 0..n_vocab-1
     metadata: dict[str, str]  # the GGUF's key/values (tokenizer.chat_template when it has one)
     bos_text: str  # the text of the BOS / EOS tokens ("" when none), for chat templates
@@ -306,18 +334,7 @@ class Runner(Protocol):
     def kernel_text(self) -> str:
         """Which CPU kernels run, and why, for the header line ("" when none apply)."""
 
-    # -- what plans may ask of it -----------------------------------------------------------
-    can_fork: bool  # whether plans may carry Forks (False for recurrent/hybrid models)
-    can_trim: bool  # whether a Trim may keep part of a slot (n_keep > 0); emptying one always works
-    can_sample_apart: bool  # whether sample_apart chunks come back as SampleJobs (else sampled inline)
-    can_store: bool  # whether slots may be saved to / restored from the disk prefix store
-    # whether a running request's slot may be snapshotted and put back into another slot later
-    # (Restore.resume): preemption keeps the request's KV in host memory this way
-    can_park: bool
-    # A slot restored (Restore) with fewer tokens than this holds all of them in every layer (a
-    # sliding window's cells go only once the sequence outgrows what its mask keeps), so a Trim
-    # may keep any prefix of it; None: it is continued from its end only.
-    restored_whole_below: int | None
+    capabilities: RunnerCapabilities  # what plans may ask of it, declared once
 
     def keep_floor(self, slot: int) -> int:
         """The shortest prefix of what `slot` holds that a Trim may keep, or a Fork copy, right
@@ -325,8 +342,6 @@ class Runner(Protocol):
         that their own sequence no longer sees for any other sequence, so an idle slot's cached
         prompt may lose its early window cells to its neighbours' work at any tick."""
         ...
-    can_verify: bool  # whether decode chunks may carry draft tokens (Chunk.n_draft) to verify
-    draft_limits: dict[str, int]  # Speculation's max_draft and free (rows a guess takes at no cost), when they differ
     kv_fingerprint: dict[str, str]  # what must match for saved KV bytes to be restored here
 
     def graph_runs(self, runs: list[tuple[int, int]]) -> int:
@@ -386,7 +401,7 @@ class Runner(Protocol):
     def execute(self, plan: StepPlan) -> StepResult:
         """Apply plan.trims, then plan.restores, then plan.forks, then plan.moves, then one llama_decode of the plan's chunks;
         sample each wants_logits row with its chunk's sampler, or, for a sample_apart chunk
-        on a runner whose `can_sample_apart` is True, return a SampleJob for it in
+        on a runner whose `capabilities.can_sample_apart` is True, return a SampleJob for it in
         StepResult.apart."""
 
     # -- embeddings (a context of their own: llama/embedder.py) ---------------------------

@@ -36,7 +36,7 @@ def open_disk_prefixes(config: EngineConfig, runner: Any) -> DiskPrefixes | None
     the folder cannot be used (said once in the log: generation does not need it)."""
     if not config.prefix_store or not config.prefix_store_max_bytes or not config.cache_prompt:
         return None
-    if not runner.can_store:
+    if not runner.capabilities.can_store:
         return None
     from ..prefix_store import FORMAT_VERSION, PrefixStore
 

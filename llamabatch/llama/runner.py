@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 
 import functools
+from dataclasses import replace
 import time
 from typing import Any
 
@@ -45,7 +46,7 @@ from ..config import EngineConfig
 from ..checks.kv_cache_types import pair_name
 from ..errors import DeterminismUnavailable
 from ..params import SamplingParams
-from ..core.plan import INTERRUPTED, EmbedBatch, EmbedStepResult, Restore, StepPlan, StepResult
+from ..core.plan import INTERRUPTED, EmbedBatch, EmbedStepResult, Restore, RunnerCapabilities, StepPlan, StepResult
 
 
 class LlamaRunner:
@@ -90,19 +91,19 @@ class LlamaRunner:
             C.llama_model_free(self.model)
             raise
         self.ctx = load.new_context(self.model, cparams, config, model_path, mark)
-        self._read_kv_cache(config, cparams, mark, need)
+        kv_can = self._read_kv_cache(config, cparams, mark, need)
         self.n_batch = cparams.n_batch
         self.n_ubatch = cparams.n_ubatch
         self.batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._interrupt = DecodeInterrupt(self.ctx)
         # Rows may be sampled on sampling threads (sampling_threads.py); deterministic mode samples inline.
-        self.can_sample_apart = not self.deterministic
         # Decode chunks may carry guesses to verify (speculative decoding). Deterministic mode
         # pads each decode token with a row after it in its stream (batch_invariance.py): a
         # guess takes that row at no cost, and a slot takes no more rows than a pass pads.
-        self.can_verify = True
-        self.draft_limits = ({"max_draft": invariance.max_decode_rows(self.shapes) - 1,
-                              "free": invariance.DECODE_ROWS - 1} if self.deterministic else {})
+        self.capabilities = replace(
+            kv_can, can_sample_apart=not self.deterministic, can_verify=True,
+            max_draft=invariance.max_decode_rows(self.shapes) - 1 if self.deterministic else None,
+            free_draft=invariance.DECODE_ROWS - 1 if self.deterministic else 0)
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
         self.rows = ChunkSampler(self.ctx, self.n_vocab, self.logprobs, self.deterministic)
@@ -122,14 +123,14 @@ class LlamaRunner:
                 self.close()
                 raise
 
-    def _read_kv_cache(self, config: EngineConfig, cparams: Any, mark: Any, need: Any) -> None:
+    def _read_kv_cache(self, config: EngineConfig, cparams: Any, mark: Any, need: Any) -> RunnerCapabilities:
         """The KV cache as the new context made it, and what this runner can do with it."""
         # the KV cache as llama.cpp made it: its types, its MiB by its own count, and whether
         # "auto" turned flash attention on (it decides V's layout in the cache, so saved KV's too)
         self.cache_types = pair_name(config.cache_type_k, config.cache_type_v)
-        self.kv_mib = kv_cache_mib(mark)
-        if self.kv_mib is None and need is not None:
-            self.kv_mib = need.kv_bytes / 2**20
+        kv_mib = kv_cache_mib(mark)
+        if kv_mib is None and need is not None:
+            kv_mib = need.kv_bytes / 2**20
         resolved = flash_attention(mark)
         asked_off = cparams.flash_attn_type == C.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.flash_attn = resolved if resolved is not None else not asked_off
@@ -139,27 +140,27 @@ class LlamaRunner:
         # come to hold fits beside the others' (admission by room). A stream per slot holds
         # n_ctx / n_parallel cells each.
         self.slot_ctx = min(C.llama_n_ctx_seq(self.ctx), config.total_ctx // config.n_parallel)
-        self.pool_cells = None
+        pool_cells = None
         if self.kv_unified:
-            self.pool_cells = C.llama_n_ctx_seq(self.ctx)
-            self.slot_ctx = min(self.pool_cells, max(self.slot_ctx, C.llama_model_n_ctx_train(self.model)))
+            pool_cells = C.llama_n_ctx_seq(self.ctx)
+            self.slot_ctx = min(pool_cells, max(self.slot_ctx, C.llama_model_n_ctx_train(self.model)))
         # A fork copies a slot's KV and trims the copy, and a Trim may keep part of a slot:
         # both only where the memory can keep part of a sequence (kv.py, plan.Fork, plan.Trim).
-        self.can_fork = self.can_trim = self.kv.can_cut
         # The disk prefix store needs the same (a restored slot's cells must be exactly what an
         # evaluated slot holds at its end); deterministic mode does not use it (kv_state.py says why).
-        self.can_store = self.kv.can_cut and not self.deterministic
         # A preempted request's whole sequence is snapshotted and put back to continue from its
         # end (what the store's restores do too, without the trims that need can_cut); the bytes
         # are the same, so deterministic mode keeps its bits.
-        self.can_park = True
         # What a restore brings back whole: every position of a model without window layers, and
         # of a sequence shorter than half the window. llama.cpp drops a window layer's cells only
         # once the window's mask hides them, and no window type (standard, chunked, or symmetric,
         # which keeps half on each side) hides positions that close. kv.trim checks it again.
-        self.restored_whole_below = self.kv.n_swa // 2 if self.kv.n_swa else (1 << 62)
+        whole_below = self.kv.n_swa // 2 if self.kv.n_swa else (1 << 62)
         if self.deterministic:
             self.slot_ctx -= invariance.extra_cells(self.shapes)  # a final chunk's padding rows need cells
+        return RunnerCapabilities(can_fork=self.kv.can_cut, can_trim=self.kv.can_cut,
+                                  can_store=self.kv.can_cut and not self.deterministic, can_park=True,
+                                  restored_whole_below=whole_below, pool_cells=pool_cells, kv_mib=kv_mib)
 
     # -- model facts -------------------------------------------------------------------
 
@@ -169,7 +170,8 @@ class LlamaRunner:
         CPU_REPACK 13 MiB)": the layout asked for and the buffers llama.cpp put the weights in."""
         from ..kernel_paths.determinism_check import describe_buffers
 
-        kv = f"KV {self.cache_types}" + (f" {self.kv_mib:.1f} MiB" if self.kv_mib is not None else "")
+        kv_mib = self.capabilities.kv_mib
+        kv = f"KV {self.cache_types}" + (f" {kv_mib:.1f} MiB" if kv_mib is not None else "")
         kv += " (flash attention on)" if self.flash_attn else " (flash attention off)"
         text = (f"{kv}, {self.kernels.name} kernels ({self.kernels.why}; "
                 f"weights: {describe_buffers(self.weight_buffers)})")
@@ -289,7 +291,7 @@ class LlamaRunner:
         if status != 0:
             return result
         for chunk, row in rows:
-            if chunk.sample_apart and self.can_sample_apart:
+            if chunk.sample_apart and self.capabilities.can_sample_apart:
                 result.apart[chunk.slot] = RowJob(self, chunk, row)  # copies the row: the next decode overwrites it
             elif chunk.n_draft:
                 self.rows.verify(chunk, row, result)

@@ -123,7 +123,8 @@ def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, outp
     except BaseException:
         source.close()
         raise
-    trained = trained_context(getattr(getattr(engine, "runner", None), "metadata", None))
+    runner = getattr(engine, "runner", None)  # an engine in a worker process has none here
+    trained = trained_context(runner.metadata if runner is not None else None)
     fit = memory_fit(resolved, slots)
     ctx = None if plans else request_room(config if fit is None else config.replace(n_ctx=fit[0] * slots), slots,
                                           trained)
