@@ -90,3 +90,26 @@ def test_a_jobs_header_and_manifest_name_each_worker_and_its_node(ray_session, t
     manifest = json.loads((tmp_path / "out.jsonl.manifest.json").read_text())
     assert started.cluster.endswith(named) and started.cluster.startswith("fake, 2 engine(s) x 2 slots")
     assert manifest["ray"] == started.cluster
+
+
+def test_a_conversations_turns_follow_its_prefix_to_one_worker_unless_it_is_busy(ray_session, tmp_path):
+    system = "You are a terse assistant who answers in one word. " * 3
+    turn = [system + "User: hi. Assistant: hello. " * i + f"User: question {i}." for i in range(3)]
+    short = ONLINE
+    long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True, priority=-1)  # 20 s: cancelled
+
+    def served_by(pool, prompt) -> str:
+        before = {w["name"]: w["lines"] for w in pool.worker_rows()}
+        assert pool.submit(prompt, short).result(timeout=WAIT).finish_reason == "length"
+        after = {w["name"]: w["lines"] for w in pool.worker_rows()}
+        return next(name for name in after if after[name] > before[name])
+
+    with start_pool(tmp_path, workers=2) as pool:  # 2 slots each: a worker may be 1 line longer
+        assert served_by(pool, turn[0]) == "w1"  # nothing known: the shorter queue (a tie: the first)
+        other = pool.submit("an unrelated long request " * 4, long)  # w1 again (a tie)
+        assert served_by(pool, turn[1]) == "w1"  # its prefix ran there: w1 though w2 is idle
+        same = pool.submit(turn[1] + " and more", long)  # on w1 too: 2 running there now, none on w2
+        assert served_by(pool, turn[2]) == "w2"  # w1 is busy: not chosen
+        for handle in (other, same):
+            handle.cancel()
+            assert handle.result(timeout=WAIT).finish_reason == "cancelled"

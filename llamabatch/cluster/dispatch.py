@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..core.poison import PoisonRule
+from .affinity import PrefixAffinity
 from .plan import WorkerTally
 from ..core.engine_base import ended_result, error_result
 from ..results import Result
@@ -47,6 +48,7 @@ class Line:
     cancel_asked: bool = False
     ref: Any = None  # the pool's handle on the call running it
     priority: int = 0  # lower runs sooner (SamplingParams.priority): serve's online requests go first
+    prefixes: list = field(default_factory=list)  # an online line's prefix hashes (affinity.py)
 
     def __lt__(self, other: "Line") -> bool:  # the waiting heap's order: priority, then arrival
         return (self.priority, self.key) < (other.priority, other.key)
@@ -84,9 +86,11 @@ Outcomes = list[tuple[Line, Result]]
 
 class Dispatcher:
     def __init__(self, workers: list[WorkerState], send: Callable[[Line, WorkerState], None],
-                 cancel_remote: Callable[[Line], None], rule: PoisonRule | None = None, urgent_below: int = 0):
+                 cancel_remote: Callable[[Line], None], rule: PoisonRule | None = None, urgent_below: int = 0,
+                 affinity: PrefixAffinity | None = None):
         """`urgent_below`: a line with a lower priority number (serve's online requests) may go
-        past a worker's cap by its slots: its engine admits it ahead of the queued lines there."""
+        past a worker's cap by its slots: its engine admits it ahead of the queued lines there.
+        `affinity`: where such lines' prefixes ran last (None: they go by queue length alone)."""
         self.workers = workers
         self.rule: PoisonRule = rule or PoisonRule()
         self.fatal_error: str | None = None
@@ -97,6 +101,7 @@ class Dispatcher:
         self._pending: list[Line] = []  # a heap: the most urgent, then the oldest, first
         self.urgent_below = urgent_below
         self._held: dict[int, Line] = {}  # suspects, waiting for their quarantine group's turn
+        self.affinity = affinity
 
     @property
     def waiting(self) -> int:
@@ -222,7 +227,23 @@ class Dispatcher:
             if not room:
                 return
             heapq.heappop(self._pending)
-            self._send(line, min(room, key=lambda w: len(w.inflight)))
+            self._send(line, self._choose(line, room))
+
+    def _choose(self, line: Line, room: list[WorkerState]) -> WorkerState:
+        """The worker with the shortest queue; for a line with prefixes, the worker that ran its
+        longest known prefix last instead, while that one's queue is at most the shortest's plus
+        half its batch slots (at least 1): a cached prefix is worth a short wait, not a long one."""
+        shortest = min(room, key=lambda w: len(w.inflight))
+        if not line.prefixes or self.affinity is None:
+            return shortest
+        chosen = shortest
+        known = self.affinity.worker_for(line.prefixes)
+        for w in room:
+            slack = max(1, (w.n_parallel - w.reserved) // 2)
+            if w.tally.name == known and len(w.inflight) <= len(shortest.inflight) + slack:
+                chosen = w
+        self.affinity.remember(line.prefixes, chosen.tally.name)
+        return chosen
 
     def _send(self, line: Line, worker: WorkerState) -> None:
         line.worker = worker

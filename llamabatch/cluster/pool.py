@@ -44,6 +44,7 @@ from ..in_process.runners import RunnerChoice
 from ..params import SamplingParams
 from ..results import Delta
 from ..supervised.watchdog import DEFAULT_FLOOR_S
+from .affinity import PrefixAffinity, prefix_keys
 from .describe import header, worker_row
 from .dispatch import READY, Line, Outcomes, WorkerState, cancelled_result
 from .ray_errors import RayStartError, death, first_line
@@ -67,7 +68,9 @@ class RayPool(EngineBase):
 
     def __init__(self, workers: list[WorkerState], model_name: str, slot_ctx: int, owns_ray: bool, address: str,
                  watchdog_s: float = DEFAULT_FLOOR_S, config: EngineConfig | None = None,
-                 default_params: SamplingParams | None = None):
+                 default_params: SamplingParams | None = None, prefix_affinity: bool = True):
+        """`prefix_affinity`: online requests (above the default priority) go to the worker
+        that ran their prompt's longest known prefix last, unless it is busy (affinity.py)."""
         self.model_name = model_name
         self.slot_ctx = slot_ctx
         self.address = address  # "local" or what --ray was given
@@ -80,7 +83,8 @@ class RayPool(EngineBase):
         self._workers = workers
         self._lock = threading.Lock()
         self._open: dict[int, Line] = {}  # every line without its outcome
-        self._watcher = Watcher(workers, self._lock, self._deliver, watchdog_s, self.default_params.priority)
+        self._watcher = Watcher(workers, self._lock, self._deliver, watchdog_s, self.default_params.priority,
+                                PrefixAffinity() if prefix_affinity else None)
         self._dispatcher = self._watcher.dispatcher
         self._next_key = 0
         self.telemetry = Telemetry()
@@ -95,7 +99,7 @@ class RayPool(EngineBase):
               inflight_per_worker: int | None = None, log_to_driver: bool = False,
               note: Callable[[str], None] = lambda _m: None, max_slots: int | None = None,
               watchdog_s: float = DEFAULT_FLOOR_S, runner: RunnerChoice | None = None,
-              extra_slots: int = 0) -> "RayPool":
+              extra_slots: int = 0, prefix_affinity: bool = True) -> "RayPool":
         """Connect to (or start) Ray, place the engines, load the model on every one, each with
         `extra_slots` more slots reserved for requests above the default priority (serve's online ones).
 
@@ -107,7 +111,7 @@ class RayPool(EngineBase):
             started = start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
                                     gpus_per_worker, inflight_per_worker, note, max_slots, runner, extra_slots)
             pool = cls(started.workers, started.model_name, started.slot_ctx, owns, address or "local", watchdog_s,
-                       started.config, default_params)
+                       started.config, default_params, prefix_affinity)
         except BaseException:
             if not joined:
                 ray.shutdown()
@@ -144,6 +148,9 @@ class RayPool(EngineBase):
     def submit(self, prompt: Any, params: SamplingParams | None = None, *, stream: bool = True,
                callback: EventCallback | None = None) -> RequestHandle:
         """Queue one line for the workers (see Engine.submit); QueueFull past max_queue."""
+        priority = (params or self.default_params).priority
+        urgent = priority < self.default_params.priority and self._dispatcher.affinity is not None
+        prefixes = prefix_keys(prompt) if urgent else []  # hashed here, outside the pool's lock
         with self._lock:
             if self._closing:
                 raise EngineClosed("the engine is closed")
@@ -151,8 +158,8 @@ class RayPool(EngineBase):
             key = self._next_key
             self._next_key += 1
             self.telemetry.totals.submitted += 1
-            line = Line(key, prompt, self.on_the_wire(params), priority=(params or self.default_params).priority,
-                        handle=RequestHandle(self._cancel, key, stream, callback))
+            line = Line(key, prompt, self.on_the_wire(params), priority=priority,
+                        handle=RequestHandle(self._cancel, key, stream, callback), prefixes=prefixes)
             self._open[key] = line
             outcomes = self._dispatcher.submit(line)
         self._deliver(outcomes)

@@ -24,6 +24,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from ..supervised.watchdog import DEFAULT_MARGIN, Watchdog
+from .affinity import PrefixAffinity
 from .dispatch import READY, RESTARTING, Dispatcher, Line, Outcomes, WorkerState
 from .ray_errors import death, first_line
 
@@ -42,11 +43,12 @@ class Watcher:
     hands each outcome to its line's caller with the lock released."""
 
     def __init__(self, workers: list[WorkerState], lock: threading.Lock, deliver: Callable[[Outcomes], None],
-                 watchdog_s: float, urgent_below: int = 0):
+                 watchdog_s: float, urgent_below: int = 0, affinity: PrefixAffinity | None = None):
         self.workers = workers
         self.lock = lock
         self.deliver = deliver
-        self.dispatcher = Dispatcher(workers, self.send, self.cancel_remote, urgent_below=urgent_below)
+        self.dispatcher = Dispatcher(workers, self.send, self.cancel_remote, urgent_below=urgent_below,
+                                     affinity=affinity)
         # Finished calls, put by Ray's own thread as each ends: waiting on them all with
         # ray.wait cost the driver a pass over every call in flight for each answer.
         self.finished: queue.SimpleQueue = queue.SimpleQueue()
