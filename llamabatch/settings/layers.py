@@ -24,7 +24,7 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat
                  "grammar_file", "json_schema", "reasoning_budget")
 # Every key a flag sets (cli/engine_options.py declares one flag per key, in this order).
 SHARED_KEYS = ("model", "n_parallel", "n_ctx", "n_batch", "chunk_size", "threads", "policy", "cache_prompt",
-               "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "kv_unified", "max_memory",
+               "n_gpu_layers", "chat_template", "deterministic", "cpu_buffers", "kv_unified", "slot_moves", "max_memory",
                "pooling", "prefix_store", "prefix_store_max_bytes", "grammar_backend", "speculative", "cache_type_k", "cache_type_v", "flash_attn") + SAMPLING_KEYS
 
 # Built-in defaults that differ for one command, below every other layer. One conversation
@@ -98,7 +98,7 @@ def _kind(key: str) -> Any:
         return "slots"
     if key in ("max_memory", "prefix_store_max_bytes", "n_ctx"):  # "16GiB", "80%", "off", "auto" or a number: the setting's rule reads the text
         return str
-    if key in ("cache_prompt", "deterministic", "kv_unified"):
+    if key in ("cache_prompt", "deterministic", "kv_unified", "slot_moves"):
         return bool
     defaults = {f.name: f.type for f in fields(EngineConfig)} | {f.name: f.type for f in fields(SamplingParams)}
     t = str(defaults.get(key, "str"))
