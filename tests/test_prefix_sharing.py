@@ -107,7 +107,7 @@ def test_requests_sharing_a_prefix_wait_for_it_and_then_fork_it():
     assert [a.seq for a in later] == seqs[1:]
     for a in later:
         assert a.fork == Fork(first[0].slot, a.slot, len(SHARED))
-        assert a.reuse == a.seq.num_cached == a.seq.num_computed == len(SHARED)
+        assert a.reuse == a.seq.kv.num_cached == a.seq.kv.num_computed == len(SHARED)
     plan = step(sched)
     assert plan.forks == [a.fork for a in later]
     suffixes = {c.slot: c for c in plan.chunks if not c.is_decode}
@@ -147,7 +147,7 @@ def test_a_prefix_already_in_a_busy_slot_is_forked_at_once():
     late = make_seq(SHARED + "two and more")
     sched.add(late)
     (a,) = admit(sched)
-    assert a.fork == Fork(owner.slot, a.slot, len(SHARED)) and late.num_cached == len(SHARED)
+    assert a.fork == Fork(owner.kv.slot, a.slot, len(SHARED)) and late.kv.num_cached == len(SHARED)
 
 
 def test_owner_cancelled_mid_evaluation_hands_its_work_to_a_waiter():
@@ -159,12 +159,12 @@ def test_owner_cancelled_mid_evaluation_hands_its_work_to_a_waiter():
     step(sched)  # 16 of the 54 shared tokens evaluated
     sched.finish(owner, "cancelled")
     (a,) = admit(sched)  # w1 takes over the owner's slot and what it evaluated; w2 waits for w1
-    assert a.seq is w1 and a.slot == owner.slot and a.reuse == 16 and a.fork is None
+    assert a.seq is w1 and a.slot == owner.kv.slot and a.reuse == 16 and a.fork is None
     assert list(sched.waiting) == [w2]
-    while w1.num_computed < len(SHARED):
+    while w1.kv.num_computed < len(SHARED):
         step(sched)
     (b,) = admit(sched)
-    assert b.seq is w2 and b.fork == Fork(w1.slot, b.slot, len(SHARED))
+    assert b.seq is w2 and b.fork == Fork(w1.kv.slot, b.slot, len(SHARED))
 
 
 # -- the engine with the fake runner ------------------------------------------------------------

@@ -64,7 +64,7 @@ def test_admission_is_fifo_and_fills_only_idle_slots():
     assert admit_all(sched) == []  # no idle slot
     sched.finish(seqs[1], "cancelled")
     again = admit_all(sched)
-    assert [(s, slot) for s, slot, _ in again] == [(seqs[3], seqs[1].slot)]
+    assert [(s, slot) for s, slot, _ in again] == [(seqs[3], seqs[1].kv.slot)]
     assert list(sched.waiting) == [seqs[4]]
 
 
@@ -76,7 +76,7 @@ def test_finishing_a_waiting_sequence_removes_it_from_the_queue():
     admit_all(sched)
     sched.finish(b, "cancelled")
     assert list(sched.waiting) == [c]
-    assert b.finished and b.finish_reason == "cancelled"
+    assert b.finished and b.answer.finish_reason == "cancelled"
 
 
 def test_start_sets_accounting_from_the_kept_prefix():
@@ -85,8 +85,8 @@ def test_start_sets_accounting_from_the_kept_prefix():
     sched.add(seq)
     (s, slot, reuse, _), = sched.admit()
     sched.start(s, slot, 0)
-    assert seq.status == Status.PREFILLING and seq.slot == slot
-    assert seq.num_computed == seq.num_cached == 0
+    assert seq.status == Status.PREFILLING and seq.kv.slot == slot
+    assert seq.kv.num_computed == seq.kv.num_cached == 0
     assert seq.num_pending == len("hello world")
 
 
@@ -108,13 +108,13 @@ def test_new_request_takes_the_slot_with_the_longest_shared_prefix():
     sched = make_scheduler(n_slots=3)
     first = finish_one(sched, "the cat sat on the mat")
     second = finish_one(sched, "a dog ran in the park")
-    assert first.slot != second.slot
+    assert first.kv.slot != second.kv.slot
     follow = make_seq("a dog ran in the park and then slept")
     sched.add(follow)
     (_, slot, reuse), = admit_all(sched)
-    assert slot == second.slot
+    assert slot == second.kv.slot
     assert reuse == len("a dog ran in the park")
-    assert follow.num_cached == follow.num_computed == reuse
+    assert follow.kv.num_cached == follow.kv.num_computed == reuse
     plan, _ = step(sched)
     (chunk,) = plan.chunks
     assert chunk.start_pos == reuse
@@ -126,22 +126,22 @@ def test_generated_tokens_count_towards_the_prefix_a_follow_up_can_reuse():
     first = finish_one(sched, "Q: 2+2? A:", reply=" 4.")
     # The slot holds the prompt and every generated token that was fed back (the tick
     # that sampled EOG evaluated "."; EOG itself never enters the cache).
-    assert sched.slots[first.slot].cached == text_tokens("Q: 2+2? A: 4.")
+    assert sched.slots[first.kv.slot].cached == text_tokens("Q: 2+2? A: 4.")
     follow = make_seq("Q: 2+2? A: 4. Q: 3+3? A:")
     sched.add(follow)
     (_, slot, reuse), = admit_all(sched)
-    assert slot == first.slot and reuse == len("Q: 2+2? A: 4.")
+    assert slot == first.kv.slot and reuse == len("Q: 2+2? A: 4.")
 
 
 def test_no_shared_prefix_goes_to_the_least_recently_used_slot():
     sched = make_scheduler(n_slots=2)
     a = finish_one(sched, "aaaa")
     b = finish_one(sched, "bbbb")
-    assert sched.slots[a.slot].last_used < sched.slots[b.slot].last_used
+    assert sched.slots[a.kv.slot].last_used < sched.slots[b.kv.slot].last_used
     new = make_seq("zzzz")
     sched.add(new)
     (_, slot, reuse), = admit_all(sched)
-    assert (slot, reuse) == (a.slot, 0)
+    assert (slot, reuse) == (a.kv.slot, 0)
 
 
 def test_identical_prompt_still_evaluates_its_last_token():
@@ -154,7 +154,7 @@ def test_identical_prompt_still_evaluates_its_last_token():
     plan, events = step(sched)
     (chunk,) = plan.chunks
     assert chunk.tokens == text_tokens("t") and chunk.wants_logits
-    assert again.status == Status.GENERATING and again.output == [ord("x")]
+    assert again.status == Status.GENERATING and again.answer.output == [ord("x")]
 
 
 def test_cache_prompt_off_reuses_nothing():
@@ -178,7 +178,7 @@ def test_kept_prefix_smaller_than_asked_is_what_counts():
     assert sched.slots[slot].cached == []
     plan, _ = step(sched)
     assert plan.chunks[0].start_pos == 0 and plan.chunks[0].tokens == text_tokens("abcdefgh ijk")
-    assert again.num_cached == 0
+    assert again.kv.num_cached == 0
 
 
 # -- chunked prefill -------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def test_long_prompt_is_prefilled_in_chunks_and_only_the_last_wants_logits():
     assert sizes == [256, 256, 88]
     assert starts == [0, 256, 512]
     assert logits == [False, False, True]
-    assert seq.num_computed == 600 and seq.output == [ord("x")]
+    assert seq.kv.num_computed == 600 and seq.answer.output == [ord("x")]
     # the next tick feeds the sampled token back at position 600
     plan, _ = step(sched)
     (chunk,) = plan.chunks
@@ -223,7 +223,7 @@ def test_prefills_share_the_budget_in_admission_order_with_decodes_first():
     got = [(c.request_id, len(c.tokens)) for c in plan.chunks]
     assert got == [(gen.request_id, 1), (a.request_id, 144), (b.request_id, 155)]
     assert a.status == Status.GENERATING and b.status == Status.PREFILLING
-    assert b.num_computed == 43 + 155
+    assert b.kv.num_computed == 43 + 155
 
 
 def test_chunk_evaluated_while_its_sequence_was_cancelled_is_ignored():
@@ -233,8 +233,8 @@ def test_chunk_evaluated_while_its_sequence_was_cancelled_is_ignored():
     admit_all(sched)
     plan = sched.schedule()
     sched.finish(seq, "cancelled")
-    events = sched.update(plan, StepResult(sampled={seq.slot: ord("x")}))
-    assert events == [] and seq.output == []
+    events = sched.update(plan, StepResult(sampled={seq.kv.slot: ord("x")}))
+    assert events == [] and seq.answer.output == []
 
 
 # -- stops -----------------------------------------------------------------------------------
@@ -256,9 +256,9 @@ def test_eog_ends_with_stop_and_is_not_part_of_the_answer():
     sched = make_scheduler()
     seq = make_seq("hi")
     events, text = generate(sched, seq, text_tokens("yo") + [EOG, ord("z")])
-    assert seq.finish_reason == "stop" and seq.stop_hit is None
-    assert seq.output == text_tokens("yo")
-    assert text == seq.text == "yo"
+    assert seq.answer.finish_reason == "stop" and seq.answer.stop_hit is None
+    assert seq.answer.output == text_tokens("yo")
+    assert text == seq.answer.text == "yo"
     assert events[-1].finished and sum(e.finished for e in events) == 1
     assert all(s.seq is None for s in sched.slots)
 
@@ -269,15 +269,15 @@ def test_an_eog_that_comes_out_despite_ignore_eos_still_ends_the_request():
     sched = make_scheduler()
     seq = make_seq("hi", GREEDY.replace(ignore_eos=True, max_tokens=5))
     generate(sched, seq, [ord("a"), EOG, ord("b"), ord("c")])
-    assert seq.finish_reason == "stop" and seq.output == [ord("a")] and seq.text == "a"
+    assert seq.answer.finish_reason == "stop" and seq.answer.output == [ord("a")] and seq.answer.text == "a"
 
 
 def test_stop_string_split_across_tokens_is_found_and_never_leaks():
     sched = make_scheduler()
     seq = make_seq("hi", GREEDY.replace(stop=["END"]))
     events, text = generate(sched, seq, text_tokens("one E") + text_tokens("N") + text_tokens("D more"))
-    assert seq.finish_reason == "stop" and seq.stop_hit == "END"
-    assert text == seq.text == "one "
+    assert seq.answer.finish_reason == "stop" and seq.answer.stop_hit == "END"
+    assert text == seq.answer.text == "one "
     # "E" and "N" were held back while they could still start "END"
     assert [e.text for e in events] == ["o", "n", "e", " ", "", "", ""]
 
@@ -286,24 +286,24 @@ def test_stop_prefix_that_does_not_complete_is_released():
     sched = make_scheduler()
     seq = make_seq("hi", GREEDY.replace(stop=["END"], max_tokens=4))
     events, text = generate(sched, seq, text_tokens("ENDx")[:2] + text_tokens("!?"))
-    assert seq.finish_reason == "length"
-    assert text == seq.text == "EN!?"
+    assert seq.answer.finish_reason == "length"
+    assert text == seq.answer.text == "EN!?"
 
 
 def test_max_tokens_ends_with_length_and_releases_held_text():
     sched = make_scheduler()
     seq = make_seq("hi", GREEDY.replace(max_tokens=3, stop=["cd"]))
     events, text = generate(sched, seq, text_tokens("abcz"))
-    assert seq.finish_reason == "length" and seq.output == text_tokens("abc")
-    assert text == seq.text == "abc"  # the held "c" came out at the end
+    assert seq.answer.finish_reason == "length" and seq.answer.output == text_tokens("abc")
+    assert text == seq.answer.text == "abc"  # the held "c" came out at the end
 
 
 def test_full_slot_context_ends_with_length():
     sched = make_scheduler(n_slots=1, slot_ctx=12)
     seq = make_seq("0123456789", GREEDY.replace(max_tokens=100))
     generate(sched, seq, text_tokens("abcdef"))
-    assert seq.finish_reason == "length"
-    assert seq.num_tokens == 12 and seq.output == text_tokens("ab")
+    assert seq.answer.finish_reason == "length"
+    assert seq.num_tokens == 12 and seq.answer.output == text_tokens("ab")
 
 
 def test_min_tokens_sets_the_suppress_flag_until_enough_tokens_exist():
@@ -328,7 +328,7 @@ def test_utf8_character_split_across_tokens_is_emitted_whole():
     seq = make_seq("hi", GREEDY.replace(max_tokens=4))
     events, text = generate(sched, seq, byte_tokens("é".encode()) + byte_tokens("€".encode())[:2])
     assert [e.text for e in events] == ["", "é", "", "\ufffd"]  # an unfinished char at the very end
-    assert text == seq.text
+    assert text == seq.answer.text
     assert "\ufffd" not in text[:-1]
 
 
@@ -346,7 +346,7 @@ def test_every_event_for_a_finished_sequence_is_flagged_once():
         if not plan:
             break
     assert finished == [a.request_id, b.request_id]
-    assert len(a.output) == 2 and len(b.output) == 5
+    assert len(a.answer.output) == 2 and len(b.answer.output) == 5
 
 
 def test_forget_slot_drops_what_it_cached():
@@ -396,11 +396,11 @@ def test_expired_names_waiting_and_running_sequences_past_their_deadline_once():
     for s in (running, waiting, untimed):
         sched.add(s)
     admit_all(sched)
-    t0 = running.submitted_at
+    t0 = running.clock.submitted_at
     assert sched.expired(t0) == []
-    assert sched.expired(waiting.deadline) == [waiting]
+    assert sched.expired(waiting.clock.deadline) == [waiting]
     sched.finish(waiting, "timeout")
-    assert sched.expired(running.deadline + 1) == [running]  # the finished one is not named again
+    assert sched.expired(running.clock.deadline + 1) == [running]  # the finished one is not named again
     sched.finish(running, "timeout")
     assert sched.expired(t0 + 10**6) == []
 

@@ -109,7 +109,7 @@ def test_the_ledger_never_moves_what_cannot_move():
 
     def seat(slot: int, status: Status = Status.GENERATING, **kw) -> Sequence:
         seq = Sequence(request_id=slot, prompt=[1, 2, 3], params=SamplingParams(max_tokens=50), seed=0)
-        seq.status, seq.slot, seq.num_computed = status, slot, 3
+        seq.status, seq.kv.slot, seq.kv.num_computed = status, slot, 3
         for k, v in kw.items():
             setattr(seq, k, v)
         ledger.slots[slot].seq, ledger.slots[slot].cached = seq, [1, 2, 3]
@@ -124,7 +124,7 @@ def test_the_ledger_never_moves_what_cannot_move():
     ledger.slots[5].seq = ledger.slots[4].seq = None
     moves = ledger.plan_moves({0, 3}, MOVE_MIN_LEFT, 0.0)
     assert [(m.src_slot, m.dst_slot, m.n_tokens) for m in moves] == [(3, 1, 3)]
-    assert ledger.slots[1].seq.slot == 1 and ledger.slots[3].seq is None
+    assert ledger.slots[1].seq.kv.slot == 1 and ledger.slots[3].seq is None
     assert ledger.slots[3].cached == ledger.slots[1].cached == [1, 2, 3]  # the source keeps its cells
     assert ledger.take_changes()[3] == moves
 

@@ -157,13 +157,13 @@ def test_guesses_never_cross_the_budget():
     from llamabatch.core.sequence import Sequence
 
     seq = Sequence(1, [1], SamplingParams(), 0, thinking=Thinking("<think>", "</think>", True, 10, ()))
-    seq.reasoning_split = ReasoningSplit(seq.thinking)
-    seq.reasoning_split.tokens = 7
+    seq.answer.reasoning_split = ReasoningSplit(seq.thinking)
+    seq.answer.reasoning_split.tokens = 7
     assert thinking_room(seq) == 2
-    seq.reasoning_split.closing = True
+    seq.answer.reasoning_split.closing = True
     assert thinking_room(seq) > 1000
     opens = Sequence(2, [1], SamplingParams(), 0, thinking=Thinking("<think>", "</think>", False, 0, ()))
-    opens.reasoning_split = ReasoningSplit(opens.thinking)
+    opens.answer.reasoning_split = ReasoningSplit(opens.thinking)
     assert thinking_room(opens) == 0  # the model may still open a block: no guess may run into it
 
 

@@ -212,5 +212,6 @@ class InputPreparer:
         for s in seqs:
             s.group = seqs
             s.grammar_backend = getattr(s.sampler, "grammar_backend", None)
-            s.submitted_at, s.deadline = seqs[0].submitted_at, seqs[0].deadline  # one timeout for all
+            first = seqs[0].clock  # one timeout for all
+            s.clock.submitted_at, s.clock.deadline = first.submitted_at, first.deadline
         return seqs[0]

@@ -1,4 +1,5 @@
-"""One request's state inside the engine: status, tokens and their accounting, timestamps."""
+"""One request's state inside the engine: the request, where it is in the KV cache, what it has
+produced and when things happened to it."""
 from __future__ import annotations
 
 import enum
@@ -19,14 +20,80 @@ class Status(enum.IntEnum):
     RESTORING = 5  # holds a slot whose KV the next plan restores from the disk prefix store
 
 
-@dataclass(eq=False)
-class Sequence:
-    """A request from admission to its terminal outcome.
+@dataclass(eq=False, slots=True)
+class KvPlace:
+    """Where a sequence is in the KV cache, and how what its slot holds got there.
 
     One accounting rule covers prefill, chunked prefill, prefix-cache hits and decode:
-    `num_computed` tokens of `tokens` are in the slot's KV cache; the gap up to
+    `num_computed` tokens of the sequence's tokens are in the slot's KV cache; the gap up to
     `num_tokens` is what still has to be evaluated (vLLM v1's idea).
     """
+
+    slot: int | None = None
+    num_computed: int = 0
+    num_cached: int = 0  # prompt tokens reused from the prefix cache
+    # The disk prefix store (disk_prefix.py): save the slot's KV when exactly this many prompt
+    # tokens are in it (the prefill chunk that crosses it is cut there); of num_cached, how many
+    # were restored from the store; the entry a save of this request's prompt was queued as.
+    save_at: int | None = None
+    num_restored: int = 0
+    stored_prefix: str | None = None
+    # Preempted for a higher-priority request (core/scheduling/admission.py): its KV kept in host
+    # memory (a kv_ledger.Parked) until it resumes where it stopped; None while it holds a slot.
+    parked: Any = None
+
+
+@dataclass(eq=False, slots=True)
+class Clock:
+    """When things happened to a sequence (time.perf_counter), and its pauses."""
+
+    submitted_at: float = field(default_factory=time.perf_counter)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    deadline: float | None = None  # submitted_at + the request's timeout
+    paused_at: float | None = None  # parked since (preemption), None while it runs
+    paused_ms: float = 0.0  # parked, all pauses together
+    preemptions: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class Answer:
+    """What a sequence has produced so far, and how it ended."""
+
+    output: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None  # a record per output token when the request asks for them
+    text: str = ""  # final text, set when finished
+    stop_hit: str | None = None  # the stop string that ended it
+    finish_reason: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    forced_tokens: int = 0  # tokens its grammar forced unsampled (llama/sampling/mask_grammar.py)
+    # Speculative decoding (core/drafts.py): how many guesses joined its output or were turned down
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
+    # Thinking models (core/thinking.py): the reasoning text and the tokens generated inside the
+    # block, set when it ends; while it answers, its thinking.ReasoningSplit (output_step.py)
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    reasoning_split: Any = None
+
+
+@dataclass(eq=False, slots=True)
+class QueuePlace:
+    """A sequence's place in the scheduler's queue (core/scheduling/admission.py)."""
+
+    queued: bool = False  # in the queue (admitted ones stay WAITING until started)
+    admit_order: int = 0  # FIFO rank among running prefills
+    protected: bool = False  # admitted by the fair share: never preempted
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """A request from admission to its terminal outcome: the request as submitted (its prompt,
+    parameters and how it is sampled) and its status here; where it is in the KV cache (`kv`),
+    what it has produced (`answer`), when things happened to it (`clock`) and its place in the
+    scheduler's queue (`queue`). Slots: a write to a name it does not have fails at once."""
 
     request_id: int
     prompt: list[int]
@@ -34,85 +101,52 @@ class Sequence:
     seed: int
     sampler: Any = None  # the runner's sampler chain, built at submit time
     status: Status = Status.WAITING
-    slot: int | None = None
-    output: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    num_cached: int = 0  # prompt tokens reused from the prefix cache
-    finish_reason: str | None = None
-    error: str | None = None
-    error_code: str | None = None
-    submitted_at: float = field(default_factory=time.perf_counter)
-    admitted_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    deadline: float | None = None
-    logprobs: list[dict[str, Any]] | None = None
-    admit_order: int = 0  # FIFO rank among running prefills
-    text: str = ""  # final text, set when finished
-    stop_hit: str | None = None  # the stop string that ended it
     index: int = 0  # which sample of an n-request (0 for the sample whose slot evaluates the prompt)
     group: list["Sequence"] | None = None  # all samples of an n-request (shared list), None when n == 1
     completed: bool = False  # the engine has freed its sampler and counted it toward the Result
     sampling_apart: bool = False  # its next token is being sampled on a sampling thread (sampling_threads.py)
-    # The disk prefix store (disk_prefix.py): save the slot's KV when exactly this many prompt
-    # tokens are in it (the prefill chunk that crosses it is cut there); of num_cached, how many
-    # were restored from the store; the entry a save of this request's prompt was queued as.
-    save_at: int | None = None
-    num_restored: int = 0
-    stored_prefix: str | None = None
     # Structured output (llama/sampling/mask_grammar.py): how its grammar constrains it ("llguidance"
-    # masks or llama.cpp's "llama" sampler; None unconstrained), and tokens it forced unsampled.
+    # masks or llama.cpp's "llama" sampler; None unconstrained).
     grammar_backend: str | None = None
-    forced_tokens: int = 0
     # Speculative decoding (core/drafts.py): where its guesses come from (None: it drafts none),
-    # the prediction's tokens, and how many guesses joined its output or were turned down.
+    # and the prediction's tokens.
     drafter: Any = None
     prediction: list[int] | None = None
-    accepted_drafts: int = 0
-    rejected_drafts: int = 0
-    # Priority (core/scheduling/admission.py): a request preempted for a higher-priority one waits with its
-    # KV kept in host memory (`parked`, a kv_ledger.Parked) and resumes where it stopped; how often,
-    # and for how long in all. `protected`: admitted by the fair share, it is never preempted.
-    parked: Any = None
-    preemptions: int = 0
-    paused_ms: float = 0.0
-    paused_at: float | None = None
-    protected: bool = False
-    queued: bool = False  # in the scheduler's queue (admitted ones stay WAITING until started)
-    # Thinking models (core/thinking.py): how its answer may reason (None: the prompt marks no
-    # reasoning); the reasoning text and the tokens generated inside the block, set when it ends.
+    # Thinking models (core/thinking.py): how its answer may reason (None: the prompt marks no reasoning).
     thinking: Any = None
-    reasoning: str | None = None
-    reasoning_tokens: int = 0
-    reasoning_split: Any = None  # while it answers: its thinking.ReasoningSplit (core/scheduling/output_step.py)
+    kv: KvPlace = field(default_factory=KvPlace)
+    answer: Answer = field(default_factory=Answer)
+    clock: Clock = field(default_factory=Clock)
+    queue: QueuePlace = field(default_factory=QueuePlace)
 
     def __post_init__(self) -> None:
         if self.params.timeout:
-            self.deadline = self.submitted_at + self.params.timeout
+            self.clock.deadline = self.clock.submitted_at + self.params.timeout
         if self.params.logprobs is not None:
-            self.logprobs = []
+            self.answer.logprobs = []
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt + self.output
+        return self.prompt + self.answer.output
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
+        return len(self.prompt) + len(self.answer.output)
 
     @property
     def num_pending(self) -> int:
-        return self.num_tokens - self.num_computed
+        return self.num_tokens - self.kv.num_computed
 
     def pending_tokens(self, limit: int) -> list[int]:
         """The next `limit` tokens that are not yet in the KV cache."""
-        start = self.num_computed
+        start = self.kv.num_computed
+        output = self.answer.output
         if start >= len(self.prompt):
-            return self.output[start - len(self.prompt):start - len(self.prompt) + limit]
+            return output[start - len(self.prompt):start - len(self.prompt) + limit]
         end = min(self.num_tokens, start + limit)
         if end <= len(self.prompt):
             return self.prompt[start:end]
-        return self.prompt[start:] + self.output[: end - len(self.prompt)]
+        return self.prompt[start:] + output[: end - len(self.prompt)]
 
     @property
     def finished(self) -> bool:
@@ -125,31 +159,32 @@ class Sequence:
 
     def result(self) -> Result:
         """The terminal Result: text, tokens, usage and timings from this sequence's clock."""
-        admitted = self.admitted_at or self.finished_at
-        first = self.first_token_at
-        end = self.finished_at or time.perf_counter()
+        clock, answer, kv = self.clock, self.answer, self.kv
+        admitted = clock.admitted_at or clock.finished_at
+        first = clock.first_token_at
+        end = clock.finished_at or time.perf_counter()
         prompt_ms = ((first or end) - admitted) * 1000 if admitted else 0.0
         decode_ms = (end - first) * 1000 if first else 0.0
-        evaluated = len(self.prompt) - self.num_cached
+        evaluated = len(self.prompt) - kv.num_cached
         timings = Timings(
-            queue_ms=((self.admitted_at or end) - self.submitted_at) * 1000,
-            ttft_ms=(first - self.submitted_at) * 1000 if first else 0.0,
+            queue_ms=((clock.admitted_at or end) - clock.submitted_at) * 1000,
+            ttft_ms=(first - clock.submitted_at) * 1000 if first else 0.0,
             prompt_ms=prompt_ms, decode_ms=decode_ms,
             prompt_tokens_per_s=evaluated / (prompt_ms / 1000) if first and prompt_ms > 0 else 0.0,
-            generated_tokens_per_s=((len(self.output) - 1) / (decode_ms / 1000)
-                                    if decode_ms > 0 and len(self.output) > 1 else 0.0),
-            paused_ms=self.paused_ms, preemptions=self.preemptions)
-        usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=self.num_cached,
-                      restored_tokens=self.num_restored, completion_tokens=len(self.output),
-                      accepted_prediction_tokens=self.accepted_drafts,
-                      rejected_prediction_tokens=self.rejected_drafts,
-                      reasoning_tokens=self.reasoning_tokens if self.thinking is not None else None)
-        return Result(self.request_id, self.text, list(self.output), self.finish_reason or "error", usage, timings,
-                      seed=self.seed, error=self.error, error_code=self.error_code, stop=self.stop_hit,
-                      logprobs=self.logprobs, index=self.index, stored_prefix=self.stored_prefix,
-                      grammar_backend=self.grammar_backend, forced_tokens=self.forced_tokens,
+            generated_tokens_per_s=((len(answer.output) - 1) / (decode_ms / 1000)
+                                    if decode_ms > 0 and len(answer.output) > 1 else 0.0),
+            paused_ms=clock.paused_ms, preemptions=clock.preemptions)
+        usage = Usage(prompt_tokens=len(self.prompt), cached_tokens=kv.num_cached,
+                      restored_tokens=kv.num_restored, completion_tokens=len(answer.output),
+                      accepted_prediction_tokens=answer.accepted_drafts,
+                      rejected_prediction_tokens=answer.rejected_drafts,
+                      reasoning_tokens=answer.reasoning_tokens if self.thinking is not None else None)
+        return Result(self.request_id, answer.text, list(answer.output), answer.finish_reason or "error", usage, timings,
+                      seed=self.seed, error=answer.error, error_code=answer.error_code, stop=answer.stop_hit,
+                      logprobs=answer.logprobs, index=self.index, stored_prefix=kv.stored_prefix,
+                      grammar_backend=self.grammar_backend, forced_tokens=answer.forced_tokens,
                       tool_syntax=getattr(self.params.grammar, "syntax", None),
-                      reasoning=(self.reasoning or "") if self.thinking is not None else None)
+                      reasoning=(answer.reasoning or "") if self.thinking is not None else None)
 
     def request_result(self) -> Result:
         """The Result of the request this sequence belongs to: its own, or for an n-request
@@ -161,10 +196,10 @@ class Sequence:
         parts = [s.result() for s in self.group]
         first = parts[0]
         bad = next((r for r in parts if r.finish_reason not in ("stop", "length")), None)
-        end = max((s.finished_at or 0.0) for s in self.group)
-        started = self.group[0].first_token_at
+        end = max((s.clock.finished_at or 0.0) for s in self.group)
+        started = self.group[0].clock.first_token_at
         decode_ms = (end - started) * 1000 if started else 0.0
-        after_first = sum(max(len(s.output) - 1, 0) for s in self.group)
+        after_first = sum(max(len(s.answer.output) - 1, 0) for s in self.group)
         timings = Timings(**{**first.timings.__dict__, "decode_ms": decode_ms,
                              "generated_tokens_per_s": after_first / (decode_ms / 1000) if decode_ms > 0 else 0.0})
         usage = Usage(prompt_tokens=first.usage.prompt_tokens, cached_tokens=first.usage.cached_tokens,

@@ -171,7 +171,7 @@ def _each_own(cands: Seq[Candidate], spare: int) -> list[dict[int, int]]:
 def thinking_room(seq: Sequence) -> int:
     """Guesses a request may take before its thinking budget runs out (where the engine writes
     the block's closer itself, core/thinking.py): none may cross that token."""
-    room = seq.reasoning_split.guess_room() if seq.reasoning_split is not None else None
+    room = seq.answer.reasoning_split.guess_room() if seq.answer.reasoning_split is not None else None
     return (1 << 30) if room is None else room
 
 
@@ -224,7 +224,7 @@ class Speculation:
         chunk with all its pending tokens, a drafter, its token sampled inline, min_tokens met;
         then no more than its answer, slot and chunk can still take."""
         if (not chunk.is_decode or not chunk.wants_logits or chunk.sample_apart or seq.drafter is None
-                or len(seq.output) < seq.params.min_tokens):
+                or len(seq.answer.output) < seq.params.min_tokens):
             return 0
-        return min(self.max_draft, seq.params.max_tokens - len(seq.output) - 1, slot_ctx - seq.num_tokens - 1,
+        return min(self.max_draft, seq.params.max_tokens - len(seq.answer.output) - 1, slot_ctx - seq.num_tokens - 1,
                    chunk_size - len(chunk.tokens), thinking_room(seq))

@@ -113,7 +113,7 @@ class GenerationLane:
             with self._cond:
                 self.waiting += len(parked)
         for seq, slot, reuse, _fork in admitted:
-            resumed = seq.parked is not None
+            resumed = seq.kv.parked is not None
             # the slot's KV change (a Trim to `reuse`, a Fork or a Restore) rides on this tick's plan
             self.scheduler.start(seq, slot, reuse)
             if seq.index == 0:  # samples 1..n-1 ride along with sample 0 (the one queued and counted)
@@ -152,7 +152,7 @@ class GenerationLane:
             return
         name = self.disk.save(wanted.tokens, payload)  # type: ignore[union-attr]
         if wanted.seq.params.store_prefix:
-            wanted.seq.stored_prefix = name
+            wanted.seq.kv.stored_prefix = name
 
     def _execute(self, plan: StepPlan) -> tuple[StepPlan, StepResult]:
         """One llama_decode; on 'no KV room' try the scheduler's smaller plan, never crash."""
@@ -180,7 +180,7 @@ class GenerationLane:
         rows = [self.scheduler.slots[chunk.slot].seq for chunk in plan.chunks]
         # a tick with a fair-share request's rows is never interrupted, or a stream of higher
         # arrivals, one each tick, would stop every tick it has (no starvation: admission.py)
-        if self.runner.interruptible(plan) and not any(seq is not None and seq.protected for seq in rows):
+        if self.runner.interruptible(plan) and not any(seq is not None and seq.queue.protected for seq in rows):
             best = min(priority_of(self.scheduler, chunk.slot) for chunk in plan.chunks)
         runs = self.runner.graph_runs([(c.slot, len(c.tokens)) for c in plan.chunks]) if best is not None else 0
         with self._cond:

@@ -50,9 +50,9 @@ def running_samples(seq: Sequence) -> list[Sequence]:
 def slots_wanted(seq: Sequence) -> int:
     """The slots a queued request takes at once: one a sample; for one put aside, one for each
     sample it put aside (its samples that had ended stay ended)."""
-    if seq.parked is None:
+    if seq.kv.parked is None:
         return len(seq.members)
-    return sum(1 for m in seq.members if m.parked is not None)
+    return sum(1 for m in seq.members if m.kv.parked is not None)
 
 
 def priority_key(seq: Sequence) -> tuple[int, int]:
@@ -70,8 +70,8 @@ def urgent_rows_only(decodes: list[Sequence], prefills: list[Sequence]) -> tuple
     top = prefills[0].params.priority  # prefills are sorted by priority
     if all(s.params.priority <= top for s in decodes) and prefills[-1].params.priority <= top:
         return decodes, prefills
-    return ([s for s in decodes if s.params.priority <= top or s.protected],
-            [s for s in prefills if s.params.priority <= top or s.protected])
+    return ([s for s in decodes if s.params.priority <= top or s.queue.protected],
+            [s for s in prefills if s.params.priority <= top or s.queue.protected])
 
 
 def least_recently_used(open_slots: list[Slot], idle: list[Slot]) -> Slot:
@@ -112,10 +112,11 @@ class AdmissionQueue:
         # the count breaks ties between entries of equal request ids (Sequences do not compare)
         self._pushed += 1
         heapq.heappush(self._arrivals, (seq.request_id, self._pushed, seq))
-        seq.queued = True
+        seq.queue.queued = True
 
     def oldest_waiting(self) -> Sequence | None:
-        while self._arrivals and not (self._arrivals[0][2].queued and self._arrivals[0][2].status == Status.WAITING):
+        while self._arrivals and not (self._arrivals[0][2].queue.queued
+                                      and self._arrivals[0][2].status == Status.WAITING):
             heapq.heappop(self._arrivals)  # admitted or ended since (a parked one is pushed again)
         return self._arrivals[0][2] if self._arrivals else None
 
@@ -130,10 +131,10 @@ class AdmissionQueue:
             return  # held back in this admission (it waits for a prefix another slot evaluates)
         self.waiting.remove(oldest)
         self.waiting.appendleft(oldest)
-        oldest.protected = True
+        oldest.queue.protected = True
 
     def _admitted_one(self, seq: Sequence) -> None:
-        seq.queued = False
+        seq.queue.queued = False
         if seq is self._oldest:
             self._oldest, self._passed = None, 0
         else:
@@ -158,7 +159,7 @@ class AdmissionQueue:
             if open_slots is None:
                 break  # in order: what is behind the head goes no sooner
             seq = self.waiting.popleft()
-            if seq.parked is not None:
+            if seq.kv.parked is not None:
                 self._admitted_one(seq)
                 out.extend(self._resume(seq, idle, handed_out, open_slots))
                 continue
@@ -305,11 +306,11 @@ class AdmissionQueue:
         out = []
         for slot in self.slots:
             seq = slot.seq
-            if seq is None or seq.index != 0 or seq.protected or seq.params.priority <= head.params.priority:
+            if seq is None or seq.index != 0 or seq.queue.protected or seq.params.priority <= head.params.priority:
                 continue
             members = running_samples(seq)
-            if all(m.slot is not None and m.slot not in changing and m.status in plain and not m.sampling_apart
-                   and self.slots[m.slot].seq is m for m in members):
+            if all(m.kv.slot is not None and m.kv.slot not in changing and m.status in plain and not m.sampling_apart
+                   and self.slots[m.kv.slot].seq is m for m in members):
                 out.append(seq)
         return out
 
@@ -329,7 +330,7 @@ class AdmissionQueue:
         sample is evaluated again from the start (a sample that was waiting for the prompt's
         fork waits for it again)."""
         out = []
-        for member in (m for m in seq.members if m.parked is not None):
+        for member in (m for m in seq.members if m.kv.parked is not None):
             slot = least_recently_used(open_slots, idle)
             idle.remove(slot)
             handed_out.add(slot.slot_id)

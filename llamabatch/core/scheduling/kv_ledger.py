@@ -177,23 +177,23 @@ class KVLedger:
         """Whether seq's place can change between ticks with nothing of its own pending: not put
         aside, not awaiting a token sampled apart (its job names the slot), nor a prefix save of
         its slot, and with enough answer left for the copy to pay."""
-        if seq.status not in (Status.GENERATING, Status.PREFILLING) or seq.parked is not None:
+        if seq.status not in (Status.GENERATING, Status.PREFILLING) or seq.kv.parked is not None:
             return False
-        if seq.sampling_apart or seq.save_at is not None:
+        if seq.sampling_apart or seq.kv.save_at is not None:
             return False
-        left = min(seq.params.max_tokens - len(seq.output), self.slot_ctx - seq.num_tokens)
+        left = min(seq.params.max_tokens - len(seq.answer.output), self.slot_ctx - seq.num_tokens)
         return left + seq.num_pending >= min_left
 
     def _move(self, src: Slot, dst: Slot, now: float) -> Move:
         """Decide one Move: dst takes src's request and a copy of its cache; src keeps its cells
         as an idle slot's cache (a stream per slot: they take no room anyone else could)."""
         seq = src.seq
-        move = Move(src.slot_id, dst.slot_id, seq.num_computed)  # type: ignore[union-attr]
+        move = Move(src.slot_id, dst.slot_id, seq.kv.num_computed)  # type: ignore[union-attr]
         dst.cached, dst.min_keep = list(src.cached), src.min_keep
         dst.seq, src.seq = seq, None
         dst.last_used = src.last_used
         src.last_used = now
-        seq.slot = dst.slot_id  # type: ignore[union-attr]
+        seq.kv.slot = dst.slot_id  # type: ignore[union-attr]
         self._moves.append(move)
         return move
 
@@ -235,7 +235,7 @@ class KVLedger:
         slot = self.slots[slot_id]
         if slot_id in self._resuming:
             self._resuming.discard(slot_id)
-            if slot.seq is not None and slot.seq.parked is not None and slot.seq.status == Status.RESTORING:
+            if slot.seq is not None and slot.seq.kv.parked is not None and slot.seq.status == Status.RESTORING:
                 self.resumed(slot.seq, slot, ok)
             else:  # ended meanwhile: its cells are no prefix anyone asked for
                 slot.cached, slot.min_keep = [], 0
@@ -246,7 +246,7 @@ class KVLedger:
         seq = slot.seq
         if seq is None or seq.status != Status.RESTORING:
             return  # ended meanwhile: the slot keeps what it holds for a later request
-        seq.num_computed = seq.num_cached = seq.num_restored = len(slot.cached)
+        seq.kv.num_computed = seq.kv.num_cached = seq.kv.num_restored = len(slot.cached)
         seq.status = Status.PREFILLING
 
     def emptied(self, slot_id: int) -> None:
@@ -257,16 +257,16 @@ class KVLedger:
         seq = slot.seq
         if seq is None or seq.status not in (Status.PREFILLING, Status.GENERATING):
             return
-        seq.num_computed = seq.num_cached = seq.num_restored = 0
+        seq.kv.num_computed = seq.kv.num_cached = seq.kv.num_restored = 0
         seq.status = Status.PREFILLING
-        seq.save_at = None  # a planned save of a prefix it was to reuse: an optimisation only
+        seq.kv.save_at = None  # a planned save of a prefix it was to reuse: an optimisation only
 
     def evaluated(self, chunk: Chunk, seq: Sequence, result: StepResult) -> None:
         """A chunk the tick evaluated: its cells join the slot, and of its guesses those the
         verification kept (the tokens join the output in the output step)."""
         slot = self.slots[chunk.slot]
         evaluated = len(chunk.tokens) - chunk.n_draft  # the guesses' cells are kept as verified
-        seq.num_computed += evaluated
+        seq.kv.num_computed += evaluated
         if self.cache_generated or not chunk.is_decode:
             slot.cached.extend(chunk.tokens[:evaluated])
         if chunk.n_draft:
@@ -276,7 +276,7 @@ class KVLedger:
         """A verified chunk: its first `kept` guesses' cells stay, the other guesses' cells go by
         a Trim in the next plan."""
         evaluated = len(chunk.tokens) - chunk.n_draft
-        seq.num_computed += kept
+        seq.kv.num_computed += kept
         slot = self.slots[chunk.slot]
         if self.cache_generated:
             slot.cached.extend(chunk.tokens[evaluated:evaluated + kept])
@@ -284,13 +284,13 @@ class KVLedger:
             self._trims.append(Trim(chunk.slot, chunk.start_pos + evaluated + kept))
             if self.cache_generated:
                 del slot.cached[chunk.start_pos + evaluated + kept:]
-        seq.rejected_drafts += chunk.n_draft - kept
+        seq.answer.rejected_drafts += chunk.n_draft - kept
         if seq.drafter is not None:
             seq.drafter.observe(chunk.n_draft, kept)
 
     def release(self, seq: Sequence, now: float) -> None:
         """seq has ended: its slot goes idle, keeping its cache for a later request."""
-        slot = self.slots[seq.slot]  # type: ignore[index]
+        slot = self.slots[seq.kv.slot]  # type: ignore[index]
         if slot.seq is seq:
             slot.seq = None
             slot.last_used = now
@@ -301,7 +301,7 @@ class KVLedger:
         """Put one running sample aside: its slot's KV as bytes (a copy taken now, before any plan
         changes the slot; none for a sample still waiting for the prompt's fork), kept within
         the budget, and the slot freed. Returns the slot."""
-        slot = self.slots[member.slot]  # type: ignore[index]
+        slot = self.slots[member.kv.slot]  # type: ignore[index]
         payload = None
         if member.status != Status.FORKING:
             try:
@@ -311,11 +311,11 @@ class KVLedger:
         if payload is not None and self.parked_bytes + len(payload) > self.park_budget:
             payload = None  # past the budget: dropped, evaluated again when it resumes
         self.parked_bytes += len(payload) if payload is not None else 0
-        member.parked = Parked(payload, member.num_computed, list(slot.cached), member.status)
-        member.preemptions += 1
-        member.paused_at = now
-        member.save_at = None  # a prefix save planned for it is dropped (an optimisation only)
-        member.slot = None
+        member.kv.parked = Parked(payload, member.kv.num_computed, list(slot.cached), member.status)
+        member.clock.preemptions += 1
+        member.clock.paused_at = now
+        member.kv.save_at = None  # a prefix save planned for it is dropped (an optimisation only)
+        member.kv.slot = None
         member.status = Status.WAITING
         slot.seq = None
         slot.last_used = now
@@ -325,7 +325,7 @@ class KVLedger:
         """A parked sample takes `slot`: emptied, and its KV put back by a Restore when it has bytes."""
         slot.seq = member
         self.trim(slot.slot_id, 0)
-        parked = member.parked
+        parked = member.kv.parked
         if parked.payload is not None:  # type: ignore[union-attr]
             self.plan_restore(Restore(slot.slot_id, parked.n_cells, parked.payload, resume=True),  # type: ignore[union-attr]
                               parked.cached)  # type: ignore[union-attr]
@@ -333,24 +333,24 @@ class KVLedger:
     def resumed(self, seq: Sequence, slot: Slot, ok: bool) -> None:
         """What a parked request's Restore gave: its KV where it stopped, or (refused, or no
         bytes to restore) nothing, and it evaluates its prompt and answer so far again."""
-        parked, seq.parked = seq.parked, None
+        parked, seq.kv.parked = seq.kv.parked, None
         self.unpark_bytes(parked)
         if ok:
             slot.cached = list(parked.cached)  # type: ignore[union-attr]
             slot.min_keep = self.restored_min_keep(parked.n_cells)  # type: ignore[union-attr]
-            seq.num_computed = parked.n_cells  # type: ignore[union-attr]
+            seq.kv.num_computed = parked.n_cells  # type: ignore[union-attr]
             seq.status = parked.status  # type: ignore[union-attr]
         elif parked.status == Status.FORKING:  # type: ignore[union-attr]
             slot.cached, slot.min_keep = [], 0
-            seq.num_computed = 0
+            seq.kv.num_computed = 0
             seq.status = Status.FORKING  # it waits for the prompt's fork again, as when first admitted
         else:
             slot.cached, slot.min_keep = [], 0
-            seq.num_computed = 0
+            seq.kv.num_computed = 0
             seq.status = Status.PREFILLING  # the answer so far is evaluated as prompt; then it samples on
-        if seq.paused_at is not None:
-            seq.paused_ms += (time.perf_counter() - seq.paused_at) * 1000
-            seq.paused_at = None
+        if seq.clock.paused_at is not None:
+            seq.clock.paused_ms += (time.perf_counter() - seq.clock.paused_at) * 1000
+            seq.clock.paused_at = None
 
     def unpark_bytes(self, parked: Parked | None) -> None:
         if parked is not None and parked.payload is not None:

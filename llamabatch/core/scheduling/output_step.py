@@ -47,7 +47,7 @@ class OutputStep:
         """seq starts answering: its text is decoded (and its stop strings watched) from here."""
         self._detok[seq] = IncrementalDetokenizer(seq.params.stop)
         if seq.thinking is not None:
-            seq.reasoning_split = ReasoningSplit(seq.thinking)
+            seq.answer.reasoning_split = ReasoningSplit(seq.thinking)
 
     def end(self, seq: Sequence, reason: str) -> tuple[str, str]:
         """seq ends: its full text (and a thinking answer's reasoning) is set. Returns any
@@ -57,15 +57,15 @@ class OutputStep:
         detok = self._detok.pop(seq, None)
         if detok is not None and not detok.stopped and reason in ("cancelled", "timeout"):
             tail = detok.finish()
-        split, seq.reasoning_split = seq.reasoning_split, None
+        split, seq.answer.reasoning_split = seq.answer.reasoning_split, None
         if split is None:
             if detok is not None:
-                seq.text = detok.text
+                seq.answer.text = detok.text
             return tail, ""
         content, reasoning = split.feed(tail)
         more = split.finish()
-        seq.text, seq.reasoning = split.content_text, split.reasoning_text
-        seq.reasoning_tokens = split.tokens
+        seq.answer.text, seq.answer.reasoning = split.content_text, split.reasoning_text
+        seq.answer.reasoning_tokens = split.tokens
         return content + more[0], reasoning + more[1]
 
     def take_row(self, chunk: Chunk, seq: Sequence, sampled: dict[int, int],
@@ -83,7 +83,7 @@ class OutputStep:
                 continue
             # Its prompt KV is sample 0's, copied by a fork before the next decode.
             self.ledger.fork(chunk.slot, slot_id, len(sample.prompt))
-            sample.num_computed = sample.num_cached = len(sample.prompt)
+            sample.kv.num_computed = sample.kv.num_cached = len(sample.prompt)
             events.append(self._accept(sample, sampled[slot_id], logprobs.get(slot_id), forced.get(slot_id)))
         return events
 
@@ -107,7 +107,7 @@ class OutputStep:
         event = SeqEvent(seq)
         steps = [*((tok, lp, "guess") for tok, lp in guesses), (token, logprob, "sampled"),
                  *((tok, None, "forced") for tok in forced or ())]
-        split = seq.reasoning_split
+        split = seq.answer.reasoning_split
         for tok, lp, kind in steps:
             if event.finished:
                 break
@@ -115,10 +115,10 @@ class OutputStep:
             self._join(event, more)
             if kind == "forced":
                 event.forced += 1
-                seq.forced_tokens += 1
+                seq.answer.forced_tokens += 1
             elif kind == "guess" and more.tokens:
                 event.accepted += 1
-                seq.accepted_drafts += 1
+                seq.answer.accepted_drafts += 1
         if split is not None and not event.finished and split.must_close():
             self._close_block(seq, split, event)
         return event
@@ -144,15 +144,15 @@ class OutputStep:
         for tok in tokens:
             if event.finished:
                 break
-            lp = None if seq.logprobs is None else {"token": self.token_bytes(tok).decode("utf-8", "replace"),
+            lp = None if seq.answer.logprobs is None else {"token": self.token_bytes(tok).decode("utf-8", "replace"),
                                                      "id": tok, "logprob": 0.0, "top_logprobs": []}
             self._join(event, self._accept_one(seq, tok, lp, split, counted=False))
 
     def _accept_one(self, seq: Sequence, token: int, logprob: dict | None, split: ReasoningSplit | None = None,
                     counted: bool = True) -> SeqEvent:
         now = time.perf_counter()
-        if seq.first_token_at is None:
-            seq.first_token_at = now
+        if seq.clock.first_token_at is None:
+            seq.clock.first_token_at = now
         seq.status = Status.GENERATING  # also a resumed request that evaluated its answer again
         detok = self._detok[seq]
         event = SeqEvent(seq)
@@ -164,23 +164,23 @@ class OutputStep:
             self._ended(event, self.finish(seq, "stop"))
             event.finished = True
             return event
-        seq.output.append(token)
+        seq.answer.output.append(token)
         event.tokens.append(token)
         if seq.drafter is not None:
             seq.drafter.extend((token,))
-        if logprob is not None and seq.logprobs is not None:
-            seq.logprobs.append(logprob)
+        if logprob is not None and seq.answer.logprobs is not None:
+            seq.answer.logprobs.append(logprob)
         if split is not None and counted:
             split.count()
         event.text = detok.push(self.token_bytes(token))
         if detok.stopped:
-            seq.stop_hit = detok.stop_hit
-        elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
+            seq.answer.stop_hit = detok.stop_hit
+        elif len(seq.answer.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
             event.text += detok.finish()
         self._split_text(event, split)
         if detok.stopped:
             self._ended(event, self.finish(seq, "stop"))
-        elif len(seq.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
+        elif len(seq.answer.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
             self._ended(event, self.finish(seq, "length"))
         event.finished = seq.finished
         return event

@@ -3,7 +3,7 @@
 A prefix two requests share, or a prompt its request asked to keep (store_prefix), is saved
 once a slot holds exactly it: a restored entry continues only from its end (plan.Restore), so
 the entry must be the shared part itself, not a slot that went further. A prefilling request
-marks where (`Sequence.save_at`), the tick's chunk ends there, and the engine snapshots the
+marks where (`Sequence.kv.save_at`), the tick's chunk ends there, and the engine snapshots the
 slot after the tick (take). Never imports llama_cpp.
 """
 from __future__ import annotations
@@ -42,16 +42,16 @@ class PrefixSaves:
         them and seq's prefill has not passed them yet, save its slot when exactly they are in it."""
         if self.disk is None or n < self.disk.save_min or seq.status not in (Status.WAITING, Status.PREFILLING):
             return
-        if seq.num_computed >= n or (seq.save_at is not None and seq.save_at <= n):
+        if seq.kv.num_computed >= n or (seq.kv.save_at is not None and seq.kv.save_at <= n):
             return  # passed already, or a save of a shorter (more widely shared) prefix is planned
         if self.disk.has(seq.prompt[:n]):
             return
-        seq.save_at = n
+        seq.kv.save_at = n
 
     def mark_prompt(self, seq: Sequence) -> None:
         """A request that asked for its prompt to be kept: its slot holds exactly it after its last chunk."""
         if seq.params.store_prefix and self.disk is not None and seq.index == 0:
-            seq.save_at = len(seq.prompt)
+            seq.kv.save_at = len(seq.prompt)
 
     def mark_queued(self, waiting: deque[Sequence]) -> None:
         """Requests still queued (every slot busy) that share a prefix with a running prompt:
@@ -68,25 +68,25 @@ class PrefixSaves:
         """Whether a prefilling request waits this tick for its slot to be saved: this plan trims
         or forks the slot to exactly the prefix (take_waiting saves it after the plan has run).
         A save nothing in this plan makes due is dropped."""
-        if seq.save_at is None or seq.save_at != seq.num_computed:
+        if seq.kv.save_at is None or seq.kv.save_at != seq.kv.num_computed:
             return False
-        if seq.slot in refilled:
+        if seq.kv.slot in refilled:
             return True
-        seq.save_at = None
+        seq.kv.save_at = None
         return False
 
     @staticmethod
     def chunk_end(seq: Sequence, n: int) -> int:
         """The tokens of seq's chunk, `n` cut to end where the prefix to save ends."""
-        if seq.save_at is not None and seq.num_computed < seq.save_at < seq.num_computed + n:
-            return seq.save_at - seq.num_computed
+        if seq.kv.save_at is not None and seq.kv.num_computed < seq.kv.save_at < seq.kv.num_computed + n:
+            return seq.kv.save_at - seq.kv.num_computed
         return n
 
     def reached(self, seq: Sequence, chunk: Chunk) -> None:
         """After seq's chunk was evaluated: its slot holds exactly the prefix to save."""
-        if seq.save_at is not None and seq.num_computed == seq.save_at and not chunk.is_decode:
+        if seq.kv.save_at is not None and seq.kv.num_computed == seq.kv.save_at and not chunk.is_decode:
             self._due.append(PrefixToSave(seq, chunk.slot, list(self.slots[chunk.slot].cached)))
-            seq.save_at = None
+            seq.kv.save_at = None
 
     def take_waiting(self, plan: StepPlan) -> None:
         """Requests that sat this tick out so their slot, trimmed or forked to exactly a prefix
@@ -97,11 +97,11 @@ class PrefixSaves:
         forked = {f.dst_slot for f in plan.forks}
         for slot in self.slots:
             seq = slot.seq
-            if seq is None or seq.status != Status.PREFILLING or seq.save_at != seq.num_computed:
+            if seq is None or seq.status != Status.PREFILLING or seq.kv.save_at != seq.kv.num_computed:
                 continue
             if (slot.slot_id in forked and plan.chunks) or (slot.slot_id in trimmed and slot.slot_id not in forked):
                 self._due.append(PrefixToSave(seq, slot.slot_id, list(slot.cached)))
-            seq.save_at = None
+            seq.kv.save_at = None
 
     def take(self) -> list[PrefixToSave]:
         """The slots to snapshot now (each holds exactly its PrefixToSave.tokens)."""

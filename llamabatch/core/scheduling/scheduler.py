@@ -67,7 +67,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.queue.enqueue(seq)
-        if seq.deadline is not None:
+        if seq.clock.deadline is not None:
             self._timed.extend(seq.members)  # the samples of an n-request share one deadline
 
     def expired(self, now: float) -> list[Sequence]:
@@ -76,11 +76,11 @@ class Scheduler:
         if not self._timed:
             return []
         self._timed = [s for s in self._timed if not s.finished]
-        return [s for s in self._timed if now >= s.deadline]  # type: ignore[operator]
+        return [s for s in self._timed if now >= s.clock.deadline]  # type: ignore[operator]
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of an unfinished sequence (perf_counter time), or None."""
-        return min((s.deadline for s in self._timed if not s.finished), default=None)  # type: ignore[type-var]
+        return min((s.clock.deadline for s in self._timed if not s.finished), default=None)  # type: ignore[type-var]
 
     @property
     def running(self) -> list[Sequence]:
@@ -121,23 +121,23 @@ class Scheduler:
         planned a Restore for it, what that Restore gives; its first chunk comes after that)."""
         restoring = slot_id in self.ledger.restoring
         slot = self.slots[slot_id]
-        if seq.parked is not None:  # resumed: its own state stays; its KV comes back by the Restore
-            slot.seq, seq.slot = seq, slot_id
+        if seq.kv.parked is not None:  # resumed: its own state stays; its KV comes back by the Restore
+            slot.seq, seq.kv.slot = seq, slot_id
             seq.status = Status.RESTORING
             if not restoring:
                 self.ledger.resumed(seq, slot, False)
             return
         slot.cached = slot.cached[:kept]
         slot.seq = seq
-        seq.slot = slot_id
-        seq.num_computed = seq.num_cached = kept
+        seq.kv.slot = slot_id
+        seq.kv.num_computed = seq.kv.num_cached = kept
         # samples 1..n-1 of an n-request wait for sample 0's prompt instead of evaluating it
         seq.status = Status.FORKING if seq.index else Status.RESTORING if restoring else Status.PREFILLING
         self.saves.mark_prompt(seq)
         if self.speculation is not None and self.speculation.drafts_for(seq):
             seq.drafter = Drafter(seq.prompt, seq.prediction)
-        seq.admitted_at = time.perf_counter()
-        seq.admit_order = self._admitted
+        seq.clock.admitted_at = time.perf_counter()
+        seq.queue.admit_order = self._admitted
         self._admitted += 1
         self.output.begin(seq)
 
@@ -150,12 +150,12 @@ class Scheduler:
         decodes = [s for s in running if s.status == Status.GENERATING]
         refilled = self.ledger.refilled()
         prefills = [s for s in running if s.status == Status.PREFILLING and not self.saves.sits_out(s, refilled)]
-        prefills.sort(key=lambda s: (s.params.priority, s.admit_order))
+        prefills.sort(key=lambda s: (s.params.priority, s.queue.admit_order))
         decodes, prefills = urgent_rows_only(decodes, prefills)
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
         if self.moves:  # before the chunks: they go to the slots the moves give
             min_left = MOVE_MIN_LEFT * -(-self.slot_ctx // MOVE_CELLS)  # the copy grows with the stream
-            self.ledger.plan_moves({seq.slot for seq, n in allocation if n > 0}, min_left,  # type: ignore[misc]
+            self.ledger.plan_moves({seq.kv.slot for seq, n in allocation if n > 0}, min_left,  # type: ignore[misc]
                                    time.perf_counter(), len(self.slots) - self.reserved)
         # In slot order: with a KV stream per slot, llama.cpp puts rows of consecutive slot ids in
         # one ubatch (kernel_paths/ubatch_split.py; docs/performance.md, "Scheduler notes").
@@ -169,13 +169,13 @@ class Scheduler:
     def _chunk(self, seq: Sequence, n: int) -> Chunk:
         """seq's next `n` tokens (cut where a prefix to save ends), and how to sample after them."""
         n = self.saves.chunk_end(seq, n)
-        wants_logits = seq.num_computed + n == seq.num_tokens
-        siblings = [(s.slot, s.sampler) for s in seq.members[1:] if s.status == Status.FORKING] \
+        wants_logits = seq.kv.num_computed + n == seq.num_tokens
+        siblings = [(s.kv.slot, s.sampler) for s in seq.members[1:] if s.status == Status.FORKING] \
             if wants_logits and seq.group is not None and seq.status == Status.PREFILLING else []
-        return Chunk(slot=seq.slot, request_id=seq.request_id, tokens=seq.pending_tokens(n),  # type: ignore[arg-type]
-                     start_pos=seq.num_computed, wants_logits=wants_logits,
+        return Chunk(slot=seq.kv.slot, request_id=seq.request_id, tokens=seq.pending_tokens(n),  # type: ignore[arg-type]
+                     start_pos=seq.kv.num_computed, wants_logits=wants_logits,
                      is_decode=seq.status == Status.GENERATING,
-                     suppress_eog=len(seq.output) < seq.params.min_tokens,
+                     suppress_eog=len(seq.answer.output) < seq.params.min_tokens,
                      sampler=seq.sampler if wants_logits else None,
                      logprobs=seq.params.logprobs if wants_logits else None, siblings=siblings,
                      sample_apart=wants_logits and self.sample_apart is not None and self.sample_apart(seq))
@@ -233,19 +233,19 @@ class Scheduler:
         """Give seq its terminal status and free its slot. Returns any held-back (text, reasoning)."""
         tail = self.output.end(seq, reason)
         seq.status = Status.FINISHED
-        seq.queued = False
-        if seq.parked is not None:  # ended while put aside: its copy goes
-            self.ledger.unpark_bytes(seq.parked)
-            seq.parked = None
-        seq.finished_at = time.perf_counter()
-        if seq.paused_at is not None:  # ended while put aside (or before its restore ran): that pause counts
-            seq.paused_ms += (seq.finished_at - seq.paused_at) * 1000
-            seq.paused_at = None
+        seq.queue.queued = False
+        if seq.kv.parked is not None:  # ended while put aside: its copy goes
+            self.ledger.unpark_bytes(seq.kv.parked)
+            seq.kv.parked = None
+        seq.clock.finished_at = time.perf_counter()
+        if seq.clock.paused_at is not None:  # ended while put aside (or before its restore ran): that pause counts
+            seq.clock.paused_ms += (seq.clock.finished_at - seq.clock.paused_at) * 1000
+            seq.clock.paused_at = None
         seq.drafter = None  # its index of the prompt and answer is not needed any more
-        seq.finish_reason = reason
-        seq.error, seq.error_code = error, code
-        if seq.slot is not None:
-            self.ledger.release(seq, seq.finished_at)
+        seq.answer.finish_reason = reason
+        seq.answer.error, seq.answer.error_code = error, code
+        if seq.kv.slot is not None:
+            self.ledger.release(seq, seq.clock.finished_at)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         return tail
