@@ -13,6 +13,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -268,6 +269,21 @@ def read_records(out: Path, expected: int) -> list[dict]:
         raise SystemExit(f"llamabatch run: {len(failed)} failed lines, {len(records)} of {expected} records: "
                          f"{failed[:1]}")
     return records
+
+
+def timed_run(lines: Path, out: Path, expected: int, model: str, threads: int, *flags: str) -> float:
+    """Wall seconds of one `llamabatch run` of `lines` (no prefix store: nothing an earlier run
+    saved is restored); exits when the run fails or a line has no good record."""
+    out.unlink(missing_ok=True)
+    command = llamabatch_command("run", str(lines), "-o", str(out), "-m", model, "--threads", str(threads),
+                                 "--prefix-store", "off", "-q", *flags)
+    t0 = time.perf_counter()
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"llamabatch run {' '.join(flags)} exited {done.returncode}: {done.stderr[-400:]}")
+    read_records(out, expected)
+    return wall
 
 
 def completion_tokens(records: list[dict]) -> int:

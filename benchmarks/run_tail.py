@@ -7,20 +7,19 @@ slots. Arms, alternating A B C each round:
   A  `run` with default settings (the layout chosen from the file; moves on with streams)
   B  `--no-kv-unified --no-slot-moves`
   C  `--no-kv-unified`, slot moves on (the moves alone)
-Printed per round: wall seconds of each, A/B and C/B. The target reads A/B.
+Printed per round: wall seconds of each (no prefix store), A/B and C/B. The target reads A/B.
 
 Usage: python benchmarks/run_tail.py [--lines 64] [--rounds 2] [--threads 2] [--slots 8]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import random
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from _bench import Pairs, llamabatch_command, machine_line, model_path, read_records, say, sky_prompts
+from _bench import Pairs, machine_line, model_path, say, sky_prompts, timed_run
 
 ARMS = {"A": [], "B": ["--no-kv-unified", "--no-slot-moves"], "C": ["--no-kv-unified"]}
 
@@ -35,24 +34,9 @@ def answer_lengths(n: int, low: int = 8, high: int = 256, seed: int = 7) -> list
 def write_lines(path: Path, n: int) -> Path:
     with open(path, "w") as f:
         for i, (prompt, tokens) in enumerate(zip(sky_prompts(n), answer_lengths(n))):
-            f.write(f'{{"id": {i}, "prompt": "{prompt}", "max_tokens": {tokens}, '
-                    f'"temperature": 0, "ignore_eos": true}}\n')
+            f.write(json.dumps({"id": i, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                                "ignore_eos": True}) + "\n")
     return path
-
-
-def run_once(arm: str, lines: Path, out: Path, model: str, threads: int, slots: int, n: int) -> float:
-    flags = ARMS[arm]
-    out.unlink(missing_ok=True)
-    command = llamabatch_command("run", str(lines), "-o", str(out), "-m", model, "--threads", str(threads),
-                                 "--n-parallel", str(slots), *flags)
-    t0 = time.perf_counter()
-    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
-    wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"arm {arm}: run exited {done.returncode}: {done.stderr[-400:]}")
-    read_records(out, n)
-    return wall
 
 
 def main() -> None:
@@ -72,8 +56,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lines = write_lines(Path(tmp) / "lines.jsonl", args.lines)
         for r in range(1, args.rounds + 1):
-            wall = {arm: run_once(arm, lines, Path(tmp) / f"{arm}.jsonl", model, args.threads, args.slots,
-                                  args.lines) for arm in ARMS}
+            wall = {arm: timed_run(lines, Path(tmp) / f"{arm}.jsonl", args.lines, model, args.threads,
+                                   "--n-parallel", str(args.slots), *flags) for arm, flags in ARMS.items()}
             ab, cb = a_over_b.add(wall["B"], wall["A"]), c_over_b.add(wall["B"], wall["C"])
             print(f"| {r} | {wall['A']:.1f} | {wall['B']:.1f} | {wall['C']:.1f} | {ab:.3f} | {cb:.3f} |", flush=True)
     print(f"\nmedian A/B {a_over_b.median():.3f} (target <= 0.87), C/B {c_over_b.median():.3f}")

@@ -45,7 +45,7 @@ def client_requests(clients: int, per_client: int, seed: int = 11) -> list[list[
 def serve_once(arm: str, model: str, threads: int, work: list[list[dict]]) -> tuple[float, int]:
     """(seconds from the first request to the last done, tokens generated)."""
     command = llamabatch_command("serve-stdin", "-m", model, "--threads", str(threads), "--n-parallel", str(SLOTS),
-                                 "--n-ctx", str(SLOTS * 1024), *ARMS[arm])
+                                 "--n-ctx", str(SLOTS * 1024), "--prefix-store", "off", *ARMS[arm])
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, bufsize=1)
     assert proc.stdin is not None and proc.stdout is not None
