@@ -62,9 +62,8 @@ class FakeEngines(EngineFactory):
         self.child_runner = child_runner
         self.slot_choices: list[tuple[int | None, int]] = []  # (max_slots, chosen) per auto choice
 
-    def open(self, resolved, *, max_slots=None, isolated=False, watchdog_s=None):
-        engine = super().open(resolved, max_slots=max_slots, isolated=isolated and self.supervise,
-                              watchdog_s=watchdog_s)
+    def open(self, resolved, *, isolated=False, watchdog_s=None):
+        engine = super().open(resolved, isolated=isolated and self.supervise, watchdog_s=watchdog_s)
         self.engines.append(engine)
         return engine
 

@@ -1,8 +1,9 @@
 """EngineFactory: resolved settings -> an engine, in this process, supervised or on Ray.
 
-The factory finishes the settings a caller resolved (preparing.prepare: the model checked,
-"auto" slots decided, once) and builds an Engine over a loaded runner, a SupervisedEngine
-whose child loads it, or a RayPool whose workers do.
+The factory builds, from settings made ready once by open_engine (preparing.prepare: the
+model checked, "auto" slots decided), an Engine over a loaded runner or a SupervisedEngine
+whose child loads it; or, from resolved settings, a RayPool whose workers decide "auto" on
+their own nodes.
 
 The CLI's Environment holds one factory, and jobs take one. Tests hand it one whose runner
 is the scripted fake, in this process or, by a registered name (runners.py), in the
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..config import EngineConfig
 from ..settings.resolved import Resolved
 from ..settings.slots import measure_on_model
-from ..in_process.preparing import prepare
 from ..in_process.runners import RunnerChoice, make_runner
 
 if TYPE_CHECKING:
@@ -29,13 +29,12 @@ if TYPE_CHECKING:
 class EngineFactory:
     """Builds the engine a caller asks for from its resolved settings."""
 
-    def open(self, resolved: Resolved, *, max_slots: int | None = None, isolated: bool = False,
+    def open(self, resolved: Resolved, *, isolated: bool = False,
              watchdog_s: float | None = None) -> "Engine | SupervisedEngine":
-        """`isolated`: llama.cpp in a supervised child process (a crash costs a restart);
-        `max_slots`: the most slots "auto" may choose (e.g. the number of input lines);
-        `watchdog_s`: the supervised engine's watchdog floor (None: its default; 0: off).
-        Raises ModelLoadError (one line) for a model that cannot load."""
-        resolved = prepare(resolved, max_slots, self.choose_slots)
+        """`resolved`: as preparing.prepare made it (open_engine's). `isolated`: llama.cpp in a
+        supervised child process (a crash costs a restart); `watchdog_s`: the supervised
+        engine's watchdog floor (None: its default; 0: off). Raises ModelLoadError (one line)
+        for a model that cannot load."""
         if isolated:
             return self.supervised(resolved, watchdog_s)
         return self.in_process(resolved)

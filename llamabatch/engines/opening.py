@@ -1,10 +1,12 @@
 """open_engine and open_pool: the calls every command, job and library user makes for an engine.
 
 Both take a spec: the Resolved settings a command resolved (settings.file_layer), or an
-EngineConfig (with default SamplingParams) as a library user writes it. The factory (one
-per CLI Environment, or a test's) builds the engine; these add what every caller wants
-around it: a prefix store folder that can never work is said once and dropped before the
-engine opens, and notices (a chat-template fallback) reach `on_notice`.
+EngineConfig (with default SamplingParams) as a library user writes it. open_engine makes it
+ready here, once (in_process/preparing.prepare: the model checked, the slots decided and
+fitted), and the factory (one per CLI Environment, or a test's) builds the engine from that
+value without resolving anything again. Around it, what every caller wants: a prefix store
+folder that can never work is said once and dropped before the engine opens, and notices (a
+chat-template fallback) reach `on_notice`.
 """
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from ..prefix_store.folder_check import unusable_because
 from ..settings.given import settings_for
 from ..in_process.preparing import prepare
 from ..settings.resolved import Resolved
-from ..settings.slots import with_extra_slots
 from .factory import EngineFactory
 
 if TYPE_CHECKING:
@@ -58,12 +59,10 @@ def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingPar
     for online requests, on top of the batch's). Raises ModelLoadError (one line) for a model
     that cannot load, InvalidRequest for settings that cannot work."""
     say = on_notice or (lambda line: log.warning("%s", line))
-    resolved = _without_unusable_store(_resolved(spec, params), say)
     factory = factory or EngineFactory()
-    if extra_slots:
-        # fitted to max_memory with the extra slots, in factory.open's prepare
-        resolved = with_extra_slots(prepare(resolved, max_slots, factory.choose_slots, fit_memory=False), extra_slots)
-    engine = factory.open(resolved, max_slots=max_slots, isolated=isolated, watchdog_s=watchdog_s)
+    ready = prepare(_without_unusable_store(_resolved(spec, params), say), max_slots, factory.choose_slots,
+                    extra_slots=extra_slots)
+    engine = factory.open(ready, isolated=isolated, watchdog_s=watchdog_s)
     if on_notice is not None:
         engine.on_notice = on_notice
     return engine

@@ -1,15 +1,16 @@
 """Resolved settings made ready to load: the model checked and n_parallel "auto" made a count.
 
 `prepare` is the one call that finishes a Resolved before an engine is built from it, in
-this process (factory.py), in the supervised child and on a Ray worker (worker_engine.py):
-the model named by the settings layer (settings/model.py) is checked, and "auto" is decided
-by settings/slots.py, once, on the machine that runs the engine.
+this process (engines/opening.py), in the supervised child and on a Ray worker
+(worker_engine.py): the model named by the settings layer (settings/model.py) is checked,
+and "auto" is decided by settings/slots.py, once, on the machine that runs the engine. A step
+already done (by a command that sized its context first) is not done again.
 """
 from __future__ import annotations
 
 from ..settings.model import choose_model
 from ..settings.resolved import Resolved
-from ..settings.slots import SlotChooser, choose_slots, measure_on_model
+from ..settings.slots import SlotChooser, choose_slots, measure_on_model, with_extra_slots
 
 
 def check_model(resolved: Resolved) -> None:
@@ -21,14 +22,17 @@ def check_model(resolved: Resolved) -> None:
 
 
 def prepare(resolved: Resolved, max_slots: int | None = None, chooser: SlotChooser = measure_on_model, *,
-            fit_memory: bool = True) -> Resolved:
-    """`resolved` ready to load: the model resolved (if it was not) and checked, n_parallel
-    "auto" made a count (bounded by `max_slots`), and with `fit_memory` n_ctx auto's slots
-    made no larger than max_memory holds (`with_memory_fit`; off for a caller that sizes the
-    context itself first: its engine's own prepare fits what it leaves unset)."""
+            extra_slots: int = 0, fit_memory: bool = True) -> Resolved:
+    """`resolved` ready to load: the model resolved (if it was not) and checked (if it was
+    not), n_parallel "auto" made a count (bounded by `max_slots`), `extra_slots` added on top
+    (settings/slots.with_extra_slots), and with `fit_memory` n_ctx auto's slots made no larger
+    than max_memory holds (`with_memory_fit`; off for a caller that sizes the context itself
+    first: the engine's own prepare fits what it leaves unset)."""
     resolved = choose_model(resolved)
-    check_model(resolved)
-    resolved = choose_slots(resolved, max_slots, chooser)
+    if not resolved.model_checked:
+        check_model(resolved)
+        resolved = resolved.replace(model_checked=True)
+    resolved = with_extra_slots(choose_slots(resolved, max_slots, chooser), extra_slots)
     return with_memory_fit(resolved) if fit_memory else resolved
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..settings.resolved import Resolved
 from .engine import Engine
 from ..settings.slots import with_extra_slots
-from .preparing import prepare, with_memory_fit
+from .preparing import prepare
 from .runners import RunnerChoice, make_runner
 
 
@@ -21,9 +21,7 @@ def open_worker_engine(resolved: Resolved, runner: RunnerChoice | None = None,
     the default priority, on top of the slots decided (serve --ray's --online-slots, per worker).
     Raises ModelLoadError (one line)."""
     if runner is None:
-        resolved = prepare(resolved, max_slots, fit_memory=not extra_slots)
-        if extra_slots:  # fitted to max_memory with the extra slots, as open_engine does
-            resolved = with_memory_fit(with_extra_slots(resolved, extra_slots))
+        resolved = prepare(resolved, max_slots, extra_slots=extra_slots)
     elif extra_slots:
         resolved = with_extra_slots(resolved, extra_slots)
     return Engine(resolved.engine, runner=make_runner(runner, resolved.engine), default_params=resolved.sampling,

@@ -19,13 +19,15 @@ class Resolved:
     `engine.model` is the user's spelling until `model.choose_model` runs; then it is the
     GGUF file, `engine.model_name` what records call it, and `model` how it was found.
     `engine.n_parallel` may still be "auto" until `slots.choose_slots` runs, which sets
-    `slots_reason` (the header line's "why this many slots")."""
+    `slots_reason` (the header line's "why this many slots"). `model_checked`: the file was
+    found a readable GGUF (preparing.prepare), so nothing below checks it again."""
 
     engine: EngineConfig
     sampling: SamplingParams
     sources: dict[str, str] = field(default_factory=dict)  # key -> "flag" | "env LLAMABATCH_X" | "file:line" | "default"
     model: "ModelRef | None" = None  # None: the model is not resolved yet
     slots_reason: str = ""
+    model_checked: bool = False
     layout_reason: str = ""  # the KV layout `run` chose from its file, and why (settings/kv_layout.py)
 
     def replace(self, **changes) -> "Resolved":

@@ -87,7 +87,8 @@ class SupervisedEngine(EngineBase):
         from ..settings.given import settings_for
 
         resolved = settings if settings is not None else settings_for(config, default_params)
-        check_model(resolved)  # before any child starts; the child only ever sees the file
+        if not resolved.model_checked:  # before any child starts; the child only ever sees the file
+            check_model(resolved)
         self.config, self.default_params = resolved.engine, resolved.sampling
         self._model_name = self.config.model_name
         self.model_path = self.config.model
