@@ -8,7 +8,6 @@ already done (by a command that sized its context first) is not done again.
 """
 from __future__ import annotations
 
-from ..settings.model import choose_model
 from ..settings.resolved import Resolved
 from ..settings.slots import SlotChooser, choose_slots, measure_on_model, with_extra_slots
 
@@ -23,12 +22,14 @@ def check_model(resolved: Resolved) -> None:
 
 def prepare(resolved: Resolved, max_slots: int | None = None, chooser: SlotChooser = measure_on_model, *,
             extra_slots: int = 0, fit_memory: bool = True) -> Resolved:
-    """`resolved` ready to load: the model resolved (if it was not) and checked (if it was
-    not), n_parallel "auto" made a count (bounded by `max_slots`), `extra_slots` added on top
-    (settings/slots.with_extra_slots), and with `fit_memory` n_ctx auto's slots made no larger
-    than max_memory holds (`with_memory_fit`; off for a caller that sizes the context itself
-    first: the engine's own prepare fits what it leaves unset)."""
-    resolved = choose_model(resolved)
+    """`resolved` ready to load: its model (chosen by the settings layer that made it:
+    settings/model.choose_model) checked if it was not, n_parallel "auto" made a count
+    (bounded by `max_slots`), `extra_slots` added on top (settings/slots.with_extra_slots),
+    and with `fit_memory` n_ctx auto's slots made no larger than max_memory holds
+    (`with_memory_fit`; off for a caller that sizes the context itself first: the engine's
+    own prepare fits what it leaves unset)."""
+    if not resolved.model_resolved:
+        raise ValueError("prepare needs the model resolved first (settings.model.choose_model)")
     if not resolved.model_checked:
         check_model(resolved)
         resolved = resolved.replace(model_checked=True)
