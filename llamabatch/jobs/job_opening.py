@@ -22,7 +22,7 @@ from .events import JobEvent, Notice, Started
 from .reading.input_source import count_lines, open_input
 from ..openai_format import LineParser
 from .on_ray import open_ray_engines, require_ray
-from .writing.output_sink import Sink, open_output, refuse_resume_to_stream
+from .writing.output_sink import Sink, refuse_resume_to_stream
 from .resume.resumable_output import ResumableOutput
 from .job_spec import COMMAND, JobHost, JobSpec
 from .tables.table_plan import TablePlan, plan_tables
@@ -46,9 +46,8 @@ class OpenedJob:
     host: JobHost
     tables: TablePlan
     parser: LineParser | TableParser  # a table INPUT's rows are read as lines by its own parser
-    files: ResumableOutput
+    files: ResumableOutput  # OUTPUT (its sink) and the files beside it
     source: Source | TableSource
-    sink: Sink
     bounds: TimeBounds
     engine: EngineAPI | None = None  # None until open_engine (the settings are checked first)
     cluster: RayPool | None = None  # run on Ray: the pool (also the engine)
@@ -62,6 +61,11 @@ class OpenedJob:
 
     def tell(self, event: JobEvent) -> None:
         (self.publish or self.early_events.append)(event)
+
+    @property
+    def sink(self) -> Sink:
+        """OUTPUT, as the job's files opened it."""
+        return self.files.sink
 
 
 def format_for_path(path: str) -> str:
@@ -110,7 +114,6 @@ def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: "EngineAP
     try:
         _open_engine(opened, engine)
     except BaseException:
-        opened.sink.discard()
         opened.files.discard()
         _close_input(opened)
         raise
@@ -131,23 +134,15 @@ def _open_files(spec: JobSpec, resolved: Resolved, host: JobHost, tables: TableP
     except BaseException:
         files.release()
         raise
-    try:
-        sink = open_output(tables.records_output, spec.input, host.stdout)
-    except BaseException:
-        if not tables.reads_table:
-            source.close()
-        files.release()
-        raise
-    opened = OpenedJob(spec, resolved, host, tables, parser, files, source, sink, bounds, early_events=early)
+    opened = OpenedJob(spec, resolved, host, tables, parser, files, source, bounds, early_events=early)
     files.tell = lambda line: opened.tell(Notice(line, always=True))
     try:
-        files.open_files()
+        files.open_files(host.stdout)
         if spec.resume:
-            opened.answered, torn = files.read_back(sink)
+            opened.answered, torn = files.read_back()
             early.append(Notice(f"resuming: {opened.answered.records} record(s) already in {tables.records_output}"
                                 + (f"; cut off a torn last line ({torn} bytes)" if torn else "")))
     except BaseException:
-        sink.discard()
         files.discard()
         if not tables.reads_table:
             source.close()
@@ -209,12 +204,10 @@ def _begin(opened: OpenedJob) -> None:
     engine, files = opened.engine, opened.files
     try:
         if not opened.spec.resume:
-            opened.sink.start_fresh()
             files.start_fresh()
         files.begin(engine.model_name)
     except BaseException:
-        opened.sink.close()
-        files.discard()
+        files.discard(keep_output=True)
         if opened.owns_engine:
             engine.close()
         _close_input(opened)

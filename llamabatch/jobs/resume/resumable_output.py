@@ -1,16 +1,17 @@
-"""What makes a job's OUTPUT resumable, around the batch loop: the lock on OUTPUT, finishing a
-retry merge a kill left undone, the fingerprint check on resume, the error file and the
-retry journal, the crash journal (crash_journal.py), and the manifest (docs/long-jobs.md).
+"""A job's OUTPUT and what makes it resumable, around the batch loop: the OUTPUT sink, the lock
+on OUTPUT, finishing a retry merge a kill left undone, the fingerprint check on resume, the
+error file and the retry journal, the crash journal (crash_journal.py), and the manifest
+(docs/long-jobs.md).
 
-The job (job.py) calls these in order: `prepare` (before INPUT is read and the model loads),
-`read_back` (with --resume), `begin` (the model loaded), `routes`/`answered` for the loop,
-then `end` (always, once the loop is over).
+The job (job_opening.py) calls these in order: `prepare` (before INPUT is read and the model
+loads), `open_files` (OUTPUT and the files beside it), `read_back` (with --resume), `begin`
+(the model loaded), `routes` for the loop, then `end` (always, once the loop is over).
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from ...errors import InvalidRequest, JobFileError
 from ...settings.resolved import Resolved
@@ -46,6 +47,7 @@ class ResumableOutput:
         # a manifest, lock and journal only beside a regular OUTPUT file (not stdout, not a pipe)
         self.on_file = output not in (None, "-") and stream_kind(output) is None
         self.lock = OutputLock(output) if self.on_file else None
+        self.sink: Sink | None = None  # OUTPUT itself, once open_files opened it
         self.errors: Sink | None = None
         self.journal: Sink | None = None
         self.retry = None
@@ -109,8 +111,10 @@ class ResumableOutput:
         if changed:
             self.changed = changed
 
-    def open_files(self) -> None:
-        """The error file (checked before the model loads) and the crash journal. Raises JobFileError."""
+    def open_files(self, stdout: TextIO | None = None) -> Sink:
+        """OUTPUT (`stdout` for none or "-"), the error file (checked before the model loads)
+        and the crash journal; OUTPUT's sink. Raises JobFileError (`discard` undoes what opened)."""
+        self.sink = open_output(self.output, self.input_path, stdout)
         if self.error_file is not None:
             self.errors = open_error_file(self.error_file, self.output, self.input_path)
         if self.lock is not None:  # OUTPUT is ours alone: so is its journal
@@ -119,11 +123,12 @@ class ResumableOutput:
                 self.crashes = CrashJournal.open(path, resume=self.resume)
             except OSError as exc:
                 raise JobFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+        return self.sink
 
-    def read_back(self, sink: Sink) -> tuple[Any, int]:
+    def read_back(self) -> tuple[Any, int]:
         """--resume: what OUTPUT and the error file answer; with --retry-failed less the
         retryable errors, and the journal opened for their new records."""
-        answered, torn = read_back(sink)
+        answered, torn = read_back(self.sink)
         if self.errors is not None:
             answered, torn_e = read_back(self.errors, answered)
             torn += torn_e
@@ -136,7 +141,9 @@ class ResumableOutput:
         return answered, torn
 
     def start_fresh(self) -> None:
-        """A run without --resume replaces OUTPUT: the error file and a stale journal go too."""
+        """A run without --resume replaces OUTPUT: emptied, and the error file and a stale
+        journal go too. Raises JobFileError."""
+        self.sink.start_fresh()
         if self.errors is not None:
             self.errors.start_fresh()
         if self.on_file:
@@ -145,8 +152,11 @@ class ResumableOutput:
             except FileNotFoundError:
                 pass
 
-    def discard(self) -> None:
-        """The run never started (the model failed to load)."""
+    def discard(self, *, keep_output: bool = False) -> None:
+        """The run never started (the model failed to load): OUTPUT removed if this run made
+        it, or with `keep_output` (emptied already) closed and kept."""
+        if self.sink is not None:
+            self.sink.close() if keep_output else self.sink.discard()
         for s in (self.errors, self.journal):
             if s is not None:
                 s.discard()
