@@ -67,29 +67,29 @@ def resolve_settings(flags: Mapping[str, Any], command: str = "", config_path: s
     """What a command runs with: every layer merged (resolve_layers), then the model named
     by them resolved, aliases from the file's [models] table included (model.choose_model).
     Bad values raise InvalidRequest (exit 2); an unknown model name ModelLoadError (exit 1)."""
-    resolved = resolve_layers(flags, command, config_path)
+    return _with_model(resolve_layers(flags, command, config_path), config_path)
+
+
+def _with_model(layered: Resolved, config_path: str | None) -> Resolved:
     config = current_config(config_path)
     aliases = {name: s.value for name, s in config.models.items()} if config else {}
-    return choose_model(resolved, aliases, config.path if config else None)
+    return choose_model(layered, aliases, config.path if config else None)
 
 
 def resolve_command_settings(flags: Mapping[str, Any], command: str, config_path: str | None = None,
                              notice: Callable[[str], None] = lambda _line: None) -> Resolved:
     """What `command` runs with (resolve_settings), where a model named by no layer is the
     command's own default: for run, serve-stdin and chat the chat-tuned one when installed
-    (models.default_model; `notice` gets one line when it is not)."""
+    (models.default_model; `notice` gets one line when it is not). The layers are merged and
+    checked once; the default stands where a flag naming it would."""
     from ..models.default_model import default_model
 
-    default = None
-    if resolve_layers(flags, command, config_path).sources.get("model") == "default":
-        default = default_model(command, notice)
-    if default is None:
-        return resolve_settings(flags, command, config_path)
-    # passed as the flag would be, so that the other layers and the model's resolution stay
-    # the same; the source then says where it really came from
-    resolved = resolve_settings({**flags, "model": default}, command, config_path)
-    resolved.sources["model"] = "default (chat-tuned)"
-    return resolved
+    layered = resolve_layers(flags, command, config_path)
+    default = default_model(command, notice) if layered.sources.get("model") == "default" else None
+    if default is not None:
+        layered = layered.replace(engine=layered.engine.replace(model=default))
+        layered.sources["model"] = "default (chat-tuned)"
+    return _with_model(layered, config_path)
 
 
 def command_setting(command: str, key: str, default: Any = None, config_path: str | None = None) -> Any:
