@@ -22,7 +22,7 @@ from .events import Done, JobEvent, Progress
 from .job_opening import OpenedJob, checked_tables, line_parser, open_job
 from .job_report import JobReport
 from .job_running import run_opened
-from .job_spec import JobHost, log, resolve_engine_settings, settings_of_engine, split_settings
+from .job_spec import JobHost, job_settings, log
 from .writing.written_files import refuse_own_file
 
 EVENT_WAIT_S = 0.1  # how often run_job looks at its `cancel` event while no event comes
@@ -134,10 +134,7 @@ def start_job(input: str, output: str | None = None, *, engine: Any = None, host
     host = host or JobHost()
     if not isinstance(input, str) or not input:
         raise InvalidRequest(f"input must be a path (or - for stdin), got {input!r}")
-    spec, shared = split_settings(input, output, settings, host.config_path)
-    if engine is not None and spec.ray is not None:
-        raise InvalidRequest("ray starts engines of its own: drop it, or the shared engine")
-    resolved = settings_of_engine(engine, shared) if engine is not None else resolve_engine_settings(shared, host)
+    spec, resolved = job_settings(input, output, settings, host, engine)
     return Job(open_job(spec, resolved, host, engine))
 
 
@@ -174,8 +171,7 @@ def estimate_job(input: str, output: str | None = None, *, host: JobHost | None 
     from the `auto` calibration; with resume=True what is left. Every line is parsed and
     tokenized (the model loads, with one small slot); nothing is generated or written."""
     host = host or JobHost()
-    spec, shared = split_settings(input, output, settings, host.config_path)
-    resolved = resolve_engine_settings(shared, host)
+    spec, resolved = job_settings(input, output, settings, host)
     tables = checked_tables(spec, resolved)
     try:
         parser = line_parser(spec, resolved, tables)

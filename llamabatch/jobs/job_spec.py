@@ -97,6 +97,19 @@ class JobHost:
     debug: bool = False  # Ray workers' logs reach this process; a start failure keeps its traceback
 
 
+def job_settings(input: str, output: str | None, settings: dict[str, Any], host: JobHost,
+                 engine: Any = None) -> tuple[JobSpec, Resolved]:
+    """The job's own settings and the engine's, resolved once, here: the engine's from the
+    layers (or, on a shared `engine`, its own with the sampling given on top). Raises
+    InvalidRequest (bad settings) or ModelLoadError (a model name that matches nothing)."""
+    spec, shared = split_settings(input, output, settings, host.config_path)
+    if engine is None:
+        return spec, resolve_engine_settings(shared, host)
+    if spec.ray is not None:
+        raise InvalidRequest("ray starts engines of its own: drop it, or the shared engine")
+    return spec, settings_of_engine(engine, shared)
+
+
 def split_settings(input: str, output: str | None, settings: dict[str, Any],
                    config_path: str | None) -> tuple[JobSpec, dict[str, Any]]:
     """(the job's own settings, the shared engine/sampling ones). Raises InvalidRequest."""
