@@ -25,6 +25,7 @@ from ..core.engine_base import ended_result, error_result
 from ..results import Result
 
 READY, RESTARTING, GONE = "ready", "restarting", "gone"
+DISCONNECTED = "disconnected"  # the driver lost its Ray session: every worker waits for it to come back
 
 
 def cancelled_result() -> Result:
@@ -102,6 +103,8 @@ class Dispatcher:
         self.urgent_below = urgent_below
         self._held: dict[int, Line] = {}  # suspects, waiting for their quarantine group's turn
         self.affinity = affinity
+        self.pauses = 0  # times the driver lost the cluster and waited for it
+        self.rerun = 0  # lines in flight then, run again from the start when it came back
 
     @property
     def waiting(self) -> int:
@@ -166,6 +169,38 @@ class Dispatcher:
     def back(self, worker: WorkerState, pid: int) -> Outcomes:
         worker.state = READY
         worker.tally.pid = pid
+        self._dispatch()
+        return []
+
+    def disconnected(self) -> Outcomes:
+        """The driver lost its Ray session (its workers went with it): every line in flight goes
+        back to the waiting ones, as not run (no suspect of a crash, no retry counted), and no
+        line is handed out until `reconnected`. A line whose cancel was asked is cancelled."""
+        self.pauses += 1
+        out: Outcomes = []
+        for worker in self.workers:
+            if worker.state == GONE:
+                continue
+            for line in sorted(worker.inflight.values(), key=lambda l: l.key):
+                line.worker = None
+                if line.cancel_asked:
+                    self.rule.finished(line.key)
+                    out.append((line, cancelled_result()))
+                else:
+                    self.rerun += 1
+                    heapq.heappush(self._pending, line)
+            worker.inflight.clear()
+            worker.quarantine.clear()
+            worker.draining = False
+            worker.tally.inflight = 0
+            worker.state = DISCONNECTED
+        return out
+
+    def reconnected(self) -> Outcomes:
+        """Fresh workers in a new session: the waiting lines go out again."""
+        for worker in self.workers:
+            if worker.state == DISCONNECTED:
+                worker.state = READY
         self._dispatch()
         return []
 

@@ -48,8 +48,8 @@ from .affinity import PrefixAffinity, prefix_keys
 from .describe import header, worker_row
 from .dispatch import READY, Line, Outcomes, WorkerState, cancelled_result
 from .ray_errors import RayStartError, death, first_line
-from .startup import open_ray, start_workers
-from .watcher import Watcher
+from .startup import Started, open_ray, start_workers
+from .watcher import Rejoin, Watcher
 from .worker import EngineWorker
 
 __all__ = ["RayPool", "RayStartError", "EngineWorker"]
@@ -68,9 +68,11 @@ class RayPool(EngineBase):
 
     def __init__(self, workers: list[WorkerState], model_name: str, slot_ctx: int, owns_ray: bool, address: str,
                  watchdog_s: float = DEFAULT_FLOOR_S, config: EngineConfig | None = None,
-                 default_params: SamplingParams | None = None, prefix_affinity: bool = True):
+                 default_params: SamplingParams | None = None, prefix_affinity: bool = True,
+                 rejoin: Rejoin | None = None, note: Callable[[str], None] = lambda _m: None):
         """`prefix_affinity`: online requests (above the default priority) go to the worker
-        that ran their prompt's longest known prefix last, unless it is busy (affinity.py)."""
+        that ran their prompt's longest known prefix last, unless it is busy (affinity.py).
+        `rejoin`: a new Ray session and fresh workers, for when this one is lost (watcher.py)."""
         self.model_name = model_name
         self.slot_ctx = slot_ctx
         self.address = address  # "local" or what --ray was given
@@ -84,7 +86,7 @@ class RayPool(EngineBase):
         self._lock = threading.Lock()
         self._open: dict[int, Line] = {}  # every line without its outcome
         self._watcher = Watcher(workers, self._lock, self._deliver, watchdog_s, self.default_params.priority,
-                                PrefixAffinity() if prefix_affinity else None)
+                                PrefixAffinity() if prefix_affinity else None, rejoin, note)
         self._dispatcher = self._watcher.dispatcher
         self._next_key = 0
         self.telemetry = Telemetry()
@@ -107,11 +109,24 @@ class RayPool(EngineBase):
         """
         owns = address is None
         joined = open_ray(address, log_to_driver)
+
+        def start() -> Started:
+            return start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
+                                 gpus_per_worker, inflight_per_worker, note, max_slots, runner, extra_slots)
+
+        def rejoin() -> list[WorkerState]:
+            """The session was lost (its workers with it): a new one, fresh workers on it."""
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            open_ray(address, log_to_driver)
+            pool._ends_ray_session = True  # this session is the pool's own
+            return start().workers
+
         try:
-            started = start_workers(config, default_params, owns, address or "local", workers, cpus_per_worker,
-                                    gpus_per_worker, inflight_per_worker, note, max_slots, runner, extra_slots)
+            started = start()
             pool = cls(started.workers, started.model_name, started.slot_ctx, owns, address or "local", watchdog_s,
-                       started.config, default_params, prefix_affinity)
+                       started.config, default_params, prefix_affinity, rejoin if address is not None else None,
+                       note)
         except BaseException:
             if not joined:
                 ray.shutdown()
@@ -228,7 +243,9 @@ class RayPool(EngineBase):
             lines = [w.tally.summary() for w in self._workers]
             restarts = sum(w.tally.restarts for w in self._workers)
             lines.append(f"llamabatch run: Ray: {restarts} worker restart(s), {d.retries} line(s) retried"
-                         + (f", {len(d.isolated)} line(s) failed as poison (engine_crashed)" if d.isolated else ""))
+                         + (f", {len(d.isolated)} line(s) failed as poison (engine_crashed)" if d.isolated else "")
+                         + (f"; the cluster lost {d.pauses} time(s), {d.rerun} line(s) in flight then run again"
+                            if d.pauses else ""))
         return lines
 
     @property

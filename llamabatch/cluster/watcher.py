@@ -35,6 +35,9 @@ POLL_S = 0.05  # how long the watcher waits for a finished call before checking 
 TAKE_WAIT_S = 1.0  # how long a worker's take() waits for a finished line before answering none
 WAKE = None  # put on `finished` by send(): lines wait in an outbox for the watcher's next put()
 PROGRESS_EVERY_S = 1.0  # how often the watcher asks a busy worker how many steps its engine finished
+REJOIN_EVERY_S = 2.0  # how often a driver that lost its Ray session tries to join the cluster again
+
+Rejoin = Callable[[], list[WorkerState]]  # a new Ray session and fresh workers, or it raises
 
 
 class Watcher:
@@ -43,7 +46,11 @@ class Watcher:
     hands each outcome to its line's caller with the lock released."""
 
     def __init__(self, workers: list[WorkerState], lock: threading.Lock, deliver: Callable[[Outcomes], None],
-                 watchdog_s: float, urgent_below: int = 0, affinity: PrefixAffinity | None = None):
+                 watchdog_s: float, urgent_below: int = 0, affinity: PrefixAffinity | None = None,
+                 rejoin: Rejoin | None = None, note: Callable[[str], None] = lambda _line: None):
+        """`rejoin`: what to do when the driver's Ray session is lost (a Ray client whose
+        connection stayed down past Ray's grace period): join again and start fresh workers.
+        None: such a loss is fatal. `note`: a line for people when that happens and ends."""
         self.workers = workers
         self.lock = lock
         self.deliver = deliver
@@ -55,6 +62,8 @@ class Watcher:
         self.woken = False  # a WAKE is on `finished` already
         self.hangs = 0  # workers the watchdog killed
         self.closed = threading.Event()
+        self.rejoin = rejoin
+        self.note = note
         self.here = ray.util.get_node_ip_address()  # a hung worker on this node is also SIGKILLed by pid
         for w in workers:
             w.watchdog = Watchdog(watchdog_s, DEFAULT_MARGIN, busy=lambda w=w: len(w.inflight) if w.state == READY else 0,
@@ -65,9 +74,10 @@ class Watcher:
         self.thread.start()
 
     def stop(self) -> None:
-        """End the watcher thread (the pool is closing): calls still out are not waited for."""
+        """End the watcher thread (the pool is closing): calls still out are not waited for, nor
+        a join of the cluster under way after the session was lost."""
         self.closed.set()
-        self.thread.join()
+        self.thread.join(timeout=30)
 
     # -- Ray calls (the dispatcher calls these under the lock) ------------------------------------
 
@@ -100,29 +110,77 @@ class Watcher:
 
     def cancel_remote(self, line: Line) -> None:
         if line.worker is not None:
-            line.worker.actor.cancel.remote(line.key)
+            try:
+                line.worker.actor.cancel.remote(line.key)
+            except Exception as exc:  # no session: the line is cancelled when the watcher sees the loss
+                if not session_lost(exc):
+                    raise
 
     # -- the watcher thread: results, deaths, restarts, hangs -------------------------------------
 
     def run(self) -> None:
         while not self.closed.is_set():
-            with self.lock:
-                outcomes = self.check_restarts()
-                self.check_watchdogs()
-                self.flush()
-            self.deliver(outcomes)
             try:
-                done = [self.finished.get(timeout=POLL_S)]
+                self.turn()
+            except Exception as exc:
+                if not session_lost(exc):
+                    raise
+                self.paused(first_line(exc))
+
+    def turn(self) -> None:
+        """Restarts, watchdogs and outboxes, then every call that finished meanwhile."""
+        with self.lock:
+            outcomes = self.check_restarts()
+            self.check_watchdogs()
+            self.flush()
+        self.deliver(outcomes)
+        try:
+            done = [self.finished.get(timeout=POLL_S)]
+        except queue.Empty:
+            return
+        while True:
+            try:
+                done.append(self.finished.get_nowait())
             except queue.Empty:
+                break
+        for item in done:
+            if item is not WAKE:
+                self.deliver(self.collect(*item))
+
+    def paused(self, why: str) -> None:
+        """The Ray session is gone, and the workers with it: every line in flight waits again
+        (not run, not failed), and the driver joins again every REJOIN_EVERY_S until it can
+        start fresh workers, or the pool closes. Without `rejoin` every worker is gone."""
+        with self.lock:
+            waiting = self.dispatcher.waiting + sum(len(w.inflight) for w in self.workers)
+            if self.rejoin is None:
+                outcomes = [out for w in self.workers for out in self.dispatcher.gone(w, f"the Ray session is lost: {why}")]
+            else:
+                outcomes = self.dispatcher.disconnected()
+            for w in self.workers:
+                w.take_ref = w.progress_ref = w.start_ref = None
+                w.outbox = []
+                w.steps_seen = -1
+        self.deliver(outcomes)
+        if self.rejoin is None:
+            return
+        log.warning("the Ray session is lost (%s): %d line(s) wait; joining again", why, waiting)
+        self.note(f"llamabatch run: the Ray cluster can't be reached ({why}): {waiting} line(s) wait, none failed; "
+                  f"joining it again every {REJOIN_EVERY_S:g}s")
+        while not self.closed.wait(REJOIN_EVERY_S):
+            try:
+                fresh = self.rejoin()
+            except Exception as exc:  # RayStartError, or Ray's own while the cluster is still away
+                log.info("joining the Ray cluster again failed: %s", first_line(exc))
                 continue
-            while True:
-                try:
-                    done.append(self.finished.get_nowait())
-                except queue.Empty:
-                    break
-            for item in done:
-                if item is not WAKE:
-                    self.deliver(self.collect(*item))
+            with self.lock:
+                for old, new in zip(self.workers, fresh):
+                    old.actor, old.tally.pid, old.tally.node, old.node_id = new.actor, new.tally.pid, new.tally.node, new.node_id
+                    old.n_parallel, old.reserved, old.cap, old.slot_ctx = new.n_parallel, new.reserved, new.cap, new.slot_ctx
+                outcomes = self.dispatcher.reconnected()
+            self.deliver(outcomes)
+            self.note(f"llamabatch run: joined the Ray cluster again with {len(fresh)} fresh worker(s); the lines go on")
+            return
 
     def collect(self, ref: Any, future: Any) -> Outcomes:
         """One finished call: a worker's finished lines, its death, or a restarted worker back."""
@@ -216,3 +274,9 @@ class Watcher:
                 w.start_ref = self.watch(w.actor.start.remote())
         return out
 
+
+
+def session_lost(exc: BaseException) -> bool:
+    """Whether a Ray call failed because this driver has no Ray session any more (a Ray
+    client's connection down past its grace period), not because of one worker."""
+    return isinstance(exc, ConnectionError) or not ray.is_initialized() or "not connected" in str(exc)
