@@ -15,7 +15,7 @@ from typing import Any, Callable, TextIO
 
 from ..checks import value_rules as checks
 from ..errors import InvalidRequest
-from ..settings.file_layer import command_setting, resolve_command_settings
+from ..settings.file_layer import command_settings, resolve_command_settings
 from ..settings.layers import ENGINE_KEYS, SAMPLING_KEYS, SHARED_KEYS, merge
 from ..settings.resolved import Resolved
 from .tables.table_input import TableOptions
@@ -133,8 +133,7 @@ def split_settings(input: str, output: str | None, settings: dict[str, Any],
 def _with_config_keys(spec: JobSpec, config_path: str | None) -> JobSpec:
     """`spec` with run's own keys read from the config file's [run] table where no setting gave
     them (a setting wins; docs/config.md), once, before anything reads them; order defaults to input."""
-    found = {key: command_setting(COMMAND, key, None, config_path) for key in CONFIG_KEYS
-             if getattr(spec, key) is None}
+    found = command_settings(COMMAND, tuple(key for key in CONFIG_KEYS if getattr(spec, key) is None), config_path)
     spec = dataclasses.replace(spec, **{key: value for key, value in found.items() if value is not None})
     return spec if spec.order is not None else dataclasses.replace(spec, order="input")
 

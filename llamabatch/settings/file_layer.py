@@ -51,7 +51,11 @@ def file_values_for(command: str, config_path: str | None = None) -> dict[str, t
 def resolve_layers(flags: Mapping[str, Any], command: str = "", config_path: str | None = None) -> Resolved:
     """Flags > env > this command's file values > defaults (layers.merge); the model is
     still the user's spelling (`config show` prints it as given)."""
-    file_values = file_values_for(command, config_path)
+    return _layers(flags, command, current_config(config_path))
+
+
+def _layers(flags: Mapping[str, Any], command: str, config: ConfigFile | None) -> Resolved:
+    file_values = config.values_for(command) if config else {}
     try:
         return merge(flags, command, file_values)
     except InvalidRequest as exc:
@@ -67,11 +71,11 @@ def resolve_settings(flags: Mapping[str, Any], command: str = "", config_path: s
     """What a command runs with: every layer merged (resolve_layers), then the model named
     by them resolved, aliases from the file's [models] table included (model.choose_model).
     Bad values raise InvalidRequest (exit 2); an unknown model name ModelLoadError (exit 1)."""
-    return _with_model(resolve_layers(flags, command, config_path), config_path)
-
-
-def _with_model(layered: Resolved, config_path: str | None) -> Resolved:
     config = current_config(config_path)
+    return _with_model(_layers(flags, command, config), config)
+
+
+def _with_model(layered: Resolved, config: ConfigFile | None) -> Resolved:
     aliases = {name: s.value for name, s in config.models.items()} if config else {}
     return choose_model(layered, aliases, config.path if config else None)
 
@@ -81,15 +85,16 @@ def resolve_command_settings(flags: Mapping[str, Any], command: str, config_path
     """What `command` runs with (resolve_settings), where a model named by no layer is the
     command's own default: for run, serve-stdin and chat the chat-tuned one when installed
     (models.default_model; `notice` gets one line when it is not). The layers are merged and
-    checked once; the default stands where a flag naming it would."""
+    checked once, the config file read once; the default stands where a flag naming it would."""
     from ..models.default_model import default_model
 
-    layered = resolve_layers(flags, command, config_path)
+    config = current_config(config_path)
+    layered = _layers(flags, command, config)
     default = default_model(command, notice) if layered.sources.get("model") == "default" else None
     if default is not None:
         layered = layered.replace(engine=layered.engine.replace(model=default))
         layered.sources["model"] = "default (chat-tuned)"
-    return _with_model(layered, config_path)
+    return _with_model(layered, config)
 
 
 def command_setting(command: str, key: str, default: Any = None, config_path: str | None = None) -> Any:
@@ -100,12 +105,20 @@ def command_setting(command: str, key: str, default: Any = None, config_path: st
 
     Raises ConfigFileError for a bad file (one line and exit 2 from the CLI).
     """
-    if key not in COMMAND_RULES.get(command, {}):
+    value = command_settings(command, (key,), config_path)[key]
+    return default if value is None else value
+
+
+def command_settings(command: str, keys: tuple[str, ...], config_path: str | None = None) -> dict[str, Any]:
+    """Several command-only keys at once, the file located and read once: key -> its value
+    from the command's table, or None. Raises ConfigFileError for a bad file."""
+    undeclared = [key for key in keys if key not in COMMAND_RULES.get(command, {})]
+    if undeclared:
         # A programming error, not a user one: the key must be declared to be checked.
-        raise KeyError(f"{command!r} has no config key {key!r}; declare it in config_file.COMMAND_RULES")
-    config = current_config(config_path)
-    setting = config.command_value(command, key) if config else None
-    return default if setting is None else setting.value
+        raise KeyError(f"{command!r} has no config key {undeclared[0]!r}; declare it in config_file.COMMAND_RULES")
+    config = current_config(config_path) if keys else None
+    settings = {key: config.command_value(command, key) if config else None for key in keys}
+    return {key: None if setting is None else setting.value for key, setting in settings.items()}
 
 
 def command_setting_source(command: str, key: str, config_path: str | None = None) -> str | None:
