@@ -114,9 +114,12 @@ def answered_once(client, batch, n: int) -> tuple[list[dict], list[dict]]:
 
 
 def test_a_batch_and_online_requests_spread_over_the_workers(cluster, tmp_path):
-    server = Server(tmp_path, tmp_path / "data", cluster, "fake")
+    server = Server(tmp_path, tmp_path / "data", cluster, "fake",
+                    engine=("--n-parallel", "4", "--max-tokens", "8", "--online-slots", "1"))
     try:
         assert set(server.pids) == {"w1", "w2", "w3"}
+        # --online-slots 1 reserves one slot on each worker's engine, beside its 4 for batches
+        assert "(12 slots + 3 for online requests over the Ray workers" in server.said[-1]
         done = wait_batch(server.client, run_batch(server.client, batch_file(60)).id, ended)
         outputs, _ = answered_once(server.client, done, 60)
         answer = server.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -131,7 +134,7 @@ def test_a_batch_and_online_requests_spread_over_the_workers(cluster, tmp_path):
     assert all(r["response"]["status_code"] == 200 for r in outputs)
     assert answer.choices[0].message.content and pieces
     assert health["status"] == "ok" and [w["name"] for w in health["workers"]] == ["w1", "w2", "w3"]
-    assert all(w["state"] == "ready" and w["lines"] > 0 for w in health["workers"])  # each worker took lines
+    assert all(w["state"] == "ready" and w["lines"] > 0 and w["slots"] == 5 for w in health["workers"])
     assert sum(w["lines"] for w in health["workers"]) == 62
     # the node's address is whatever Ray found for this machine (127.0.0.1, or its own IP once another
     # cluster of the session ran here)
