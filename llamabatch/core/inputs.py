@@ -55,7 +55,7 @@ class InputPreparer:
         self.runner = runner
         self.chat_templates = chat_templates
         self.slot_ctx = slot_ctx
-        self.default_params = default_params.validate()
+        self.default_params = default_params  # checked once, by the engine that makes this one
         self.default_seed = default_seed
         self.on_notice = on_notice or (lambda _line: None)
         self._template_choice = chat_template

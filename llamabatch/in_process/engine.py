@@ -35,7 +35,7 @@ class Engine(EngineCore):
             config, default_params, slots_reason = resolved.engine, resolved.sampling, resolved.slots_reason
         config = (config or EngineConfig()).validate()
         if config.n_parallel == "auto":
-            config = config.replace(n_parallel=runner.n_slots).validate()
+            config = config.replace(n_parallel=runner.n_slots)  # checked with the rest by EngineCore
         if not config.model_name:
             from ..models.resolve import model_display_name
 
