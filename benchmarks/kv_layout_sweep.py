@@ -27,12 +27,13 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpu-buffers", default="auto", help="the weight layout both arms load (auto, plain, repack)")
     ap.add_argument("-m", "--model", default=None)
     args = ap.parse_args()
     answers = int_list(ap, args.answers, "--answers")
     model = model_path(args.model)
     say(f"# KV layout sweep: {args.lines} short prompts, {args.slots} slots, {args.threads} threads; "
-        f"{machine_line(model)}")
+        f"{machine_line(model, args.cpu_buffers)}")
     print("| answer tokens | round | unified (s) | streams (s) | unified / streams speed |")
     print("|---|---|---|---|---|")
     ratios = {n: Pairs() for n in answers}
@@ -41,7 +42,8 @@ def main() -> None:
             for n in answers:
                 lines = write_prompt_lines(Path(tmp) / f"lines-{n}.jsonl", sky_prompts(args.lines), n)
                 wall = {name: timed_run(lines, Path(tmp) / f"{name}.jsonl", args.lines, model, args.threads,
-                                        "--n-parallel", str(args.slots), *flags) for name, flags in LAYOUTS.items()}
+                                        "--n-parallel", str(args.slots), "--cpu-buffers", args.cpu_buffers,
+                                        *flags) for name, flags in LAYOUTS.items()}
                 ratio = ratios[n].add(wall["unified"], wall["streams"])
                 print(f"| {n} | {r} | {wall['unified']:.1f} | {wall['streams']:.1f} | {ratio:.3f} |", flush=True)
     print("\n" + ", ".join(f"{n} tokens: median {ratios[n].median():.3f}" for n in answers))
