@@ -60,7 +60,7 @@ def _run_lines(opened: OpenedJob, stops: StopRequests) -> tuple[BatchLoop, Recor
         opened.tell(LineFinished(item.line_no, item.id, not bad, code, message, unit))
 
     writer = RecordWriter(opened.sink, engine.model_name, spec.order, window,
-                          deterministic=opened.resolved.engine.deterministic, route=opened.files.routes(opened.sink),
+                          deterministic=opened.resolved.engine.deterministic, route=opened.files.routes(),
                           on_record=finished)
     reservoir = Reservoir(spec.verify) if spec.verify else None
     run = BatchLoop(engine, opened.parser, opened.source, writer, window, max_inflight=opened.inflight,

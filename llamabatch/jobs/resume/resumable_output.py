@@ -198,10 +198,11 @@ class ResumableOutput:
             raise JobFileError(f"cannot write the manifest {manifest_path(self.output)}: {exc.strerror or exc}; "
                        "nothing was run") from None
 
-    def routes(self, sink: Sink) -> Routes | None:
+    def routes(self) -> Routes | None:
+        """Where each record goes when not all go to OUTPUT (--error-file, --retry-failed)."""
         if self.errors is None and self.journal is None:
             return None
-        return Routes(sink, self.errors, self.journal, self.retry)
+        return Routes(self.sink, self.errors, self.journal, self.retry)
 
     # -- the loop is over --------------------------------------------------------------
 
