@@ -203,8 +203,6 @@ def _begin(opened: OpenedJob) -> None:
     before any record; the Started event."""
     engine, files = opened.engine, opened.files
     try:
-        if not opened.spec.resume:
-            files.start_fresh()
         files.begin(engine.model_name)
     except BaseException:
         files.discard(keep_output=True)

@@ -140,7 +140,7 @@ class ResumableOutput:
             return self.retry_answered, torn
         return answered, torn
 
-    def start_fresh(self) -> None:
+    def _start_fresh(self) -> None:
         """A run without --resume replaces OUTPUT: emptied, and the error file and a stale
         journal go too. Raises JobFileError."""
         self.sink.start_fresh()
@@ -167,7 +167,10 @@ class ResumableOutput:
     # -- the model loaded ---------------------------------------------------------------
 
     def begin(self, model_name: str) -> None:
-        """Write the manifest's start (before any record). Raises JobFileError when it cannot be written."""
+        """OUTPUT replaced (a run without --resume) and the manifest's start written, before any
+        record. Raises JobFileError when either cannot be written."""
+        if not self.resume:
+            self._start_fresh()
         if not self.on_file:
             return
         if self.manifest is None:
