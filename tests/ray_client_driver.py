@@ -17,6 +17,9 @@ from llamabatch.cluster.pool import RayPool, RayStartError
 from supervised_child_runner import choice
 
 
+FLAKES = ("Starting Ray client server failed", "Initialization failure from server")
+
+
 def start(address: str, model: str, notes: list[str]) -> RayPool:
     for attempt in (1, 2, 3):
         try:
@@ -25,7 +28,7 @@ def start(address: str, model: str, notes: list[str]) -> RayPool:
                                  workers=2, cpus_per_worker=1, gpus_per_worker=0, runner=choice("slow"),
                                  note=notes.append)
         except RayStartError as exc:  # Ray's client server now and then fails to start a session on a loaded machine
-            if "Starting Ray client server failed" not in str(exc) or attempt == 3:
+            if not any(flake in str(exc) for flake in FLAKES) or attempt == 3:
                 raise
             time.sleep(2)
     raise AssertionError("unreachable")

@@ -3,7 +3,8 @@ forwarder in front of the head's Ray client server (cut_proxy.py): the lines wai
 when it is back, none failed. A cut shorter than Ray's reconnect grace period is Ray's own
 reconnect (nothing is lost, the pool does not even notice); a longer one ends the session and
 its workers, and the pool joins again with fresh workers and runs the lines that were in flight
-from the start. The driver is a process of its own (ray_client_driver.py); the head is
+from the start; so does a head killed (kill -9 of all its processes) and started again at the
+same address. The driver is a process of its own (ray_client_driver.py); the head is
 `ray start --head --block` with 2 CPUs, the fake runner on its workers.
 """
 from __future__ import annotations
@@ -53,43 +54,68 @@ def _client_connects(port: int) -> bool:
     return probe.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def client_port():
-    """A Ray head with its Ray client server; the client server's port."""
-    tmp = tempfile.mkdtemp(prefix="lbrc")  # short: Ray's socket paths live under it
-    port = _free_port()
-    head = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port", str(_free_port()),
-         "--num-cpus", "2", "--include-dashboard", "false", "--temp-dir", tmp, "--ray-client-server-port", str(port),
-         "--disable-usage-stats"], env=child_env(**ENV), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True, start_new_session=True)
-    try:
+class Head:
+    """`ray start --head --block` with its Ray client server, in a session of its own: started,
+    killed with everything it started (SIGKILL to its process group), started again on the same
+    ports, stopped."""
+
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="lbrc")  # short: Ray's socket paths live under it
+        self.gcs_port, self.client_port = _free_port(), _free_port()
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port", str(self.gcs_port),
+             "--num-cpus", "2", "--include-dashboard", "false", "--temp-dir", self.tmp, "--ray-client-server-port",
+             str(self.client_port), "--disable-usage-stats"], env=child_env(**ENV), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.monotonic() + 300
-        while not _client_connects(port):  # the first sessions on a head still starting fail
-            assert head.poll() is None, f"ray start failed: {head.stderr.read()[-2000:]}"
+        while not _client_connects(self.client_port):  # the first sessions on a head still starting fail
+            assert self.proc.poll() is None, f"ray start failed: {self.proc.stderr.read()[-2000:]}"
             assert time.monotonic() < deadline, "the Ray head did not take a Ray client in 300 s"
             time.sleep(1)
-        yield port
-    finally:
-        family = _family(head.pid)
-        head.send_signal(signal.SIGTERM)  # `ray start --block` stops everything it started
+
+    def kill(self) -> None:
+        family = _family(self.proc.pid)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        _reap(family)
+
+    def stop(self) -> None:
+        family = _family(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)  # `ray start --block` stops everything it started
         try:
-            head.wait(timeout=60)
+            self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
-        deadline = time.monotonic() + 30
-        while not all(is_gone(p) for p in family) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for p in family:  # only processes this fixture started, by id
-            if not is_gone(p):
-                os.kill(p, signal.SIGKILL)
+            self.proc.kill()
+            self.proc.wait()
+        _reap(family)
 
 
-def batch_with_a_cut(tmp_path: Path, client_port: int, cut_s: float, grace_s: int) -> tuple[int, int, dict]:
-    """The driver's batch with the connection cut for `cut_s` once a few lines are answered:
-    (lines answered when it was cut, when it was back, the driver's report)."""
-    proxy = CutProxy(client_port)
+def _reap(family: set[int], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(is_gone(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for p in family:  # only processes the head started, by id
+        if not is_gone(p):
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def head():
+    h = Head()
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def batch_with_an_outage(tmp_path: Path, head: Head, grace_s: int, outage) -> tuple[int, int, dict]:
+    """The driver's batch through a CutProxy, with `outage(proxy)` once a few lines are answered:
+    (lines answered when it began, when it was over, the driver's report)."""
+    proxy = CutProxy(head.client_port)
     driver = subprocess.Popen(
         [sys.executable, os.path.join(TESTS, "ray_client_driver.py"), f"ray://127.0.0.1:{proxy.port}", str(LINES),
          fake_gguf(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp_path / "err", "w"),
@@ -98,9 +124,7 @@ def batch_with_a_cut(tmp_path: Path, client_port: int, cut_s: float, grace_s: in
         said = driver.stdout.readline()
         assert said.startswith("answered"), (tmp_path / "err").read_text()[-3000:]
         before = int(said.split()[1])
-        proxy.cut()
-        time.sleep(cut_s)
-        proxy.restore()
+        outage(proxy)
         driver.stdin.write("back\n")
         driver.stdin.flush()
         after = int(driver.stdout.readline().split()[1])
@@ -113,16 +137,35 @@ def batch_with_a_cut(tmp_path: Path, client_port: int, cut_s: float, grace_s: in
     return before, after, report
 
 
-def test_a_cut_within_rays_grace_period_is_reconnected_under_the_pool(tmp_path, client_port):
-    before, after, report = batch_with_a_cut(tmp_path, client_port, cut_s=4, grace_s=30)
+def cut_for(seconds: float):
+    def outage(proxy: CutProxy) -> None:
+        proxy.cut()
+        time.sleep(seconds)
+        proxy.restore()
+    return outage
+
+
+def test_a_cut_within_rays_grace_period_is_reconnected_under_the_pool(tmp_path, head):
+    _, _, report = batch_with_an_outage(tmp_path, head, 30, cut_for(4))
     assert Counter(map(tuple, report["outcomes"])) == {("length", None): LINES}  # every line answered once
     assert "lost" not in report["summary"][-1] and report["notes"][-1].startswith("llamabatch run: w2")
 
 
-def test_a_longer_cut_pauses_the_lines_and_fresh_workers_run_them_when_it_is_back(tmp_path, client_port):
-    before, after, report = batch_with_a_cut(tmp_path, client_port, cut_s=12, grace_s=3)
+def test_a_longer_cut_pauses_the_lines_and_fresh_workers_run_them_when_it_is_back(tmp_path, head):
+    before, after, report = batch_with_an_outage(tmp_path, head, 3, cut_for(12))
     assert Counter(map(tuple, report["outcomes"])) == {("length", None): LINES}  # none failed, none twice
     assert after - before <= 4  # nothing ran while it was cut (2 x 2 slots may have been answered just then)
     assert "the cluster lost 1 time(s)" in report["summary"][-1]
     said = [n for n in report["notes"] if "Ray cluster" in n]
     assert "can't be reached" in said[0] and "none failed" in said[0] and "joined the Ray cluster again" in said[-1]
+
+
+def test_the_head_killed_and_started_again_pauses_the_lines_and_fresh_workers_run_them(tmp_path, head):
+    def head_down_and_up(_proxy: CutProxy) -> None:
+        head.kill()  # GCS, raylet, the client server and the workers: kill -9, all of them
+        time.sleep(5)
+        head.start()  # on the same ports: the address the driver joins again
+
+    _, _, report = batch_with_an_outage(tmp_path, head, 3, head_down_and_up)
+    assert Counter(map(tuple, report["outcomes"])) == {("length", None): LINES}  # none failed, none twice
+    assert "the cluster lost 1 time(s)" in report["summary"][-1]
