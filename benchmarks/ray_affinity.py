@@ -8,9 +8,9 @@ thread x 4 slots, no disk prefix store, so only what a worker's slots hold count
 run at once, one thread each, every turn an online request (one priority step above a batch
 line) whose messages are every earlier turn, its answers included, and the next question,
 after a random pause (people read and type; chats in lock step would land on the same
-worker every turn without affinity too); each side asks other questions of the same system prompt, so neither finds the other's
-conversations. Prints each side's cached / prompt tokens and the ratio of cached tokens
-(affinity on / off). Measures only.
+worker every turn without affinity too); each side asks other questions of the same system
+prompt, so neither finds the other's conversations. Prints each side's cached / prompt
+tokens and the ratio of cached tokens (affinity on / off). Measures only.
 """
 from __future__ import annotations
 

@@ -144,3 +144,19 @@ def test_an_urgent_line_goes_first_past_a_full_workers_cap_to_the_shortest_queue
     assert c.d.waiting == 2
     c.answer(0)  # room for an urgent line on w1, not for a batch line: 9 passes 7
     assert c.on("w1") == [4, 6, 9] and c.d.waiting == 1
+
+
+def test_a_lost_session_puts_every_line_back_as_not_run_and_none_goes_out_until_it_is_back():
+    c = Cluster(2, cap=2)
+    c.submit(*range(6))
+    assert c.on("w1") == [0, 2] and c.on("w2") == [1, 3] and c.d.waiting == 2
+    c.d.cancel(3)  # its cancel asked, its worker not told yet
+    out = c.d.disconnected()
+    assert [(line.key, r.finish_reason) for line, r in out] == [(3, "cancelled")]
+    assert c.d.waiting == 5 and c.d.rerun == 3 and c.d.retries == 0  # not run: no retry, no crash suspect
+    assert all(w.state == "disconnected" and not w.inflight for w in c.workers)
+    sent = len(c.sent)
+    assert c.submit(6) == [] and len(c.sent) == sent  # lines wait while it is away
+    assert c.d.reconnected() == []
+    assert c.on("w1") == [0, 2] and c.on("w2") == [1, 4] and c.d.waiting == 2  # the oldest first, as before
+    assert c.d.fatal_error is None and c.d.isolated == [] and c.d.pauses == 1

@@ -154,7 +154,8 @@ class Watcher:
         with self.lock:
             waiting = self.dispatcher.waiting + sum(len(w.inflight) for w in self.workers)
             if self.rejoin is None:
-                outcomes = [out for w in self.workers for out in self.dispatcher.gone(w, f"the Ray session is lost: {why}")]
+                lost = f"the Ray session is lost: {why}"
+                outcomes = [out for w in self.workers for out in self.dispatcher.gone(w, lost)]
             else:
                 outcomes = self.dispatcher.disconnected()
             for w in self.workers:
@@ -175,11 +176,11 @@ class Watcher:
                 continue
             with self.lock:
                 for old, new in zip(self.workers, fresh):
-                    old.actor, old.tally.pid, old.tally.node, old.node_id = new.actor, new.tally.pid, new.tally.node, new.node_id
-                    old.n_parallel, old.reserved, old.cap, old.slot_ctx = new.n_parallel, new.reserved, new.cap, new.slot_ctx
+                    take_over(old, new)
                 outcomes = self.dispatcher.reconnected()
             self.deliver(outcomes)
-            self.note(f"llamabatch run: joined the Ray cluster again with {len(fresh)} fresh worker(s); the lines go on")
+            self.note(f"llamabatch run: joined the Ray cluster again with {len(fresh)} fresh worker(s); "
+                      "the lines go on")
             return
 
     def collect(self, ref: Any, future: Any) -> Outcomes:
@@ -274,6 +275,12 @@ class Watcher:
                 w.start_ref = self.watch(w.actor.start.remote())
         return out
 
+
+
+def take_over(old: WorkerState, new: WorkerState) -> None:
+    """`old` (its name, tallies and watchdog kept) is the fresh worker `new` from now on."""
+    old.actor, old.tally.pid, old.tally.node, old.node_id = new.actor, new.tally.pid, new.tally.node, new.node_id
+    old.n_parallel, old.reserved, old.cap, old.slot_ctx = new.n_parallel, new.reserved, new.cap, new.slot_ctx
 
 
 def session_lost(exc: BaseException) -> bool:
