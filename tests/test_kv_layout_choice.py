@@ -1,14 +1,15 @@
 """`run` chooses its KV layout from its file (settings/kv_layout.py) when the user chose none:
-one shared cache when the lines' own prompt parts are short, a stream per slot when they are
-long; an explicit --kv-unified / --no-kv-unified and deterministic mode are honoured exactly,
-and the run header says which layout and why."""
+one shared cache when the lines hold few tokens of their own (the prompt beyond what lines share,
+plus max_tokens), a stream per slot when they hold many; an explicit --kv-unified /
+--no-kv-unified and deterministic mode are honoured exactly, and the run header says which
+layout and why."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from llamabatch.settings.kv_layout import OWN_PART_BYTES, choose_layout, own_parts, prompt_text
+from llamabatch.settings.kv_layout import BYTES_PER_TOKEN, OWN_TOKENS, choose_layout, own_parts, own_tokens, prompt_text
 
 from cli_harness import invoke, runner_for
 
@@ -20,16 +21,28 @@ def test_own_parts_leave_out_what_lines_share():
     assert own_parts(texts) == [len("great film"), len("dull plot"), len("alone")]
 
 
+def test_own_tokens_are_the_own_prompt_part_as_tokens_plus_the_answer():
+    lines = [(INSTRUCTION + "great film", 16), (INSTRUCTION + "dull plot", 100)]
+    assert own_tokens(lines) == [-(-len("great film") // BYTES_PER_TOKEN) + 16,
+                                 -(-len("dull plot") // BYTES_PER_TOKEN) + 100]
+
+
 def test_short_lines_and_shared_instructions_share_one_cache():
-    assert choose_layout([f"question {i}?" for i in range(20)])[0] is True
-    unified, reason = choose_layout([INSTRUCTION + f"review {i}" for i in range(20)])
+    assert choose_layout([(f"question {i}?", 64) for i in range(20)])[0] is True
+    unified, reason = choose_layout([(INSTRUCTION + f"review {i}", 16) for i in range(20)])
     assert unified and reason.startswith("KV layout: one cache shared by the slots")
 
 
 def test_long_distinct_documents_get_a_stream_per_slot():
-    docs = [f"document {i}: " + ("word%d " % i) * (OWN_PART_BYTES // 4) for i in range(10)]
+    docs = [(f"document {i}: " + ("word%d " % i) * (OWN_TOKENS * BYTES_PER_TOKEN // 6), 32) for i in range(10)]
     unified, reason = choose_layout(docs)
     assert not unified and reason.startswith("KV layout: a stream per slot")
+
+
+def test_long_answers_get_a_stream_per_slot_though_the_prompts_are_short():
+    assert choose_layout([(f"question {i}?", OWN_TOKENS - 10) for i in range(20)])[0] is True
+    unified, reason = choose_layout([(f"question {i}?", OWN_TOKENS + 10) for i in range(20)])
+    assert not unified and "plus max_tokens" in reason
 
 
 def test_chats_sharing_a_system_turn_compare_as_text():

@@ -1,14 +1,14 @@
 """The KV layout `run` chooses from its file, when neither --kv-unified nor --no-kv-unified is
 given: one cache shared by the slots, or a stream per slot.
 
-What decides is how long each line's own part of its prompt is, once what it shares with other
-lines (an instruction, examples, a system turn) is taken away: the shared part is evaluated once
-and forked either way, and a line's own part is what its prefill ticks evaluate. With one shared
-cache every tick is one graph run, but every row attends over every slot's cells; with a stream
-per slot a tick that mixes a prefill chunk with decode rows is several graph runs, each row
-attending over its own stream only. Short own parts: the shared cache wins (fewer graph runs,
-little attention); long ones: streams win (docs/performance.md, "The KV layout chosen from the
-work", has the measurement behind OWN_PART_BYTES).
+What decides is how many tokens each line holds of its own: its prompt beyond the longest prefix
+it shares with another line (an instruction, examples, a system turn: evaluated once and forked
+either way), plus the answer it may write (max_tokens). With one shared cache every tick is one
+graph run, but every row attends over every slot's cells; with a stream per slot a tick that
+mixes a prompt chunk with decode rows is several graph runs, each row attending over its own
+stream only. Lines short of their own: the shared cache wins (fewer graph runs, little
+attention); long ones: streams win (docs/performance.md, "The KV layout chosen from the work",
+has the measurement behind OWN_TOKENS).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import json
 import statistics
 from typing import Any, Sequence
 
-OWN_PART_BYTES = 1024  # a line's own part (about 256 tokens) from which a stream per slot pays
+OWN_TOKENS = 128  # a line's own tokens (own prompt part and max_tokens) from which a stream per slot pays
+BYTES_PER_TOKEN = 4  # a prompt's bytes to tokens, before anything is tokenized
 SAMPLE_LINES = 4096  # the lines read for the choice: the first this many of INPUT
 
 
@@ -24,6 +25,12 @@ def prompt_text(prompt: Any) -> str:
     """A line's prompt as text for comparing with others: the text, or a chat's or token ids'
     JSON (a shared system turn or token prefix is then a shared text prefix)."""
     return prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, default=str)
+
+
+def note_line(lines: list[tuple[str, int]], prompt: Any, max_tokens: int) -> None:
+    """Keep a line's (prompt text, max_tokens) for choose_layout: the first SAMPLE_LINES lines."""
+    if len(lines) < SAMPLE_LINES:
+        lines.append((prompt_text(prompt), max_tokens))
 
 
 def own_parts(texts: Sequence[str]) -> list[int]:
@@ -45,22 +52,29 @@ def _common(a: str, b: str) -> int:
     return i
 
 
-def layout_for(resolved: Any, texts: Sequence[str]) -> tuple[bool, str] | None:
+def own_tokens(lines: Sequence[tuple[str, int]]) -> list[int]:
+    """Each (prompt text, max_tokens) line's own tokens: its own prompt part's bytes as tokens,
+    plus the answer it may write."""
+    parts = own_parts([text for text, _ in lines])
+    return [-(-part // BYTES_PER_TOKEN) + answer for part, (_, answer) in zip(parts, lines)]
+
+
+def layout_for(resolved: Any, lines: Sequence[tuple[str, int]]) -> tuple[bool, str] | None:
     """choose_layout for a run's settings: None where the user chose a layout (flag, env or
     config file) or deterministic mode rules the shared cache out."""
     if resolved.sources.get("kv_unified", "default") != "default" or resolved.engine.deterministic:
         return None
-    return choose_layout(texts)
+    return choose_layout(lines)
 
 
-def choose_layout(texts: Sequence[str]) -> tuple[bool, str] | None:
-    """(kv_unified, the run header's sentence) for lines with these prompts; None without lines."""
-    if not texts:
+def choose_layout(lines: Sequence[tuple[str, int]]) -> tuple[bool, str] | None:
+    """(kv_unified, the run header's sentence) for lines of these (prompt text, max_tokens);
+    None without lines."""
+    if not lines:
         return None
-    median = int(statistics.median(own_parts(texts)))
-    if median < OWN_PART_BYTES:
-        return True, (f"KV layout: one cache shared by the slots, as the lines' own prompt parts are short "
-                      f"(median {median:,} bytes beside what they share; a stream per slot pays from "
-                      f"{OWN_PART_BYTES:,})")
-    return False, (f"KV layout: a stream per slot, as the lines' own prompt parts are long (median {median:,} "
-                   f"bytes beside what they share; one shared cache pays below {OWN_PART_BYTES:,})")
+    median = int(statistics.median(own_tokens(lines)))
+    why = (f"(median {median:,} tokens of their own: the prompt beyond what lines share, plus max_tokens; "
+           f"a stream per slot pays from {OWN_TOKENS:,})")
+    if median < OWN_TOKENS:
+        return True, f"KV layout: one cache shared by the slots, as the lines are short {why}"
+    return False, f"KV layout: a stream per slot, as the lines are long {why}"

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from ...config import DEFAULT_CTX_PER_SLOT
 from ...errors import InvalidRequest, LlamaBatchError
 from ...settings import context_sizing
-from ...settings.kv_layout import SAMPLE_LINES, layout_for, prompt_text
+from ...settings.kv_layout import layout_for, note_line
 from ...settings.resolved import Resolved
 from ...settings.slots import planned_slots
 from ...core.overflow_words import prompt_overflow, trained_context
@@ -183,7 +183,7 @@ def _auto_context(resolved: Resolved, scan: "_Scan", slots: int | None, facts: t
     reason = fit[1] if fit is not None else context_sizing.DEFAULT_SLOT_REASON
     if never:
         reason += f"{'' if fit else ' that can fit'}; {never} line{'' if never == 1 else 's'} can never fit"
-    layout = layout_for(resolved, scan.prompts)  # as the run chooses it (context_fit.py)
+    layout = layout_for(resolved, scan.lines)  # as the run chooses it (context_fit.py)
     if layout is not None:
         reason += f"; {layout[1]}"
     return {"n_parallel": slots, "slot_ctx": slot, "n_ctx": slot * slots if slots else None,
@@ -252,7 +252,7 @@ class _Scan:
         self.codes: Counter = Counter()
         self.errors: list[tuple[int, str]] = []  # (line number, message): the first ones
         self.total = self.valid = self.answered = self.retried = self.output_tokens = 0
-        self.prompts: list[str] = []  # the first lines' prompts, for the KV layout a run would choose
+        self.lines: list[tuple[str, int]] = []  # the first lines' prompts and max_tokens, for the KV layout a run would choose
 
     def read(self, engine: Any, parser: LineParser) -> None:
         for line_no, raw in self.source.lines():
@@ -263,8 +263,8 @@ class _Scan:
     def _line(self, engine: Any, line_no: int, item: Any) -> None:
         side, ctx = self.side, self.ctx
         self.total += 1
-        if len(self.prompts) < SAMPLE_LINES and isinstance(item, LineRequest) and item.embed is None:
-            self.prompts.append(prompt_text(item.prompt))
+        if isinstance(item, LineRequest) and item.embed is None:
+            note_line(self.lines, item.prompt, item.params.max_tokens)
         first_use = self.seen.add(item.id)
         if side is not None:
             if self.retry_failed and first_use and item.id in side.retryable:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 from ...config import DEFAULT_CTX_PER_SLOT
 from ...errors import LlamaBatchError
 from ...settings.context_sizing import DEFAULT_SLOT_REASON, ContextPlan, plan_context
-from ...settings.kv_layout import SAMPLE_LINES, layout_for, prompt_text
+from ...settings.kv_layout import layout_for, note_line
 from ...settings.resolved import Resolved
 from ...openai_format import LineRequest
 
@@ -107,10 +107,10 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
     allows them: settings/context_sizing.model_facts)."""
     if resolved.engine.n_ctx is not None:
         return resolved, None, frozenset()
-    texts: list[str] = []  # the first lines' prompts, for the KV layout (settings/kv_layout.py)
-    short, candidates = maybe_long(_noting_prompts(parsed_lines(path, parser), texts))
+    lines: list[tuple[str, int]] = []  # the first lines' prompts and max_tokens, for the KV layout (settings/kv_layout.py)
+    short, candidates = maybe_long(_noting_lines(parsed_lines(path, parser), lines))
     if not candidates:
-        return with_reason(_with_layout(resolved, texts), DEFAULT_SLOT_REASON), None, frozenset()
+        return with_reason(_with_layout(resolved, lines), DEFAULT_SLOT_REASON), None, frozenset()
     slots_fixed = resolved.engine.n_parallel != "auto"
     resolved = prepare(resolved, len(short) + len(candidates))
     tokenizer = open_tokenizer(dataclasses.replace(resolved, engine=resolved.engine.replace(
@@ -123,23 +123,23 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
     plan = plan_context(needs + short, int(resolved.engine.n_parallel), model_ctx, per_token, budget, budget_text,
                         pool_allowed=not resolved.engine.deterministic, slots_fixed=slots_fixed)
     if plan is None:
-        return with_reason(_with_layout(resolved, texts), DEFAULT_SLOT_REASON), None, frozenset()
+        return with_reason(_with_layout(resolved, lines), DEFAULT_SLOT_REASON), None, frozenset()
     engine = resolved.engine.replace(n_parallel=plan.n_parallel, n_ctx=plan.n_ctx, kv_unified=plan.kv_unified)
     reason = plan.reason + ("; lines longer than 4,096 tokens start after the others" if long and len(long) < len(needs + short) else "")
     return with_reason(resolved.replace(engine=engine.validate()), reason), plan, frozenset(long)
 
 
-def _noting_prompts(items: Iterable[Any], texts: list[str]) -> Iterable[Any]:
+def _noting_lines(items: Iterable[Any], lines: list[tuple[str, int]]) -> Iterable[Any]:
     for item in items:
-        if len(texts) < SAMPLE_LINES and isinstance(item, LineRequest) and item.embed is None:
-            texts.append(prompt_text(item.prompt))
+        if isinstance(item, LineRequest) and item.embed is None:
+            note_line(lines, item.prompt, item.params.max_tokens)
         yield item
 
 
-def _with_layout(resolved: Resolved, texts: list[str]) -> Resolved:
-    """The KV layout chosen from the lines' prompts, unless the user chose one (or deterministic
+def _with_layout(resolved: Resolved, lines: list[tuple[str, int]]) -> Resolved:
+    """The KV layout chosen from the lines' prompts and answers, unless the user chose one (or deterministic
     mode, whose rows need a stream per sequence, rules it); the header says why."""
-    choice = layout_for(resolved, texts)
+    choice = layout_for(resolved, lines)
     if choice is None:
         return resolved
     unified, reason = choice
