@@ -82,17 +82,27 @@ def test_cancelling_one_batch_leaves_the_other_whole(tmp_path):
 def test_max_concurrent_batches_1_runs_them_one_at_a_time_in_order(tmp_path):
     with serving(tmp_path / "data", step_delay=0.005, max_concurrent_batches=1) as server:
         client = server.client()
+        lanes: list[int] = []  # batches running at once, sampled every few ms from the first create on
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set():
+                lanes.append(len(server.service.running_batch_lanes()))
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         ids = [_create(client, 30, p) for p in "xyz"]
         wait_batch(client, ids[0], lambda b: b.request_counts.completed >= 1)
         waiting = [client.batches.retrieve(i).status for i in ids[1:]]
-        lanes = [len(server.service.running_batch_lanes())]
         done = []
         for batch_id, prefix in zip(ids, "xyz"):
             done.append(wait_batch(client, batch_id, ended))
-            lanes.append(len(server.service.running_batch_lanes()))
             _answered_once(client, done[-1], prefix, 30)
+        sampling.set()
+        sampler.join()
     assert waiting == ["validating", "validating"]
-    assert max(lanes) == 1
+    assert max(lanes) == 1  # one at a time, and seen running
     assert done[0].completed_at <= done[1].in_progress_at and done[1].completed_at <= done[2].in_progress_at
 
 
