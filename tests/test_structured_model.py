@@ -98,6 +98,23 @@ def test_every_answer_validates_over_twenty_schemas(smollm2_path):
     assert stats.forced_tokens == sum(r.forced_tokens for r in results)
 
 
+def test_an_answer_ends_when_its_grammar_allows_nothing_but_the_end(smollm2_path):
+    """No tick is spent sampling the end of generation a finished grammar leaves as the only
+    token: one request alone, so every tick samples one token of its answer (its first tick
+    evaluates the prompt), and the rest of the answer came forced."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    with Engine(EngineConfig(model=smollm2_path, n_parallel=1, n_ctx=1024, threads=2)) as engine:
+        ticks = []
+        engine.subscribe(lambda record: ticks.append(record) if getattr(record, "kind", "") == "tick" else None)
+        result = engine.generate(["Describe a person as JSON."],
+                                 SamplingParams(max_tokens=64, temperature=0, json_schema=schema))[0]
+    assert result.finish_reason == "stop" and {"name", "age"} <= set(json.loads(result.text))
+    sampled = result.usage.completion_tokens - result.forced_tokens
+    assert 0 < result.forced_tokens < result.usage.completion_tokens
+    assert len(ticks) == sampled, [(t.prefill_tokens, t.decode_tokens) for t in ticks]
+
+
 def test_forced_tokens_keep_answers_valid_and_mostly_the_same_on_gemma(model_path):
     # forced spans are the tokenizer's own spelling of the grammar's text, and go in as chunks of
     # their own: what the model sees can differ from token-by-token decoding (another split of

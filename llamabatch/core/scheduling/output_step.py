@@ -113,7 +113,7 @@ class OutputStep:
                 break
             more = self._accept_one(seq, tok, lp, split)
             self._join(event, more)
-            if kind == "forced":
+            if kind == "forced" and more.tokens:  # a forced end of generation is not part of the answer
                 event.forced += 1
                 seq.answer.forced_tokens += 1
             elif kind == "guess" and more.tokens:

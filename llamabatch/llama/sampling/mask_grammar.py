@@ -105,7 +105,7 @@ class MaskGrammars:
             if json_schema is None and self.backend == "auto" and not isinstance(grammar, LarkGrammar):
                 return None  # a GBNF grammar llguidance reads but cannot use: llama.cpp's sampler decides
             raise
-        return Matcher(template.deep_copy(), self.n_vocab)
+        return Matcher(template.deep_copy(), self.n_vocab, self.vocab.eog_ids[0] if self.vocab.eog_ids else None)
 
     def _lark(self, grammar: str) -> str | None:
         from llguidance.gbnf_to_lark import gbnf_to_lark
@@ -203,9 +203,10 @@ class Matcher:
     """One request's grammar state: the mask of the next step, applied to a logits row in
     place, and the tokens accepted so far."""
 
-    def __init__(self, matcher: Any, n_vocab: int):
+    def __init__(self, matcher: Any, n_vocab: int, end_token: int | None = None):
         self.matcher = matcher
         self.n_vocab = n_vocab
+        self.end_token = end_token  # an end-of-generation token: what a finished grammar allows
         self.words = np.full((n_vocab + 31) // 32, -1, dtype=np.int32)  # one bit a token
 
     def mask_row(self, logits: np.ndarray) -> None:
@@ -239,15 +240,20 @@ class Matcher:
         self._check()
         return int(n)
 
-    def forced(self) -> list[int]:
+    def forced(self, may_end: bool = True) -> list[int]:
         """The tokens the grammar allows as the only continuation now (keys, quotes, braces,
-        separators), consumed: they go into the sequence without being sampled."""
-        tokens = self.matcher.compute_ff_tokens()
+        separators), consumed: they go into the sequence without being sampled. With `may_end`,
+        a grammar that allows nothing but the end adds an end-of-generation token, so the answer
+        ends now rather than after a tick that could only sample that token (every EOG token
+        ends an answer alike: none is part of it)."""
+        tokens = list(self.matcher.compute_ff_tokens())
         self._check()
         if tokens:
             self.matcher.consume_tokens(tokens)
             self._check()
-        return list(tokens)
+        if may_end and self.end_token is not None and self.matcher.is_stopped():
+            tokens.append(self.end_token)
+        return tokens
 
     def _check(self) -> None:
         """GrammarStopped once the matcher is in its error state: a grammar past llguidance's

@@ -206,7 +206,7 @@ def sample_row(sampler: Sampler, ctx: Any, row: int, suppress_eog: bool, n_vocab
     if sampler.matcher is not None:
         sampler.matcher.accept(tok)
         if force:
-            sampler.forced = sampler.matcher.forced()
+            sampler.forced = sampler.matcher.forced(may_end=not suppress_eog)
             for t in sampler.forced:
                 C.llama_sampler_accept(sampler.chain, t)
     return tok
