@@ -2,40 +2,24 @@
 ran recently goes to that worker, whose engine may still hold that beginning in a slot's KV
 cache (a chat's next turn resends every earlier turn), unless that worker is busy.
 
-Cheap on the driver and plain Python (no ray import): the prompt as text (a chat's roles and
-contents; token ids as numbers) is hashed block by block, each block's hash covering every
-block before it, so a hash names a whole prefix; the hashes of the first MAX_BLOCKS blocks map
+Cheap on the driver and plain Python (no ray import): the prompt as text (kv_layout.prompt_text,
+which `run`'s layout choice compares too: a chat's or token ids' JSON, so a turn's text begins
+the next turn's) is hashed block by block, each block's hash covering every block before it, so
+a hash names a whole prefix; the hashes of the first MAX_BLOCKS blocks map
 to the worker that last ran a prompt with that prefix, in a bounded LRU table. The longest
 known prefix wins. The rule that may override it is the dispatcher's (dispatch.py).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import OrderedDict
 from typing import Any
+
+from ..settings.kv_layout import prompt_text
 
 BLOCK_BYTES = 64  # about 16 tokens of text: a prefix shorter than one block is not worth a queue
 MAX_BLOCKS = 256  # prefixes up to 16 KB are told apart; a longer prompt's first 16 KB count
 MAX_ENTRIES = 65_536  # prefix hashes remembered (8-byte keys): a few MB at most
-
-
-def prompt_text(prompt: Any) -> str:
-    """What is hashed: a text prompt itself, a chat's roles and contents in order (each
-    message closed, so a turn's text is a prefix of the next turn's), token ids as numbers."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, (list, tuple)):
-        parts = []
-        for item in prompt:
-            if isinstance(item, dict):
-                content = item.get("content")
-                text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
-                parts.append(f"{item.get('role')}\x1f{text}\x1e")
-            else:
-                parts.append(f"{item},")
-        return "".join(parts)
-    return ""
 
 
 def prefix_keys(prompt: Any) -> list[bytes]:
