@@ -38,7 +38,7 @@ def where_is(worker: WorkerState) -> str:
 def _slots(worker: WorkerState) -> str:
     """"8 slots", or with serve's --online-slots "8 slots + 1 for online requests"."""
     r = worker.reserved
-    return f"{worker.n_parallel - r} slots" + (f" + {r} for online requests" if r else "")
+    return f"{worker.batch_slots} slots" + (f" + {r} for online requests" if r else "")
 
 
 def slots_note(worker: WorkerState) -> str:

@@ -81,6 +81,11 @@ class WorkerState:
     steps_seen: int = -1
     kill_reason: str | None = None  # set when the pool killed it as hung
 
+    @property
+    def batch_slots(self) -> int:
+        """Its engine's slots for batch lines: all but those reserved for online requests."""
+        return self.n_parallel - self.reserved
+
 
 Outcomes = list[tuple[Line, Result]]
 
@@ -274,7 +279,7 @@ class Dispatcher:
         chosen = shortest
         known = self.affinity.worker_for(line.prefixes)
         for w in room:
-            slack = max(1, (w.n_parallel - w.reserved) // 2)
+            slack = max(1, w.batch_slots // 2)
             if w.tally.name == known and len(w.inflight) <= len(shortest.inflight) + slack:
                 chosen = w
         self.affinity.remember(line.prefixes, chosen.tally.name)

@@ -131,7 +131,7 @@ def start_workers(config: EngineConfig, default_params: SamplingParams, owns: bo
             w.slot_ctx, w.slots_reason = info["slot_ctx"], info.get("slots_reason", "")
             # its engine's own batch slots now that it has chosen, and as many queued; online
             # requests take its reserved slots beyond that (the dispatcher lets them past the cap)
-            w.cap = inflight or 2 * (w.n_parallel - w.reserved)
+            w.cap = inflight or 2 * w.batch_slots
     if problems:
         more = f" (and {len(problems) - 1} more worker(s))" if len(problems) > 1 else ""
         raise RayStartError(problems[0] + more)
