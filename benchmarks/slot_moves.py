@@ -1,4 +1,4 @@
-"""No holes (issue 63 item 1): what a slot move costs, and a decode tick with k of 8 slots busy
+"""No holes between busy slots: what a slot move costs, and a decode tick with k of 8 slots busy
 at alternate slots against the same k requests in slots 0..k-1.
 
 1. copy: the runner driven with hand-made StepPlans, a decode tick of one slot with a Move of

@@ -296,6 +296,11 @@ def test_every_registered_process_has_an_entry_in_the_cli():
 
 MAX_BODY_LINES = 80
 ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
+# Another project's issue is a fact a reader can look up; it is named with its project, as
+# `owner/repo` or one of the projects llamabatch stands on: "llama-cpp-python issue #771".
+OUTSIDE_PROJECT = r"(?:[\w.-]+/[\w.-]+|llama\.cpp|llama-cpp-python|ggml|vllm|ray|llguidance|huggingface_hub)"
+OUTSIDE_ISSUE = re.compile(OUTSIDE_PROJECT + r"(?:'s)? issues? #?\d+", re.IGNORECASE)
+TEXT_SUFFIXES = (".py", ".md", ".toml", ".txt", ".sh", ".bash", ".fish", ".jsonl", ".csv")
 
 
 def long_functions(path: Path, limit: int = MAX_BODY_LINES) -> list[str]:
@@ -322,10 +327,40 @@ def test_no_function_body_is_over_80_lines():
     assert not found, "split these:\n" + "\n".join(found)
 
 
+def names_an_issue_of_ours(line: str) -> bool:
+    return bool(ISSUE_NUMBER.search(OUTSIDE_ISSUE.sub("", line)))
+
+
 def test_comments_give_the_reason_not_an_issue_number():
     found = [f"{name}:{i}" for name, path in sorted(all_modules().items())
-             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if ISSUE_NUMBER.search(line)]
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if names_an_issue_of_ours(line)]
     assert not found, "say why, not which issue: " + ", ".join(found)
+
+
+def text_files_beside_the_package() -> list[Path]:
+    """The tests, benchmarks, docs, examples and top-level files: everything but llamabatch/."""
+    top = ROOT.parent
+    files = [p for p in top.iterdir() if p.is_file() and p.suffix in TEXT_SUFFIXES]
+    for folder in ("tests", "benchmarks", "docs", "examples", "completions"):
+        files += [p for p in (top / folder).rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
+                  and "__pycache__" not in p.parts]
+    return sorted(files)
+
+
+def test_an_issue_of_ours_is_named_by_what_it_guards_in_tests_benchmarks_and_docs():
+    top = ROOT.parent
+    found = [f"{path.relative_to(top)}:{i}" for path in text_files_beside_the_package()
+             for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if names_an_issue_of_ours(line)]
+    assert not found, "say what it guards, not which issue: " + ", ".join(found)
+
+
+def test_the_issue_scan_tells_ours_from_another_projects():
+    ours = "the fix for " + "issue" + " 63"
+    assert names_an_issue_of_ours(ours) and names_an_issue_of_ours("see " + "Issues #" + "12")
+    assert not names_an_issue_of_ours("llama-cpp-python issue #771 makes the first call slow")
+    assert not names_an_issue_of_ours("ggml-org/llama.cpp's issue 9876, and abetlen/llama-cpp-python issue 1")
+    assert not names_an_issue_of_ours("the issue's 20,000 levels")
 
 
 def test_the_contributing_guides_map_of_the_code_names_every_package_and_only_those():

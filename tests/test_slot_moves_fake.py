@@ -1,4 +1,4 @@
-"""No holes (issue 63 item 1) against the scripted FakeRunner: with a KV stream per slot the
+"""No holes between busy slots, against the scripted FakeRunner: with a KV stream per slot the
 running requests stay on consecutive slots, the request on the highest busy slot moving into
 an idle slot below it (plan.Move); moves are skipped when they do not pay, never made with one
 shared cache or with slot_moves off, and a failed copy loses or repeats no token. The runner

@@ -1,4 +1,4 @@
-"""No holes on the bundled models, for real (issue 63 item 1): a request moved into an idle
+"""No holes between busy slots on the bundled models, for real: a request moved into an idle
 slot below it (a whole KV stream copied by llama.cpp, plan.Move) goes on with the same tokens
 as the same request left where it was: greedy, seeded, with logprobs, and in deterministic mode
 bit for bit. Three requests on slots 0-2, the one on slot 1 ending after 2 tokens: the one on
