@@ -55,7 +55,7 @@ class EngineConfig:
     max_queue: int = 0
     # Of the n_parallel slots, how many only a request above the default priority (priority < 0)
     # may take: it then starts beside a full batch without putting a line of it aside. serve
-    # adds its --online-slots this way, on top of --n-parallel (settings/slots.with_extra_slots).
+    # adds its --online-slots this way, on top of --n-parallel (settings/ready.with_extra_slots).
     reserved_slots: int = 0
     chat_template: str | None = None  # a built-in NAME or a Jinja FILE; None = the GGUF's own or a fallback
     seed: int | None = None  # engine-wide default seed for requests that set none (None = random)

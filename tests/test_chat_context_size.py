@@ -7,7 +7,7 @@ import pytest
 from llamabatch import EngineConfig, SamplingParams
 from llamabatch.chat import context_size
 from llamabatch.chat.context_size import chat_context, context_words, slot_tokens
-from llamabatch.settings.given import settings_for
+from llamabatch.settings.ready import settings_for
 from cli_harness import invoke, runner_for
 
 GiB = 2**30
@@ -46,7 +46,7 @@ def resolved_for(model: str, **engine) -> object:
 @pytest.fixture
 def checked(monkeypatch):
     """The model check passes for any path (the decision is what is tested here)."""
-    monkeypatch.setattr("llamabatch.in_process.preparing.check_model", lambda resolved: None)
+    monkeypatch.setattr("llamabatch.settings.ready.check_model", lambda resolved: None)
 
 
 def test_chat_context_sizes_auto_and_honours_an_explicit_n_ctx(checked):

@@ -20,7 +20,7 @@ from llamabatch.engines import open_engine
 from llamabatch.errors import ResourceLimit
 from llamabatch.kernel_paths import resources
 from llamabatch.settings.context_sizing import slot_in_memory
-from llamabatch.settings.given import settings_for
+from llamabatch.settings.ready import settings_for
 
 from cli_harness import FakeEngines, invoke, runner_for
 from test_serve_command import serve

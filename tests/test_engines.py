@@ -14,7 +14,7 @@ from llamabatch.core.engine import EngineCore
 from llamabatch.engines import EngineFactory, RunnerChoice, open_engine, register_runner
 from llamabatch.in_process.runners import make_runner
 from llamabatch.llama.autoslots import CANDIDATES
-from llamabatch.settings.given import settings_for
+from llamabatch.settings.ready import settings_for
 from llamabatch.settings.slots import most_slots
 from llamabatch.supervised import SupervisedEngine
 

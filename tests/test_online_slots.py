@@ -3,7 +3,7 @@
 An online request that puts a batch line aside costs the batch more than its own rows: the
 line ends out of step with the lines it started with, so its successor's prompt fills a tick of
 its own. serve therefore opens its engine with the online slots added once n_parallel is
-decided and reserved for requests above the default priority (settings.slots.with_extra_slots,
+decided and reserved for requests above the default priority (settings.ready.with_extra_slots,
 EngineConfig.reserved_slots), and the batch lane keeps its lines to the others.
 """
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 from llamabatch import EngineConfig
 from llamabatch.core.telemetry import TickRecord
 from llamabatch.engines import open_engine
-from llamabatch.settings.given import settings_for
-from llamabatch.settings.slots import with_extra_slots
+from llamabatch.settings.ready import settings_for, with_extra_slots
 
 from child_tools import fake_gguf
 from cli_harness import fake_factory, runner_for

@@ -13,13 +13,10 @@ import pytest
 from llamabatch import Engine, EngineConfig, SamplingParams
 from llamabatch.models import resolve as model_resolve
 from llamabatch.models.stores import ModelRef
-from llamabatch.in_process.preparing import prepare
-from llamabatch.settings.given import settings_for
 from llamabatch.settings.file_layer import resolve_settings
 from llamabatch.settings.layers import merge
-from llamabatch.settings.model import choose_model
 from llamabatch.settings.resolved import Resolved
-from llamabatch.settings.slots import choose_slots
+from llamabatch.settings.ready import choose_model, choose_slots, prepare, settings_for
 from llamabatch.supervised import SupervisedEngine
 
 from cli_harness import FakeEngines, invoke, runner_for

@@ -9,7 +9,7 @@ allowed holds for the slots (`model_facts`: half of the memory available, or wha
 beside them, which the engine checks before the context is created). A model whose header
 cannot be read (a test's fake engine) keeps today's 4,096, as does a size the engine's memory
 check would still refuse (a deterministic chat's spare sequences); where max_memory does not
-hold even 4,096 a slot, each slot gets what it holds (in_process/preparing.fit_in_memory, as
+hold even 4,096 a slot, each slot gets what it holds (settings/ready.fit_in_memory, as
 for every engine). An explicit n_ctx is kept.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ..config import DEFAULT_CTX_PER_SLOT, EngineConfig
-from ..in_process.preparing import fit_in_memory, prepare
+from ..settings.ready import fit_in_memory, prepare
 from ..errors import ResourceLimit
 from ..settings.context_sizing import GRAIN, request_limit
 from ..settings.resolved import Resolved
@@ -49,7 +49,7 @@ def chat_context(resolved: Resolved, factory: Any = None, *,
                  facts: Callable[[EngineConfig, str], Facts] | None = None) -> tuple[Resolved, str]:
     """`resolved` with n_ctx sized for a chat (see the module docstring), and why in a few
     words ("" when nothing was decided: n_ctx given, or the model's context unknown).
-    The model is resolved and checked first, and n_parallel "auto" decided (in_process.preparing,
+    The model is resolved and checked first, and n_parallel "auto" decided (settings.ready,
     with `factory`'s slot chooser); opening the engine afterwards repeats none of it."""
     if resolved.engine.n_ctx is not None:
         return resolved, ""

@@ -68,11 +68,12 @@ class EngineCore(EngineBase):
     def __init__(self, config: EngineConfig | None = None, *, runner: Any,
                  default_params: SamplingParams | None = None,
                  on_notice: Callable[[str], None] | None = None, slots_reason: str = "",
-                 chat_templates: ChatTemplates | None = None, disk: DiskPrefixes | None = None):
+                 chat_templates: ChatTemplates | None = None,
+                 open_disk: Callable[[EngineConfig, Any], DiskPrefixes | None] | None = None):
         """An engine over `runner` (loaded, with its slots) with `config`, whose settings are
         decided already: the model and n_parallel are the runner's. What comes from the layers
-        above is handed in: `chat_templates` (None: chat messages are refused), `disk` (the
-        disk prefix store opened for this runner, or None). llamabatch.engines builds engines
+        above is handed in: `chat_templates` (None: chat messages are refused), `open_disk` (opens
+        the disk prefix store for the checked config and this runner, or gives None; None: no store). llamabatch.engines builds engines
         this way; `llamabatch.Engine(EngineConfig(...))` is that builder's class."""
         self.config = (config or EngineConfig()).validate()
         if self.config.n_parallel == "auto":
@@ -104,7 +105,7 @@ class EngineCore(EngineBase):
         self.sampling_threads = (SamplingThreads(self._cond, runner.n_slots,
                                                  yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
                                  if can.can_sample_apart and not self.config.deterministic else None)
-        self.disk = disk  # the disk prefix store, or None
+        self.disk = open_disk(self.config, runner) if open_disk else None  # the disk prefix store, or None
         # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).
         # Speculative decoding (speculation.py): where the runner can verify guesses and keep part
         # of a slot (a Trim removes the turned-down ones). Deterministic mode pads every decode

@@ -1,6 +1,6 @@
 """EngineFactory: resolved settings -> an engine, in this process, supervised or on Ray.
 
-The factory builds, from settings made ready once by open_engine (preparing.prepare: the
+The factory builds, from settings made ready once by open_engine (settings/ready.py: the
 model checked, "auto" slots decided), an Engine over a loaded runner or a SupervisedEngine
 whose child loads it; or, from resolved settings, a RayPool whose workers decide "auto" on
 their own nodes.
@@ -31,7 +31,7 @@ class EngineFactory:
 
     def open(self, resolved: Resolved, *, isolated: bool = False,
              watchdog_s: float | None = None) -> "Engine | SupervisedEngine":
-        """`resolved`: as preparing.prepare made it (open_engine's). `isolated`: llama.cpp in a
+        """`resolved`: as settings.ready made it (open_engine's). `isolated`: llama.cpp in a
         supervised child process (a crash costs a restart); `watchdog_s`: the supervised
         engine's watchdog floor (None: its default; 0: off). Raises ModelLoadError (one line)
         for a model that cannot load."""

@@ -2,8 +2,8 @@
 
 Both take a spec: the Resolved settings a command resolved (settings.file_layer), or an
 EngineConfig (with default SamplingParams) as a library user writes it. open_engine makes it
-ready here, once (in_process/preparing.prepare: the model checked, the slots decided and
-fitted), and the factory (one per CLI Environment, or a test's) builds the engine from that
+ready, once (settings/ready.py: the model chosen and checked, the slots decided and fitted),
+and the factory (one per CLI Environment, or a test's) builds the engine from that
 value without resolving anything again. Around it, what every caller wants: a prefix store
 folder that can never work is said once and dropped before the engine opens, and notices (a
 chat-template fallback) reach `on_notice`.
@@ -18,8 +18,7 @@ from ..config import EngineConfig
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..prefix_store.folder_check import unusable_because
-from ..settings.given import settings_for
-from ..in_process.preparing import prepare
+from ..settings.ready import ready, settings_for
 from ..settings.resolved import Resolved
 from .factory import EngineFactory
 
@@ -60,9 +59,9 @@ def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingPar
     that cannot load, InvalidRequest for settings that cannot work."""
     say = on_notice or (lambda line: log.warning("%s", line))
     factory = factory or EngineFactory()
-    ready = prepare(_without_unusable_store(_resolved(spec, params), say), max_slots, factory.choose_slots,
-                    extra_slots=extra_slots)
-    engine = factory.open(ready, isolated=isolated, watchdog_s=watchdog_s)
+    settings = _without_unusable_store(ready(spec, params, max_slots, factory.choose_slots, extra_slots=extra_slots),
+                                       say)
+    engine = factory.open(settings, isolated=isolated, watchdog_s=watchdog_s)
     if on_notice is not None:
         engine.on_notice = on_notice
     return engine

@@ -1,7 +1,6 @@
 """The engine of this process, and what every process that runs an engine needs to build one.
 
     engine.py         Engine: the in-process engine as library users build it, EngineConfig in
-    preparing.py      the model checked and n_parallel "auto" decided, once per engine
     runners.py        which runner an engine runs: the model, or one registered by name
     engine_parts.py   what the core engine is handed from above it: chat templates, the disk prefix store
     worker_engine.py  the engine of the supervised child and of a Ray worker

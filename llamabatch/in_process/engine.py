@@ -1,10 +1,10 @@
 """`llamabatch.Engine`: the in-process engine as library users and the factory build it.
 
 The core engine (core/engine.py) runs over a runner it is given and imports nothing above it.
-This class stands between: without a runner it resolves the settings (settings/given.py),
-decides the model and the slots once (preparing.prepare) and loads the model (runners.py);
-it hands the core what lives in higher layers: the chat templates, the disk prefix store,
-and the name records give the model.
+This class stands between: without a runner it makes the settings ready once (settings/ready.py:
+the model chosen and checked, the slots decided) and loads the model (runners.py); it hands the
+core what lives in higher layers: the chat templates, the disk prefix store (opened once the
+core has checked the config) and the name records give the model.
 """
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from typing import Any, Callable
 from ..config import EngineConfig
 from ..core.engine import EngineCore
 from ..params import SamplingParams
-from ..settings.given import settings_for
+from ..settings.ready import ready
 from .engine_parts import GgufChatTemplates, open_disk_prefixes
-from .preparing import prepare
 from .runners import load_model
 
 
@@ -30,16 +29,16 @@ class Engine(EngineCore):
                  default_params: SamplingParams | None = None,
                  on_notice: Callable[[str], None] | None = None, slots_reason: str = ""):
         if runner is None:
-            resolved = prepare(settings_for(config, default_params))
+            resolved = ready(config, default_params)
             runner = load_model(resolved.engine)
             config, default_params, slots_reason = resolved.engine, resolved.sampling, resolved.slots_reason
-        config = (config or EngineConfig()).validate()
+        config = config or EngineConfig()  # checked once, by EngineCore
         if config.n_parallel == "auto":
-            config = config.replace(n_parallel=runner.n_slots)  # checked with the rest by EngineCore
+            config = config.replace(n_parallel=runner.n_slots)
         if not config.model_name:
             from ..models.resolve import model_display_name
 
             config = config.replace(model_name=model_display_name(runner.model_path))
         super().__init__(config, runner=runner, default_params=default_params, on_notice=on_notice,
                          slots_reason=slots_reason, chat_templates=GgufChatTemplates(),
-                         disk=open_disk_prefixes(config, runner))
+                         open_disk=open_disk_prefixes)

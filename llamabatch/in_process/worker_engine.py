@@ -2,15 +2,14 @@
 worker build theirs here, over the settings their parent (or driver) resolved.
 
 n_parallel "auto" is decided here, on this process's machine (a Ray worker's node has its own
-CPUs and memory), by the same preparing.prepare every engine goes through. A registered
+CPUs and memory), by the same settings.ready.prepare every engine goes through. A registered
 runner (runners.RunnerChoice) runs as given: it stands for a model that is never loaded.
 """
 from __future__ import annotations
 
 from ..settings.resolved import Resolved
 from .engine import Engine
-from ..settings.slots import with_extra_slots
-from .preparing import prepare
+from ..settings.ready import prepare, with_extra_slots
 from .runners import RunnerChoice, make_runner
 
 

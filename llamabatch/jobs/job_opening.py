@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import InvalidRequest
 from ..models.default_model import why as model_why
 from ..engines import EngineFactory, open_engine
-from ..in_process.preparing import prepare
+from ..settings.ready import prepare
 from ..settings.context_sizing import model_facts
 from .reading.context_fit import fit_context
 from ..settings.resolved import Resolved

@@ -4,9 +4,10 @@
     config_file.py  the TOML config file: where it is, what it may hold, each value's file:line
     file_layer.py   the config file that applies, as a layer (and the command-only keys)
     resolved.py     Resolved: the one value a command hands to llamabatch.engines
-    given.py        Resolved from an EngineConfig (library use) or from a parent process's settings
-    model.py        the model a setting names: its file, display name and default stops (once)
-    slots.py        n_parallel "auto" made a count (once), by measuring or from the cache
+    ready.py        a Resolved made ready to load, once: the model chosen and checked, the slots decided
+                    (also from an EngineConfig, library use, or a parent process's settings)
+    given.py        where cluster/worker.py still imports ready.settings_for from
+    slots.py        how n_parallel "auto" is measured, or read from the cache
     context_sizing.py  n_ctx "auto": the KV cache sized from the work when the work is known
     time_bounds.py  the watchdog and drain bounds of run and serve-stdin
 

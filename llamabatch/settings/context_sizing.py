@@ -18,7 +18,7 @@ What a line needs is its prompt's tokens plus its `max_tokens`. The rule, over t
 Where nothing larger is planned (no work known, or none that needs it), a slot keeps 4,096
 tokens unless `max_memory` cannot hold that many for every slot beside the weights: then
 each slot gets what it holds (`slot_in_memory`, the engine's own memory check asked; every
-front end's engine goes through it in in_process/preparing.py, and the dry run reports it).
+front end's engine goes through it in settings/ready.py, and the dry run reports it).
 The rule is pure: the caller reads the needs (tokenizing what may be long); `model_facts`
 reads the model's from its GGUF header and the machine's memory.
 """

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from ..errors import InvalidRequest
 from .config_file import COMMAND_RULES, ConfigFile, ConfigFileError, Location, load, locate
 from .layers import merge
-from .model import choose_model
+from .ready import choose_model
 from .resolved import Resolved
 
 # A command may read the file more than once (shared options, then its own keys): keep the
@@ -69,7 +69,7 @@ def _layers(flags: Mapping[str, Any], command: str, config: ConfigFile | None) -
 
 def resolve_settings(flags: Mapping[str, Any], command: str = "", config_path: str | None = None) -> Resolved:
     """What a command runs with: every layer merged (resolve_layers), then the model named
-    by them resolved, aliases from the file's [models] table included (model.choose_model).
+    by them resolved, aliases from the file's [models] table included (ready.choose_model).
     Bad values raise InvalidRequest (exit 2); an unknown model name ModelLoadError (exit 1)."""
     config = current_config(config_path)
     return _with_model(_layers(flags, command, config), config)

@@ -3,7 +3,7 @@
 `merge` takes the flags as given (None = not given), the config file's values for the
 command, and the command's name (a few built-in defaults differ per command), and returns
 a Resolved: the EngineConfig, the default SamplingParams, and where each value came from.
-The model is still the user's spelling here (model.choose_model resolves it).
+The model is still the user's spelling here (ready.choose_model resolves it).
 """
 from __future__ import annotations
 

@@ -16,11 +16,11 @@ if TYPE_CHECKING:
 class Resolved:
     """Every setting an engine needs, each from one layer, and where each came from.
 
-    `engine.model` is the user's spelling until `model.choose_model` runs; then it is the
+    `engine.model` is the user's spelling until `ready.choose_model` runs; then it is the
     GGUF file, `engine.model_name` what records call it, and `model` how it was found.
-    `engine.n_parallel` may still be "auto" until `slots.choose_slots` runs, which sets
+    `engine.n_parallel` may still be "auto" until `ready.choose_slots` runs, which sets
     `slots_reason` (the header line's "why this many slots"). `model_checked`: the file was
-    found a readable GGUF (preparing.prepare), so nothing below checks it again."""
+    found a readable GGUF (ready.prepare), so nothing below checks it again."""
 
     engine: EngineConfig
     sampling: SamplingParams

@@ -196,7 +196,7 @@ def _open_engine(init: wire.Init) -> EngineCore:
     """The parent resolved the settings: the child takes the model file as it is, decides
     n_parallel "auto" (on its own process) and loads the runner (in_process/worker_engine.py)."""
     from ..in_process.worker_engine import open_worker_engine
-    from ..settings.given import from_parent
+    from ..settings.ready import from_parent
 
     return open_worker_engine(from_parent(init.config, init.default_params), init.runner)
 

@@ -83,8 +83,7 @@ class SupervisedEngine(EngineBase):
         `settings`: resolved settings (the engine factory's, engines/factory.py), used as they
         are; without them `config` and `default_params` are resolved here, the way Engine does.
         `runner`: a registered runner the child runs instead of loading the model (tests)."""
-        from ..in_process.preparing import check_model
-        from ..settings.given import settings_for
+        from ..settings.ready import check_model, settings_for
 
         resolved = settings if settings is not None else settings_for(config, default_params)
         if not resolved.model_checked:  # before any child starts; the child only ever sees the file

@@ -157,7 +157,7 @@ def estimate_lines(resolved: Resolved, parser: LineParser, input_path: str, outp
 
 def memory_fit(resolved: Resolved, slots: int | None) -> tuple[int, str] | None:
     """n_ctx auto's slots where max_memory does not hold a default one each: (the tokens a slot
-    then gets, why), by the rule every engine applies when it opens (in_process/preparing.py:
+    then gets, why), by the rule every engine applies when it opens (settings/ready.py:
     settings/context_sizing.slot_in_memory); None when nothing changes or the slots are not known."""
     config = resolved.engine
     if config.n_ctx is not None or slots is None or not config.model:

@@ -101,7 +101,7 @@ def fit_context(resolved: Resolved, path: str, parser: Any, *, prepare: Callable
     numbers of the lines longer than a default slot, which the run starts last
     (start_order.py says why).
     `prepare(resolved, lines)` resolves the model and n_parallel (auto bounded by the lines),
-    leaving the memory fit of unplanned slots to the engine's opening (in_process/preparing.py:
+    leaving the memory fit of unplanned slots to the engine's opening (settings/ready.py:
     it replaces DEFAULT_SLOT_REASON with its own);
     `model_facts(resolved)` -> (trained context, KV bytes a cell takes, KV bytes allowed, what
     allows them: settings/context_sizing.model_facts)."""
