@@ -66,11 +66,11 @@ def test_the_record_body_is_a_response_object():
 @pytest.mark.parametrize("body, named", [
     ({"input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
      "input[0].content[0] has type \"input_audio\""),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0] has type \"reasoning\""),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "body.input holds no message"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id is not supported in batch lines"),
     ({"input": "x", "stream": True}, "stream"),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "x", "reasoning": {"effort": "high", "summary": "short"}}, "reasoning.summary must be one of"),
     ({"input": "x", "top_logprobs": 3}, "top_logprobs"),
     ({"input": "x", "logprobs": True}, "'logprobs'"),
     ({"input": "x", "instructions": 3}, "instructions"),

@@ -7,8 +7,12 @@ the input items `GET /v1/responses/{id}/input_items` lists (OpenAI's shapes, eac
                                             an earlier answer's call: joins the assistant turn before it
     {"type": "function_call_output", "call_id", "output"}
                                             the call's result: a `tool` turn answering it
+    {"type": "reasoning", "content": [{"type": "reasoning_text", "text"}], "summary"}
+                                            an earlier answer's reasoning: the `reasoning_content`
+                                            of the assistant turn after it (thinking templates
+                                            read it there; the others leave it out)
 
-Images, files, computer calls, reasoning items and every other type are refused naming it. A
+Images, files, computer calls and every other type are refused naming it. A
 function_call_output's call is looked for when the chain's turns are known (call_ids_check).
 Pure: no I/O.
 """
@@ -23,7 +27,7 @@ from .fields import json_kind
 
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text")  # output_text: an earlier assistant turn sent back as input
-ITEM_TYPES = ("message", "function_call", "function_call_output")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
 def read_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -34,17 +38,22 @@ def read_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         raise InvalidRequest(f"body.input must be a string or a non-empty list of items, got {json_kind(value)}")
     turns: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
+    reasoning: str | None = None  # a reasoning item's text, for the assistant turn after it
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"{where} must be an object, got {json_kind(item)}")
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning, listed = _reasoning(item, where)
+            items.append(listed)
+            continue
         if kind == "message":
             turn, listed = _message(item, where)
             turns.append(turn)
         elif kind == "function_call":
             call, listed = _function_call(item, where)
-            if turns and turns[-1]["role"] == "assistant":  # the calls of one answer: one assistant turn
+            if turns and turns[-1]["role"] == "assistant" and reasoning is None:  # one answer's calls: one turn
                 turns[-1].setdefault("tool_calls", []).append(call)
             else:
                 turns.append({"role": "assistant", "content": "", "tool_calls": [call]})
@@ -54,7 +63,12 @@ def read_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         else:
             raise InvalidRequest(f"{where} has type {short_json(kind)}, which this server does not take "
                                  f"({', '.join(ITEM_TYPES)} items, with text only)")
+        if reasoning is not None and turns[-1]["role"] == "assistant":
+            turns[-1]["reasoning_content"] = reasoning
+        reasoning = None
         items.append(listed)
+    if not turns:
+        raise InvalidRequest("body.input holds no message or call to continue (reasoning items alone)")
     return turns, items
 
 
@@ -97,6 +111,20 @@ def _texts(value: Any, where: str) -> list[str]:
             raise InvalidRequest(f"{where}.content[{i}].text must be a string")
         texts.append(part["text"])
     return texts
+
+
+def _reasoning(item: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    """An earlier answer's reasoning item: (its reasoning_text parts joined, the item as listed)."""
+    content = item.get("content") or []
+    if not isinstance(content, list) or not all(
+            isinstance(p, dict) and p.get("type") == "reasoning_text" and isinstance(p.get("text"), str) for p in content):
+        raise InvalidRequest(f"{where}.content must be a list of reasoning_text parts with a string text")
+    summary = item.get("summary", [])
+    if not isinstance(summary, list):
+        raise InvalidRequest(f"{where}.summary must be a list, got {json_kind(summary)}")
+    listed = {"id": _id(item, "rs_"), "type": "reasoning", "summary": summary,
+              "content": [{"type": "reasoning_text", "text": p["text"]} for p in content], "status": "completed"}
+    return "".join(p["text"] for p in content), listed
 
 
 def _function_call(item: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,5 +1,7 @@
 """The `response` object OpenAI's /v1/responses answers with, made from one Result: its
-`output` is one assistant `message` item holding one `output_text` part, then, for a request
+`output` is, for a thinking answer, a `reasoning` item holding its reasoning as one
+`reasoning_text` part (`summary` empty: no summary is written here), then one assistant `message`
+item holding one `output_text` part, then, for a request
 with function tools, a `function_call` item per call read out of the answer (the message is left
 out when the answer is calls alone); `status` is `completed`, or `incomplete` with
 `incomplete_details.reason` "max_output_tokens" when the token limit cut the text. The same object is a batch line's `response.body`, the online answer,
@@ -28,6 +30,20 @@ def output_text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def new_reasoning_id() -> str:
+    return "rs_" + secrets.token_hex(24)
+
+
+def reasoning_text_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """A thinking answer's reasoning; None text: the item as it opens, before its first part."""
+    content = [] if text is None else [reasoning_text_part(text)]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
 def message_item(message_id: str, text: str | None, status: str) -> dict[str, Any]:
     """The assistant's message; None text: the item as it opens, before its first part."""
     content = [] if text is None else [output_text_part(text)]
@@ -37,16 +53,19 @@ def message_item(message_id: str, text: str | None, status: str) -> dict[str, An
 def response_usage(result: Result) -> dict[str, Any]:
     usage = result.usage
     return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
-            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
             "total_tokens": usage.total_tokens}
 
 
 def output_items(request: ResponsesRequest, result: Result, status: str, message_id: str | None = None
                  ) -> list[dict[str, Any]]:
-    """The output items of a whole answer: its message (unless it is calls alone), then its calls."""
+    """The output items of a whole answer: its reasoning (a thinking answer's, when it wrote any),
+    its message (unless it is calls alone), then its calls."""
     content, calls = answer_parts(result.text, request.tools, result.tool_syntax)
+    reasoning = [reasoning_item(new_reasoning_id(), result.reasoning, status)] if result.reasoning else []
     message = [] if content is None else [message_item(message_id or new_message_id(), content, status)]
-    return message + calls
+    return reasoning + message + calls
 
 
 def response_object(request: ResponsesRequest, result: Result | None, model: str, *, response_id: str | None = None,
@@ -63,7 +82,7 @@ def response_object(request: ResponsesRequest, result: Result | None, model: str
         "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
         "instructions": request.instructions, "max_output_tokens": sampling.get("max_tokens"),
         "max_tool_calls": None, "model": model, "output": [],
-        "previous_response_id": request.previous_response_id, "reasoning": {"effort": None, "summary": None},
+        "previous_response_id": request.previous_response_id, "reasoning": request.reasoning,
         "service_tier": "default", "store": request.store,
         "temperature": sampling.get("temperature") if params is None else params.temperature,
         "text": {"format": request.text_format}, **tools_echo(request.tools, request.tool_choice), "top_logprobs": 0,

@@ -1,12 +1,13 @@
 """OpenAI's /v1/responses request body read as one chat turn, for `serve` (online and batch
 lines) and `run` files alike: `input` (a string or items: responses_input.py), `instructions`,
 `max_output_tokens`, `temperature`, `top_p`, `text.format`, `metadata`, `store`,
-`previous_response_id` and function `tools` (responses_tools.py), plus llamabatch's own sampling
+`previous_response_id`, function `tools` (responses_tools.py) and `reasoning` (its `effort` reaches
+the chat template as chat's reasoning_effort does; a `summary` asked for is echoed, and the
+reasoning item's summary stays empty: no summary is written here), plus llamabatch's own sampling
 fields as chat bodies take them.
 
-What a response cannot be made from here (images, files, computer calls, reasoning items, tools
-other than functions) is refused naming the item, part or type; reasoning settings are fine
-when off. Pure: no I/O. A chain of stored responses (previous_response_id) is read by the
+What a response cannot be made from here (images, files, computer calls, tools other than
+functions) is refused naming the item, part or type. Pure: no I/O. A chain of stored responses (previous_response_id) is read by the
 server, which hands its turns in as `history`.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequest
-from ..params import FIELD_TYPES
+from ..params import FIELD_TYPES, REASONING_EFFORTS
 from .fields import is_int, json_kind
 from .responses_input import call_ids_check, read_input, short_json
 from .responses_tools import parse_responses_tools
@@ -27,15 +28,16 @@ from .tools_request import ToolRequest, tools_message
 RESPONSES_URL = "/v1/responses"
 # Read here, not sampling fields (service_tier is read by lines.py as for chat bodies).
 OWN_FIELDS = ("input", "instructions", "max_output_tokens", "text", "metadata", "store", "previous_response_id",
-              "stream", "service_tier", "tools", "tool_choice", "parallel_tool_calls")
+              "stream", "service_tier", "tools", "tool_choice", "parallel_tool_calls", "reasoning")
 # Accepted and ignored: the loaded model answers, and these change nothing it does.
 IGNORED_FIELDS = ("model", "user", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
                   "stream_options", "truncation")
 # Features not served: fine when absent or off, refused when asked for.
-OFF_FIELDS = ("include", "reasoning", "background", "top_logprobs", "max_tool_calls", "prompt", "conversation")
+OFF_FIELDS = ("include", "background", "top_logprobs", "max_tool_calls", "prompt", "conversation")
 OFF_VALUES = (None, False, 0, [], {}, "", "none", "auto")
 # Sampling fields a response has no use for: one output, no logprobs (no `include` of them).
 NOT_SAMPLING = ("n", "logprobs", "best_of")
+REASONING_SUMMARIES = ("auto", "concise", "detailed")  # OpenAI's reasoning.summary values
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's
 
 
@@ -57,6 +59,7 @@ class ResponsesRequest:
     items: list[dict[str, Any]] = field(default_factory=list)
     tools: ToolRequest | None = None
     tool_choice: Any = None  # as given, for the response's echo when no tools are listed
+    reasoning: dict[str, Any] = field(default_factory=lambda: {"effort": None, "summary": None})  # echoed
 
     def messages(self) -> list[dict[str, Any]]:
         """The chat the model is asked to continue: the tools for the template (when calls are
@@ -100,6 +103,7 @@ def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
         raise InvalidRequest("body.previous_response_id is not supported in batch lines: send the whole "
                              "conversation as input items")
     _store(body.get("store"))  # checked, then ignored: a batch's responses are in its output file
+    reasoning = _reasoning(body.get("reasoning"), sampling)
     text_format, schema = _text_format(body.get("text"))
     if schema is not None:
         sampling["json_schema"] = schema
@@ -120,6 +124,7 @@ def parse_responses_body(body: dict[str, Any]) -> ResponsesRequest:
         sampling["grammar"] = call_grammar(tools)
     return ResponsesRequest(turns, instructions or None, sampling, text_format, _metadata(body.get("metadata")),
                             store=False, items=items, tools=tools, tool_choice=body.get("tool_choice"),
+                            reasoning=reasoning,
                             previous_response_id=None if previous is None else str(previous))
 
 
@@ -145,6 +150,31 @@ def _store(value: Any) -> bool:
     if value is not None and not isinstance(value, bool):
         raise InvalidRequest(f"body.store must be true or false, got {json_kind(value)}")
     return value is not False
+
+
+def _reasoning(value: Any, sampling: dict[str, Any]) -> dict[str, Any]:
+    """The `reasoning` object, checked, as the response echoes it; its effort joins `sampling` as
+    reasoning_effort (one given at the top level too must agree)."""
+    if value is None:
+        return {"effort": None, "summary": None}
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"body.reasoning must be an object, got {json_kind(value)}")
+    unknown = [k for k in value if k not in ("effort", "summary", "generate_summary")]
+    if unknown:
+        raise InvalidRequest(f"unsupported field reasoning.{unknown[0]}")
+    effort = value.get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise InvalidRequest(f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}, got {short_json(effort)}")
+    summary = value.get("summary", value.get("generate_summary"))
+    if summary is not None and summary not in REASONING_SUMMARIES:
+        raise InvalidRequest(f"reasoning.summary must be one of {', '.join(REASONING_SUMMARIES)}, "
+                             f"got {short_json(summary)}")
+    if effort is not None:
+        if sampling.get("reasoning_effort", effort) != effort:
+            raise InvalidRequest(f"body.reasoning_effort {short_json(sampling['reasoning_effort'])} and "
+                                 f"reasoning.effort {short_json(effort)} disagree: give one")
+        sampling["reasoning_effort"] = effort
+    return {"effort": effort, "summary": summary}
 
 
 def _text_format(value: Any) -> tuple[dict[str, Any], dict | None]:
@@ -194,7 +224,7 @@ def _metadata(value: Any) -> dict[str, str]:
 
 
 def _off(value: Any) -> bool:
-    """A feature left off: an off value, or an object of them ({"effort": null} for reasoning)."""
+    """A feature left off: an off value, or an object of them."""
     if isinstance(value, dict):
         return all(v in OFF_VALUES for v in value.values())
     return value in OFF_VALUES

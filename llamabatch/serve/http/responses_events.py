@@ -2,6 +2,10 @@
 naming its type and a `data:` line holding it with its `sequence_number`:
 
     response.created, response.in_progress          the response, status in_progress, no output
+    response.output_item.added, content_part.added  a thinking answer's reasoning item and its
+    response.reasoning_text.delta ...               reasoning_text part, one delta per piece, then
+    response.reasoning_text.done, content_part.done its .done events, before the message opens
+    response.output_item.done
     response.output_item.added                      the assistant message item, empty
     response.content_part.added                     its output_text part, empty
     response.output_text.delta                      one per piece of text
@@ -24,7 +28,8 @@ import time
 from typing import Any
 
 from ...openai_format import (ResponsesRequest, ToolCallSplitter, function_call_item, message_item, new_message_id,
-                              new_response_id, output_text_part, response_object)
+                              new_reasoning_id, new_response_id, output_text_part, reasoning_item, reasoning_text_part,
+                              response_object)
 from ...constraints.tool_syntax import HERMES
 from ...results import Result
 
@@ -42,6 +47,8 @@ class ResponseEvents:
         self.items: list[dict[str, Any]] = []  # the output items given out whole so far
         self.message_id: str | None = None  # the message item open now
         self.pieces: list[str] = []
+        self.reasoning_id: str | None = None  # the reasoning item open now
+        self.thoughts: list[str] = []
         self.final: dict[str, Any] | None = None  # the whole response, once it completed
 
     def _event(self, kind: str, **fields: Any) -> bytes:
@@ -61,12 +68,40 @@ class ResponseEvents:
     def opening(self) -> bytes:
         started = self._response(None)
         out = self._event("response.created", response=started) + self._event("response.in_progress", response=started)
-        return out if self.splitter is not None else out + self._open_message()  # with tools: at its first text
+        return out  # the message opens at its first text: a thinking answer's reasoning item comes before it
+
+    def reasoning(self, text: str) -> bytes:
+        """A piece of a thinking answer's reasoning (its item opens at the first)."""
+        out = b""
+        if self.reasoning_id is None:
+            self.reasoning_id, self.thoughts = new_reasoning_id(), []
+            out = (self._event("response.output_item.added", output_index=len(self.items),
+                               item=reasoning_item(self.reasoning_id, None, "in_progress"))
+                   + self._event("response.content_part.added", **self._reasoning_at(), part=reasoning_text_part("")))
+        self.thoughts.append(text)
+        return out + self._event("response.reasoning_text.delta", **self._reasoning_at(), delta=text)
+
+    def _reasoning_at(self) -> dict[str, Any]:
+        return {"item_id": self.reasoning_id, "output_index": len(self.items), "content_index": 0}
+
+    def _close_reasoning(self, status: str) -> bytes:
+        if self.reasoning_id is None:
+            return b""
+        item = reasoning_item(self.reasoning_id, "".join(self.thoughts), status)
+        part = item["content"][0]
+        out = (self._event("response.reasoning_text.done", **self._reasoning_at(), text=part["text"])
+               + self._event("response.content_part.done", **self._reasoning_at(), part=part)
+               + self._event("response.output_item.done", output_index=len(self.items), item=item))
+        self.items.append(item)
+        self.reasoning_id = None
+        return out
 
     def delta(self, text: str) -> bytes:
+        """A piece of the answer after the reasoning (which closes at the first)."""
+        closed = self._close_reasoning("completed")
         if self.splitter is None:
-            return self._text(text)
-        return b"".join(self._text(value) if kind == "content" else self._call(value)
+            return closed + self._text(text)
+        return closed + b"".join(self._text(value) if kind == "content" else self._call(value)
                         for kind, value in self.splitter.feed(text))
 
     def _open_message(self) -> bytes:
@@ -105,11 +140,12 @@ class ResponseEvents:
     def ending(self, result: Result) -> bytes:
         """The closing events; the response they carry (`final`) is the one a GET returns."""
         status = "incomplete" if result.finish_reason == "length" else "completed"
-        out = b""
+        out = self._close_reasoning(status)
         if self.splitter is not None:  # what it still holds (an unclosed call is text)
             out += b"".join(self._text(value) if kind == "content" else self._call(value)
                             for kind, value in self.splitter.finish())
-        if self.message_id is None and not self.items:  # an empty answer is an empty message, as unstreamed
+        if self.message_id is None and not any(i["type"] != "reasoning" for i in self.items):  # as unstreamed: an
+            # answer with no text and no call (or reasoning alone) has an empty message
             out += self._open_message()
         if self.message_id is not None:
             out += self._close_message(status)

@@ -80,6 +80,8 @@ class ResponsesOnline:
         try:
             yield shape.opening()
             while isinstance(event, Delta):
+                if event.reasoning:
+                    yield shape.reasoning(event.reasoning)
                 if event.text:
                     yield shape.delta(event.text)
                 event = await events.get()
