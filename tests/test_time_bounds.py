@@ -28,6 +28,21 @@ def test_defaults_then_the_commands_table_then_the_flag(clean_env):
     assert time_bounds("run", 7.0, 0.0) == TimeBounds(7.0, 0.0)
 
 
+def test_a_job_reads_its_bounds_from_run_with_its_other_settings(clean_env, tmp_path):
+    from llamabatch.jobs.job_spec import JobHost, job_settings
+    from child_tools import fake_gguf
+
+    model = fake_gguf(tmp_path)
+    host = JobHost()
+    spec, _resolved = job_settings("in.jsonl", None, {"model": model}, host)
+    assert spec.bounds == TimeBounds(None, DEFAULT_DRAIN_TIMEOUT_S)
+    (clean_env / "llamabatch.toml").write_text('[run]\nwatchdog = 15\ndrain_timeout = 2.5\n')
+    spec, _resolved = job_settings("in.jsonl", None, {"model": model}, host)
+    assert spec.bounds == TimeBounds(15.0, 2.5)
+    spec, _resolved = job_settings("in.jsonl", None, {"model": model, "watchdog": 7.0, "drain_timeout": 0.0}, host)
+    assert spec.bounds == TimeBounds(7.0, 0.0)
+
+
 @pytest.mark.parametrize("value", ["-1", '"soon"', "true"])
 def test_a_bad_value_in_the_file_is_one_line_and_exit_2(clean_env, value):
     (clean_env / "llamabatch.toml").write_text(f"[run]\ndrain_timeout = {value}\n")

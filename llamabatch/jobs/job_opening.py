@@ -17,14 +17,14 @@ from ..settings.context_sizing import model_facts
 from .reading.context_fit import fit_context
 from ..settings.resolved import Resolved
 from ..settings.slots import most_slots
-from ..settings.time_bounds import TimeBounds, time_bounds
+from ..settings.time_bounds import TimeBounds
 from .events import JobEvent, Notice, Started
 from .reading.input_source import count_lines, open_input
 from ..openai_format import LineParser
 from .on_ray import open_ray_engines, require_ray
 from .writing.output_sink import Sink, refuse_resume_to_stream
 from .resume.resumable_output import ResumableOutput
-from .job_spec import COMMAND, JobHost, JobSpec
+from .job_spec import JobHost, JobSpec
 from .tables.table_plan import TablePlan, plan_tables
 from .writing.written_files import refuse_own_file
 from .reading.input_source import Source
@@ -101,7 +101,7 @@ def open_job(spec: JobSpec, resolved: Resolved, host: JobHost, engine: "EngineAP
     """Open everything, or raise (typed) with nothing left open."""
     if spec.ray is not None:
         require_ray()  # no Ray: one line before anything opens
-    bounds = time_bounds(COMMAND, spec.watchdog, spec.drain_timeout, host.config_path)
+    bounds = spec.bounds
     tables = checked_tables(spec, resolved)
     try:
         parser = line_parser(spec, resolved, tables)

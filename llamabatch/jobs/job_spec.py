@@ -15,13 +15,14 @@ from typing import Any, Callable, TextIO
 
 from ..checks import value_rules as checks
 from ..errors import InvalidRequest
-from ..settings.file_layer import command_settings, resolve_command_settings
+from ..settings.file_layer import command_settings, resolve_command
 from ..settings.layers import ENGINE_KEYS, SAMPLING_KEYS, SHARED_KEYS, merge
 from ..settings.resolved import Resolved
+from ..settings.time_bounds import DEFAULT_DRAIN_TIMEOUT_S, TimeBounds
 from .tables.table_input import TableOptions
 
 COMMAND = "run"  # the config file's table these settings read, and the default model's command
-CONFIG_KEYS = ("order", "max_inflight", "reorder_window", "error_file")  # run's own keys in [run]
+CONFIG_KEYS = ("order", "max_inflight", "reorder_window", "error_file", "watchdog", "drain_timeout")  # in [run]
 TABLE_KEYS = tuple(f.name for f in dataclasses.fields(TableOptions))
 log = logging.getLogger("llamabatch.jobs")
 
@@ -58,6 +59,12 @@ class JobSpec:
     @property
     def input_path(self) -> str:  # the name table_plan and the estimate read
         return self.input
+
+    @property
+    def bounds(self) -> TimeBounds:
+        """The watchdog floor and the drain bound (settings/time_bounds.py), as set or read from [run]."""
+        drain = self.drain_timeout if self.drain_timeout is not None else DEFAULT_DRAIN_TIMEOUT_S
+        return TimeBounds(None if self.watchdog is None else float(self.watchdog), float(drain))
 
 
 OWN_KEYS = tuple(f.name for f in dataclasses.fields(JobSpec) if f.name not in ("input", "output", "tables"))
@@ -100,18 +107,24 @@ class JobHost:
 def job_settings(input: str, output: str | None, settings: dict[str, Any], host: JobHost,
                  engine: Any = None) -> tuple[JobSpec, Resolved]:
     """The job's own settings and the engine's, resolved once, here: the engine's from the
-    layers (or, on a shared `engine`, its own with the sampling given on top). Raises
-    InvalidRequest (bad settings) or ModelLoadError (a model name that matches nothing)."""
-    spec, shared = split_settings(input, output, settings, host.config_path)
+    layers (given > LLAMABATCH_* env > config file > defaults; run's chat-tuned model where none is
+    named and it is installed) or, on a shared `engine`, its own with the sampling given on top. Raises
+    InvalidRequest (bad settings) or ModelLoadError (a model name that matches nothing).
+
+    The config file is read once: [run]'s own keys fill what no setting gave (a setting wins;
+    docs/config.md) as the engine's settings are resolved from the same layers."""
+    spec, shared = split_settings(input, output, settings)
+    missing = tuple(key for key in CONFIG_KEYS if getattr(spec, key) is None)
     if engine is None:
-        return spec, resolve_engine_settings(shared, host)
+        resolved, found = resolve_command(shared, COMMAND, missing, host.config_path, host.tell or log.warning)
+        return _with_config_keys(spec, found), resolved
     if spec.ray is not None:
         raise InvalidRequest("ray starts engines of its own: drop it, or the shared engine")
-    return spec, settings_of_engine(engine, shared)
+    found = command_settings(COMMAND, missing, host.config_path)
+    return _with_config_keys(spec, found), settings_of_engine(engine, shared)
 
 
-def split_settings(input: str, output: str | None, settings: dict[str, Any],
-                   config_path: str | None) -> tuple[JobSpec, dict[str, Any]]:
+def split_settings(input: str, output: str | None, settings: dict[str, Any]) -> tuple[JobSpec, dict[str, Any]]:
     """(the job's own settings, the shared engine/sampling ones). Raises InvalidRequest."""
     unknown = sorted(set(settings) - set(OWN_KEYS) - set(TABLE_KEYS) - set(SHARED_KEYS))
     if unknown:
@@ -127,21 +140,14 @@ def split_settings(input: str, output: str | None, settings: dict[str, Any],
         raise InvalidRequest(f"logprobs must be an integer in [0, 20], got {own['logprobs']!r}")
     tables = TableOptions(**{key: settings[key] for key in TABLE_KEYS if settings.get(key) is not None})
     spec = JobSpec(input=input, output=output, tables=tables, **own)
-    return _with_config_keys(spec, config_path), {key: settings.get(key) for key in SHARED_KEYS}
+    return spec, {key: settings.get(key) for key in SHARED_KEYS}
 
 
-def _with_config_keys(spec: JobSpec, config_path: str | None) -> JobSpec:
-    """`spec` with run's own keys read from the config file's [run] table where no setting gave
-    them (a setting wins; docs/config.md), once, before anything reads them; order defaults to input."""
-    found = command_settings(COMMAND, tuple(key for key in CONFIG_KEYS if getattr(spec, key) is None), config_path)
+def _with_config_keys(spec: JobSpec, found: dict[str, Any]) -> JobSpec:
+    """`spec` with run's own keys the [run] table sets (`found`) where no setting gave them,
+    before anything reads them; order defaults to input."""
     spec = dataclasses.replace(spec, **{key: value for key, value in found.items() if value is not None})
     return spec if spec.order is not None else dataclasses.replace(spec, order="input")
-
-
-def resolve_engine_settings(shared: dict[str, Any], host: JobHost) -> Resolved:
-    """Given > LLAMABATCH_* env > config file > defaults, the model resolved (run's chat-tuned
-    default when none is named and it is installed). Raises InvalidRequest or ModelLoadError."""
-    return resolve_command_settings(shared, COMMAND, host.config_path, host.tell or log.warning)
 
 
 def settings_of_engine(engine: Any, shared: dict[str, Any]) -> Resolved:

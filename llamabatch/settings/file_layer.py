@@ -86,9 +86,22 @@ def resolve_command_settings(flags: Mapping[str, Any], command: str, config_path
     command's own default: for run, serve-stdin and chat the chat-tuned one when installed
     (models.default_model; `notice` gets one line when it is not). The layers are merged and
     checked once, the config file read once; the default stands where a flag naming it would."""
+    return _command_resolved(flags, command, current_config(config_path), notice)
+
+
+def resolve_command(flags: Mapping[str, Any], command: str, own_keys: tuple[str, ...], config_path: str | None = None,
+                    notice: Callable[[str], None] = lambda _line: None) -> tuple[Resolved, dict[str, Any]]:
+    """Everything `command` reads from its layers, the config file read once: what it runs with
+    (resolve_command_settings) and its own keys from its table (command_settings: key -> value,
+    or None where the file does not set it)."""
+    config = current_config(config_path)
+    return _command_resolved(flags, command, config, notice), _command_keys(command, own_keys, config)
+
+
+def _command_resolved(flags: Mapping[str, Any], command: str, config: ConfigFile | None,
+                      notice: Callable[[str], None]) -> Resolved:
     from ..models.default_model import default_model
 
-    config = current_config(config_path)
     layered = _layers(flags, command, config)
     default = default_model(command, notice) if layered.sources.get("model") == "default" else None
     if default is not None:
@@ -112,11 +125,14 @@ def command_setting(command: str, key: str, default: Any = None, config_path: st
 def command_settings(command: str, keys: tuple[str, ...], config_path: str | None = None) -> dict[str, Any]:
     """Several command-only keys at once, the file located and read once: key -> its value
     from the command's table, or None. Raises ConfigFileError for a bad file."""
+    return _command_keys(command, keys, current_config(config_path) if keys else None)
+
+
+def _command_keys(command: str, keys: tuple[str, ...], config: ConfigFile | None) -> dict[str, Any]:
     undeclared = [key for key in keys if key not in COMMAND_RULES.get(command, {})]
     if undeclared:
         # A programming error, not a user one: the key must be declared to be checked.
         raise KeyError(f"{command!r} has no config key {undeclared[0]!r}; declare it in config_file.COMMAND_RULES")
-    config = current_config(config_path) if keys else None
     settings = {key: config.command_value(command, key) if config else None for key in keys}
     return {key: None if setting is None else setting.value for key, setting in settings.items()}
 
