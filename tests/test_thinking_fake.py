@@ -92,6 +92,29 @@ def test_reasoning_goes_apart_from_the_answer_and_the_deltas_join_to_each():
     assert result.to_dict()["usage"]["completion_tokens_details"]["reasoning_tokens"] == result.usage.reasoning_tokens
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_string_ends_the_answer_only_after_the_reasoning(stream):
+    engine, _ = engine_with(lambda prompt: "Step 1. Step 2.\n</think>\n\nParis. Step 3.")
+    with engine:
+        handle = engine.submit(ASK, SamplingParams(temperature=0, stop=["Step"]), stream=stream)
+        deltas = list(handle) if stream else []
+        result = handle.result()
+    assert (result.reasoning, result.text, result.finish_reason) == ("Step 1. Step 2.", "Paris. ", "stop")
+    if stream:
+        assert "".join(d.text for d in deltas) == result.text and "".join(d.reasoning for d in deltas) == result.reasoning
+
+
+def test_a_stop_string_split_across_tokens_in_the_answer_is_held_back_and_a_partial_one_released_at_the_end():
+    engine, _ = engine_with(lambda prompt: "x\n</think>\n\nab<E")
+    with engine:
+        stopped = engine.submit(ASK, SamplingParams(temperature=0, stop=["b<"])).result()
+        partial = engine.submit(ASK, SamplingParams(temperature=0, stop=["<EN"])).result()
+        cut = engine.submit(ASK, SamplingParams(temperature=0, stop=["<EN"], max_tokens=16)).result()
+    assert (stopped.text, stopped.finish_reason) == ("a", "stop")
+    assert (partial.text, partial.finish_reason) == ("ab<E", "stop")  # the end of generation released it
+    assert (cut.text, cut.finish_reason) == ("ab<E", "length")
+
+
 def test_a_budget_run_out_has_the_engine_write_the_closer_and_the_answer_follows():
     engine, runner = engine_with(lambda prompt: "abcdefghijklmnop")
     with engine:

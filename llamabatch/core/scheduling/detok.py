@@ -56,6 +56,13 @@ class IncrementalDetokenizer:
             return ""
         return self._advance(self._decoder.decode(piece), final=False)
 
+    def push_text(self, text: str) -> str:
+        """Feed text already decoded (a thinking answer's content, its stop strings watched apart
+        from its reasoning); return the text that is now safe to emit (maybe "")."""
+        if self._finished or self.stopped:
+            return ""
+        return self._advance(text, final=False)
+
     def finish(self) -> str:
         """End of generation: release everything held back.
 

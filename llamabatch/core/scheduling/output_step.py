@@ -42,12 +42,18 @@ class OutputStep:
         # the runner's Runner.accept_forced: a sampler (and its grammar) told of tokens the engine wrote
         self.take_forced = take_forced or (lambda _sampler, _tokens: None)
         self._detok: dict[Sequence, IncrementalDetokenizer] = {}  # by sequence: the n samples share an id
+        # a thinking answer's stop strings, watched in its content only (its detokenizer watches none):
+        # a stop string the reasoning happens to write does not end the answer
+        self._content_stops: dict[Sequence, IncrementalDetokenizer] = {}
 
     def begin(self, seq: Sequence) -> None:
         """seq starts answering: its text is decoded (and its stop strings watched) from here."""
-        self._detok[seq] = IncrementalDetokenizer(seq.params.stop)
-        if seq.thinking is not None:
-            seq.answer.reasoning_split = ReasoningSplit(seq.thinking)
+        if seq.thinking is None:
+            self._detok[seq] = IncrementalDetokenizer(seq.params.stop)
+            return
+        self._detok[seq] = IncrementalDetokenizer()
+        self._content_stops[seq] = IncrementalDetokenizer(seq.params.stop)
+        seq.answer.reasoning_split = ReasoningSplit(seq.thinking)
 
     def end(self, seq: Sequence, reason: str) -> tuple[str, str]:
         """seq ends: its full text (and a thinking answer's reasoning) is set. Returns any
@@ -58,15 +64,19 @@ class OutputStep:
         if detok is not None and not detok.stopped and reason in ("cancelled", "timeout"):
             tail = detok.finish()
         split, seq.answer.reasoning_split = seq.answer.reasoning_split, None
-        if split is None:
+        watch = self._content_stops.pop(seq, None)
+        if split is None or watch is None:
             if detok is not None:
                 seq.answer.text = detok.text
             return tail, ""
+        if detok is not None and reason == "length":
+            tail = detok.finish()  # no stop strings held here: only a character's first bytes
         content, reasoning = split.feed(tail)
         more = split.finish()
-        seq.answer.text, seq.answer.reasoning = split.content_text, split.reasoning_text
+        content = watch.push_text(content + more[0]) + watch.finish()  # "" once a stop string ended it
+        seq.answer.text, seq.answer.reasoning = watch.text, split.reasoning_text
         seq.answer.reasoning_tokens = split.tokens
-        return content + more[0], reasoning + more[1]
+        return content, reasoning + more[1]
 
     def take_row(self, chunk: Chunk, seq: Sequence, sampled: dict[int, int],
                  logprobs: dict[int, dict], forced: dict[int, list[int]], accepted: dict[int, int] | None = None,
@@ -160,7 +170,7 @@ class OutputStep:
             # Not part of the answer. ignore_eos bans EOG in the runner's sampler, so one that
             # still comes out means the request's grammar allows nothing else: it is done.
             event.text = detok.finish()
-            self._split_text(event, split)
+            self._split_text(event, split, self._content_stops.get(seq))
             self._ended(event, self.finish(seq, "stop"))
             event.finished = True
             return event
@@ -173,14 +183,15 @@ class OutputStep:
         if split is not None and counted:
             split.count()
         event.text = detok.push(self.token_bytes(token))
-        if detok.stopped:
-            seq.answer.stop_hit = detok.stop_hit
-        elif len(seq.answer.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
+        at_end = len(seq.answer.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx
+        if at_end and not detok.stopped and split is None:
             event.text += detok.finish()
-        self._split_text(event, split)
-        if detok.stopped:
+        self._split_text(event, split, self._content_stops.get(seq))
+        stops = self._content_stops.get(seq, detok)
+        if stops.stopped:
+            seq.answer.stop_hit = stops.stop_hit
             self._ended(event, self.finish(seq, "stop"))
-        elif len(seq.answer.output) >= seq.params.max_tokens or seq.num_tokens >= self.ledger.slot_ctx:
+        elif at_end:
             self._ended(event, self.finish(seq, "length"))
         event.finished = seq.finished
         return event
@@ -193,7 +204,8 @@ class OutputStep:
         event.reasoning += tail[1]
 
     @staticmethod
-    def _split_text(event: SeqEvent, split: ReasoningSplit | None) -> None:
-        """A thinking answer's new text as its content and reasoning."""
-        if split is not None and event.text:
-            event.text, event.reasoning = split.feed(event.text)
+    def _split_text(event: SeqEvent, split: ReasoningSplit | None, stops: IncrementalDetokenizer | None) -> None:
+        """A thinking answer's new text as its content (its stop strings watched) and reasoning."""
+        if split is not None and stops is not None and event.text:
+            content, event.reasoning = split.feed(event.text)
+            event.text = stops.push_text(content)
