@@ -11,7 +11,10 @@ prints calls valid / calls made per model and mode. speed: the same questions as
 lines, (1) with the chosen tool's schema as `response_format`, (3) with the tool and `tool_choice:
 required`, each line answered in full (greedy), and between them the schema lines on the tool
 lines' own prompts (the tools written in by the template), so that only the constraint differs;
-it prints the wall time of each and the ratios per round (>= 1: tools as fast).
+it prints the wall time of each and the ratios per round (>= 1: tools as fast), and beside them the
+tokens evaluated and ticks: a call's markup (`<tool_call>\n{"name": ..., "arguments": `) is
+tokens the model must have in its context, forced but evaluated like sampled ones, so the last
+ratio, wall time per evaluated token, says what the constraint itself costs.
 """
 from __future__ import annotations
 
@@ -141,19 +144,25 @@ def speed(path: str, template: str | None, prompts: int, rounds: int, max_tokens
                 "json_schema, the tool prompt": [(p, it.params) for p, it in zip(tool_prompts, schema_items)],
                 "tools required": [(it.prompt, it.params) for it in tool_items]}
 
-        def batch(requests: list) -> tuple[float, int]:
-            start = time.perf_counter()
+        def batch(requests: list) -> tuple[float, int, int, int]:
+            """Wall seconds, completion tokens, tokens evaluated (prompt and answer), ticks."""
+            before, start = engine.stats(), time.perf_counter()
             results = [h.result() for h in [engine.submit(p, params, stream=False) for p, params in requests]]
-            return time.perf_counter() - start, sum(r.usage.completion_tokens for r in results)
+            wall, after = time.perf_counter() - start, engine.stats()
+            evaluated = (after.decode_tokens + after.prefill_tokens) - (before.decode_tokens + before.prefill_tokens)
+            return wall, sum(r.usage.completion_tokens for r in results), evaluated, after.ticks - before.ticks
 
         for requests in arms.values():  # warm-up: grammars compiled, prefixes cached alike
             batch(requests[:slots])
-        print("| round | " + " | ".join(f"{name}: s (tokens)" for name in arms) + " | ratio (2)/(3) | ratio (1)/(3) |")
-        print("|" + " --- |" * (len(arms) + 3))
+        print("| round | " + " | ".join(f"{name}: s (tokens; evaluated, ticks)" for name in arms)
+              + " | ratio (2)/(3) | ratio (1)/(3) | ms per evaluated token, (2)/(3) |")
+        print("|" + " --- |" * (len(arms) + 4))
         for r in range(1, rounds + 1):
             got = [batch(requests) for requests in arms.values()]
-            cells = " | ".join(f"{t:.2f} ({n})" for t, n in got)
-            print(f"| {r} | {cells} | {got[1][0] / got[2][0]:.3f} | {got[0][0] / got[2][0]:.3f} |", flush=True)
+            cells = " | ".join(f"{t:.2f} ({n}; {e}, {k})" for t, n, e, k in got)
+            per_token = (got[1][0] / got[1][2]) / (got[2][0] / got[2][2])
+            print(f"| {r} | {cells} | {got[1][0] / got[2][0]:.3f} | {got[0][0] / got[2][0]:.3f} | {per_token:.3f} |",
+                  flush=True)
 
 
 def main() -> None:

@@ -254,6 +254,9 @@ def test_a_schema_applies_from_the_end_of_the_block_and_the_engines_closer_fits_
     assert not llguidance_accepts(inside, "Think</think>\n\nParis")
     opens = thinking_grammar("<think>", "</think>", False, json_schema=schema)
     assert llguidance_accepts(opens, '{"city": "Paris"}') and llguidance_accepts(opens, '<think>hm</think>{"city": "A"}')
+    # a few blanks between the block and the answer, never an endless run of them
+    assert llguidance_accepts(inside, 'hm</think>\r\n\r\n{"city": "Paris"}')
+    assert not llguidance_accepts(inside, 'hm</think>\n\n\n\n\n{"city": "Paris"}')
 
 
 def test_a_tool_grammar_after_the_block_keeps_its_call_syntax():

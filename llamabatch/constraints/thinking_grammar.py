@@ -1,7 +1,7 @@
 """A constraint that starts after a reasoning block: a request's json_schema, tool call grammar or
 GBNF grammar on a thinking model (core/thinking.py) becomes a Lark grammar for llguidance
 
-    start: thought SPACE answer          the prompt opened the block
+    start: thought SPACE answer          the prompt opened the block (SPACE: up to 4 blanks)
     start: (opened SPACE)? answer        the model may open it as the first thing it writes
 
 where the block is free text up to its first closer (a lazy lexeme, as tool_grammar.py's `auto`
@@ -36,7 +36,9 @@ def thinking_grammar(opener: str, closer: str, inside: bool, json_schema: Any = 
         lines += ["start: thought SPACE answer", f"thought[lazy]: TEXT {json.dumps(closer)}"]
     else:
         lines += ["start: (opened SPACE)? answer", f"opened[lazy]: {json.dumps(opener)} TEXT {json.dumps(closer)}"]
-    lines += ["SPACE: /[ \\t\\r\\n]*/", "TEXT: /(.|\\n)*/", answer]
+    # at most 4 blank characters between the block and the answer (the engine's closer ends in "\n\n"):
+    # unbounded, a model can write newlines until max_tokens and never start the answer
+    lines += ["SPACE: /[ \\t\\r\\n]{0,4}/", "TEXT: /(.|\\n)*/", answer]
     built = LarkGrammar("\n".join(lines) + "\n")
     built.syntax = getattr(grammar, "syntax", None)  # a tool grammar's call syntax, for reading the calls
     return built
