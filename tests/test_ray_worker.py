@@ -1,9 +1,11 @@
 """The Ray worker's put/take/cancel in this process (no Ray: EngineWorker is a plain class that
 ray.remote wraps), on the scripted fake runner: every line put comes back by take exactly once,
-a refused one with its error, one cancelled before it arrived as cancelled."""
+a refused one with its error, one cancelled before it arrived as cancelled; a take hands out the
+lines it carries and holds its answers for as many as the driver wants, within its bound."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -64,3 +66,23 @@ def test_a_node_with_another_llamabatch_version_is_refused_before_loading():
     assert w._engine is None  # nothing loaded
     assert "error" not in w.start(__version__)
     w.close()
+
+
+def test_a_take_hands_its_lines_out_and_holds_its_answers_for_as_many_as_it_wants(worker):
+    long = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)  # 60 ticks of 5 ms: after the short ones
+    pid, taken = worker.take(5.0, [(1, "a", None), (2, "b", None), (3, "c", long)], 1, 0.0)
+    assert pid == os.getpid() and 1 <= len(taken) <= 2 and 3 not in dict(taken)  # at its first answers
+    got = dict(taken)
+    _, taken = worker.take(5.0, [(4, "d", None)], 3, 30.0)  # wants 3: the short ones and the long one
+    got.update(taken)
+    assert sorted(got) == [1, 2, 3, 4] and got[3].usage.completion_tokens == 60  # one call, every answer
+    assert worker.take(0.05) == (os.getpid(), [])
+
+
+def test_a_take_lingers_no_longer_than_its_bound_nor_once_nothing_runs(worker):
+    long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)  # 1 s at 5 ms a tick
+    started = time.monotonic()
+    _, taken = worker.take(5.0, [(1, "a", None), (2, "b", long)], 2, 0.2)
+    assert [key for key, _ in taken] == [1] and time.monotonic() - started < 0.9  # not the 1 s of line 2
+    _, taken = worker.take(5.0, [], 5, 30.0)  # wants 5 of the one line left: answers when it ends
+    assert [key for key, _ in taken] == [2] and time.monotonic() - started < 10

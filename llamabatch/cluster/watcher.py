@@ -1,8 +1,10 @@
 """The Ray pool's calls to its workers, and the thread that watches them (pool.py's driver side).
 
-Lines go out to a worker in `put` calls, several at once when several wait for it (its outbox),
-and come back in `take` calls, each bringing every line it finished since the last (one is
-out per worker all the time): one Ray call per bunch of lines, not per line. Every call the
+One `take` call is out per worker all the time, each bringing back every line it finished
+since the last and carrying the lines that waited for it (its outbox); a busy worker's take
+holds its first answers until its queue is used up (or briefly), and lines go in a `put` of
+their own only when its engine has a free slot or one is urgent: one Ray call per bunch of
+lines, not per line, and for a busy worker one call both ways. Every call the
 watcher waits on (a `take`, a `start` after a restart, a watchdog's `progress` question) is a
 Ray ref whose end Ray's own thread hands to the watcher thread (`watch`: a callback on the
 ref's future, no polling). Each one that finishes is a worker's finished lines, its death (a
@@ -33,7 +35,8 @@ log = logging.getLogger("llamabatch.ray")
 RESTART_TIMEOUT_S = 300.0  # a worker not back by then (its node gone, no room) counts as gone
 POLL_S = 0.05  # how long the watcher waits for a finished call before checking restarts and watchdogs
 TAKE_WAIT_S = 1.0  # how long a worker's take() waits for a finished line before answering none
-WAKE = None  # put on `finished` by send(): lines wait in an outbox for the watcher's next put()
+LINGER_S = 0.05  # how long a busy worker's take() may hold its first answers back for more
+WAKE = None  # put on `finished` by send(): lines wait in an outbox for the watcher's next flush()
 PROGRESS_EVERY_S = 1.0  # how often the watcher asks a busy worker how many steps its engine finished
 REJOIN_EVERY_S = 2.0  # how often a driver that lost its Ray session tries to join the cluster again
 
@@ -97,16 +100,21 @@ class Watcher:
             self.finished.put(WAKE)
 
     def flush(self) -> None:
-        """Each worker's outbox in one put() (under the lock); a line that went elsewhere since
-        (its worker died) is left out, and a worker's take() is kept out while it is ready."""
+        """Each worker's outbox (under the lock), a line that went elsewhere since (its worker
+        died) left out: with its next take() when none is out, else as `hand_out_now` says. So a
+        busy worker costs one call per bunch of answers, its next lines riding on it."""
         self.woken = False
+        urgent_below = self.dispatcher.urgent_below
         for w in self.workers:
             lines = [line for line in w.outbox if line.worker is w] if w.state == READY else []
             w.outbox = []
-            if lines:
-                w.actor.put.remote([(line.key, line.prompt, line.params) for line in lines])
             if w.state == READY and w.take_ref is None:
-                w.take_ref = self.watch(w.actor.take.remote(TAKE_WAIT_S))
+                w.take_ref = self.watch(w.actor.take.remote(TAKE_WAIT_S, on_the_wire(lines),
+                                                            *take_linger(w, urgent_below)))
+            elif lines and hand_out_now(w, lines, urgent_below):
+                w.actor.put.remote(on_the_wire(lines))
+            else:
+                w.outbox = lines
 
     def cancel_remote(self, line: Line) -> None:
         if line.worker is not None:
@@ -281,6 +289,31 @@ def take_over(old: WorkerState, new: WorkerState) -> None:
     """`old` (its name, tallies and watchdog kept) is the fresh worker `new` from now on."""
     old.actor, old.tally.pid, old.tally.node, old.node_id = new.actor, new.tally.pid, new.tally.node, new.node_id
     old.n_parallel, old.reserved, old.cap, old.slot_ctx = new.n_parallel, new.reserved, new.cap, new.slot_ctx
+
+
+def hand_out_now(w: WorkerState, lines: list[Line], urgent_below: int) -> bool:
+    """Whether lines for a worker whose take() is out go now in a put() of their own: when its
+    engine has a batch slot they could take, or one of them is urgent (an online request its
+    engine admits ahead); else they wait for that take to come back (its engine could only queue
+    them, and a take answers within a tick of a line finishing)."""
+    return (len(w.inflight) - len(lines) < w.batch_slots
+            or any(line.priority < urgent_below for line in lines))
+
+
+def take_linger(w: WorkerState, urgent_below: int) -> tuple[int, float]:
+    """A take()'s (want, linger_s): a worker with lines queued beyond its batch slots answers
+    once as many have finished (its queue used up, what it needs more lines for) or LINGER_S
+    after its first answer, so a call carries several ticks' answers; with an urgent line on it,
+    at its first answer."""
+    queued = len(w.inflight) - w.batch_slots
+    if queued < 2 or any(line.priority < urgent_below for line in w.inflight.values()):
+        return 1, 0.0
+    return queued, LINGER_S
+
+
+def on_the_wire(lines: list[Line]) -> list[tuple[int, Any, Any]]:
+    """What a worker's put() or take() carries of each line."""
+    return [(line.key, line.prompt, line.params) for line in lines]
 
 
 def session_lost(exc: BaseException) -> bool:

@@ -1,8 +1,9 @@
 """The worker side of `run --ray`: one Engine in a Ray actor process (pool.py drives it).
 
-A threaded actor: lines come in by `put`, several at a time, and join the engine's running
-batch like any other submit; their Results go back by `take`, all that finished since the last
-one; `progress` answers the driver's watchdog beside them.
+A threaded actor: lines come in several at a time, with a `take` (or by `put` when the driver
+can't wait for its take to return), and join the engine's running batch like any other submit;
+their Results go back by `take`, all that finished since the last one; `progress` answers the
+driver's watchdog beside them.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import collections
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 import ray
@@ -105,13 +107,22 @@ class EngineWorker:
                 self._results.append((key, event))
                 self._ready.notify()
 
-    def take(self, wait_s: float) -> tuple[int, list[tuple[int, Result]]]:
-        """(this process's pid, every (key, Result) finished since the last take), waiting up to
-        `wait_s` for one: the driver keeps one take out per worker, so a busy worker's answers
-        come back together. The pid tells the driver a process Ray restarted behind its back."""
+    def take(self, wait_s: float, items: list[tuple[int, Any, SamplingParams | None]] | None = None,
+             want: int = 1, linger_s: float = 0.0) -> tuple[int, list[tuple[int, Result]]]:
+        """(this process's pid, every (key, Result) finished since the last take), after putting
+        `items` (one call both hands lines out and collects), waiting up to `wait_s` for a
+        result, then up to `linger_s` more while fewer than `want` have finished and lines still
+        run: a busy worker's answers come back a bunch per call, not a tick's few. The pid
+        tells the driver a process Ray restarted behind its back."""
+        if items:
+            self.put(items)
         with self._ready:
             if not self._results:
                 self._ready.wait(wait_s)
+            if self._results and len(self._results) < want and linger_s > 0:
+                end = time.monotonic() + linger_s
+                while len(self._results) < want and self._handles and self._ready.wait(end - time.monotonic()):
+                    pass
             taken, self._results = self._results, []
         return os.getpid(), taken
 
