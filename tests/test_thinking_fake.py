@@ -125,6 +125,22 @@ def test_a_budget_run_out_has_the_engine_write_the_closer_and_the_answer_follows
     assert result.usage.completion_tokens == 5 + len("\n</think>\n\n") + len("fghijklmnop")
 
 
+def test_a_runner_that_caps_decode_rows_gets_the_closer_over_several_ticks_and_the_same_answer():
+    from dataclasses import replace
+
+    engine, runner = engine_with(lambda prompt: "abcdefghijklmnop")
+    with engine:
+        free = engine.submit(ASK, SamplingParams(temperature=0, max_tokens=40, reasoning_budget=5)).result()
+    runner = FakeRunner(n_slots=2, slot_ctx=2048, n_batch=256, reply=lambda prompt: "abcdefghijklmnop")
+    runner.capabilities = replace(runner.capabilities, max_decode_rows=3)  # as deterministic mode's passes
+    engine = Engine(EngineConfig(n_parallel=2, n_batch=256, n_ctx=4096, chat_template=TEMPLATE), runner=runner)
+    with engine:
+        capped = engine.submit(ASK, SamplingParams(temperature=0, max_tokens=40, reasoning_budget=5)).result()
+    decode_rows = [len(c.tokens) for p in runner.plans for c in p.plan.chunks if c.is_decode]
+    assert max(decode_rows) == 3 and (capped.reasoning, capped.text) == (free.reasoning, free.text)
+    assert capped.token_ids == free.token_ids
+
+
 def test_budget_zero_and_enable_thinking_false_generate_no_reasoning_token():
     prompts: list[str] = []
     engine, runner = engine_with(lambda prompt: prompts.append(prompt) or "Paris.")

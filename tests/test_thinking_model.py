@@ -74,3 +74,20 @@ def test_streamed_deltas_join_to_the_whole_answer(engine):
     streamed = handle.result(timeout=WAIT)
     assert "".join(d.reasoning for d in deltas) == streamed.reasoning == whole.reasoning
     assert "".join(d.text for d in deltas) == streamed.text == whole.text
+
+
+def test_deterministic_mode_with_a_budget_gives_the_same_tokens_alone_and_in_a_batch(smollm2_path):
+    """The closer the engine writes at the budget is a chunk of several forced tokens beside
+    others' rows: in deterministic mode the answers stay bit for bit those of each request alone."""
+    asks = [[{"role": "user", "content": f"Name {n} fruits, as JSON."}] for n in (2, 3, 4, 5)]
+    wanted = [SamplingParams(max_tokens=24, reasoning_budget=6, **({"temperature": 0.8, "seed": 7 + i} if i % 2
+                                                                    else {"temperature": 0}))
+              for i in range(len(asks))]
+    config = EngineConfig(model=smollm2_path, n_parallel=4, n_ctx=4 * 512, threads=2, chat_template=TEMPLATE,
+                          deterministic=True)
+    with Engine(config) as e:
+        alone = [e.submit(ask, p).result(timeout=WAIT) for ask, p in zip(asks, wanted)]
+        together = [h.result(timeout=WAIT) for h in [e.submit(ask, p) for ask, p in zip(asks, wanted)]]
+    assert any(r.usage.reasoning_tokens == 6 for r in alone)  # the engine wrote a closer somewhere
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    assert [(r.reasoning, r.text) for r in together] == [(r.reasoning, r.text) for r in alone]

@@ -128,7 +128,7 @@ class EngineCore(EngineBase):
                                    park_budget=park_budget(runner),
                                    restored_whole_below=can.restored_whole_below,
                                    keep_floor=runner.keep_floor,
-                                   take_forced=runner.accept_forced)
+                                   take_forced=runner.accept_forced, max_decode_rows=can.max_decode_rows)
         self._tick_interrupt = TickInterrupt(runner)  # under _cond: an urgent arrival stops the decode in flight
         self._requests = OpenRequests(self.telemetry, self.config.deterministic)  # without a Result yet
         # what submit() and cancel() left for the engine thread: (lane, request) pairs, in order

@@ -305,6 +305,9 @@ class RunnerCapabilities:
     # them take rows at no cost (deterministic mode's padding rows)
     max_draft: int | None = None
     free_draft: int = 0
+    # The most rows one slot's decode chunk may take, its pending tokens and guesses together
+    # (deterministic mode pads each pass to a fixed shape); None: any number
+    max_decode_rows: int | None = None
     # A KV pool the slots share (a unified cache), in cells; requests are admitted by room in it
     # (core/scheduling/kv_ledger.py). None: a stream of slot_ctx cells per slot.
     pool_cells: int | None = None
@@ -313,7 +316,8 @@ class RunnerCapabilities:
     @property
     def draft_limits(self) -> dict[str, int]:
         """Speculation's max_draft and free, where this runner sets them."""
-        return {} if self.max_draft is None else {"max_draft": self.max_draft, "free": self.free_draft}
+        return {} if self.max_draft is None else {"max_draft": self.max_draft, "free": self.free_draft,
+                                                  "max_rows": self.max_decode_rows}
 
 
 class Runner(Protocol):

@@ -181,12 +181,13 @@ class Speculation:
 
     def __init__(self, runs_of: Callable[[list[tuple[int, int]]], int],
                  valid: Callable[[Any, list[int]], int] | None = None, cost: TickCost | None = None,
-                 max_draft: int = MAX_DRAFT, free: int = 0):
+                 max_draft: int = MAX_DRAFT, free: int = 0, max_rows: int | None = None):
         self.runs_of = runs_of  # graph runs llama_decode makes of (slot, rows) runs (the runner's)
         self.valid = valid  # (sampler, guesses) -> how many its grammar allows (the runner's)
         self.cost = cost or TickCost()
         self.max_draft = max_draft  # guesses one slot verifies in one tick
         self.free = free  # guess rows a slot has at no cost (choose)
+        self.max_rows = max_rows  # rows one slot's chunk may take, its own tokens and guesses (None: any)
 
     @staticmethod
     def drafts_for(seq: Sequence) -> bool:
@@ -226,5 +227,6 @@ class Speculation:
         if (not chunk.is_decode or not chunk.wants_logits or chunk.sample_apart or seq.drafter is None
                 or len(seq.answer.output) < seq.params.min_tokens):
             return 0
+        rows_left = chunk_size if self.max_rows is None else self.max_rows
         return min(self.max_draft, seq.params.max_tokens - len(seq.answer.output) - 1, slot_ctx - seq.num_tokens - 1,
-                   chunk_size - len(chunk.tokens), thinking_room(seq))
+                   chunk_size - len(chunk.tokens), rows_left - len(chunk.tokens), thinking_room(seq))

@@ -186,7 +186,7 @@ def decode_pass(chunks: list[Chunk], n_ids: int, next_pos: Callable[[int], int],
         pos = chunk.start_pos if chunk is not None else next_pos(seq)
         for j in range(per_id):
             out.rows.append(Row(seq, real[j] if j < len(real) else PAD_TOKEN, pos + j, True))
-        if chunk is not None:
+        if chunk is not None and chunk.wants_logits:  # one that does not: tokens the engine wrote, cut at the cap
             out.sample_rows.append((chunk, len(out.rows) - per_id + len(real) - 1))
         out.trims.append((seq, pos + len(real)))
     return out

@@ -103,7 +103,8 @@ class LlamaRunner:
         self.capabilities = replace(
             kv_can, can_sample_apart=not self.deterministic, can_verify=True,
             max_draft=invariance.max_decode_rows(self.shapes) - 1 if self.deterministic else None,
-            free_draft=invariance.DECODE_ROWS - 1 if self.deterministic else 0)
+            free_draft=invariance.DECODE_ROWS - 1 if self.deterministic else 0,
+            max_decode_rows=invariance.max_decode_rows(self.shapes) if self.deterministic else None)
         self.samplers = SamplerFactory(self.vocab, self.slot_ctx, chosen_backend(config.grammar_backend))  # windows clamp to the final slot_ctx
         self.logprobs = LogprobReporter(self.vocab)
         self.rows = ChunkSampler(self.ctx, self.n_vocab, self.logprobs, self.deterministic)

@@ -38,12 +38,16 @@ class Scheduler:
                  speculation: "Speculation | None" = None, pool_cells: int | None = None,
                  park: Callable[[int], Any] | None = None, park_budget: int = 1 << 30, reserved: int = 0,
                  restored_whole_below: int | None = None, keep_floor: Callable[[int], int] | None = None,
-                 moves: bool = False, take_forced: Callable[[Any, list[int]], None] | None = None):
+                 moves: bool = False, take_forced: Callable[[Any, list[int]], None] | None = None,
+                 max_decode_rows: int | None = None):
         self.ledger = KVLedger(n_slots, slot_ctx, cache_generated, pool_cells, keep_floor, restored_whole_below,
                                park, park_budget)
         self.saves = PrefixSaves(disk, self.ledger.slots)
         self.queue = AdmissionQueue(self.ledger, self.saves, cache_prompt, fork_min_tokens, reserved, disk)
         self.output = OutputStep(self.ledger, token_bytes, is_eog, self.finish, take_forced)
+        # the rows a generating slot's chunk may take (RunnerCapabilities.max_decode_rows): tokens the
+        # engine wrote (a thinking block's closer) beyond them are evaluated over the next ticks
+        self.max_decode_rows = max_decode_rows
         self.slots = self.ledger.slots
         self.waiting = self.queue.waiting
         self.reserved = reserved  # the settings as given, for stats and tests
@@ -153,6 +157,9 @@ class Scheduler:
         prefills.sort(key=lambda s: (s.params.priority, s.queue.admit_order))
         decodes, prefills = urgent_rows_only(decodes, prefills)
         allocation = self.policy(decodes, prefills, self.n_batch, self.chunk_size, lambda s: s.num_pending)
+        if self.max_decode_rows is not None:
+            allocation = [(seq, min(n, self.max_decode_rows) if seq.status == Status.GENERATING else n)
+                          for seq, n in allocation]
         if self.moves:  # before the chunks: they go to the slots the moves give
             min_left = MOVE_MIN_LEFT * -(-self.slot_ctx // MOVE_CELLS)  # the copy grows with the stream
             self.ledger.plan_moves({seq.kv.slot for seq, n in allocation if n > 0}, min_left,  # type: ignore[misc]
