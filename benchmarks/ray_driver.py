@@ -10,8 +10,10 @@ slots. The driver submits `--lines` prompts of `--line-bytes` bytes as JSONL lin
 ({"prompt": ...}) through RayPool.submit, at most the pool's in-flight cap outstanding (what
 run's reader keeps), each answered with one token, and times first submit to last answer.
 Driver CPU is this process's own (its threads and Ray's core worker threads), so
-1000 / (CPU ms per line) is what one driver core can sustain with the engines anywhere else.
-Bytes per line: what a worker's put() and take() carry of it, pickled. Measures only.
+1000 / (CPU ms per line) is what one driver core can sustain with the engines anywhere else;
+Ray's CPU is that of every process the local instance runs (the actors, raylet, GCS: this
+process's descendants, read from /proc), which shares the machine's cores with the driver here.
+Bytes per line: what a worker's take() (or put()) carries of it, pickled. Measures only.
 """
 from __future__ import annotations
 
@@ -35,6 +37,29 @@ def prompt_of(size: int, i: int) -> str:
     return head + ("lorem ipsum dolor sit amet " * (room // 27 + 1))[:max(room, 0)]
 
 
+def descendants_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) of every living descendant of process `root`, from /proc."""
+    parent, cpu = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parent[int(name)] = int(fields[1])
+        cpu[int(name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    found, todo = set(), [root]
+    while todo:
+        here = todo.pop()
+        for pid, ppid in parent.items():
+            if ppid == here and pid not in found:
+                found.add(pid)
+                todo.append(pid)
+    return sum(cpu[pid] for pid in found)
+
+
 def wire_bytes(pool, key: int, prompt: str, params, result) -> tuple[int, int]:
     """Pickled sizes of one line as a worker's put() gets it and of its (key, Result) as take()
     returns it (several lines share a call; Ray's own framing per call is not counted)."""
@@ -43,8 +68,8 @@ def wire_bytes(pool, key: int, prompt: str, params, result) -> tuple[int, int]:
     return len(pickle.dumps((key, prompt, pool.on_the_wire(params)))), len(pickle.dumps((key, result)))
 
 
-def one_round(pool, params, prompts: list[str]) -> tuple[float, float, list]:
-    """Wall and driver-CPU seconds to hand every prompt out and collect its answer."""
+def one_round(pool, params, prompts: list[str]) -> tuple[float, float, float, list]:
+    """Wall, driver-CPU and Ray's processes' CPU seconds to hand every prompt out and collect its answer."""
     room = threading.BoundedSemaphore(pool.inflight_cap)
     done = threading.Event()
     left = [len(prompts)]
@@ -61,12 +86,13 @@ def one_round(pool, params, prompts: list[str]) -> tuple[float, float, list]:
             if left[0] == 0:
                 done.set()
 
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu, ray_cpu = time.perf_counter(), time.process_time(), descendants_cpu_s(os.getpid())
     for prompt in prompts:
         room.acquire()
         pool.submit(prompt, params, stream=False, callback=answered)
     done.wait()
-    return time.perf_counter() - wall, time.process_time() - cpu, results
+    return (time.perf_counter() - wall, time.process_time() - cpu, descendants_cpu_s(os.getpid()) - ray_cpu,
+            results)
 
 
 def main() -> None:
@@ -99,9 +125,10 @@ def main() -> None:
         prompts = [prompt_of(a.line_bytes, i) for i in range(a.lines)]
         one_round(pool, params, prompts[: a.lines // 4])  # warm-up: every actor's threads and Ray's connections
         for r in range(a.rounds):
-            wall, cpu, results = one_round(pool, params, prompts)
+            wall, cpu, ray_cpu, results = one_round(pool, params, prompts)
             print(f"round {r + 1}: {a.lines / wall:7.0f} lines/s handed out and collected ({wall:.2f}s wall); "
-                  f"driver CPU {cpu / a.lines * 1000:.3f} ms/line (one driver core: {a.lines / cpu:.0f} lines/s)")
+                  f"driver CPU {cpu / a.lines * 1000:.3f} ms/line (one driver core: {a.lines / cpu:.0f} lines/s); "
+                  f"Ray's processes' CPU {ray_cpu / a.lines * 1000:.3f} ms/line; load {os.getloadavg()[0]:.1f}")
         out, back = wire_bytes(pool, 0, prompts[-1], params, results[-1])
         print(f"on the wire per line (pickled): {out} bytes out (key, prompt; params equal to the defaults are not "
               f"sent), {back} bytes back (key, Result)")
