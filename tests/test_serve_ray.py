@@ -1,7 +1,8 @@
 """`llamabatch serve --ray ADDRESS` on a local cluster of three raylets (ray.cluster_utils.Cluster,
 1 CPU each, one per module) standing in for three nodes: batches and online requests through
 the openai SDK, spread over the workers; a worker killed with SIGKILL, the server killed and
-started again, and a poison line, every line answered exactly once. The server is
+started again, and a poison line, every line answered exactly once; a conversation's next turn
+over HTTP on the worker that ran its beginning. The server is
 tests/fake_cli.py (the command line with a registered fake runner on every worker), so each
 server start costs Ray's actor start-up, not a model load.
 """
@@ -141,6 +142,37 @@ def test_a_batch_and_online_requests_spread_over_the_workers(cluster, tmp_path):
     assert re.search(r'llamabatch:ray_worker_requests_total\{node="[^"]+",worker="w3"\} [1-9]', metrics)
     manifest = next((tmp_path / "data").rglob("*.manifest.json"))
     assert "3 engine(s)" in json.loads(manifest.read_text())["ray"]  # the batch's manifest names the workers
+
+
+def test_online_chats_sharing_a_prefix_go_over_http_to_the_worker_that_ran_it(cluster, tmp_path):
+    system = {"role": "system", "content": "You are a terse assistant who answers in one word. " * 3}
+    first = [system, {"role": "user", "content": "question 0"}]
+    second = [*first, {"role": "assistant", "content": "answer"}, {"role": "user", "content": "question 1"}]
+    server = Server(tmp_path, tmp_path / "data", cluster, "slow", workers=2,
+                    engine=("--n-parallel", "2", "--max-tokens", "3"))
+
+    def lines_by_worker() -> dict:
+        return {w["name"]: w["lines"] for w in server.health()["workers"]}
+
+    def served_by(messages) -> list[str]:
+        before = lines_by_worker()
+        server.client.chat.completions.create(model="m", messages=messages)
+        after = lines_by_worker()
+        return [name for name in after if after[name] > before[name]]
+
+    try:
+        assert served_by(first) == ["w1"]  # nothing known: the shorter queue (a tie: the first)
+        busy = threading.Thread(target=lambda: server.client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "an unrelated request"}], max_tokens=40))
+        busy.start()  # 2 s at 50 ms a step, on w1 (a tie again)
+        deadline = time.monotonic() + 30
+        while server.health()["workers"][0]["inflight"] != 1:
+            assert time.monotonic() < deadline, "the unrelated request never ran on w1"
+            time.sleep(0.05)
+        assert served_by(second) == ["w1"]  # its prefix ran there: w1 though w2 was idle
+        busy.join(30)
+    finally:
+        server.stop()
 
 
 def test_a_worker_killed_mid_batch_costs_only_its_lines_which_run_once_elsewhere(cluster, tmp_path):
