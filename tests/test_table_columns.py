@@ -97,3 +97,18 @@ def test_a_column_named_twice_in_keep_columns_is_kept_once(tmp_path):
     with open(out, newline="", encoding="utf-8") as f:
         header = next(csv.reader(f))
     assert header[:4] == ["row", "id", "n", "text"] and header.count("n") == 1
+
+
+def test_a_responses_records_cells_are_read_from_its_output_items():
+    from llamabatch.jobs.tables.table_output import calls_text, reasoning_text, response_text
+
+    body = {"object": "response", "output": [
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"type": "message", "content": [{"type": "output_text", "text": "Calling."}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}",
+         "status": "completed"}]}
+    record = {"id": "r", "response": {"status_code": 200, "body": body}, "error": None}
+    assert (response_text(record), reasoning_text(record)) == ("Calling.", "hm")
+    assert json.loads(calls_text(record)) == [{"call_id": "call_1", "name": "f", "arguments": "{}"}]
+    calls_only = {"id": "r", "response": {"body": {"object": "response", "output": body["output"][2:]}}}
+    assert (response_text(calls_only), reasoning_text(calls_only)) == (None, None)

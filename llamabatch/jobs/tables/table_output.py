@@ -24,7 +24,7 @@ from array import array
 from dataclasses import replace
 from typing import Any, Iterator
 
-from ...openai_format import record_error_code, record_id
+from ...openai_format import output_text, record_error_code, record_id
 from .table_layout import Layout
 from ...files.replaced_file import replacing
 from .sqlite_output import refuse_foreign
@@ -54,6 +54,8 @@ def response_text(record: dict) -> str | None:
     if "text" in record:
         return None if record.get("tool_calls") and not record.get("text") else record.get("text")
     body = (record.get("response") or {}).get("body") or {}  # an OpenAI Batch line's record
+    if body.get("object") == "response":  # a /v1/responses line: its message items' text
+        return output_text(body) if any(i.get("type") == "message" for i in body.get("output", [])) else None
     choices = body.get("choices") or [{}]
     first = choices[0]
     if "message" in first:
@@ -66,8 +68,11 @@ def calls_text(record: dict) -> str | None:
     """A record's tool calls as their cell: OpenAI's calls as JSON text, or None without calls
     (n > 1: one list per sample)."""
     calls = record.get("tool_calls")
+    body = (record.get("response") or {}).get("body") or {}
+    if calls is None and body.get("object") == "response":  # a /v1/responses line's function_call items
+        calls = [{k: item[k] for k in ("call_id", "name", "arguments")} for item in body.get("output", [])
+                 if item.get("type") == "function_call"]
     if calls is None:
-        body = (record.get("response") or {}).get("body") or {}
         messages = [c.get("message") or {} for c in body.get("choices") or []]
         calls = [m.get("tool_calls") or [] for m in messages]
         calls = calls[0] if len(calls) == 1 else calls
@@ -78,6 +83,8 @@ def table_row(record: dict, layout: Layout) -> list[Any]:
     """One record as the table's row, in layout.columns order."""
     error = record.get("error") if isinstance(record.get("error"), dict) else None
     usage = record.get("usage") or ((record.get("response") or {}).get("body") or {}).get("usage") or {}
+    if "input_tokens" in usage:  # a /v1/responses line's usage
+        usage = {"prompt_tokens": usage["input_tokens"], "completion_tokens": usage.get("output_tokens")}
     kept = record.get("input") if isinstance(record.get("input"), dict) else {}
     out: list[Any] = [record.get("row")] if layout.rows else []
     out.append(record_id(record))
@@ -95,23 +102,30 @@ def table_row(record: dict, layout: Layout) -> list[Any]:
 
 
 def reasoning_text(record: dict) -> str | None:
-    """A record's reasoning cell: a plain record's `reasoning`, a chat body's `reasoning_content`."""
+    """A record's reasoning cell: a plain record's `reasoning`, a chat body's `reasoning_content`, a
+    response's reasoning items."""
     if "reasoning" in record:
         value = record["reasoning"]
         return value if isinstance(value, str) or value is None else json.dumps(value, ensure_ascii=False)
-    choices = (((record.get("response") or {}).get("body") or {}).get("choices") or [{}])
+    body = (record.get("response") or {}).get("body") or {}
+    if body.get("object") == "response":  # a /v1/responses line's reasoning items
+        parts = [part.get("text", "") for item in body.get("output", []) if item.get("type") == "reasoning"
+                 for part in item.get("content") or []]
+        return "".join(parts) if parts else None
+    choices = body.get("choices") or [{}]
     return (choices[0].get("message") or {}).get("reasoning_content")
 
 
 def _any_reasoning(path: str) -> bool:
     """Whether some record of the records file is a thinking answer's (its table gets the column)."""
-    return any((b'"reasoning"' in raw or b'"reasoning_content"' in raw) and reasoning_text(json.loads(raw)) is not None
+    return any((b'"reasoning' in raw) and reasoning_text(json.loads(raw)) is not None
                for _offset, raw in _whole_lines(path))
 
 
 def _any_calls(path: str) -> bool:
     """Whether some record of the records file made a tool call (its table gets the column)."""
-    return any(b'"tool_calls"' in raw and calls_text(json.loads(raw)) is not None for _offset, raw in _whole_lines(path))
+    return any((b'"tool_calls"' in raw or b'"function_call"' in raw) and calls_text(json.loads(raw)) is not None
+               for _offset, raw in _whole_lines(path))
 
 
 # A record's own "row" key: the first `"row": N` on its line. Records start {"id": ..., "row": N,
