@@ -4,7 +4,9 @@
 It submits LINES lines, says `answered N` on stdout once a few are answered (the test then cuts
 the connection), reads a line on stdin (the test has restored it), says `answered N` again,
 then waits for every line and prints one JSON object: each line's outcome, the pool's summary
-and its notes. A process of its own: the Ray client's session is not the test process's.
+and its notes. Each note also goes to stderr as it comes (the test waits for the loss to be
+said instead of sleeping past it). A process of its own: the Ray client's session is not the
+test process's.
 """
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ def start(address: str, model: str, notes: list[str]) -> RayPool:
     for attempt in (1, 2, 3):
         try:
             return RayPool.start(EngineConfig(model=model, n_parallel=2, n_ctx=1024),
-                                 SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), address=address,
+                                 SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), address=address,
                                  workers=2, cpus_per_worker=1, gpus_per_worker=0, runner=choice("slow"),
-                                 note=notes.append)
+                                 note=lambda line: (notes.append(line), print(line, file=sys.stderr, flush=True)))
         except RayStartError as exc:  # Ray's client server now and then fails to start a session on a loaded machine
             if not any(flake in str(exc) for flake in FLAKES) or attempt == 3:
                 raise
