@@ -86,3 +86,13 @@ def test_a_take_lingers_no_longer_than_its_bound_nor_once_nothing_runs(worker):
     assert [key for key, _ in taken] == [1] and time.monotonic() - started < 0.9  # not the 1 s of line 2
     _, taken = worker.take(5.0, [], 5, 30.0)  # wants 5 of the one line left: answers when it ends
     assert [key for key, _ in taken] == [2] and time.monotonic() - started < 10
+
+
+def test_an_urgent_lines_answer_is_not_held_for_others(worker):
+    long = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)  # 2 s at 5 ms a tick
+    online = SamplingParams(max_tokens=3, temperature=0.0, priority=-1)  # above the default priority
+    started = time.monotonic()
+    _, taken = worker.take(5.0, [(1, "b", long), (2, "a", online)], 2, 30.0)  # wants 2, may linger 30 s
+    assert [key for key, _ in taken] == [2] and time.monotonic() - started < 1.5  # at once, not with line 1
+    worker.cancel(1)
+    assert take_all(worker, 1)[1].finish_reason == "cancelled"

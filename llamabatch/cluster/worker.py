@@ -42,6 +42,8 @@ class EngineWorker:
         self._handles: dict[int, Any] = {}  # key -> its engine handle, while it runs
         self._cancelled: set[int] = set()  # keys cancelled before their line arrived
         self._results: list[tuple[int, Result]] = []  # finished, for the next take
+        self._urgent: set[int] = set()  # keys of lines above the default priority (online requests)
+        self._hurry = False  # one of them finished: the take out answers now, lingering no more
         self._ready = threading.Condition()
         self._steps = 0  # engine steps finished, and the recent ones' wall times: the driver's watchdog
         self._recent_s: collections.deque[float] = collections.deque(maxlen=RECENT_TICKS)
@@ -87,6 +89,9 @@ class EngineWorker:
         if self._engine is None:  # restarted by Ray, not started yet: the driver's take sees the new pid
             return
         for key, prompt, params in items:
+            if params is not None and params.priority < self._defaults.priority:
+                with self._ready:
+                    self._urgent.add(key)
             try:
                 handle = self._engine.submit(prompt, params, stream=False,
                                              callback=lambda _h, event, key=key: self._finished(key, event))
@@ -105,15 +110,19 @@ class EngineWorker:
             with self._ready:
                 self._handles.pop(key, None)
                 self._results.append((key, event))
+                if key in self._urgent:
+                    self._urgent.discard(key)
+                    self._hurry = True
                 self._ready.notify()
 
     def take(self, wait_s: float, items: list[tuple[int, Any, SamplingParams | None]] | None = None,
              want: int = 1, linger_s: float = 0.0) -> tuple[int, list[tuple[int, Result]]]:
         """(this process's pid, every (key, Result) finished since the last take), after putting
         `items` (one call both hands lines out and collects), waiting up to `wait_s` for a
-        result, then up to `linger_s` more while fewer than `want` have finished and lines still
-        run: a busy worker's answers come back a bunch per call, not a tick's few. The pid
-        tells the driver a process Ray restarted behind its back."""
+        result, then up to `linger_s` more while fewer than `want` have finished, lines still run
+        and none of those finished is urgent (an online request's answer waits for no other): a
+        busy worker's answers come back a bunch per call, not a tick's few. The pid tells the
+        driver a process Ray restarted behind its back."""
         if items:
             self.put(items)
         with self._ready:
@@ -121,9 +130,10 @@ class EngineWorker:
                 self._ready.wait(wait_s)
             if self._results and len(self._results) < want and linger_s > 0:
                 end = time.monotonic() + linger_s
-                while len(self._results) < want and self._handles and self._ready.wait(end - time.monotonic()):
+                while (len(self._results) < want and self._handles and not self._hurry
+                       and self._ready.wait(end - time.monotonic())):
                     pass
-            taken, self._results = self._results, []
+            taken, self._results, self._hurry = self._results, [], False
         return os.getpid(), taken
 
     def cancel(self, key: int) -> None:
