@@ -125,6 +125,13 @@ def test_a_budget_run_out_has_the_engine_write_the_closer_and_the_answer_follows
     assert result.usage.completion_tokens == 5 + len("\n</think>\n\n") + len("fghijklmnop")
 
 
+def test_a_closer_the_engine_was_writing_when_max_tokens_cut_it_is_not_reasoning():
+    engine, _ = engine_with(lambda prompt: "abcdef")
+    with engine:
+        result = engine.submit(ASK, SamplingParams(temperature=0, max_tokens=3, reasoning_budget=1)).result()
+    assert (result.reasoning, result.text, result.finish_reason) == ("a", "", "length")
+
+
 def test_a_runner_that_caps_decode_rows_gets_the_closer_over_several_ticks_and_the_same_answer():
     from dataclasses import replace
 

@@ -135,10 +135,11 @@ class ReasoningSplit:
         return self._given("".join(out_content), "".join(out_reasoning))
 
     def finish(self) -> tuple[str, str]:
-        """What is still held at the end of the answer: an unclosed block's text is reasoning."""
+        """What is still held at the end of the answer: an unclosed block's text is reasoning,
+        except the start of the closer the engine was writing when max_tokens cut it."""
         held, self.held = self.held, ""
         if self.state == _INSIDE:
-            return self._given("", held)
+            return self._given("", "" if self.closing else held)
         if self.state == _START:
             return self._given(held, "")
         return "", ""
