@@ -37,6 +37,8 @@ def test_a_thinking_answer_is_a_reasoning_item_then_the_message_whole_and_stream
         client = server.client()
         whole = client.responses.create(model="m", input="capital of France?")
         events = list(client.responses.create(model="m", input="capital of France?", stream=True))
+        with client.responses.stream(model="m", input="capital of France?") as stream:  # the SDK's helper
+            helped = stream.get_final_response()
     reasoning, message = whole.output
     assert reasoning.type == "reasoning" and reasoning.summary == []
     assert [c.text for c in reasoning.content] == ["Paris is in France."]
@@ -52,6 +54,8 @@ def test_a_thinking_answer_is_a_reasoning_item_then_the_message_whole_and_stream
     final = events[-1].response
     assert [item.type for item in final.output] == ["reasoning", "message"]
     assert final.output_text == "Paris." and final.output[0].content[0].text == "Paris is in France."
+    assert [item.type for item in helped.output] == ["reasoning", "message"] and helped.output_text == "Paris."
+    assert helped.output[0].content[0].text == "Paris is in France."
 
 
 def test_the_effort_reaches_the_template_and_a_reasoning_item_sent_back_is_accepted(tmp_path):
