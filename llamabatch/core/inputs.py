@@ -162,7 +162,7 @@ class InputPreparer:
         return tokens or None
 
     def params_for(self, prompt: Prompt, params: SamplingParams | None) -> SamplingParams:
-        params = (params or self.default_params).validate()
+        params = self.default_params if params is None else params.validate()  # the defaults were checked once
         if is_chat(prompt) and self.chat_template.stop:
             # formats without special tokens (the plain transcript) need their own stops
             params = params.replace(stop=[*params.stop, *(s for s in self.chat_template.stop if s not in params.stop)])
