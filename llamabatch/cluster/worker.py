@@ -62,7 +62,7 @@ class EngineWorker:
                 # "auto" decided here, on this worker's node: its CPUs, its memory, its threads
                 # (the calibration cache is per machine), bounded by the run's line count.
                 from ..in_process.worker_engine import open_worker_engine
-                from ..settings.given import settings_for
+                from ..settings.ready import settings_for
 
                 self._engine = open_worker_engine(settings_for(self._config, self._defaults), self._runner,
                                                   self._max_slots, self._extra_slots)

@@ -6,7 +6,6 @@
     resolved.py     Resolved: the one value a command hands to llamabatch.engines
     ready.py        a Resolved made ready to load, once: the model chosen and checked, the slots decided
                     (also from an EngineConfig, library use, or a parent process's settings)
-    given.py        where cluster/worker.py still imports ready.settings_for from
     slots.py        how n_parallel "auto" is measured, or read from the cache
     context_sizing.py  n_ctx "auto": the KV cache sized from the work when the work is known
     time_bounds.py  the watchdog and drain bounds of run and serve-stdin
