@@ -123,19 +123,3 @@ def test_a_batch_lines_record_carries_the_reasoning_item(tmp_path):
     parsed = LineParser(SamplingParams(), input_format="jsonl").parse(json.dumps(line), 1)
     assert parsed.responses is not None and parsed.responses.reasoning == {"effort": None, "summary": None}
 
-
-def test_a_table_output_of_responses_lines_has_the_answer_reasoning_and_tokens(tmp_path):
-    import csv
-
-    from cli_harness import invoke, runner_for
-
-    src = tmp_path / "in.jsonl"
-    src.write_text(json.dumps({"custom_id": "r1", "method": "POST", "url": RESPONSES_URL,
-                               "body": {"input": "capital of France?"}}) + "\n")
-    out = tmp_path / "out.csv"
-    done = invoke(["run", str(src), "-o", str(out), "--chat-template", TEMPLATE, "--temperature", "0"],
-                  runner=runner_for(lambda prompt: ANSWER))
-    assert done.exit_code == 0, done.stderr
-    (row,) = list(csv.DictReader(out.open()))
-    assert (row["response"], row["reasoning"]) == ("Paris.", "Paris is in France.")
-    assert int(row["completion_tokens"]) == len(ANSWER) and int(row["prompt_tokens"]) > 0

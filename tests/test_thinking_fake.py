@@ -354,19 +354,23 @@ def test_the_library_tool_message_carries_reasoning_content():
     assert message == {"role": "assistant", "content": "Paris.", "reasoning_content": "Paris is in France."}
 
 
-def test_a_table_output_has_a_reasoning_column_when_some_answer_reasoned(tmp_path):
+@pytest.mark.parametrize("line", [{"id": 1, "messages": ASK},
+                                  {"custom_id": "r1", "method": "POST", "url": "/v1/responses",
+                                   "body": {"input": "capital of France?"}}], ids=["messages", "responses"])
+def test_a_table_output_has_a_reasoning_column_when_some_answer_reasoned(tmp_path, line):
     import csv
 
     from cli_harness import invoke, runner_for
 
     src = tmp_path / "in.jsonl"
-    src.write_text(json.dumps({"id": 1, "messages": ASK}) + "\n")
+    src.write_text(json.dumps(line) + "\n")
     out = tmp_path / "out.csv"
     done = invoke(["run", str(src), "-o", str(out), "--chat-template", TEMPLATE, "--temperature", "0"],
                   runner=runner_for(lambda prompt: ANSWER))
     assert done.exit_code == 0, done.stderr
     (row,) = list(csv.DictReader(out.open()))
     assert (row["response"], row["reasoning"]) == ("Paris.", "Paris is in France.")
+    assert int(row["completion_tokens"]) == len(ANSWER) and int(row["prompt_tokens"]) > 0  # a response's usage too
     plain = tmp_path / "plain.csv"
     assert invoke(["run", str(src), "-o", str(plain)], runner=runner_for(lambda prompt: "x")).exit_code == 0
     assert "reasoning" not in next(csv.DictReader(plain.open()))
