@@ -115,16 +115,26 @@ def _texts(value: Any, where: str) -> list[str]:
 
 def _reasoning(item: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
     """An earlier answer's reasoning item: (its reasoning_text parts joined, the item as listed)."""
-    content = item.get("content") or []
-    if not isinstance(content, list) or not all(
-            isinstance(p, dict) and p.get("type") == "reasoning_text" and isinstance(p.get("text"), str) for p in content):
+    content = item.get("content")
+    content = [] if content is None else content  # OpenAI's own items may hold encrypted_content alone
+    if not isinstance(content, list) or not all(_is_part(p, "reasoning_text") for p in content):
         raise InvalidRequest(f"{where}.content must be a list of reasoning_text parts with a string text")
     summary = item.get("summary", [])
     if not isinstance(summary, list):
         raise InvalidRequest(f"{where}.summary must be a list, got {json_kind(summary)}")
+    bad = next((i for i, p in enumerate(summary) if not _is_part(p, "summary_text")), None)
+    if bad is not None:  # listed by input_items as given: OpenAI's shape only
+        raise InvalidRequest(f'{where}.summary[{bad}] must be a summary_text part ({{"type": "summary_text", '
+                             f'"text": "..."}}), got {short_json(summary[bad])}')
+    if not isinstance(item.get("encrypted_content", ""), (str, type(None))):
+        raise InvalidRequest(f"{where}.encrypted_content must be a string, got {json_kind(item['encrypted_content'])}")
     listed = {"id": _id(item, "rs_"), "type": "reasoning", "summary": summary,
               "content": [{"type": "reasoning_text", "text": p["text"]} for p in content], "status": "completed"}
     return "".join(p["text"] for p in content), listed
+
+
+def _is_part(part: Any, kind: str) -> bool:
+    return isinstance(part, dict) and part.get("type") == kind and isinstance(part.get("text"), str)
 
 
 def _function_call(item: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -61,9 +61,11 @@ def response_usage(result: Result) -> dict[str, Any]:
 def output_items(request: ResponsesRequest, result: Result, status: str, message_id: str | None = None
                  ) -> list[dict[str, Any]]:
     """The output items of a whole answer: its reasoning (a thinking answer's, when it wrote any),
-    its message (unless it is calls alone), then its calls."""
+    its message (unless it is calls alone), then its calls. The reasoning is complete once text
+    followed it, though max_output_tokens cut the answer (as its stream closed it at that text)."""
     content, calls = answer_parts(result.text, request.tools, result.tool_syntax)
-    reasoning = [reasoning_item(new_reasoning_id(), result.reasoning, status)] if result.reasoning else []
+    thought = "completed" if result.text else status
+    reasoning = [reasoning_item(new_reasoning_id(), result.reasoning, thought)] if result.reasoning else []
     message = [] if content is None else [message_item(message_id or new_message_id(), content, status)]
     return reasoning + message + calls
 

@@ -38,6 +38,7 @@ OFF_VALUES = (None, False, 0, [], {}, "", "none", "auto")
 # Sampling fields a response has no use for: one output, no logprobs (no `include` of them).
 NOT_SAMPLING = ("n", "logprobs", "best_of")
 REASONING_SUMMARIES = ("auto", "concise", "detailed")  # OpenAI's reasoning.summary values
+VERBOSITIES = ("low", "medium", "high")  # OpenAI's text.verbosity values
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's
 
 
@@ -165,10 +166,11 @@ def _reasoning(value: Any, sampling: dict[str, Any]) -> dict[str, Any]:
     effort = value.get("effort")
     if effort is not None and effort not in REASONING_EFFORTS:
         raise InvalidRequest(f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}, got {short_json(effort)}")
-    summary = value.get("summary", value.get("generate_summary"))
-    if summary is not None and summary not in REASONING_SUMMARIES:
-        raise InvalidRequest(f"reasoning.summary must be one of {', '.join(REASONING_SUMMARIES)}, "
-                             f"got {short_json(summary)}")
+    for name in ("generate_summary", "summary"):  # generate_summary: the older name, each checked
+        if value.get(name) is not None and value[name] not in REASONING_SUMMARIES:
+            raise InvalidRequest(f"reasoning.{name} must be one of {', '.join(REASONING_SUMMARIES)}, "
+                                 f"got {short_json(value[name])}")
+    summary = value.get("summary") or value.get("generate_summary")
     if effort is not None:
         if sampling.get("reasoning_effort", effort) != effort:
             raise InvalidRequest(f"body.reasoning_effort {short_json(sampling['reasoning_effort'])} and "
@@ -186,6 +188,9 @@ def _text_format(value: Any) -> tuple[dict[str, Any], dict | None]:
     unknown = [k for k in value if k not in ("format", "verbosity")]
     if unknown:
         raise InvalidRequest(f"unsupported field text.{unknown[0]}")
+    verbosity = value.get("verbosity")
+    if verbosity is not None and verbosity not in VERBOSITIES:  # accepted and ignored: the model says what it says
+        raise InvalidRequest(f"text.verbosity must be one of {', '.join(VERBOSITIES)}, got {short_json(verbosity)}")
     spec = value.get("format")
     if spec is None:
         return {"type": "text"}, None

@@ -1,0 +1,92 @@
+"""Hostile but plausible /v1/responses and chat bodies for a thinking model (the scripted fake
+runner with tests/templates/thinking.jinja): a wrong type in a reasoning input item, in
+`reasoning` or `text` is a 400 naming the field; a streamed answer cut after its reasoning closed
+gives the same items, statuses included, as the unstreamed one."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llamabatch.errors import InvalidRequest
+from llamabatch.openai_format.request_body import checked_messages
+from llamabatch.openai_format.responses_request import parse_responses_body
+
+from http_server import raw, serving
+
+TEMPLATE = str(Path(__file__).parent / "templates" / "thinking.jinja")
+ANSWER = "Paris is in France.\n</think>\n\nParis."
+CLOSED_AT = len("Paris is in France.\n</think>")  # tokens (characters) up to the closer
+
+
+def post(server, body: dict) -> tuple[int, bytes]:
+    got = raw("POST", server.base_url[:-3] + "/v1/responses", json.dumps(body).encode(),
+              {"content-type": "application/json"})
+    return got.status, got.body
+
+
+def streamed_items(data: bytes) -> tuple[list[dict], dict]:
+    """(the items of the output_item.done events, the last event's response) of a stream."""
+    events = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: ")]
+    return [e["item"] for e in events if e["type"] == "response.output_item.done"], events[-1]["response"]
+
+
+def without_ids(items: list[dict]) -> list[dict]:
+    return [{k: v for k, v in item.items() if k != "id"} for item in items]
+
+
+def test_an_answer_cut_after_its_reasoning_closed_has_the_same_items_streamed_and_whole(tmp_path):
+    body = {"input": "capital of France?", "max_output_tokens": CLOSED_AT + 4}  # cut inside "Paris."
+    with serving(tmp_path / "data", reply_with=lambda prompt: ANSWER, max_tokens=80, slot_ctx=1024,
+                 chat_template=TEMPLATE) as server:
+        status, whole = post(server, body)
+        stream_status, stream = post(server, {**body, "stream": True})
+    assert status == stream_status == 200
+    whole_body = json.loads(whole)
+    items, final = streamed_items(stream)
+    assert whole_body["status"] == final["status"] == "incomplete"
+    assert [(i["type"], i["status"]) for i in whole_body["output"]] == [("reasoning", "completed"),
+                                                                        ("message", "incomplete")]
+    assert without_ids(whole_body["output"]) == without_ids(final["output"]) == without_ids(items)
+
+
+@pytest.mark.parametrize("item, words", [
+    ({"content": {}}, r"input\[0\].content must be a list of reasoning_text parts"),
+    ({"content": ""}, r"input\[0\].content must be a list of reasoning_text parts"),
+    ({"content": 0}, r"input\[0\].content must be a list of reasoning_text parts"),
+    ({"summary": [1, None]}, r"input\[0\].summary\[0\] must be a summary_text part"),
+    ({"summary": [{"type": "summary_text", "text": 5}]}, r"input\[0\].summary\[0\] must be a summary_text part"),
+    ({"encrypted_content": 5}, r"input\[0\].encrypted_content must be a string"),
+])
+def test_a_reasoning_input_item_of_the_wrong_shape_is_refused_naming_the_field(item, words):
+    with pytest.raises(InvalidRequest, match=words):
+        parse_responses_body({"input": [{"type": "reasoning", "summary": [], **item},
+                                        {"role": "user", "content": "q"}]})
+
+
+def test_a_reasoning_input_item_as_openai_writes_it_is_taken():
+    request = parse_responses_body({"input": [
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thought"}],
+         "encrypted_content": "gAAAA", "content": None},
+        {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]})
+    assert request.items[1]["summary"] == [{"type": "summary_text", "text": "thought"}]
+    assert request.input[1] == {"role": "assistant", "content": "a", "reasoning_content": ""}
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"reasoning": {"summary": "auto", "generate_summary": "loud"}}, "reasoning.generate_summary must be one of"),
+    ({"text": {"verbosity": 5}}, "text.verbosity must be one of low, medium, high"),
+])
+def test_a_bad_value_beside_a_good_one_is_refused_naming_its_field(body, words):
+    with pytest.raises(InvalidRequest, match=words):
+        parse_responses_body({"input": "x", **body})
+    assert parse_responses_body({"input": "x", "text": {"verbosity": "low"}}).text_format == {"type": "text"}
+
+
+def test_a_chat_messages_reasoning_content_must_be_text_and_null_is_none():
+    turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": None}]
+    assert checked_messages(turns)[1] == {"role": "assistant", "content": "a"}  # as if not given
+    with pytest.raises(InvalidRequest, match=r"messages\[1\].reasoning_content must be a string, got a number"):
+        checked_messages([turns[0], {**turns[1], "reasoning_content": 5}])
