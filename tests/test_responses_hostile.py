@@ -90,3 +90,27 @@ def test_a_chat_messages_reasoning_content_must_be_text_and_null_is_none():
     assert checked_messages(turns)[1] == {"role": "assistant", "content": "a"}  # as if not given
     with pytest.raises(InvalidRequest, match=r"messages\[1\].reasoning_content must be a string, got a number"):
         checked_messages([turns[0], {**turns[1], "reasoning_content": 5}])
+
+
+def test_a_chain_through_previous_response_id_keeps_the_reasoning_as_replayed_items_do(tmp_path):
+    """OpenAI's previous_response_id stands for sending the response's output items back: its
+    reasoning item too, which a template that writes reasoning before calls reads."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    weather = {"type": "function", "name": "get_weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    prompts: list[str] = []
+
+    def answer(prompt: str) -> str:
+        prompts.append(prompt)
+        return "done\n</think>\n\nSunny." if "<tool_response>" in prompt else "I should call\n</think>\n\n" + call
+    template = str(Path(__file__).parent / "templates" / "thinking_tools.jinja")
+    with serving(tmp_path / "data", reply_with=answer, max_tokens=300, slot_ctx=4096, chat_template=template) as server:
+        client = server.client()
+        first = client.responses.create(model="m", input="weather?", tools=[weather])
+        result = {"type": "function_call_output", "call_id": first.output[-1].call_id, "output": "sunny"}
+        client.responses.create(model="m", input=[result], tools=[weather], previous_response_id=first.id)
+        replayed = [{"role": "user", "content": "weather?"}, *[i.model_dump(exclude_none=True) for i in first.output], result]
+        client.responses.create(model="m", input=replayed, tools=[weather])
+    assert [item.type for item in first.output] == ["reasoning", "function_call"]
+    assert "<think>\nI should call\n</think>\n<tool_call>" in prompts[2]
+    assert prompts[1] == prompts[2]

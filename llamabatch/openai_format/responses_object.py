@@ -105,13 +105,19 @@ def response_object(request: ResponsesRequest, result: Result | None, model: str
 
 
 def assistant_turn(response: dict[str, Any]) -> dict[str, Any]:
-    """A stored response's answer as the chat's assistant turn (its calls as chat's tool_calls),
-    for the chain that continues it."""
+    """A stored response's answer as the chat's assistant turn (its calls as chat's tool_calls,
+    its reasoning as reasoning_content), for the chain that continues it: the turn its output
+    items sent back as input make (responses_input.py)."""
     turn: dict[str, Any] = {"role": "assistant", "content": output_text(response)}
+    output = response.get("output", [])
     calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
-             for item in response.get("output", []) if item.get("type") == "function_call"]
+             for item in output if item.get("type") == "function_call"]
     if calls:
         turn["tool_calls"] = calls
+    thoughts = [part.get("text", "") for item in output if item.get("type") == "reasoning"
+                for part in item.get("content", []) if part.get("type") == "reasoning_text"]
+    if thoughts:
+        turn["reasoning_content"] = "".join(thoughts)
     return turn
 
 
