@@ -116,7 +116,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # in a run of the fast suite they took 160 s of wall time for 45 CPU-s.
 WAITING_MODULES = {"test_supervised_faults_cli.py", "test_serve_http_restart.py", "test_supervised_faults.py",
                    "test_engine_contract.py", "test_jobs_api.py", "test_chat_sessions.py", "test_serve_http.py",
-                   "test_serve_http_edges.py", "test_serve_http_online.py", "test_serve_http_health.py"}
+                   "test_serve_http_edges.py", "test_serve_http_online.py", "test_serve_http_health.py",
+                   "test_serve_ray.py"}
 
 
 # Modules whose rules walk the syntax trees of every llamabatch module (test_import_graph.py's
