@@ -114,3 +114,19 @@ def test_a_chain_through_previous_response_id_keeps_the_reasoning_as_replayed_it
     assert [item.type for item in first.output] == ["reasoning", "function_call"]
     assert "<think>\nI should call\n</think>\n<tool_call>" in prompts[2]
     assert prompts[1] == prompts[2]
+
+
+def test_a_chat_answer_whose_block_never_closed_is_taken_back_as_the_sdk_sends_it(tmp_path):
+    """Such an answer's content is null (docs/thinking.md); the SDK's message, sent back as the
+    next turn's history, carries that null (or no content at all): an empty turn, not a 400."""
+    with serving(tmp_path / "data", reply_with=lambda prompt: "thinking without end", max_tokens=6, slot_ctx=1024,
+                 chat_template=TEMPLATE) as server:
+        client = server.client()
+        turns = [{"role": "user", "content": "q"}]
+        first = client.chat.completions.create(model="m", messages=turns).choices[0]
+        again = [client.chat.completions.create(model="m", messages=[*turns, sent, {"role": "user", "content": "go on"}])
+                 for sent in (first.message.model_dump(), first.message.model_dump(exclude_none=True))]
+    assert first.finish_reason == "length" and first.message.content is None
+    assert [a.choices[0].message.reasoning_content for a in again] == ["thinki", "thinki"]
+    with pytest.raises(InvalidRequest, match=r"messages\[0\].content must be"):
+        checked_messages([{"role": "user", "content": None}])  # a user's turn says something

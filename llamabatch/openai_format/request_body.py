@@ -137,15 +137,21 @@ def checked_prompt(prompt: Any) -> str | list[int]:
 
 
 def checked_messages(messages: Any) -> list[dict]:
-    messages = [_reasoning_checked(m, i) for i, m in enumerate(check_messages(messages))]
+    messages = [_turn_checked(m, i) for i, m in enumerate(check_messages(messages))]
     # OpenAI's newer name for the system role; chat templates know only "system".
     return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
 
 
-def _reasoning_checked(message: dict, index: int) -> dict:
-    """A turn's reasoning_content (an earlier answer's, sent back) is text; null, as an answer
-    with an empty reasoning block gives it, is left out (a template testing `is defined` would
-    read None)."""
+def _turn_checked(message: dict, index: int) -> dict:
+    """An assistant turn may leave its content null or out (OpenAI's; our answer whose reasoning
+    block never closed has content null): an empty text. Its reasoning_content (an earlier
+    answer's, sent back) is text; null, as an answer with an empty block gives it, is left out
+    (a template testing `is defined` would read None)."""
+    content = message.get("content")
+    if content is None and message.get("role") == "assistant":
+        message = {**message, "content": ""}
+    elif content is None and message.get("role") in ("user", "system", "developer"):
+        raise InvalidRequest(f"messages[{index}].content must be a string or a list of text parts, got null")
     if "reasoning_content" not in message:
         return message
     reasoning = message["reasoning_content"]
