@@ -130,3 +130,52 @@ def test_a_chat_answer_whose_block_never_closed_is_taken_back_as_the_sdk_sends_i
     assert [a.choices[0].message.reasoning_content for a in again] == ["thinki", "thinki"]
     with pytest.raises(InvalidRequest, match=r"messages\[0\].content must be"):
         checked_messages([{"role": "user", "content": None}])  # a user's turn says something
+
+
+def test_a_call_whose_arguments_escape_a_lone_surrogate_is_answered_whole_and_streamed(tmp_path):
+    r"""JSON lets a string escape half a surrogate pair ("\ud800"), and a model may write one
+    inside its call: the call's arguments keep the escape as written (a lone surrogate cannot be
+    UTF-8: storing the response was a 500, and the stream stopped without its last event)."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "\\ud800"}}\n</tool_call>'
+    weather = {"type": "function", "name": "get_weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    with serving(tmp_path / "data", reply_with=lambda prompt: "hm\n</think>\n\n" + call, max_tokens=300,
+                 slot_ctx=4096, chat_template=str(Path(__file__).parent / "templates" / "thinking_tools.jinja")) as server:
+        status, whole = post(server, {"input": "weather?", "tools": [weather]})
+        stream_status, stream = post(server, {"input": "weather?", "tools": [weather], "stream": True})
+        chat = server.client().chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "weather?"}],
+            tools=[{"type": "function", "function": {k: v for k, v in weather.items() if k != "type"}}])
+    assert status == stream_status == 200
+    items, final = streamed_items(stream)
+    assert final["status"] == "completed"
+    for output in (json.loads(whole)["output"], items):
+        assert [i["type"] for i in output] == ["reasoning", "function_call"]
+        assert output[1]["arguments"] == '{"city": "\\ud800"}' and json.loads(output[1]["arguments"]) == {"city": "\ud800"}
+    assert chat.choices[0].message.tool_calls[0].function.arguments == '{"city": "\\ud800"}'
+
+
+def test_a_stream_whose_shaping_fails_still_ends_with_its_failure(tmp_path, monkeypatch):
+    """Every request gets one terminal outcome: a bug turning an answer into events (as the lone
+    surrogate above was) ends the stream with response.failed (chat: an error event and [DONE])
+    instead of cutting it, and the server answers the next request."""
+    from llamabatch.serve.http.responses_events import ResponseEvents
+    from llamabatch.serve.http.sse import StreamShape
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("shaping bug")
+    with serving(tmp_path / "data", reply_with=lambda prompt: ANSWER, max_tokens=80, slot_ctx=1024,
+                 chat_template=TEMPLATE) as server:
+        with monkeypatch.context() as patched:
+            patched.setattr(ResponseEvents, "delta", broken)
+            patched.setattr(StreamShape, "delta", broken)
+            _, stream = post(server, {"input": "q", "stream": True})
+            chat = raw("POST", server.base_url[:-3] + "/v1/chat/completions", json.dumps(
+                {"messages": [{"role": "user", "content": "q"}], "stream": True}).encode(),
+                {"content-type": "application/json"}).body.decode()
+        after = server.client().responses.create(model="m", input="q")
+    last = [json.loads(line[6:]) for line in stream.decode().splitlines() if line.startswith("data: ")][-1]
+    assert last["type"] == "response.failed" and "shaping bug" in last["response"]["error"]["message"]
+    events = [line[6:] for line in chat.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "shaping bug" in json.loads(events[-2])["error"]["message"]
+    assert after.output_text == "Paris."

@@ -26,12 +26,27 @@ def new_call_id() -> str:
 
 def openai_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
     return {"id": call_id or new_call_id(), "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+            "function": {"name": name, "arguments": arguments_text(arguments)}}
+
+
+def arguments_text(arguments: Any) -> str:
+    """A call's arguments as OpenAI's JSON string. A lone surrogate the model escaped ("\\ud800")
+    cannot be UTF-8 (the response would not encode): such arguments keep their escapes."""
+    text = json.dumps(arguments, ensure_ascii=False)
+    return text if _is_text(text) else json.dumps(arguments)
+
+
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_call(value: Any) -> dict[str, Any] | None:
     """{"name", "arguments"} from a call's JSON value, or None when it is no call."""
-    if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+    if not (isinstance(value, dict) and isinstance(value.get("name"), str) and _is_text(value["name"])):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
     return {"name": value["name"], "arguments": arguments}
@@ -195,7 +210,7 @@ def chat_message(text: str, finish_reason: str, tools: Any, syntax: str | None =
     done = finish_reason == "stop"
     if tools.legacy:
         call = calls[0]
-        function = {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}
+        function = {"name": call["name"], "arguments": arguments_text(call["arguments"])}
         return ({"role": "assistant", "content": content, "function_call": function},
                 "function_call" if done else finish_reason)
     return ({"role": "assistant", "content": content, "tool_calls": [openai_call(c["name"], c["arguments"]) for c in calls]},

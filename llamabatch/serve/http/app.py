@@ -33,6 +33,7 @@ from .batches.file_content import FileContent
 from .health import HEALTH_PATH, health_answer
 from .limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from .metrics import METRICS_PATH, ServerMetrics, metrics_answer
+from .online import failure_message
 from .response_store import ResponseStore
 from .responses_online import ResponsesOnline
 from .service import Service
@@ -264,5 +265,5 @@ async def _client_left(request: Request, exc: Exception) -> Response:
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.exception("request %s %s failed", request.method, request.url.path, exc_info=exc)
-    body = ApiError(500, f"the server failed to answer: {type(exc).__name__}: {exc}").body()
+    body = ApiError(500, failure_message(exc)).body()
     return JSONResponse(body, status_code=500)

@@ -9,6 +9,7 @@ Waiting never blocks the event loop: the engine's callback hands results to it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from ...params import MAX_PRIORITY
 from ...results import Delta
 from .api_errors import ApiError, bad_request
 from .sse import DONE, StreamShape, engine_tool_syntax
+
+log = logging.getLogger("llamabatch.serve.http")
 
 _LINE_PREFIX = re.compile(r"^line 1(: | )")
 
@@ -134,6 +137,9 @@ class Online:
             else:
                 yield shape.ending(event, request.include_usage)
             yield DONE
+        except Exception as exc:  # a bug making its chunks: the stream still ends, once, with why
+            log.exception("a streamed answer failed")
+            yield shape.error(ApiError(500, failure_message(exc)).body()) + DONE
         finally:
             handle.cancel()
 
@@ -164,6 +170,11 @@ class Online:
         with self._lock:
             self.running -= 1
         self.on_end()
+
+
+def failure_message(exc: BaseException) -> str:
+    """What a request that failed in the server is told (as app.py's 500s tell it)."""
+    return f"the server failed to answer: {type(exc).__name__}: {exc}"
 
 
 def _settle(future: asyncio.Future, value: Any) -> None:

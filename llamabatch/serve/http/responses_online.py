@@ -16,6 +16,7 @@ answers as OpenAI does for such a response: a 400 (a 404 for an id it does not k
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, AsyncIterator
 
 from anyio import to_thread
@@ -25,11 +26,12 @@ from ...openai_format import RESPONSES_URL, build_record, take_online_fields
 from ...results import Delta
 from .api_errors import ApiError, bad_request
 from .limits import MAX_LIST_LIMIT
-from .online import Online, OnlineRequest
+from .online import Online, OnlineRequest, failure_message
 from .response_store import ResponseStore
 from .sse import engine_tool_syntax
 from .responses_events import ResponseEvents
 
+log = logging.getLogger("llamabatch.serve.http")
 # A prompt shorter than this many characters is shorter than the fewest tokens the prefix store
 # restores (128), so saving it would cost a snapshot and a file for nothing.
 MIN_SAVED_CHARS = 128
@@ -93,6 +95,9 @@ class ResponsesOnline:
             if request.store:
                 await to_thread.run_sync(self.store.save, request, shape.final)
             yield ending
+        except Exception as exc:  # a bug making its events: the stream still ends, once, with why
+            log.exception("a streamed response failed")
+            yield shape.failed({"code": "server_error", "message": failure_message(exc)})
         finally:
             handle.cancel()  # a no-op once it ended; stops it when the client went away
 
