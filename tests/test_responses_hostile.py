@@ -179,3 +179,25 @@ def test_a_stream_whose_shaping_fails_still_ends_with_its_failure(tmp_path, monk
     events = [line[6:] for line in chat.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]" and "shaping bug" in json.loads(events[-2])["error"]["message"]
     assert after.output_text == "Paris."
+
+
+@pytest.mark.parametrize("after", [
+    [],  # last
+    [{"role": "user", "content": "q2"}],
+    [{"type": "function_call_output", "call_id": "c1", "output": "42"}],
+])
+def test_a_reasoning_item_with_no_answer_after_it_is_refused_as_openai_refuses_it(after):
+    """A reasoning item goes back just before its answer's message or call; one with none after
+    it was dropped without a word."""
+    head = [{"role": "user", "content": "q"}, {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]}]
+    with pytest.raises(InvalidRequest, match=r"input\[2\] is a reasoning item with no assistant message or "
+                                              r"function_call right after it"):
+        parse_responses_body({"input": head + after})
+
+
+def test_reasoning_items_in_a_row_all_reach_the_answer_after_them():
+    parts = [{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": t}]} for t in "ab"]
+    request = parse_responses_body({"input": [{"role": "user", "content": "q"}, *parts,
+                                              {"role": "assistant", "content": "x"}, {"role": "user", "content": "q2"}]})
+    assert request.input[1]["reasoning_content"] == "a\nb"  # the second one kept the first's text

@@ -38,14 +38,16 @@ def read_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         raise InvalidRequest(f"body.input must be a string or a non-empty list of items, got {json_kind(value)}")
     turns: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
-    reasoning: str | None = None  # a reasoning item's text, for the assistant turn after it
+    reasoning: str | None = None  # reasoning items' text, for the assistant turn after them
+    reasoning_at = 0  # where the first of them is
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"{where} must be an object, got {json_kind(item)}")
         kind = item.get("type", "message")
         if kind == "reasoning":
-            reasoning, listed = _reasoning(item, where)
+            text, listed = _reasoning(item, where)
+            reasoning, reasoning_at = (text, i) if reasoning is None else (f"{reasoning}\n{text}", reasoning_at)
             items.append(listed)
             continue
         if kind == "message":
@@ -63,13 +65,23 @@ def read_input(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         else:
             raise InvalidRequest(f"{where} has type {short_json(kind)}, which this server does not take "
                                  f"({', '.join(ITEM_TYPES)} items, with text only)")
-        if reasoning is not None and turns[-1]["role"] == "assistant":
+        if reasoning is not None:
+            if turns[-1]["role"] != "assistant":
+                raise _unanswered(reasoning_at)
             turns[-1]["reasoning_content"] = reasoning
         reasoning = None
         items.append(listed)
     if not turns:
         raise InvalidRequest("body.input holds no message or call to continue (reasoning items alone)")
+    if reasoning is not None:
+        raise _unanswered(reasoning_at)
     return turns, items
+
+
+def _unanswered(index: int) -> InvalidRequest:
+    """A reasoning item goes back just before its answer's items (OpenAI refuses one without them too)."""
+    return InvalidRequest(f"input[{index}] is a reasoning item with no assistant message or function_call right "
+                          "after it: send an answer's reasoning just before that answer's items")
 
 
 def call_ids_check(history: list[dict[str, Any]], items: list[dict[str, Any]]) -> None:
