@@ -409,3 +409,13 @@ def test_n_samples_each_get_their_calls_in_plain_records_and_serve_stdin():
     assert [len(calls) for calls in record["tool_calls"]] == [1, 0]
     event = terminal_event(1, both, 1, tools=item.tools)
     assert event["finish_reasons"] == ["tool_calls", "stop"] and len(event["tool_calls"][0]) == 1
+
+
+def test_chat_names_a_call_whose_arguments_hold_a_lone_surrogate_escape():
+    from llamabatch.chat.chat_tools import call_notices
+    from llamabatch.constraints.tool_syntax import HERMES
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "\\ud800"}}\n</tool_call>'
+    (line,) = call_notices(call, HERMES)
+    line.encode("utf-8")  # printable: the escape is kept, not a character UTF-8 cannot hold
+    assert line == 'tool call: get_weather {"city": "\\ud800"}'

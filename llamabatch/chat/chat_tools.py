@@ -12,7 +12,7 @@ from ..constraints.tool_grammar import tool_grammar
 from ..constraints.tool_syntax import ToolSyntax
 from ..errors import InvalidRequest
 from ..files.whole_file import UnreadableFile, read_text
-from ..openai_format import ToolRequest, parse_tools, split_tool_calls, tools_message
+from ..openai_format import ToolRequest, arguments_text, parse_tools, split_tool_calls, tools_message
 
 
 def read_tools_file(path: str) -> ToolRequest:
@@ -57,4 +57,4 @@ class TemplateWithTools:
 def call_notices(text: str, syntax: ToolSyntax) -> list[str]:
     """One line per call the reply made: `tool call: NAME {arguments}`."""
     _content, calls = split_tool_calls(text, syntax)
-    return [f"tool call: {c['name']} {json.dumps(c['arguments'], ensure_ascii=False)}" for c in calls]
+    return [f"tool call: {c['name']} {arguments_text(c['arguments'])}" for c in calls]

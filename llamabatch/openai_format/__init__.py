@@ -29,14 +29,14 @@ from .responses_tools import function_call_item
 from .ignored_fields import header_for as ignored_fields_header
 from .responses_request import RESPONSES_URL, ResponsesRequest, take_online_fields
 from .reasoning import usage_details, with_reasoning
-from .tool_calls import (ToolCallSplitter, chat_message, new_call_id, openai_call, plain_tool_fields, result_tool_fields,
+from .tool_calls import (ToolCallSplitter, arguments_text, chat_message, new_call_id, openai_call, plain_tool_fields, result_tool_fields,
                          split_tool_calls)
 from .tool_library import tool_message, with_tools
 from .tool_lines import chat_with_tools
 from .tools_request import TOOL_BODY_FIELDS, TOOLS_MESSAGE_ROLE, Tool, ToolRequest, parse_tools, tools_message
 
 __all__ = [
-    "usage_details", "with_reasoning",
+    "usage_details", "with_reasoning", "arguments_text",
     "CHAT_URL", "COMPLETIONS_URL", "EMBEDDINGS_URL", "OPENAI", "URLS", "EmbedLine", "LineError", "LineParser",
     "LineRequest", "build_record", "check_encoding", "check_messages", "check_prompt", "duplicate_id_error",
     "encode_vector", "error_result", "failed", "is_int", "is_request_id", "is_unnamed_error", "json_kind",
