@@ -100,9 +100,9 @@ def test_a_column_named_twice_in_keep_columns_is_kept_once(tmp_path):
 
 
 def test_a_responses_records_cells_are_read_from_its_output_items():
-    from llamabatch.jobs.tables.table_output import calls_text, reasoning_text, response_text
+    from llamabatch.jobs.tables.table_output import calls_text, finish_text, reasoning_text, response_text
 
-    body = {"object": "response", "output": [
+    body = {"object": "response", "status": "completed", "output": [
         {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
         {"type": "message", "content": [{"type": "output_text", "text": "Calling."}]},
         {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}",
@@ -112,3 +112,16 @@ def test_a_responses_records_cells_are_read_from_its_output_items():
     assert json.loads(calls_text(record)) == [{"call_id": "call_1", "name": "f", "arguments": "{}"}]
     calls_only = {"id": "r", "response": {"body": {"object": "response", "output": body["output"][2:]}}}
     assert (response_text(calls_only), reasoning_text(calls_only)) == (None, None)
+    assert finish_text(record) == "tool_calls" and finish_text({"response": {"body": {
+        "object": "response", "status": "incomplete", "output": []}}}) == "length"
+
+
+def test_an_openai_batch_lines_finish_reason_fills_its_cell(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"custom_id": "c1", "method": "POST", "url": "/v1/chat/completions",
+                               "body": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}) + "\n")
+    out = tmp_path / "out.csv"
+    done = invoke(["run", str(src), "-o", str(out)], runner=runner_for(lambda prompt: "a long answer"))
+    assert done.exit_code == 0, done.stderr
+    (row,) = list(csv.DictReader(out.open()))
+    assert (row["id"], row["finish_reason"]) == ("c1", "length")

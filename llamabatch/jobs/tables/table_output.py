@@ -79,6 +79,21 @@ def calls_text(record: dict) -> str | None:
     return json.dumps(calls, ensure_ascii=False) if any(calls) else None
 
 
+def finish_text(record: dict) -> str | None:
+    """A record's finish_reason cell: a plain record's own, an OpenAI Batch line's first choice's,
+    or a response's as chat would say it (length when cut, tool_calls when it called)."""
+    if "finish_reason" in record:
+        return record["finish_reason"]
+    body = (record.get("response") or {}).get("body") or {}
+    if body.get("object") == "response":
+        if body.get("status") == "incomplete":
+            return "length"
+        called = any(item.get("type") == "function_call" for item in body.get("output", []))
+        return ("tool_calls" if called else "stop") if body.get("status") == "completed" else None
+    choices = body.get("choices") or [{}]
+    return choices[0].get("finish_reason")
+
+
 def table_row(record: dict, layout: Layout) -> list[Any]:
     """One record as the table's row, in layout.columns order."""
     error = record.get("error") if isinstance(record.get("error"), dict) else None
@@ -89,7 +104,7 @@ def table_row(record: dict, layout: Layout) -> list[Any]:
     out: list[Any] = [record.get("row")] if layout.rows else []
     out.append(record_id(record))
     out += [kept.get(c) for c in layout.keep]
-    out += [response_text(record) if error is None else None, record.get("finish_reason"),
+    out += [response_text(record) if error is None else None, finish_text(record),
             record_error_code(record), error.get("message") if error else None,
             usage.get("prompt_tokens"), usage.get("completion_tokens")]
     if layout.logprobs:
