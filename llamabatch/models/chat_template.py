@@ -21,7 +21,7 @@ from ..core.plan import ChatFormats
 from ..core.thinking import markers_in
 from ..errors import InvalidRequest
 from ..files.whole_file import UnreadableFile, read_text
-from ..openai_format import TOOLS_MESSAGE_ROLE
+from ..openai_format import TOOLS_MESSAGE_ROLE, json_kind
 from .tool_prompt import fallback_messages, has_tool_turns, say_fallback_once, take_tools, template_reads_tools
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -41,7 +41,7 @@ def validate_messages(messages) -> Messages:
     checked = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object with role and content, got {type(message).__name__}")
+            raise InvalidRequest(f"messages[{i}] must be an object with role and content, got {json_kind(message)}")
         role = message.get("role")
         if role == TOOLS_MESSAGE_ROLE:  # a request's tools, for the template (models/tool_prompt.py)
             checked.append(message)
@@ -65,7 +65,7 @@ def _content_text(content, index: int) -> str:
                 raise InvalidRequest(f'messages[{index}].content[{j}] must be {{"type": "text", "text": "..."}}')
             texts.append(part["text"])
         return "\n".join(texts)
-    raise InvalidRequest(f"messages[{index}].content must be a string or a list of text parts, got {type(content).__name__}")
+    raise InvalidRequest(f"messages[{index}].content must be a string or a list of text parts, got {json_kind(content)}")
 
 
 class ChatTemplate:
