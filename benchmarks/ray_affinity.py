@@ -74,7 +74,7 @@ def main() -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
-    ray.init(num_cpus=a.workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=a.workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
     print(f"{a.chats} chats x {a.turns} turns at once, {a.max_tokens} tokens an answer, pauses of 0-{a.think_s:g}s, "
           f"on {a.workers} Ray workers x 1 thread x 4 slots; {machine_line()}")
     cached = {}

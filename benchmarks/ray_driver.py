@@ -112,7 +112,7 @@ def main() -> None:
     from llamabatch import EngineConfig, SamplingParams
     from llamabatch.cluster.pool import RayPool
 
-    ray.init(num_cpus=a.actors, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=a.actors, include_dashboard=False, log_to_driver=False, configure_logging=False)
     config = EngineConfig(model="fake.gguf", n_parallel=8, n_ctx=8 * 512, prefix_store=None)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     started = time.perf_counter()

@@ -23,7 +23,9 @@ def local_ray(num_cpus: int = 2) -> Iterator[None]:
         mp.delenv("LLAMABATCH_MODEL", raising=False)
         for attempt in (1, 2):
             try:
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                # "local": never another test's cluster running on this machine at the same time
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False)
                 break
             except Exception:  # "The current node timed out during startup" (Ray's fixed 30 s): a loaded machine
                 ray.shutdown()

@@ -58,7 +58,8 @@ def open_ray(address: str | None, log_to_driver: bool) -> bool:
     on_sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if not joined and owns:
-            ray.init(include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
+            # "local": a Ray of our own, never a cluster RAY_ADDRESS or an earlier `ray start` points at
+            ray.init(address="local", include_dashboard=False, log_to_driver=log_to_driver, configure_logging=False)
         elif not joined:
             ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError ... by case
