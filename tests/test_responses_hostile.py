@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from llamabatch.errors import InvalidRequest
-from llamabatch.openai_format.request_body import checked_messages
+from llamabatch.models.chat_template import validate_messages
+from llamabatch.openai_format import TOOLS_MESSAGE_ROLE
 from llamabatch.openai_format.responses_request import parse_responses_body
 
 from http_server import raw, serving
@@ -87,9 +88,13 @@ def test_a_bad_value_beside_a_good_one_is_refused_naming_its_field(body, words):
 
 def test_a_chat_messages_reasoning_content_must_be_text_and_null_is_none():
     turns = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": None}]
-    assert checked_messages(turns)[1] == {"role": "assistant", "content": "a"}  # as if not given
+    assert validate_messages(turns)[1] == {"role": "assistant", "content": "a"}  # as if not given
     with pytest.raises(InvalidRequest, match=r"messages\[1\].reasoning_content must be a string, got a number"):
-        checked_messages([turns[0], {**turns[1], "reasoning_content": 5}])
+        validate_messages([turns[0], {**turns[1], "reasoning_content": 5}])
+    tools = {"role": TOOLS_MESSAGE_ROLE, "content": "", "tools": []}  # what a request's tools add before its turns
+    with pytest.raises(InvalidRequest, match=r"messages\[1\].reasoning_content must be a string, got a number"):
+        validate_messages([tools, turns[0], {**turns[1], "reasoning_content": 5}])
+    assert validate_messages([turns[0], {"role": "assistant", "content": None}])[1]["content"] == ""  # no calls beside
 
 
 def test_a_chain_through_previous_response_id_keeps_the_reasoning_as_replayed_items_do(tmp_path):
@@ -129,7 +134,7 @@ def test_a_chat_answer_whose_block_never_closed_is_taken_back_as_the_sdk_sends_i
     assert first.finish_reason == "length" and first.message.content is None
     assert [a.choices[0].message.reasoning_content for a in again] == ["thinki", "thinki"]
     with pytest.raises(InvalidRequest, match=r"messages\[0\].content must be"):
-        checked_messages([{"role": "user", "content": None}])  # a user's turn says something
+        validate_messages([{"role": "user", "content": None}])  # a user's turn says something
 
 
 def test_a_call_whose_arguments_escape_a_lone_surrogate_is_answered_whole_and_streamed(tmp_path):

@@ -39,7 +39,8 @@ def validate_messages(messages) -> Messages:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
     checked = []
-    for i, message in enumerate(messages):
+    for message in messages:
+        i = len(checked) - sum(m.get("role") == TOOLS_MESSAGE_ROLE for m in checked)  # as the request numbered it
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{i}] must be an object with role and content, got {json_kind(message)}")
         role = message.get("role")
@@ -49,10 +50,23 @@ def validate_messages(messages) -> Messages:
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
         content = message.get("content")
-        if content is None and role == "assistant" and message.get("tool_calls"):
-            content = ""  # OpenAI's null content beside tool calls
-        checked.append({**message, "content": _content_text(content, i)})
+        if content is None and role == "assistant":
+            content = ""  # OpenAI's null content (beside tool calls, or our answer whose reasoning never closed)
+        checked.append(_reasoning_checked({**message, "content": _content_text(content, i)}, i))
     return checked
+
+
+def _reasoning_checked(message: dict, index: int) -> dict:
+    """An earlier answer's reasoning_content, sent back, is text; null (an answer whose block was
+    empty) is left out, as if not sent (a template testing `is defined` would read None)."""
+    if "reasoning_content" not in message:
+        return message
+    reasoning = message["reasoning_content"]
+    if reasoning is None:
+        return {k: v for k, v in message.items() if k != "reasoning_content"}
+    if not isinstance(reasoning, str):
+        raise InvalidRequest(f"messages[{index}].reasoning_content must be a string, got {json_kind(reasoning)}")
+    return message
 
 
 def _content_text(content, index: int) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import InvalidRequest
 from ..params import FIELD_TYPES, MAX_PRIORITY, SamplingParams
 from .embed_records import EMBED_BODY_FIELDS, EmbedLine, check_encoding
-from .fields import check_messages, check_prompt, is_int, json_kind
+from .fields import check_messages, check_prompt, is_int
 from .ignored_fields import is_accepted
 from .tools_request import TOOL_BODY_FIELDS
 
@@ -137,29 +137,9 @@ def checked_prompt(prompt: Any) -> str | list[int]:
 
 
 def checked_messages(messages: Any) -> list[dict]:
-    messages = [_turn_checked(m, i) for i, m in enumerate(check_messages(messages))]
+    messages = check_messages(messages)
     # OpenAI's newer name for the system role; chat templates know only "system".
     return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
-
-
-def _turn_checked(message: dict, index: int) -> dict:
-    """An assistant turn may leave its content null or out (OpenAI's; our answer whose reasoning
-    block never closed has content null): an empty text. Its reasoning_content (an earlier
-    answer's, sent back) is text; null, as an answer with an empty block gives it, is left out
-    (a template testing `is defined` would read None)."""
-    content = message.get("content")
-    if content is None and message.get("role") == "assistant":
-        message = {**message, "content": ""}
-    elif content is None and message.get("role") in ("user", "system", "developer"):
-        raise InvalidRequest(f"messages[{index}].content must be a string or a list of text parts, got null")
-    if "reasoning_content" not in message:
-        return message
-    reasoning = message["reasoning_content"]
-    if reasoning is None:
-        return {k: v for k, v in message.items() if k != "reasoning_content"}
-    if not isinstance(reasoning, str):
-        raise InvalidRequest(f"messages[{index}].reasoning_content must be a string, got {json_kind(reasoning)}")
-    return message
 
 
 def with_tier(sampling: dict[str, Any], tier: Any, defaults: SamplingParams) -> dict[str, Any]:
