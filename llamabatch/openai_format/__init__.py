@@ -24,7 +24,8 @@ from .lines import (CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, OPENAI, URLS, Lin
                     LineRequest, build_record, duplicate_id_error, error_result, failed, is_unnamed_error,
                     record_error_code, record_id)
 from .responses_object import (assistant_turn, message_item, new_message_id, new_reasoning_id, new_response_id,
-                               output_text, output_text_part, reasoning_item, reasoning_text_part, response_object)
+                               output_text, output_text_part, reasoning_item, reasoning_text, reasoning_text_part,
+                               response_object)
 from .responses_tools import function_call_item
 from .ignored_fields import header_for as ignored_fields_header
 from .responses_request import RESPONSES_URL, ResponsesRequest, take_online_fields
@@ -41,7 +42,7 @@ __all__ = [
     "LineRequest", "build_record", "check_encoding", "check_messages", "check_prompt", "duplicate_id_error",
     "encode_vector", "error_result", "failed", "is_int", "is_request_id", "is_unnamed_error", "json_kind",
     "record_error_code", "record_id", "RESPONSES_URL", "ResponsesRequest", "message_item", "new_message_id",
-    "new_response_id", "new_reasoning_id", "reasoning_item", "reasoning_text_part", "output_text", "assistant_turn", "function_call_item", "output_text_part", "response_object", "take_online_fields",
+    "new_response_id", "new_reasoning_id", "reasoning_item", "reasoning_text", "reasoning_text_part", "output_text", "assistant_turn", "function_call_item", "output_text_part", "response_object", "take_online_fields",
     "TOOL_BODY_FIELDS", "TOOLS_MESSAGE_ROLE", "Tool", "chat_with_tools", "openai_call", "plain_tool_fields", "result_tool_fields", "ToolCallSplitter", "ToolRequest", "chat_message", "new_call_id", "parse_tools",
     "ignored_fields_header", "split_tool_calls", "tool_message", "tools_message", "with_tools",
 ]

@@ -114,11 +114,17 @@ def assistant_turn(response: dict[str, Any]) -> dict[str, Any]:
              for item in output if item.get("type") == "function_call"]
     if calls:
         turn["tool_calls"] = calls
-    thoughts = [part.get("text", "") for item in output if item.get("type") == "reasoning"
-                for part in item.get("content", []) if part.get("type") == "reasoning_text"]
-    if thoughts:
-        turn["reasoning_content"] = "".join(thoughts)
+    thoughts = reasoning_text(response)
+    if thoughts is not None:
+        turn["reasoning_content"] = thoughts
     return turn
+
+
+def reasoning_text(response: dict[str, Any]) -> str | None:
+    """The text of a response's reasoning items, or None when they hold none."""
+    parts = [part.get("text", "") for item in response.get("output", []) if item.get("type") == "reasoning"
+             for part in item.get("content") or [] if part.get("type") == "reasoning_text"]
+    return "".join(parts) if parts else None
 
 
 def output_text(response: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from array import array
 from dataclasses import replace
 from typing import Any, Iterator
 
-from ...openai_format import output_text, record_error_code, record_id
+from ...openai_format import output_text, reasoning_text as response_reasoning, record_error_code, record_id
 from .table_layout import Layout
 from ...files.replaced_file import replacing
 from .sqlite_output import refuse_foreign
@@ -124,9 +124,7 @@ def reasoning_text(record: dict) -> str | None:
         return value if isinstance(value, str) or value is None else json.dumps(value, ensure_ascii=False)
     body = (record.get("response") or {}).get("body") or {}
     if body.get("object") == "response":  # a /v1/responses line's reasoning items
-        parts = [part.get("text", "") for item in body.get("output", []) if item.get("type") == "reasoning"
-                 for part in item.get("content") or []]
-        return "".join(parts) if parts else None
+        return response_reasoning(body)
     choices = body.get("choices") or [{}]
     return (choices[0].get("message") or {}).get("reasoning_content")
 
