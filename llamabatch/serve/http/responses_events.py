@@ -144,8 +144,8 @@ class ResponseEvents:
         if self.splitter is not None:  # what it still holds (an unclosed call is text)
             out += b"".join(self._text(value) if kind == "content" else self._call(value)
                             for kind, value in self.splitter.finish())
-        if self.message_id is None and not any(i["type"] != "reasoning" for i in self.items):  # as unstreamed: an
-            # answer with no text and no call (or reasoning alone) has an empty message
+        if self.message_id is None and all(item["type"] == "reasoning" for item in self.items):
+            # as unstreamed: an answer with no text and no call (reasoning alone, or nothing) has an empty message
             out += self._open_message()
         if self.message_id is not None:
             out += self._close_message(status)
