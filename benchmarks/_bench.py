@@ -82,7 +82,8 @@ def positive(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str)
 
 def model_path(model: str | None) -> str:
     """The GGUF a --model value means (None: the bundled model), checked to be a GGUF."""
-    from llamabatch.models.resolve import check_gguf, resolve_model
+    from llamabatch.models.gguf_header import check_gguf
+    from llamabatch.models.resolve import resolve_model
 
     path = resolve_model(model)
     check_gguf(path)

