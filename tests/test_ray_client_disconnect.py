@@ -31,7 +31,7 @@ from cut_proxy import CutProxy
 ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 LINES = 40
 # one xdist worker runs the module: its tests share one Ray head (a module fixture), started once
-pytestmark = pytest.mark.xdist_group("ray_client_disconnect")
+pytestmark = [pytest.mark.xdist_group("ray_client_disconnect"), pytest.mark.cluster]
 
 
 def _free_port() -> int:

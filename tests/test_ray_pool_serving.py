@@ -13,7 +13,7 @@ from child_tools import fake_gguf
 from local_ray import local_ray
 from supervised_child_runner import choice
 
-pytestmark = pytest.mark.xdist_group("ray_pool_serving")
+pytestmark = [pytest.mark.xdist_group("ray_pool_serving"), pytest.mark.cluster]
 
 BATCH = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)  # 1.5 s at 50 ms a step
 ONLINE = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, priority=-1)  # serve's online priority

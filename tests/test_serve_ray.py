@@ -28,7 +28,7 @@ from supervised_child_runner import POISON
 
 openai = lazy("openai")
 # one xdist worker runs the module: its tests share one 3-raylet cluster (a module fixture), started once
-pytestmark = pytest.mark.xdist_group("serve_ray")
+pytestmark = [pytest.mark.xdist_group("serve_ray"), pytest.mark.cluster]
 
 READY = re.compile(r"on http://127\.0\.0\.1:(\d+)/v1")
 WORKER = re.compile(r"(w\d): node \S+, pid (\d+)")
