@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -78,7 +79,7 @@ def settings_sandbox(tmp_path, monkeypatch):
     """For tests of settings layers: no LLAMABATCH_* from the outside, an empty per-user config
     dir, cwd in a fresh folder (where a local llamabatch.toml would be found); that folder."""
     for name in list(os.environ):
-        if name.startswith("LLAMABATCH_"):
+        if name.startswith("LLAMABATCH_") and name != "LLAMABATCH_CACHE_DIR":  # the suite's own (pytest_configure)
             monkeypatch.delenv(name)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     work = tmp_path / "work"
@@ -192,6 +193,18 @@ def pytest_xdist_auto_num_workers(config):
 def pytest_configure(config):
     if not config.getoption("hypothesis_profile", None):
         settings.load_profile("fast")
+    if not hasattr(config, "workerinput"):  # the controller; xdist's workers inherit its environment
+        _own_cache_folder(config)
+
+
+def _own_cache_folder(config) -> None:
+    """The suite's own cache folder (LLAMABATCH_CACHE_DIR) for every test and every process a
+    test starts, removed at the end: the auto-slot calibrations the suite makes are timed under
+    its own load, and written to the user's cache they became the slot count a later `llamabatch
+    run --n-parallel auto` trusted there; nothing else the suite makes belongs there either."""
+    folder = tempfile.mkdtemp(prefix="llamabatch-test-cache-")
+    os.environ["LLAMABATCH_CACHE_DIR"] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 @pytest.fixture(autouse=True)
