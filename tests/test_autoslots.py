@@ -18,7 +18,10 @@ GEMMA_META = {"general.architecture": "gemma3", "gemma3.block_count": "18", "gem
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
+    from llamabatch.llama import autoslots
+
     monkeypatch.setenv("LLAMABATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(autoslots, "load_per_core", lambda: None)  # the suite's own load: no stamp, no measuring again
 
 
 class Curve:
@@ -118,6 +121,32 @@ def test_auto_reuses_its_cache_and_measures_only_what_is_missing():
     assert curve.calls[1:] == [[10]]
     other_threads = choose(AUTO.replace(threads=1), MODEL, measure=curve, memory=64 * GIB)
     assert not other_threads.from_cache and len(curve.calls) == 3  # keyed by threads too
+
+
+def test_a_curve_timed_on_a_busy_machine_is_measured_again_once_the_machine_is_quiet():
+    curve = Curve({4: 84, 8: 122, 16: 171})
+    busy = choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=16, load_now=lambda: 2.5)
+    (entry,) = json.loads(cache_path().read_text()).values()
+    assert not busy.from_cache and entry["load"] == 2.5
+    still_busy = choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=16, load_now=lambda: 1.8)
+    assert still_busy.from_cache and len(curve.calls) == 1  # measuring beside the same work would not be better
+    between = choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=16, load_now=lambda: 0.7)
+    assert between.from_cache and len(curve.calls) == 1
+    curve.curve = {4: 84, 8: 160, 16: 150}  # what the quiet machine measures
+    quiet = choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=16, load_now=lambda: 0.2)
+    assert not quiet.from_cache and curve.calls[1] == [4, 8, 16] and quiet.n_parallel == 8
+    (entry,) = json.loads(cache_path().read_text()).values()
+    assert entry["load"] == 0.2
+    assert choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=16, load_now=lambda: 2.5).from_cache
+    assert len(curve.calls) == 2  # a quiet curve is kept whatever the load later
+
+
+def test_a_curve_with_no_load_recorded_is_kept(monkeypatch):
+    curve = Curve({4: 84, 8: 122})
+    choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=8, load_now=lambda: None)
+    (entry,) = json.loads(cache_path().read_text()).values()
+    assert "load" not in entry
+    assert choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=8, load_now=lambda: 0.0).from_cache
 
 
 def test_planned_slots_reads_the_same_choice_from_the_cache_and_measures_nothing(monkeypatch):

@@ -32,6 +32,7 @@ REFERENCE = 8  # a fixed count to compare the choice against in the header line 
 NEAR_BEST = 0.95  # the smallest count within 5% of the best wins: fewer slots, less memory
 KV_MEMORY_SHARE = 0.5  # at most this share of available memory goes to the KV cache
 CALIBRATION_CTX = 64  # tokens per slot while calibrating: a short prompt and a few decode steps
+BUSY = 1.0  # 1-minute load average per core from which a calibration's timings are disturbed
 
 
 @dataclass
@@ -92,6 +93,23 @@ def describe(n: int, measured: Mapping[int, float], bound_why: str, limit: int) 
 
 
 # -- the cache ------------------------------------------------------------------------------
+
+def load_per_core() -> float | None:
+    """The 1-minute load average per core (None where the OS keeps none)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (OSError, AttributeError):
+        return None
+
+
+def timed_when_busy(entry: dict, load_now: float | None) -> bool:
+    """Whether a cached curve was timed on a busy machine and this one is quiet now: then it is
+    measured again, since a curve timed beside other work would pick slots for that work. A
+    curve from a busy machine is still used while the machine stays busy (measuring again
+    would be as disturbed), and one with no load recorded is kept as it is."""
+    then = entry.get("load")
+    return isinstance(then, (int, float)) and then >= BUSY and load_now is not None and load_now < BUSY / 2
+
 
 def cache_path() -> Path:
     """slots.json in llamabatch's cache folder ($LLAMABATCH_CACHE_DIR, else the XDG cache dir)."""
@@ -172,11 +190,13 @@ Measure = Callable[[list[int]], tuple[dict[int, float], int | None]]
 
 
 def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = None,
-           measure: Measure | None = None, memory: int | None = None) -> Choice:
+           measure: Measure | None = None, memory: int | None = None,
+           load_now: Callable[[], float | None] | None = None) -> Choice:
     """Resolve n_parallel="auto" for `config` (an explicit integer is returned unchanged).
 
     `max_slots` bounds the count (e.g. the number of input lines); `measure` defaults to a
-    calibration on the real model (`calibrate`); `memory` to what the OS says is available.
+    calibration on the real model (`calibrate`); `memory` to what the OS says is available;
+    `load_now` to `load_per_core` (recorded with a curve, see `timed_when_busy`).
     """
     if config.n_parallel != "auto":
         return Choice(int(config.n_parallel), "", {})
@@ -187,7 +207,10 @@ def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = Non
     from ..kernel_paths.cpu_buffers import chosen
 
     key = cache_key(model_path, config.n_threads, chosen(config.cpu_buffers), kv_setting(config))
+    load = (load_now or load_per_core)()
     entry = read_cache(key)
+    if entry is not None and timed_when_busy(entry, load):
+        entry = None
     from_cache = entry is not None
     per_token = entry.get("kv_bytes_per_token") if entry else None
     weights = weights_size(model_path)
@@ -206,7 +229,8 @@ def choose(config: EngineConfig, model_path: str, *, max_slots: int | None = Non
             limit, why = bounds(config, per_token, memory, max_slots, weights)
             if limit not in measured and limit > 1:  # the memory bound, known only now: measure it too
                 measured.update(measure([limit])[0])
-        write_cache(key, {"measured": measured, "kv_bytes_per_token": per_token, "at": int(time.time())})
+        stamp = {"at": int(time.time())} if load is None else {"at": int(time.time()), "load": round(load, 2)}
+        write_cache(key, {"measured": measured, "kv_bytes_per_token": per_token, **stamp})
     n = pick(measured, limit)
     return Choice(n, describe(n, measured, why, limit), measured, from_cache)
 
