@@ -141,6 +141,17 @@ def test_a_curve_timed_on_a_busy_machine_is_measured_again_once_the_machine_is_q
     assert len(curve.calls) == 2  # a quiet curve is kept whatever the load later
 
 
+def test_a_dry_run_makes_no_guess_from_a_busy_curve_the_run_would_measure_again(monkeypatch):
+    from llamabatch.llama import autoslots
+    from llamabatch.settings.slots import planned_slots
+
+    monkeypatch.setattr(autoslots, "available_memory", lambda: 64 * GIB)
+    choose(AUTO, MODEL, measure=Curve({4: 84, 8: 122}), memory=64 * GIB, max_slots=8, load_now=lambda: 2.5)
+    assert planned_slots(AUTO, MODEL, 8)[0] == 8  # the load unknown (the fixture): the curve serves
+    monkeypatch.setattr(autoslots, "load_per_core", lambda: 0.1)
+    assert planned_slots(AUTO, MODEL, 8) == (None, {}, None)
+
+
 def test_a_curve_with_no_load_recorded_is_kept(monkeypatch):
     curve = Curve({4: 84, 8: 122})
     choose(AUTO, MODEL, measure=curve, memory=64 * GIB, max_slots=8, load_now=lambda: None)

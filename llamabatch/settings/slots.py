@@ -43,6 +43,8 @@ def planned_slots(config: EngineConfig, model_path: str,
 
     entry = autoslots.read_cache(autoslots.cache_key(model_path, config.n_threads, chosen(config.cpu_buffers),
                                                      autoslots.kv_setting(config)))
+    if entry is not None and autoslots.timed_when_busy(entry, autoslots.load_per_core()):
+        entry = None  # the run itself would measure again: no guess from a curve timed beside other work
     measured = dict(entry["measured"]) if entry else {}
     when = entry.get("at") if entry else None
     if config.n_parallel != "auto":
