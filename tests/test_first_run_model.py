@@ -17,7 +17,9 @@ CAPITALS = {"capital-fr": "Paris", "capital-jp": "Tokyo", "capital-de": "Berlin"
 
 
 def test_the_readmes_first_command_answers_every_example_line(smollm2_path, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMABATCH_") or k == "LLAMABATCH_PREFIX_STORE"}
+    # a new user's environment, but the suite's own prefix store and cache folder (conftest.py)
+    kept = ("LLAMABATCH_PREFIX_STORE", "LLAMABATCH_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMABATCH_") or k in kept}
     proc = subprocess.run([sys.executable, "-m", "llamabatch", "run", str(EXAMPLES)], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
