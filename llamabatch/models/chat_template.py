@@ -39,13 +39,15 @@ def validate_messages(messages) -> Messages:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects")
     checked = []
-    for message in messages:
-        i = len(checked) - sum(m.get("role") == TOOLS_MESSAGE_ROLE for m in checked)  # as the request numbered it
+    tools_messages = 0  # the tools messages a front end put in: the request's own numbering skips them
+    for position, message in enumerate(messages):
+        i = position - tools_messages
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{i}] must be an object with role and content, got {json_kind(message)}")
         role = message.get("role")
         if role == TOOLS_MESSAGE_ROLE:  # a request's tools, for the template (models/tool_prompt.py)
             checked.append(message)
+            tools_messages += 1
             continue
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
