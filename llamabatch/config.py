@@ -30,6 +30,16 @@ SPECULATIVE_ENV = "LLAMABATCH_SPECULATIVE"
 DEFAULT_PREFIX_STORE_BYTES = 2 << 30
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (taskset, a container's cpuset), else the
+    machine's count. llama.cpp's threads wait for each other at every graph node, so one more
+    thread than the CPUs it may use stalls them all."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this OS
+        return os.cpu_count() or 1
+
+
 @dataclass
 class EngineConfig:
     """Settings fixed for an engine's lifetime.
@@ -125,7 +135,7 @@ class EngineConfig:
 
     @property
     def n_threads(self) -> int:
-        return self.threads or max(1, min(os.cpu_count() or 1, 8))
+        return self.threads or max(1, min(usable_cpus(), 8))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], base: "EngineConfig | None" = None) -> "EngineConfig":

@@ -4,6 +4,10 @@ count against the CPUs. Figures are computed from GGUF metadata as llama.cpp siz
 cache; the CLI tests use the real engine factory, which refuses before any model loads."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from cli_harness import invoke
@@ -86,9 +90,20 @@ def test_max_memory_spellings():
 def test_threads_far_above_the_cpus_are_refused():
     with pytest.raises(ResourceLimit) as info:
         check(EngineConfig(n_parallel=2, threads=100_000), "model.gguf", metadata=GEMMA_META, memory=GIB, cpus=2)
-    assert str(info.value) == ("threads 100000 is more than 4 per CPU on this machine (2 CPUs, so at most 8); "
+    assert str(info.value) == ("threads 100000 is more than 4 per CPU this process may use (2 CPUs, so at most 8); "
                                "llama.cpp starts every one of them: use --threads 2 or fewer")
     check(EngineConfig(n_parallel=2, threads=8), "model.gguf", metadata=GEMMA_META, memory=GIB, cpus=2)  # allowed
+
+
+def test_default_threads_are_the_cpus_this_process_may_use_not_the_machines():
+    # taskset or a container's cpuset: os.cpu_count() still gives the machine's count, and a
+    # thread more than the CPUs allowed stalls llama.cpp's others at every graph node
+    script = ("import os; from llamabatch.config import EngineConfig, usable_cpus; "
+              "print(os.cpu_count(), usable_cpus(), EngineConfig().n_threads, EngineConfig(threads=3).n_threads)")
+    allowed = sorted(os.sched_getaffinity(0))[:1]
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         preexec_fn=lambda: os.sched_setaffinity(0, allowed)).stdout.split()
+    assert out == [str(os.cpu_count()), "1", "1", "3"]
 
 
 @pytest.mark.parametrize("args, starts", [

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..config import usable_cpus
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..results import Delta, Result
@@ -425,10 +426,7 @@ def package_version(name: str) -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
+    usable = usable_cpus()
     return {
         "platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
         "python": platform.python_version(), "cpu_count": os.cpu_count(), "cpus_usable": usable,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence as Seq
@@ -23,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence as Seq
 from .sampling_threads import SamplingThreads, wants_apart
 from .embedding import EmbedRequest, prepare_job
 from .lanes.embedding_lane import EmbeddingLane
-from ..config import EngineConfig
+from ..config import EngineConfig, usable_cpus
 from ..errors import EngineClosed, InternalError, LlamaBatchError, QueueFull
 from .lanes.generation_lane import GenerationLane
 from .handle import EventCallback, RequestHandle
@@ -103,7 +102,7 @@ class EngineCore(EngineBase):
         # set every slot's pace (sampling_threads.py). Deterministic mode keeps inline sampling.
         # Where llama_decode's threads take every core, the sampling threads pause while it runs.
         self.sampling_threads = (SamplingThreads(self._cond, runner.n_slots,
-                                                 yield_to_decode=self.config.n_threads >= (os.cpu_count() or 1))
+                                                 yield_to_decode=self.config.n_threads >= usable_cpus())
                                  if can.can_sample_apart and not self.config.deterministic else None)
         self.disk = open_disk(self.config, runner) if open_disk else None  # the disk prefix store, or None
         # A slot's own cache is reused only where a Trim can keep part of it (plan.Trim).

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..config import EngineConfig
+from ..config import EngineConfig, usable_cpus
 from ..errors import InvalidRequest, ResourceLimit
 from ..checks.kv_cache_types import BLOCKS, CACHE_TYPES, fits_rows, row_bytes
 from ..checks.max_memory import DEFAULT_MAX_MEMORY, memory_cap
@@ -158,10 +158,10 @@ def weights_size(model_path: str) -> int:
 
 
 def check_threads(config: EngineConfig, cpus: int | None = None) -> None:
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cpus()
     if config.threads is not None and config.threads > THREADS_PER_CPU * cpus:
         raise ResourceLimit(
-            f"threads {config.threads} is more than {THREADS_PER_CPU} per CPU on this machine ({cpus} CPUs, so at "
+            f"threads {config.threads} is more than {THREADS_PER_CPU} per CPU this process may use ({cpus} CPUs, so at "
             f"most {THREADS_PER_CPU * cpus}); llama.cpp starts every one of them: use --threads {cpus} or fewer")
 
 
