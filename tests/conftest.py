@@ -100,17 +100,63 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
-        if item.get_closest_marker("model"):
-            # One at a time, in file order, on one xdist worker: model tests load the model with
-            # 2 threads each and some measure time. Two lanes (in-process tests beside real-process
-            # tests) were measured: 899 s against 909 s for the whole suite, 24.6 against 17.4 CPU
-            # minutes, so on 2 cores one lane; a module's model fixture also loads once.
-            item.add_marker(pytest.mark.xdist_group("model"))
-        elif item.path.name in SOURCE_SCANS:
+        if item.path.name in SOURCE_SCANS and not item.get_closest_marker("model"):
             item.add_marker(pytest.mark.xdist_group("source_scans"))
+    _into_model_lanes([item for item in items if item.get_closest_marker("model")])
     # xdist hands tests out in this order: the tests that mostly wait on real processes' timers
     # go first, so their waits overlap the others' CPU instead of ending the run on one worker
     items.sort(key=lambda item: item.path.name not in WAITING_MODULES)  # stable: files keep their order
+
+
+# -- model lanes ---------------------------------------------------------------------------
+# Model tests run one at a time in each of a few lanes, a lane on an xdist worker of its own and
+# pinned to its share of the CPUs, so llama.cpp in it (in the test's process and in every
+# process it starts, which inherit the affinity) takes that share's threads: the engine's
+# default thread count is the CPUs a process may use. Two lanes of llama.cpp threads that are
+# not pinned wait for each other at every graph node; pinned, each lane's single-threaded time
+# (Python, process starts, model loads: most of a model test) overlaps the other's. A module
+# stays in one lane, so its module-scoped engines load once.
+
+def _lane_cpus() -> list[set[int]]:
+    cpus = sorted(os.sched_getaffinity(0))
+    lanes = min(MODEL_LANES, len(cpus))
+    return [set(cpus[lane::lanes]) for lane in range(lanes)]
+
+
+MODEL_LANES = 2
+LANE_CPUS = _lane_cpus()
+ALL_CPUS = set(os.sched_getaffinity(0))
+
+
+def _into_model_lanes(model_items: list[pytest.Item]) -> None:
+    """Each module's model tests into the lane with the fewest model tests so far, the modules
+    with the most first. A module with an xdist group of its own (a Ray cluster's) keeps it."""
+    tests_in: dict = {}
+    for item in model_items:
+        tests_in[item.path] = tests_in.get(item.path, 0) + 1
+    load = [0] * len(LANE_CPUS)
+    lane_of = {}
+    for path, count in sorted(tests_in.items(), key=lambda entry: (-entry[1], str(entry[0]))):
+        lane_of[path] = load.index(min(load))
+        load[lane_of[path]] += count
+    for item in model_items:
+        if item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("model"))
+        else:
+            item.stash[MODEL_LANE] = lane_of[item.path]
+            item.add_marker(pytest.mark.xdist_group(f"model_lane_{lane_of[item.path]}"))
+
+
+MODEL_LANE = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # tryfirst: before the test's fixtures start an engine, whose threads follow the affinity.
+    # Only in an xdist worker: run serially (-n 0), every test has the machine to itself.
+    if hasattr(item.config, "workerinput"):
+        lane = item.stash.get(MODEL_LANE, None)
+        os.sched_setaffinity(0, ALL_CPUS if lane is None else LANE_CPUS[lane])
 
 
 # Modules whose time is mostly waiting on real processes (watchdogs, restarts, Ray's start):
@@ -183,10 +229,8 @@ def pytest_generate_tests(metafunc):
 def pytest_xdist_auto_num_workers(config):
     """pyproject's `-n auto`. The fast suite is mostly processes waiting, and on 2 cores 6 workers
     overlap more of it than 4 (7 alternated pairs, 4 workers' time over 6's: 1.13, 1.20, 0.99,
-    0.95, 1.10, 1.14, 1.14; 8 workers gained nothing over 6). Where model tests run, 4: they run
-    one at a time on one worker, and the other workers' CPU competes with their llama.cpp
-    threads (the whole suite took 687 s on 6 workers against 543-609 s on 4, in clean-clone CI
-    runs)."""
+    0.95, 1.10, 1.14, 1.14; 8 workers gained nothing over 6). Where model tests run, 4: one for
+    each model lane and two for the rest, whose CPU competes with the lanes' llama.cpp threads."""
     return 6 if "not model" in (config.option.markexpr or "") else 4
 
 

@@ -213,7 +213,7 @@ def test_bad_slot_counts_are_usage_errors(bad):
 
 @pytest.mark.model
 def test_real_calibration_picks_a_measured_count_and_caches_it(family):
-    config = EngineConfig(model=family.path, n_parallel="auto", threads=2)
+    config = EngineConfig(model=family.path, n_parallel="auto")
     choice = choose(config, family.path, max_slots=8)  # measures 4 and 8: about a second
     assert choice.n_parallel in (4, 8) and set(choice.measured) == {4, 8}
     assert all(v > 0 for v in choice.measured.values())

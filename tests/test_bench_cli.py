@@ -18,7 +18,7 @@ TICK_KEYS = ("tick", "batch_size", "decode_tokens", "prefill_tokens", "active_sl
 
 
 def bench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llamabatch", "bench", "--threads", "2", *args],
+    return subprocess.run([sys.executable, "-m", "llamabatch", "bench", *args],
                           capture_output=True, text=True, timeout=300)
 
 
@@ -91,7 +91,7 @@ def test_json_has_every_field_with_sane_values(synthetic):
     assert doc["llama_cpp_python_version"] and doc["llamabatch_version"]
     assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["platform"]
     assert doc["model"]["name"] and doc["model"]["architecture"] == "gemma3"
-    assert doc["threads"] == 2 and doc["settings"]["parallel"] == [1, 2]
+    assert doc["threads"] == min(doc["machine"]["cpus_usable"], 8) and doc["settings"]["parallel"] == [1, 2]
     assert doc["baseline"] is None
     assert [level["n_parallel"] for level in doc["levels"]] == [1, 2]
     for level in doc["levels"]:

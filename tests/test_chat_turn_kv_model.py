@@ -38,7 +38,7 @@ def session_on(engine, store, tmp_path) -> tuple[ChatSession, list[str]]:
 
 
 def test_continue_restores_the_last_turn_and_answers_as_the_live_chat(model_path, tmp_path):
-    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=2048, threads=2, prefix_store=str(tmp_path / "kv"))
+    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=2048, prefix_store=str(tmp_path / "kv"))
     with Engine(config) as engine:
         store = Store(tmp_path / "c.db")
         live, _ = session_on(engine, store, tmp_path)

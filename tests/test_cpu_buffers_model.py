@@ -32,7 +32,7 @@ def test_repack_pinned_by_name_is_the_layout_llama_cpp_chooses_itself(model_path
     from llamabatch.llama.cpu_kernels import cpu_extra_buffer_types
     from llamabatch.llama.runner import LlamaRunner
 
-    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=256, threads=2)
+    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=256)
     pinned = LlamaRunner(config.replace(cpu_buffers="repack"), model_path)
     try:
         assert not pinned.kernels.use_extra_bufts and pinned.kernels.pin_repack
@@ -66,7 +66,7 @@ def test_self_check_holds_on_each_layout(model_path, cpu_path, monkeypatch):
     from llamabatch.kernel_paths import determinism_check
     from llamabatch.llama.runner import LlamaRunner
 
-    runner = LlamaRunner(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, deterministic=True,
+    runner = LlamaRunner(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, deterministic=True,
                                       cpu_buffers=cpu_path), model_path)
     # the check's own two probe runs, recorded as it makes them: running the probe twice more
     # after it doubled the test's time and compared the same two things again

@@ -44,7 +44,7 @@ def targets() -> list[tuple[str, SamplingParams]]:
 
 
 def engine(model_path: str, cpu_path: str, n_parallel: int, chunk_size: int = 256) -> Engine:
-    return Engine(EngineConfig(model=model_path, n_parallel=n_parallel, n_ctx=512 * n_parallel, threads=2,
+    return Engine(EngineConfig(model=model_path, n_parallel=n_parallel, n_ctx=512 * n_parallel,
                                chunk_size=chunk_size, deterministic=True, cpu_buffers=cpu_path))
 
 
@@ -96,7 +96,7 @@ def test_run_verify_passes_and_records_say_deterministic(model_path, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join(lines) + "\n")
     proc = subprocess.run([sys.executable, "-m", "llamabatch", "run", str(src), "--deterministic", "--verify", "3",
-                           "--n-parallel", "4", "--n-ctx", "1024", "--threads", "2", "--max-tokens", "4",
+                           "--n-parallel", "4", "--n-ctx", "1024", "--max-tokens", "4",
                            "--temperature", "0.8", "--model", model_path],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -13,7 +13,7 @@ MIB = 2**20
 
 
 def test_the_counted_bytes_are_what_llama_cpp_reserves(model_path, caplog):
-    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=512, threads=2)
+    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=512)
     with Engine(config) as engine, caplog.at_level(logging.INFO, logger="llamabatch.runner"):
         assert len(engine.embed(["one", "two"])) == 2
         embedder = engine.runner.embedder
@@ -25,7 +25,7 @@ def test_the_counted_bytes_are_what_llama_cpp_reserves(model_path, caplog):
 
 
 def test_an_embedding_context_past_max_memory_fails_its_requests_and_generation_goes_on(model_path):
-    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=512, threads=2)
+    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=512)
     taken = resources.check(config, model_path).total
     with Engine(config.replace(max_memory=taken + 64 * MIB)) as engine:  # fits the engine, not 780 MiB more
         refused = engine.submit_embedding(["one", "two"]).result(timeout=120)

@@ -15,7 +15,7 @@ from cli_harness import invoke
 pytestmark = pytest.mark.model
 
 TEXTS = ["The cat sat on the mat.", "Quarterly revenue grew by four percent.", "A dog slept on the rug."]
-CONFIG = dict(n_parallel=2, n_ctx=1024, threads=2)
+CONFIG = dict(n_parallel=2, n_ctx=1024)
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -89,7 +89,7 @@ def test_run_answers_openai_lines_with_real_vectors_and_base64_round_trips(model
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))
     result = invoke(["run", str(src), "--model", model_path, "--no-isolate", "--n-parallel", "2",
-                     "--n-ctx", "1024", "-t", "2", "--deterministic"])
+                     "--n-ctx", "1024", "--deterministic"])
     assert result.exit_code == 0, result.stderr
     recs = {r["custom_id"]: r for r in map(json.loads, result.stdout.splitlines())}
     floats = recs["f"]["response"]["body"]["data"]

@@ -3,7 +3,7 @@ streaming, cancel, prefix cache (also past Gemma 3's 512-token sliding window), 
 input, queue limits, grammars, chat, token-id prompts and model load errors. The prefix
 cache, grammar, stop-string and token-id tests run on SmolLM2 too (`family_engine`).
 
-Kept small (2 threads, few tokens) so the file runs in well under a minute on 2 cores.
+Kept small (few tokens) so the file runs in well under a minute on 2 cores.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def long_prompt(n_facts: int = 55) -> str:
 @pytest.fixture(scope="module")
 def engine(model_path):
     """8 slots of 1024 tokens each, shared by the tests that do not need their own."""
-    with Engine(EngineConfig(model=model_path, n_parallel=8, n_ctx=8 * 1024, threads=2)) as eng:
+    with Engine(EngineConfig(model=model_path, n_parallel=8, n_ctx=8 * 1024)) as eng:
         yield eng
 
 
@@ -38,13 +38,13 @@ def engine(model_path):
 def family_engine(request, family):
     """`engine` on each model family (the Gemma one is `engine` itself): for the tests of paths
     that depend on the architecture, the vocabulary or the tokenizer."""
-    yield from family_engine_of(request, family, n_parallel=8, n_ctx=8 * 1024, threads=2)
+    yield from family_engine_of(request, family, n_parallel=8, n_ctx=8 * 1024)
 
 
 @pytest.fixture(scope="module")
 def one_slot(model_path):
     """One slot and room for one waiting request: for cancel and queue-limit tests."""
-    with Engine(EngineConfig(model=model_path, n_parallel=1, n_ctx=512, threads=2, max_queue=1)) as eng:
+    with Engine(EngineConfig(model=model_path, n_parallel=1, n_ctx=512, max_queue=1)) as eng:
         yield eng
 
 
@@ -104,7 +104,7 @@ def test_greedy_and_seeded_output_is_repeatable_across_engines(model_path):
                                                                                   seed=1234)]
     runs = []
     for _ in range(2):
-        with Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=4 * 256, threads=2)) as eng:
+        with Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=4 * 256)) as eng:
             with eng.hold():
                 handles = [eng.submit(p, sp, stream=False) for p, sp in zip(prompts, params)]
             results = [h.result(WAIT) for h in handles]
@@ -183,7 +183,7 @@ def test_cached_prefix_past_the_window_gives_the_same_answer_as_a_cold_start(mod
     base = long_prompt(45)  # 566 tokens: just past the window, each of them prefilled 3 times here
     follow = base + " Fact 45: the number 45 is"
     params = SamplingParams(temperature=0, max_tokens=6)
-    det = dict(model=model_path, n_parallel=1, n_ctx=1024, threads=2, deterministic=True, cpu_buffers=cpu_path)
+    det = dict(model=model_path, n_parallel=1, n_ctx=1024, deterministic=True, cpu_buffers=cpu_path)
     with Engine(EngineConfig(**det)) as warm:
         warm.submit(base + " Fact 99: the number", params).result(WAIT)  # diverges after the base
         hot = warm.submit(follow, params).result(WAIT)
@@ -266,7 +266,7 @@ def test_stop_string_ends_generation_and_is_excluded(family):
     # The stop string is taken from the model's own answer (whatever these kernels make of
     # it), and the run repeated with it: one slot, no prompt cache, so both runs have the
     # same shapes and the same tokens up to the stop.
-    with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2, cache_prompt=False)) as eng:
+    with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512, cache_prompt=False)) as eng:
         params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
         full = eng.submit("Counting: 1, 2, 3, 4,", params).result(WAIT).text
         cut = len(full) // 2
@@ -316,6 +316,6 @@ def test_missing_or_non_gguf_model_is_a_one_line_model_load_error(tmp_path):
     for layout in layouts:
         for path, words in ((missing, "no such"), (junk, "not a GGUF"), (broken, "")):
             with pytest.raises(ModelLoadError) as info:
-                Engine(EngineConfig(model=str(path), n_parallel=1, threads=2, cpu_buffers=layout))
+                Engine(EngineConfig(model=str(path), n_parallel=1, cpu_buffers=layout))
             msg = str(info.value)
             assert str(path) in msg and "\n" not in msg and words in msg, (layout, msg)

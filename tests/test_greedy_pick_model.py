@@ -14,7 +14,7 @@ def run(model_path, cases, in_place: bool, monkeypatch):
     with monkeypatch.context() as patch:
         if not in_place:
             patch.setattr(samplers, "_only_bias_and_greedy", lambda params, masked=False: False)
-        with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2)) as engine:
+        with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024)) as engine:
             # one request at a time: both runs evaluate the same batches
             return [engine.submit(prompt, params).result(timeout=300) for prompt, params in cases]
 
@@ -40,7 +40,7 @@ def test_the_in_place_pick_gives_the_chains_tokens(model_path, monkeypatch):
 
 
 def test_a_greedy_chain_with_penalties_is_not_picked_in_place(model_path):
-    with Engine(EngineConfig(model=model_path, n_parallel=1, n_ctx=512, threads=2)) as engine:
+    with Engine(EngineConfig(model=model_path, n_parallel=1, n_ctx=512)) as engine:
         factory = engine.runner.samplers
         fast = factory.build(SamplingParams(temperature=0, ignore_eos=True), 0)
         penalised = factory.build(SamplingParams(temperature=0, repeat_penalty=1.3), 0)

@@ -24,7 +24,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def q8_engine(family):
-    config = EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 1024, threads=2, **Q8)
+    config = EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 1024, **Q8)
     with Engine(config) as engine:
         yield engine
 
@@ -56,7 +56,7 @@ def test_the_kv_llama_cpp_allocates_is_what_the_memory_check_counts(q8_engine):
 
 
 def answers(path, store, **config):
-    cfg = EngineConfig(model=path, n_parallel=2, n_ctx=2048, threads=2, prefix_store=str(store), **config)
+    cfg = EngineConfig(model=path, n_parallel=2, n_ctx=2048, prefix_store=str(store), **config)
     with Engine(cfg) as engine:
         with engine.hold():
             handles = [engine.submit(INSTRUCTION + item, PARAMS) for item in ITEMS]

@@ -80,7 +80,7 @@ def test_no_answer_carries_a_key_the_schema_never_listed(smollm2_path, backend):
     if backend == "llama":
         del schemas["email"]  # llama.cpp's converter cannot read its pattern's escaped dot (its error, not ours)
     work = [(name, messages) for name, messages in work if name in schemas]
-    config = EngineConfig(model=smollm2_path, n_parallel=len(work), n_ctx=len(work) * 512, threads=2,
+    config = EngineConfig(model=smollm2_path, n_parallel=len(work), n_ctx=len(work) * 512,
                           grammar_backend=backend)
     with Engine(config) as engine:
         results = engine.generate([messages for _, messages in work],

@@ -25,7 +25,7 @@ def write(path, long: int, short: int) -> None:
 
 
 def run(model: str, path, *args: str) -> tuple[list[dict], str]:
-    proc = subprocess.run([sys.executable, "-m", "llamabatch", "run", str(path), "-m", model, "--threads", "2",
+    proc = subprocess.run([sys.executable, "-m", "llamabatch", "run", str(path), "-m", model,
                            "-o", "-", *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     return [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr

@@ -44,7 +44,7 @@ def preempted_after(engine: Engine, prompt: str, chunks: int):
 
 
 def test_a_request_preempted_mid_prefill_past_the_window_answers_as_unpreempted(family):
-    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=4096, threads=2, cache_prompt=False,
+    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=4096, cache_prompt=False,
                           chunk_size=256, speculative="off")
     with Engine(config) as engine:
         prompt = notes()

@@ -55,7 +55,7 @@ def greedy(runner, sampler, slot: int, first: int, pos: int, n: int) -> list[int
 def test_forked_prefix_plus_suffix_gives_the_tokens_of_evaluating_it_in_place(family, unified, cpu_path):
     from llamabatch.llama.runner import LlamaRunner
 
-    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=2 * 640, threads=2, kv_unified=unified,
+    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=2 * 640, kv_unified=unified,
                           cpu_buffers=cpu_path)
     runner = LlamaRunner(config, family.path)
     sampler = runner.build_sampler(SamplingParams(temperature=0), 0)
@@ -98,7 +98,7 @@ def test_engine_shares_a_prefix_across_slots_and_counts_it_as_cached(family):
     base = "You are a careful assistant. Answer with one word, yes or no. " * 6
     # ignore_eos: SmolLM2, an instruct model, may end a raw (non-chat) prompt at once with <|im_end|>
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    with Engine(EngineConfig(model=family.path, n_parallel=3, n_ctx=3 * 256, threads=2)) as eng:
+    with Engine(EngineConfig(model=family.path, n_parallel=3, n_ctx=3 * 256)) as eng:
         n_base = len(eng.tokenize(base))
         with eng.hold():  # all start in the same tick: two wait for the first one's prefill
             handles = [eng.submit(base + q, params) for q in (" Is ice cold?", " Is fire hot?", " Is snow dry?")]

@@ -22,7 +22,7 @@ NEAR_TIE = 0.5  # nats between the top two candidates
 
 
 def answers(model_path, store, **config):
-    cfg = EngineConfig(model=model_path, n_parallel=2, n_ctx=2048, threads=2, prefix_store=str(store), **config)
+    cfg = EngineConfig(model=model_path, n_parallel=2, n_ctx=2048, prefix_store=str(store), **config)
     with Engine(cfg) as engine:
         with engine.hold():
             handles = [engine.submit(INSTRUCTION + item, PARAMS) for item in ITEMS]
@@ -64,7 +64,7 @@ def test_entries_of_one_layout_are_not_restored_by_the_other(model_path, tmp_pat
 
 
 def test_deterministic_mode_does_not_use_the_store(model_path, tmp_path):
-    cfg = EngineConfig(model=model_path, n_parallel=2, n_ctx=2048, threads=2, deterministic=True,
+    cfg = EngineConfig(model=model_path, n_parallel=2, n_ctx=2048, deterministic=True,
                        prefix_store=str(tmp_path))
     with Engine(cfg) as engine:
         assert engine.disk is None

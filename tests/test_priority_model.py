@@ -19,7 +19,7 @@ URGENT = SamplingParams(max_tokens=4, temperature=0, priority=-1)
 
 
 def engine(path: str, deterministic: bool) -> Engine:
-    return Engine(EngineConfig(model=path, n_parallel=2, n_ctx=1024, threads=2, deterministic=deterministic))
+    return Engine(EngineConfig(model=path, n_parallel=2, n_ctx=1024, deterministic=deterministic))
 
 
 def run(e: Engine, interrupt: bool) -> tuple[list, object]:
@@ -83,7 +83,7 @@ def test_a_preempted_request_gets_the_tokens_it_gets_unpreempted(family, prompt,
     neighbour whose batch-mates a pause changed may answer differently; docs/deterministic.md),
     but the parked KV is put back exactly and the request answers as unpreempted. No prompt
     cache: the second arm evaluates its prompt as the first did."""
-    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2, cache_prompt=False)
+    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=512, cache_prompt=False)
     with Engine(config) as e:
         plain = e.submit(prompt, params).result(timeout=300)
         resumed, urgent = put_aside_after_three_tokens(e, prompt, params)
@@ -101,7 +101,7 @@ def test_a_resumed_slot_leaves_its_prompt_prefix_to_the_next_request(family, det
     unpreempted, and gets the same tokens (the same chunks in both arms, so exactly the same
     on every kernel path)."""
     later = "List three facts about the sun."
-    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2, deterministic=deterministic)
+    config = EngineConfig(model=family.path, n_parallel=1, n_ctx=512, deterministic=deterministic)
     with Engine(config) as e:
         e.submit(PROMPTS[0], GREEDY).result(timeout=300)
         unpreempted = e.submit(later, GREEDY).result(timeout=300)

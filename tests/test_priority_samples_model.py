@@ -42,7 +42,7 @@ def texts(result) -> list[list[int]]:
 
 
 def test_an_n_request_put_aside_answers_every_sample_as_unpreempted(family):
-    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, threads=2)
+    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=1024)
     low = [(PROMPTS[1], SEEDED.replace(n=2, priority=1000))]
     with Engine(config) as engine:
         (plain,), _ = after_tokens(engine, low, None)
@@ -54,7 +54,7 @@ def test_an_n_request_put_aside_answers_every_sample_as_unpreempted(family):
 
 
 def test_an_urgent_n_request_puts_aside_two_running_requests(family):
-    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, threads=2)
+    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=1024)
     lows = [(prompt, GREEDY.replace(priority=5)) for prompt in PROMPTS]
     with Engine(config) as engine:
         plain, _ = after_tokens(engine, lows, None)

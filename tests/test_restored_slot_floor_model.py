@@ -16,7 +16,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=4, logprobs=2, ignore_eos=Tr
 
 
 def test_a_restored_slot_is_cut_back_to_its_restored_end_or_emptied(model_path, tmp_path):
-    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=2048, threads=2, prefix_store=str(tmp_path))
+    config = EngineConfig(model=model_path, n_parallel=1, n_ctx=2048, prefix_store=str(tmp_path))
     with Engine(config) as engine:
         prefix = engine.tokenize(TEXT, special=True)
         assert len(prefix) > 600 and engine.save_prefix(prefix).stored_prefix

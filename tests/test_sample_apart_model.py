@@ -24,7 +24,7 @@ def test_sampled_apart_gives_the_tokens_inline_sampling_gives(model_path):
 
     def run(apart: bool):
         # a fresh engine and one request at a time: both runs evaluate the same batches
-        with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2, grammar_backend="llama")) as engine:
+        with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, grammar_backend="llama")) as engine:
             assert engine.sampling_threads is not None
             if not apart:
                 engine.scheduler.sample_apart = None  # every row sampled inline, on the engine thread
@@ -47,7 +47,7 @@ def test_a_large_enum_beside_plain_requests_finishes_and_they_finish_too(model_p
     def note(name):
         return lambda handle, item: order.append(name if not isinstance(item, Delta) else f"{name} token")
 
-    with Engine(EngineConfig(model=model_path, n_parallel=3, n_ctx=3 * 256, threads=2, grammar_backend="llama")) as engine:
+    with Engine(EngineConfig(model=model_path, n_parallel=3, n_ctx=3 * 256, grammar_backend="llama")) as engine:
         enum = engine.submit("Pick one:", SamplingParams(temperature=0, max_tokens=12, json_schema={"enum": values}),
                              callback=note("enum"))
         plain = [engine.submit(f"Count to {i}:", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),

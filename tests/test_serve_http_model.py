@@ -19,7 +19,7 @@ pytestmark = pytest.mark.model
 
 
 def test_a_batch_and_online_requests_on_the_bundled_model(tmp_path):
-    engine = open_engine(EngineConfig(model=None, n_parallel=3, n_ctx=3 * 512, threads=2),
+    engine = open_engine(EngineConfig(model=None, n_parallel=3, n_ctx=3 * 512),
                          SamplingParams(temperature=0, max_tokens=12))
     service = Service(engine, str(tmp_path / "data"), online_slots=1)
     listening = listen(build_app(service), "127.0.0.1", 0)

@@ -31,7 +31,7 @@ class Colour(BaseModel):
 
 
 def test_responses_on_the_bundled_model(tmp_path):
-    engine = open_engine(EngineConfig(model=None, n_parallel=2, n_ctx=2 * 512, threads=2),
+    engine = open_engine(EngineConfig(model=None, n_parallel=2, n_ctx=2 * 512),
                          SamplingParams(temperature=0, max_tokens=12))
     with serving_engine(engine, tmp_path / "data") as running:
         client = running.client(timeout=300)
@@ -67,7 +67,7 @@ def test_responses_function_calls_on_smollm2_through_a_hermes_template(tmp_path,
     streamed as the same call, and its output continues the chain to a message."""
     import jsonschema
 
-    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, threads=2,
+    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024,
                                       chat_template=HERMES), SamplingParams(temperature=0, max_tokens=60))
     with serving_engine(engine, tmp_path / "data") as running:
         client = running.client(timeout=300)

@@ -26,7 +26,7 @@ def _post(base: str, path: str, body) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def base(family, tmp_path_factory):
-    engine = SupervisedEngine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512, threads=2))
+    engine = SupervisedEngine(EngineConfig(model=family.path, n_parallel=1, n_ctx=512))
     service = Service(engine, str(tmp_path_factory.mktemp("data")))
     listening = listen(build_app(service), "127.0.0.1", 0)
     thread = listening.run_in_thread()

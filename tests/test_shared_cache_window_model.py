@@ -20,7 +20,7 @@ def records(first: int, count: int) -> str:
 
 
 def test_a_request_sharing_a_prefix_whose_window_cells_a_neighbour_took_is_answered(family):
-    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=4096, threads=2, kv_unified=True,
+    config = EngineConfig(model=family.path, n_parallel=2, n_ctx=4096, kv_unified=True,
                           share_prefix_min=0, speculative="off")
     with Engine(config) as engine:
         long_text = records(0, 80)  # about 1,300 tokens

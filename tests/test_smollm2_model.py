@@ -25,7 +25,7 @@ CHATML = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nName a fru
 
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
-    with Engine(EngineConfig(model=smollm2_path, n_parallel=1, n_ctx=1024, threads=2)) as eng:
+    with Engine(EngineConfig(model=smollm2_path, n_parallel=1, n_ctx=1024)) as eng:
         yield eng
 
 
@@ -55,7 +55,7 @@ def test_chat_answers_with_it_by_default(tmp_path, smollm2_path):
     env = {k: v for k, v in os.environ.items() if k != "LLAMABATCH_MODEL"}
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     proc = subprocess.run([sys.executable, "-m", "llamabatch", "chat", "Write one sentence about the sea.",
-                           "--max-tokens", "40", "--temperature", "0", "--threads", "2", "--n-ctx", "1024"],
+                           "--max-tokens", "40", "--temperature", "0", "--n-ctx", "1024"],
                           capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert "sea" in proc.stdout.lower() and "<|im" not in proc.stdout

@@ -51,7 +51,7 @@ def requests(family) -> list[tuple[object, SamplingParams]]:
 
 def answers(family, cpu_path, speculative: str, **config):
     """The requests together, four slots, a KV stream per slot."""
-    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 512, threads=2, cpu_buffers=cpu_path,
+    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=4 * 512, cpu_buffers=cpu_path,
                              speculative=speculative, **config)) as engine:
         guessing(engine)
         prompts, params = zip(*requests(family))
@@ -101,7 +101,7 @@ def test_greedy_answers_with_the_unified_cache(family, cpu_path):
     # One slot at a time, the cells lie in order either way: the same tokens.
     runs = {}
     for mode in ("auto", "off"):
-        with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=1024, threads=2, cpu_buffers=cpu_path,
+        with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=1024, cpu_buffers=cpu_path,
                                  kv_unified=True, speculative=mode)) as engine:
             guessing(engine)
             runs[mode] = [engine.generate([p], [q])[0] for p, q in requests(family)]
@@ -117,7 +117,7 @@ def test_a_random_chain_with_one_candidate_gives_the_greedy_tokens(family, cpu_p
     # RNG stepping as without guesses) and a guess is kept when the draw equals it, so the
     # answer must be exactly the greedy one
     one = SamplingParams(max_tokens=TOKENS, temperature=0.7, top_k=1, seed=5, logprobs=TOP)
-    with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, threads=2, cpu_buffers=cpu_path)) as engine:
+    with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, cpu_buffers=cpu_path)) as engine:
         guessing(engine)
         results = engine.generate([QUOTE, LISTING], [one.replace(prediction=off[1].text),
                                                      one.replace(prediction=off[2].text)])
@@ -131,7 +131,7 @@ def test_verified_rows_report_the_plain_rows_logprobs(family, cpu_path, off):
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=TOP)
     runs = {}
     for mode in ("auto", "off"):
-        with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=1024, threads=2, cpu_buffers=cpu_path,
+        with Engine(EngineConfig(model=family.path, n_parallel=1, n_ctx=1024, cpu_buffers=cpu_path,
                                  speculative=mode)) as engine:
             guessing(engine)
             runs[mode] = engine.generate([QUOTE], [params.replace(prediction=off[1].text)])[0]
@@ -147,7 +147,7 @@ def test_verified_rows_report_the_plain_rows_logprobs(family, cpu_path, off):
 def test_n_samples_and_sampled_requests_keep_working(family, cpu_path, off):
     greedy_pair = SamplingParams(max_tokens=TOKENS, temperature=0, n=2, logprobs=TOP)
     sampled = SamplingParams(max_tokens=TOKENS, temperature=0.8, seed=11)
-    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=2048, threads=2, cpu_buffers=cpu_path)) as engine:
+    with Engine(EngineConfig(model=family.path, n_parallel=4, n_ctx=2048, cpu_buffers=cpu_path)) as engine:
         guessing(engine)
         pair, free = engine.generate([LISTING, QUOTE], [greedy_pair, sampled])
         assert engine.stats().drafted_tokens > 0
@@ -167,7 +167,7 @@ def test_deterministic_mode_gives_the_same_bits_with_guesses(family, cpu_path):
     params = [greedy.replace(prediction=listed), sampled.replace(prediction=listed), greedy]
     runs = {}
     for mode in ("auto", "off"):
-        with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, threads=2, cpu_buffers=cpu_path,
+        with Engine(EngineConfig(model=family.path, n_parallel=2, n_ctx=1024, cpu_buffers=cpu_path,
                                  deterministic=True, speculative=mode)) as engine:
             runs[mode] = engine.generate(prompts, params)
             stats = engine.stats()

@@ -85,7 +85,7 @@ def test_every_answer_validates_over_twenty_schemas(smollm2_path):
     # a line a schema, nested and $ref ones included: lines() gives every schema one prompt, so
     # more lines a schema would only add seeds, not prompts or grammars
     work = lines(len(SCHEMAS))
-    with Engine(EngineConfig(model=smollm2_path, n_parallel=8, n_ctx=8 * 1024, threads=2)) as engine:
+    with Engine(EngineConfig(model=smollm2_path, n_parallel=8, n_ctx=8 * 1024)) as engine:
         results = engine.generate([messages for _, messages in work],
                                   [SamplingParams(max_tokens=256, temperature=0.7, seed=i, json_schema=SCHEMAS[name])
                                    for i, (name, _) in enumerate(work)])
@@ -104,7 +104,7 @@ def test_an_answer_ends_when_its_grammar_allows_nothing_but_the_end(smollm2_path
     evaluates the prompt), and the rest of the answer came forced."""
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
               "required": ["name", "age"]}
-    with Engine(EngineConfig(model=smollm2_path, n_parallel=1, n_ctx=1024, threads=2)) as engine:
+    with Engine(EngineConfig(model=smollm2_path, n_parallel=1, n_ctx=1024)) as engine:
         ticks = []
         engine.subscribe(lambda record: ticks.append(record) if getattr(record, "kind", "") == "tick" else None)
         result = engine.generate(["Describe a person as JSON."],
@@ -123,7 +123,7 @@ def test_forced_tokens_keep_answers_valid_and_mostly_the_same_on_gemma(model_pat
     work = lines(8)
     answers = {}
     for logprobs in (None, 0):
-        with Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=4 * 1024, threads=2)) as engine:
+        with Engine(EngineConfig(model=model_path, n_parallel=4, n_ctx=4 * 1024)) as engine:
             results = engine.generate([m for _, m in work], [
                 SamplingParams(max_tokens=128, temperature=0, json_schema=SCHEMAS[name], logprobs=logprobs)
                 for name, _ in work])
@@ -144,7 +144,7 @@ def test_deterministic_mode_with_grammars_is_bit_identical_alone_and_in_a_batch(
     target = lines(1)[0][1]
     params = SamplingParams(max_tokens=64, temperature=0.8, seed=11, json_schema=schema, logprobs=1)
     others = [m for _, m in lines(6)[1:]]
-    with Engine(EngineConfig(model=model_path, n_parallel=6, n_ctx=6 * 512, threads=2, deterministic=True)) as engine:
+    with Engine(EngineConfig(model=model_path, n_parallel=6, n_ctx=6 * 512, deterministic=True)) as engine:
         alone = engine.generate([target], params)[0]
         crowd = engine.generate([target, *others], [params] + [SamplingParams(max_tokens=48, temperature=0.8, seed=i,
                                                                               json_schema=SCHEMAS["tags"])
@@ -160,7 +160,7 @@ def test_a_recursive_schema_compiles_and_its_answers_validate(smollm2_path):
                                              "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/node"}}},
             "required": ["label"], "additionalProperties": False}
     schema = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
-    with Engine(EngineConfig(model=smollm2_path, n_parallel=4, n_ctx=4 * 512, threads=2)) as engine:
+    with Engine(EngineConfig(model=smollm2_path, n_parallel=4, n_ctx=4 * 512)) as engine:
         results = engine.generate([m for _, m in lines(4)], [SamplingParams(max_tokens=200, temperature=0.8, seed=i,
                                                                             json_schema=schema) for i in range(4)])
     ended = [r for r in results if r.finish_reason == "stop"]
@@ -181,7 +181,7 @@ BAD = {
 
 
 def test_bad_grammars_are_their_own_lines_errors_and_the_others_run(model_path):
-    with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024, threads=2)) as engine:
+    with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=1024)) as engine:
         started = time.perf_counter()
         handles = {what: engine.submit("Answer:", SamplingParams(max_tokens=16, temperature=0, json_schema=schema,
                                                                  grammar=grammar))

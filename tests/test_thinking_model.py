@@ -27,7 +27,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def engine(request):
     path = request.getfixturevalue("smollm2_path" if request.param == "smollm2" else "model_path")
-    with Engine(EngineConfig(model=path, n_parallel=4, n_ctx=4 * 1024, threads=2, chat_template=TEMPLATE)) as e:
+    with Engine(EngineConfig(model=path, n_parallel=4, n_ctx=4 * 1024, chat_template=TEMPLATE)) as e:
         yield e
 
 
@@ -83,7 +83,7 @@ def test_deterministic_mode_with_a_budget_gives_the_same_tokens_alone_and_in_a_b
     wanted = [SamplingParams(max_tokens=24, reasoning_budget=6, **({"temperature": 0.8, "seed": 7 + i} if i % 2
                                                                     else {"temperature": 0}))
               for i in range(len(asks))]
-    config = EngineConfig(model=smollm2_path, n_parallel=4, n_ctx=4 * 512, threads=2, chat_template=TEMPLATE,
+    config = EngineConfig(model=smollm2_path, n_parallel=4, n_ctx=4 * 512, chat_template=TEMPLATE,
                           deterministic=True)
     with Engine(config) as e:
         alone = [e.submit(ask, p).result(timeout=WAIT) for ask, p in zip(asks, wanted)]

@@ -23,7 +23,7 @@ LONG = " ".join(f"Item {i} weighs {i * 7 % 13} grams and costs {i % 5} coins." f
 
 
 def test_an_interrupted_decode_keeps_nothing_and_the_same_decode_then_gives_the_same_tokens(family):
-    runner = LlamaRunner(EngineConfig(model=family.path, n_parallel=2, n_ctx=2048, threads=2), family.path)
+    runner = LlamaRunner(EngineConfig(model=family.path, n_parallel=2, n_ctx=2048), family.path)
     samplers = [runner.build_sampler(SamplingParams(temperature=0), 0) for _ in range(2)]
     try:
         prompt = runner.tokenize(LONG, special=False)
@@ -90,7 +90,7 @@ def test_an_urgent_request_interrupts_the_batchs_decode_and_the_batch_answers_on
     after it the batch decodes beside the urgent request's rows, and on some kernel paths
     (CPU_REPACK) a row's rounding depends on its batch-mates outside deterministic mode, so the
     later tokens are compared only where the decode alone is (the runner-level test above)."""
-    with Engine(EngineConfig(model=family.path, n_parallel=3, n_ctx=1536, threads=2)) as e:
+    with Engine(EngineConfig(model=family.path, n_parallel=3, n_ctx=1536)) as e:
         plain, _ = run(e, None)
         interrupted, urgent = run(e, urgent_at_decode_tick=3)
         stats = e.stats()
@@ -106,7 +106,7 @@ def test_a_tick_of_several_graph_runs_interrupted_in_a_later_one_keeps_nothing_e
     # sequence and a run of the rest of the prompt. Stopped in the second, it has kept the
     # first; the runner takes that out too, and the plan run again gives what slots 2 and 3,
     # never interrupted, got from the same plan.
-    runner = LlamaRunner(EngineConfig(model=family.path, n_parallel=4, n_ctx=4096, threads=2), family.path)
+    runner = LlamaRunner(EngineConfig(model=family.path, n_parallel=4, n_ctx=4096), family.path)
     caplog.clear()  # what loading logged
     samplers = [runner.build_sampler(SamplingParams(temperature=0), 0) for _ in range(4)]
     try:

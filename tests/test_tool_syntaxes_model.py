@@ -26,7 +26,7 @@ TEMPLATE_OF = {"llama3": str(TEMPLATES / "llama3_tools.jinja"), "mistral": str(T
 
 @pytest.fixture(scope="module", params=["llama3", "mistral"])
 def engine(request, smollm2_path):
-    config = EngineConfig(model=smollm2_path, n_parallel=3, n_ctx=3 * 1024, threads=2, chat_template=TEMPLATE_OF[request.param])
+    config = EngineConfig(model=smollm2_path, n_parallel=3, n_ctx=3 * 1024, chat_template=TEMPLATE_OF[request.param])
     with Engine(config) as e:
         yield request.param, e
 
@@ -78,7 +78,7 @@ def test_serve_streams_a_llama3_call_as_its_whole_answer_gives_it(tmp_path, smol
 
     from http_server import serving_engine
 
-    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, threads=2,
+    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024,
                                       chat_template=TEMPLATE_OF["llama3"]), SamplingParams(temperature=0, max_tokens=60))
     with serving_engine(engine, tmp_path / "data", online_slots=2) as running:
         client = running.client(timeout=WAIT)
@@ -107,12 +107,12 @@ def test_run_and_a_serve_batch_give_the_same_calls(tmp_path, smollm2_path):
     (tmp_path / "in.jsonl").write_text(data)
     done = invoke(["run", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "-m", smollm2_path,
                    "--chat-template", TEMPLATE_OF["llama3"], "--temperature", "0", "--n-parallel", "2",
-                   "--n-ctx", "2048", "--threads", "2", "--deterministic"])
+                   "--n-ctx", "2048", "--deterministic"])
     assert done.exit_code == 0, done.stderr
     by_run = {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["tool_calls"]
               for r in map(json.loads, (tmp_path / "out.jsonl").read_text().splitlines())}
 
-    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2048, threads=2, deterministic=True,
+    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2048, deterministic=True,
                                       chat_template=TEMPLATE_OF["llama3"]), SamplingParams(temperature=0))
     with serving_engine(engine, tmp_path / "data") as running:
         client = running.client(timeout=WAIT)

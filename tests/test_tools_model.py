@@ -51,7 +51,7 @@ def engine(request):
     else:
         path = request.getfixturevalue("model_path")
     template = HERMES if request.param == "smollm2-hermes" else None
-    with Engine(EngineConfig(model=path, n_parallel=3, n_ctx=3 * 1024, threads=2, chat_template=template)) as e:
+    with Engine(EngineConfig(model=path, n_parallel=3, n_ctx=3 * 1024, chat_template=template)) as e:
         yield e
 
 
@@ -83,7 +83,7 @@ def test_serve_answers_the_openai_sdk_with_calls_streamed_and_a_round_trip(tmp_p
 
     from http_server import serving_engine
 
-    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, threads=2, chat_template=HERMES),
+    engine = open_engine(EngineConfig(model=smollm2_path, n_parallel=2, n_ctx=2 * 1024, chat_template=HERMES),
                          SamplingParams(temperature=0, max_tokens=60))
     with serving_engine(engine, tmp_path / "data", online_slots=2) as running:
         client = running.client(timeout=WAIT)
@@ -150,7 +150,7 @@ def test_auto_calls_that_the_model_opens_are_masked_valid(model_path):
             [{"role": "user", "content": "What's the weather in Paris? Use the tool."}]]
     lines = [json.dumps({"custom_id": str(i), "url": CHAT_URL, "body": {"messages": m, "tools": [WEATHER, SEARCH]}})
              for i, m in enumerate(asks)]
-    with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=2 * 1024, threads=2)) as engine:
+    with Engine(EngineConfig(model=model_path, n_parallel=2, n_ctx=2 * 1024)) as engine:
         items = [parser.parse(text, i + 1) for i, text in enumerate(lines)]
         results = [h.result(timeout=WAIT) for h in [engine.submit(i.prompt, i.params, stream=False) for i in items]]
     calls = []

@@ -9,6 +9,7 @@ import os
 import llama_cpp as C
 import pytest
 
+from llamabatch.config import EngineConfig
 from llamabatch.llama.direct_load import load_weights
 from llamabatch.kernel_paths.ubatch_split import ubatch_sizes
 
@@ -45,7 +46,8 @@ def test_the_mirror_counts_the_graph_runs_llama_cpp_makes(model_path, unified):
     cparams = C.llama_context_default_params()
     cparams.n_ctx, cparams.n_seq_max = 8 * 256, 8
     cparams.n_batch, cparams.n_ubatch = 512, N_UBATCH
-    cparams.kv_unified, cparams.n_threads, cparams.n_threads_batch = unified, 2, 2
+    cparams.kv_unified = unified
+    cparams.n_threads = cparams.n_threads_batch = EngineConfig().n_threads  # the CPUs this process may use
     cparams.cb_eval, cparams.cb_eval_user_data = on_eval, None
     ctx = C.llama_init_from_model(model, cparams)
     batch = C.llama_batch_init(512, 0, 1)
