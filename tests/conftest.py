@@ -118,6 +118,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # stays in one lane, so its module-scoped engines load once.
 
 def _lane_cpus() -> list[set[int]]:
+    if not hasattr(os, "sched_getaffinity"):  # no CPU affinity on this OS: one lane, not pinned
+        return [set()]
     cpus = sorted(os.sched_getaffinity(0))
     lanes = min(MODEL_LANES, len(cpus))
     return [set(cpus[lane::lanes]) for lane in range(lanes)]
@@ -125,7 +127,7 @@ def _lane_cpus() -> list[set[int]]:
 
 MODEL_LANES = 2
 LANE_CPUS = _lane_cpus()
-ALL_CPUS = set(os.sched_getaffinity(0))
+ALL_CPUS = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
 
 
 def _into_model_lanes(model_items: list[pytest.Item]) -> None:
@@ -154,7 +156,7 @@ MODEL_LANE = pytest.StashKey[int]()
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # tryfirst: before the test's fixtures start an engine, whose threads follow the affinity.
     # Only in an xdist worker: run serially (-n 0), every test has the machine to itself.
-    if hasattr(item.config, "workerinput"):
+    if hasattr(item.config, "workerinput") and ALL_CPUS:
         lane = item.stash.get(MODEL_LANE, None)
         os.sched_setaffinity(0, ALL_CPUS if lane is None else LANE_CPUS[lane])
 

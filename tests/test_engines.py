@@ -67,6 +67,17 @@ def test_an_unusable_prefix_store_is_one_notice_and_the_engine_runs_without_it(t
     assert notices[0].endswith("): running without it")
 
 
+def test_more_threads_than_the_cpus_allowed_run_as_given_with_one_notice(tmp_path, monkeypatch):
+    monkeypatch.setattr("llamabatch.engines.opening.usable_cpus", lambda: 2)
+    notices: list[str] = []
+    for threads in (None, 2, 3):
+        spec = EngineConfig(model=fake_gguf(tmp_path), n_parallel=1, threads=threads)
+        with open_engine(spec, factory=FakeEngines(runner_for(), []), on_notice=notices.append) as engine:
+            assert engine.config.threads == threads
+    assert notices == ["warning: threads 3 is more than the 2 CPU(s) this process may run on; llama.cpp's "
+                       "threads then wait for each other: leave --threads unset to use 2"]
+
+
 def test_isolated_engines_run_the_registered_runner_in_the_child(tmp_path):
     spec = settings_for(EngineConfig(model=fake_gguf(tmp_path), n_parallel=2, n_ctx=512), GREEDY)
     with open_engine(spec, factory=ChildFakeFactory(), isolated=True, watchdog_s=0) as engine:

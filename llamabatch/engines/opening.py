@@ -14,7 +14,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Callable
 
-from ..config import EngineConfig
+from ..config import EngineConfig, usable_cpus
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..prefix_store.folder_check import unusable_because
@@ -44,6 +44,15 @@ def _without_unusable_store(resolved: Resolved, say: Callable[[str], None]) -> R
     return resolved.replace(engine=resolved.engine.replace(prefix_store=None))
 
 
+def _tell_threads_beyond_cpus(config: EngineConfig, say: Callable[[str], None]) -> None:
+    # Honoured as given, but said: llama.cpp's threads wait for each other at every graph node,
+    # so a thread with no CPU of its own holds the others up, the more so beside other work
+    cpus = usable_cpus()
+    if config.threads is not None and config.threads > cpus:
+        say(f"warning: threads {config.threads} is more than the {cpus} CPU(s) this process may run on; "
+            f"llama.cpp's threads then wait for each other: leave --threads unset to use {cpus}")
+
+
 def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingParams | None = None, *,
                 factory: EngineFactory | None = None, max_slots: int | None = None, isolated: bool = False,
                 watchdog_s: float | None = None, on_notice: Callable[[str], None] | None = None,
@@ -61,6 +70,7 @@ def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingPar
     factory = factory or EngineFactory()
     settings = _without_unusable_store(ready(spec, params, max_slots, factory.choose_slots, extra_slots=extra_slots),
                                        say)
+    _tell_threads_beyond_cpus(settings.engine, say)
     engine = factory.open(settings, isolated=isolated, watchdog_s=watchdog_s)
     if on_notice is not None:
         engine.on_notice = on_notice
