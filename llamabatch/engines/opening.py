@@ -70,8 +70,8 @@ def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingPar
     factory = factory or EngineFactory()
     settings = _without_unusable_store(ready(spec, params, max_slots, factory.choose_slots, extra_slots=extra_slots),
                                        say)
-    _tell_threads_beyond_cpus(settings.engine, say)
     engine = factory.open(settings, isolated=isolated, watchdog_s=watchdog_s)
+    _tell_threads_beyond_cpus(settings.engine, say)  # once open: a count refused outright gets its error alone
     if on_notice is not None:
         engine.on_notice = on_notice
     return engine
