@@ -32,8 +32,8 @@ DEFAULT_PREFIX_STORE_BYTES = 2 << 30
 
 def usable_cpus() -> int:
     """The CPUs this process may run on: its affinity (taskset, a container's cpuset), else the
-    machine's count. llama.cpp's threads wait for each other at every graph node, so one more
-    thread than the CPUs it may use stalls them all."""
+    machine's count. llama.cpp's threads wait for each other at every graph node, so a thread
+    beyond the CPUs it may use holds the others up."""
     try:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # no affinity on this OS
