@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from .errors import InvalidRequest
 from .checks.kv_cache_types import CACHE_TYPES, DEFAULT_CACHE_TYPE, FLASH_ATTN, is_quantized
+from .checks.cpus import usable_cpus
 from .checks.max_memory import byte_size_rule, max_memory_rule
 from .params import SEED_ALLOWED, is_seed
 from .checks.value_rules import Rule, boolean, choice, integer, optional, text
@@ -28,16 +29,6 @@ DEFAULT_CTX_PER_SLOT = 4096
 SPECULATIVE_CHOICES = ("auto", "off")
 SPECULATIVE_ENV = "LLAMABATCH_SPECULATIVE"
 DEFAULT_PREFIX_STORE_BYTES = 2 << 30
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on: its affinity (taskset, a container's cpuset), else the
-    machine's count. llama.cpp's threads wait for each other at every graph node, so a thread
-    beyond the CPUs it may use holds the others up."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # no affinity on this OS
-        return os.cpu_count() or 1
 
 
 @dataclass

@@ -98,7 +98,7 @@ def test_threads_far_above_the_cpus_are_refused():
 def test_default_threads_are_the_cpus_this_process_may_use_not_the_machines():
     # taskset or a container's cpuset: os.cpu_count() still gives the machine's count, and a
     # thread more than the CPUs allowed stalls llama.cpp's others at every graph node
-    script = ("import os; from llamabatch.config import EngineConfig, usable_cpus; "
+    script = ("import os; from llamabatch.config import EngineConfig; from llamabatch.checks.cpus import usable_cpus; "
               "print(os.cpu_count(), usable_cpus(), EngineConfig().n_threads, EngineConfig(threads=3).n_threads)")
     allowed = sorted(os.sched_getaffinity(0))[:1]
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..config import usable_cpus
+from ..checks.cpus import usable_cpus
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..results import Delta, Result

@@ -37,7 +37,7 @@ ENGINE_OPTIONS: dict[str, Any] = {
     "n_ctx": Annotated[Optional[str], _opt("--n-ctx", metavar="N|auto", help="Total KV context in tokens, split evenly between slots; auto = run sizes it from INPUT's longest lines (larger slots, or a pool the slots share), else 4096 per slot [default: auto]", panel=ENGINE)],
     "n_batch": Annotated[Optional[int], _opt("--n-batch", help="Most tokens in one forward pass [default: 512]", panel=ENGINE)],
     "chunk_size": Annotated[Optional[int], _opt("--chunk-size", help="Most prompt tokens per slot per tick [default: 256]", panel=ENGINE)],
-    "threads": Annotated[Optional[int], _opt("--threads", "-t", help="CPU threads [default: the cores this process may use (taskset, cpuset), at most 8]", panel=ENGINE)],
+    "threads": Annotated[Optional[int], _opt("--threads", "-t", help="CPU threads [default: the cores this process may use (taskset, cpuset, CPU quota), at most 8]", panel=ENGINE)],
     "policy": Annotated[Optional[str], _opt("--policy", help=f"Batch policy: {', '.join(POLICIES)} [default: decode-maximal]", panel=ENGINE)],
     "cache_prompt": Annotated[Optional[bool], _opt("--cache-prompt/--no-cache-prompt", help="Reuse cached prompt prefixes [default: on]", panel=ENGINE)],
     "n_gpu_layers": Annotated[Optional[int], _opt("--n-gpu-layers", help="Layers offloaded to the GPU, -1 = all [default: 0]", panel=ENGINE)],

@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterator, Sequence as Seq
 from .sampling_threads import SamplingThreads, wants_apart
 from .embedding import EmbedRequest, prepare_job
 from .lanes.embedding_lane import EmbeddingLane
-from ..config import EngineConfig, usable_cpus
+from ..checks.cpus import usable_cpus
+from ..config import EngineConfig
 from ..errors import EngineClosed, InternalError, LlamaBatchError, QueueFull
 from .lanes.generation_lane import GenerationLane
 from .handle import EventCallback, RequestHandle

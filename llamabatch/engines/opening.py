@@ -14,7 +14,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Callable
 
-from ..config import EngineConfig, usable_cpus
+from ..checks.cpus import usable_cpus
+from ..config import EngineConfig
 from ..errors import InvalidRequest
 from ..params import SamplingParams
 from ..prefix_store.folder_check import unusable_because

@@ -25,7 +25,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..config import EngineConfig, usable_cpus
+from ..checks.cpus import usable_cpus
+from ..config import EngineConfig
 from ..errors import InvalidRequest, ResourceLimit
 from ..checks.kv_cache_types import BLOCKS, CACHE_TYPES, fits_rows, row_bytes
 from ..checks.max_memory import DEFAULT_MAX_MEMORY, memory_cap
