@@ -74,7 +74,7 @@ def test_more_threads_than_the_cpus_allowed_run_as_given_with_one_notice(tmp_pat
         spec = EngineConfig(model=fake_gguf(tmp_path), n_parallel=1, threads=threads)
         with open_engine(spec, factory=FakeEngines(runner_for(), []), on_notice=notices.append) as engine:
             assert engine.config.threads == threads
-    assert notices == ["warning: threads 3 is more than the 2 CPU(s) this process may run on; llama.cpp's "
+    assert notices == ["warning: threads 3 is more than the 2 CPU(s) this process may use; llama.cpp's "
                        "threads then wait for each other: leave --threads unset to use 2"]
 
 

@@ -50,7 +50,7 @@ def _tell_threads_beyond_cpus(config: EngineConfig, say: Callable[[str], None]) 
     # so a thread with no CPU of its own holds the others up, the more so beside other work
     cpus = usable_cpus()
     if config.threads is not None and config.threads > cpus:
-        say(f"warning: threads {config.threads} is more than the {cpus} CPU(s) this process may run on; "
+        say(f"warning: threads {config.threads} is more than the {cpus} CPU(s) this process may use; "
             f"llama.cpp's threads then wait for each other: leave --threads unset to use {cpus}")
 
 
