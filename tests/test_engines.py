@@ -68,7 +68,7 @@ def test_an_unusable_prefix_store_is_one_notice_and_the_engine_runs_without_it(t
 
 
 def test_more_threads_than_the_cpus_allowed_run_as_given_with_one_notice(tmp_path, monkeypatch):
-    monkeypatch.setattr("llamabatch.engines.opening.usable_cpus", lambda: 2)
+    monkeypatch.setattr("llamabatch.kernel_paths.resources.usable_cpus", lambda: 2)
     notices: list[str] = []
     for threads in (None, 2, 3):
         spec = EngineConfig(model=fake_gguf(tmp_path), n_parallel=1, threads=threads)

@@ -14,9 +14,9 @@ import logging
 import os
 from typing import TYPE_CHECKING, Callable
 
-from ..checks.cpus import usable_cpus
 from ..config import EngineConfig
 from ..errors import InvalidRequest
+from ..kernel_paths import resources
 from ..params import SamplingParams
 from ..prefix_store.folder_check import unusable_because
 from ..settings.ready import ready, settings_for
@@ -45,15 +45,6 @@ def _without_unusable_store(resolved: Resolved, say: Callable[[str], None]) -> R
     return resolved.replace(engine=resolved.engine.replace(prefix_store=None))
 
 
-def _tell_threads_beyond_cpus(config: EngineConfig, say: Callable[[str], None]) -> None:
-    # Honoured as given, but said: llama.cpp's threads wait for each other at every graph node,
-    # so a thread with no CPU of its own holds the others up, the more so beside other work
-    cpus = usable_cpus()
-    if config.threads is not None and config.threads > cpus:
-        say(f"warning: threads {config.threads} is more than the {cpus} CPU(s) this process may use; "
-            f"llama.cpp's threads then wait for each other: leave --threads unset to use {cpus}")
-
-
 def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingParams | None = None, *,
                 factory: EngineFactory | None = None, max_slots: int | None = None, isolated: bool = False,
                 watchdog_s: float | None = None, on_notice: Callable[[str], None] | None = None,
@@ -72,7 +63,9 @@ def open_engine(spec: Resolved | EngineConfig | None = None, params: SamplingPar
     settings = _without_unusable_store(ready(spec, params, max_slots, factory.choose_slots, extra_slots=extra_slots),
                                        say)
     engine = factory.open(settings, isolated=isolated, watchdog_s=watchdog_s)
-    _tell_threads_beyond_cpus(settings.engine, say)  # once open: a count refused outright gets its error alone
+    notice = resources.threads_beyond_cpus(settings.engine)  # once open: a count refused outright gets its error alone
+    if notice:
+        say(notice)
     if on_notice is not None:
         engine.on_notice = on_notice
     return engine

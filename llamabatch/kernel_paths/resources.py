@@ -166,6 +166,18 @@ def check_threads(config: EngineConfig, cpus: int | None = None) -> None:
             f"most {THREADS_PER_CPU * cpus}); llama.cpp starts every one of them: use --threads {cpus} or fewer")
 
 
+def threads_beyond_cpus(config: EngineConfig, cpus: int | None = None) -> str | None:
+    """The notice for an explicit thread count above the CPUs this process may use, None when
+    it fits. Such a count runs as given (check_threads refuses only the absurd): llama.cpp's
+    threads wait for each other at every graph node, so a thread with no CPU of its own holds
+    the others up, the more so beside other work."""
+    cpus = cpus or usable_cpus()
+    if config.threads is None or config.threads <= cpus:
+        return None
+    return (f"warning: threads {config.threads} is more than the {cpus} CPU(s) this process may use; "
+            f"llama.cpp's threads then wait for each other: leave --threads unset to use {cpus}")
+
+
 def check(config: EngineConfig, model_path: str, *, metadata: Mapping[str, Any] | None = None,
           memory: int | None = None, cpus: int | None = None, shapes: Any = None) -> Needs | None:
     """Raise ResourceLimit (one line) when `config` asks for more threads or memory than this
